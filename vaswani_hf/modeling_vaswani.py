@@ -1,0 +1,678 @@
+# Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017, arXiv:1706.03762), as published.
+
+This file travels to the Hub beside the weights: it imports only torch, transformers and its configuration.
+
+Shape letters used in comments: B batch, T target (query) length, S source (key) length, h heads,
+d_k / d_v head widths, D = d_model, V vocabulary.
+
+Deviations from the paper — this is the one list. By default there are none in the architecture:
+  * `normalize_before=True` switches to pre-LN with a final LayerNorm per stack (off by default).
+  * `tie_word_embeddings=False` unties the source embedding, target embedding and output projection (off by default).
+  * `attention_dropout` / `activation_dropout` exist as options; they are 0 by default, as in the authors' code.
+Decoding that transformers cannot express exactly is documented on `VaswaniForConditionalGeneration.generate`.
+"""
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.utils import can_return_tuple, is_torchdynamo_compiling, logging
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_vaswani import VaswaniConfig
+
+
+logger = logging.get_logger(__name__)
+
+# §6.1: "We set the maximum output length during inference to input length + 50".
+EXTRA_OUTPUT_LENGTH = 50
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs from labels: "the output embeddings are offset by one position" (§3.1). -100 becomes PAD."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def sinusoidal_position_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+
+    Interleaved sin/cos, computed in float32 for any positions (no length limit, nothing stored).
+    positions: (T,) or (B, T) integers -> (..., D) float32.
+    """
+    inv_freq = torch.exp(
+        torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+    )  # (D/2,)
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # (..., D/2)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (..., D): sin, cos, sin, cos, ...
+
+
+def check_token_ids(ids: torch.Tensor, vocab_size: int, name: str) -> None:
+    """One-line errors for token ids that an embedding lookup would turn into a stack trace."""
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (batch, length), got shape {tuple(ids.shape)}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(ids.shape)}): give at least one token per sequence")
+    if ids.dtype.is_floating_point:
+        raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+    if not is_torchdynamo_compiling():
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"{name} must be token ids in [0, {vocab_size}), got values from {low} to {high}"
+                + (" (-100 marks ignored labels: pass it as labels, not as inputs)" if low == -100 else "")
+            )
+
+
+def check_mask(mask: torch.Tensor | None, batch_size: int, length: int, name: str, for_name: str) -> None:
+    """A 2D padding mask must be (batch, length) of the sequence it masks; 4D masks are taken as built."""
+    if mask is not None and mask.dim() != 4 and tuple(mask.shape) != (batch_size, length):
+        raise ValueError(
+            f"{name} has shape {tuple(mask.shape)} but {for_name} needs ({batch_size}, {length}): "
+            "one entry per token, 1 for tokens and 0 for padding"
+        )
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """§3.2.1 Scaled Dot-Product Attention: softmax(Q K^T / sqrt(d_k)) V, with an additive mask."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, h, T, S)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, T, h, d_v)
+    return output, weights
+
+
+class VaswaniAttention(nn.Module):
+    """§3.2.2 Multi-Head Attention: Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    Used three ways (§3.2.3): encoder self-attention, masked decoder self-attention (`is_causal=True`), and
+    encoder-decoder attention (`key_value_states` = encoder output). The projections carry biases, as in the
+    authors' code. The kernel is chosen by transformers' attention interface ("eager", "sdpa", ...).
+    """
+
+    def __init__(self, config: VaswaniConfig, is_causal: bool = False, layer_idx: int | None = None):
+        super().__init__()
+        self.config = config
+        self.num_heads = config.num_heads
+        self.d_k = config.d_k
+        self.d_v = config.d_v
+        self.scaling = config.d_k**-0.5
+        self.dropout = config.attention_dropout
+        self.is_causal = is_causal  # read by the SDPA interface: encoder and cross attention must say False
+        self.layer_idx = layer_idx
+        self.q_proj = nn.Linear(config.d_model, config.num_heads * config.d_k)
+        self.k_proj = nn.Linear(config.d_model, config.num_heads * config.d_k)
+        self.v_proj = nn.Linear(config.d_model, config.num_heads * config.d_v)
+        self.out_proj = nn.Linear(config.num_heads * config.d_v, config.d_model)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch_size, length = hidden_states.shape[:2]
+        query = self.q_proj(hidden_states).view(batch_size, length, -1, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
+
+        is_cross = key_value_states is not None
+        is_encoder_decoder_cache = isinstance(past_key_values, EncoderDecoderCache)
+        if is_cross:
+            cache = past_key_values.cross_attention_cache if is_encoder_decoder_cache else None
+        else:
+            cache = past_key_values.self_attention_cache if is_encoder_decoder_cache else past_key_values
+
+        if is_cross and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+            # The encoder output does not change during decoding: its keys and values are computed once.
+            key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+        else:
+            source = key_value_states if is_cross else hidden_states
+            key = self.k_proj(source).view(batch_size, source.shape[1], -1, self.d_k).transpose(1, 2)  # (B, h, S, d_k)
+            value = self.v_proj(source).view(batch_size, source.shape[1], -1, self.d_v).transpose(1, 2)  # (B, h, S, d_v)
+            if cache is not None:
+                key, value = cache.update(key, value, self.layer_idx)
+                if is_cross:
+                    past_key_values.is_updated[self.layer_idx] = True
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        output, weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        output = output.reshape(batch_size, length, -1).contiguous()  # (B, T, h * d_v)
+        return self.out_proj(output), weights
+
+
+class VaswaniLayer(GradientCheckpointingLayer):
+    """What encoder and decoder layers share: "Add & Norm" around each sub-layer (§3.1) and the FFN (§3.3).
+
+    Post-LN (the paper): LayerNorm(x + Dropout(Sublayer(x))). Pre-LN (`normalize_before`, a deviation):
+    x + Dropout(Sublayer(LayerNorm(x))).
+    """
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__()
+        self.normalize_before = config.normalize_before
+        self.dropout = config.dropout
+        self.activation_dropout = config.activation_dropout
+        self.fc1 = nn.Linear(config.d_model, config.d_ff)
+        self.fc2 = nn.Linear(config.d_ff, config.d_model)
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def sublayer_input(self, hidden_states: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        return norm(hidden_states) if self.normalize_before else hidden_states
+
+    def add_and_norm(self, residual: torch.Tensor, output: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        """§5.4: dropout on the sub-layer output before it is added to the input and normalized."""
+        hidden_states = residual + nn.functional.dropout(output, p=self.dropout, training=self.training)
+        return hidden_states if self.normalize_before else norm(hidden_states)
+
+    def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """§3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, as a residual sub-layer."""
+        residual = hidden_states
+        hidden_states = nn.functional.relu(self.fc1(self.sublayer_input(hidden_states, self.final_layer_norm)))
+        hidden_states = nn.functional.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        return self.add_and_norm(residual, self.fc2(hidden_states), self.final_layer_norm)
+
+
+class VaswaniEncoderLayer(VaswaniLayer):
+    """§3.1 Encoder layer: multi-head self-attention over the whole source, then the FFN."""
+
+    def __init__(self, config: VaswaniConfig, layer_idx: int | None = None):
+        super().__init__(config)
+        self.self_attn = VaswaniAttention(config, is_causal=False, layer_idx=layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+        residual = hidden_states
+        hidden_states, _ = self.self_attn(
+            self.sublayer_input(hidden_states, self.self_attn_layer_norm), attention_mask=attention_mask, **kwargs
+        )
+        hidden_states = self.add_and_norm(residual, hidden_states, self.self_attn_layer_norm)
+        return self.feed_forward(hidden_states)
+
+
+class VaswaniDecoderLayer(VaswaniLayer):
+    """§3.1 Decoder layer: masked self-attention, encoder-decoder attention, then the FFN."""
+
+    def __init__(self, config: VaswaniConfig, layer_idx: int | None = None):
+        super().__init__(config)
+        self.self_attn = VaswaniAttention(config, is_causal=True, layer_idx=layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.encoder_attn = VaswaniAttention(config, is_causal=False, layer_idx=layer_idx)
+        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = True,
+        **kwargs,
+    ) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states, _ = self.self_attn(
+            self.sublayer_input(hidden_states, self.self_attn_layer_norm),
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            **kwargs,
+        )
+        hidden_states = self.add_and_norm(residual, hidden_states, self.self_attn_layer_norm)
+
+        if encoder_hidden_states is not None:
+            residual = hidden_states
+            hidden_states, _ = self.encoder_attn(
+                self.sublayer_input(hidden_states, self.encoder_attn_layer_norm),
+                key_value_states=encoder_hidden_states,
+                past_key_values=past_key_values,
+                attention_mask=encoder_attention_mask,
+                **kwargs,
+            )
+            hidden_states = self.add_and_norm(residual, hidden_states, self.encoder_attn_layer_norm)
+
+        return self.feed_forward(hidden_states)
+
+
+class VaswaniPreTrainedModel(PreTrainedModel):
+    config: VaswaniConfig
+    config_class = VaswaniConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _can_compile_fullgraph = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module):
+        """The authors' initialization: Glorot-uniform kernels, zero biases, embeddings N(0, d_model^-0.5) with the
+        PAD row zero, LayerNorm gain 1 and bias 0."""
+        std = self.config.d_model**-0.5
+        if isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, VaswaniForConditionalGeneration) and not self.config.tie_word_embeddings:
+            # An untied pre-softmax projection is initialized like the embeddings (tensor2tensor's softmax weights).
+            init.normal_(module.lm_head.weight, mean=0.0, std=std)
+
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        decoder = getattr(self.base_model, "decoder", None)
+        if decoder is not None and decoder.embed_tokens.weight.shape[0] != embeddings.weight.shape[0]:
+            # Untied target embedding: resize it too, so that source and target vocabularies stay one.
+            decoder.embed_tokens = self._get_resized_embeddings(
+                decoder.embed_tokens, embeddings.weight.shape[0], mean_resizing=mean_resizing
+            )
+        return embeddings
+
+    @property
+    def dummy_inputs(self):
+        pad = self.config.pad_token_id
+        input_ids = torch.tensor([[4, 6, 10, 5, 2], [4, 8, 12, 2, pad]], device=self.device)
+        return {"input_ids": input_ids, "attention_mask": input_ids.ne(pad), "decoder_input_ids": input_ids}
+
+
+class VaswaniStack(VaswaniPreTrainedModel):
+    """What encoder and decoder stacks share (§3.1, §3.4, §3.5): token embedding × sqrt(d_model) plus positions,
+    dropout on the sum, N layers, and — in pre-LN mode only — a final LayerNorm."""
+
+    def __init__(self, config: VaswaniConfig, layers: list[VaswaniLayer]):
+        super().__init__(config)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+        self.embed_positions = (
+            nn.Embedding(config.max_position_embeddings, config.d_model)
+            if config.position_embedding == "learned"
+            else None
+        )
+        self.layers = nn.ModuleList(layers)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        self.gradient_checkpointing = False
+
+    def embed(
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int, name: str
+    ) -> torch.Tensor:
+        """Scaled token embeddings plus position encodings, with dropout (§3.4, §3.5, §5.4).
+
+        `inputs_embeds` are rows of the embedding matrix, as `get_input_embeddings()` returns them: they are
+        scaled here like the looked-up ones.
+        """
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(f"Give exactly one of {name} and the matching inputs_embeds")
+        if inputs_embeds is None:
+            check_token_ids(input_ids, self.config.vocab_size, name)
+            inputs_embeds = self.embed_tokens(input_ids)
+        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.d_model or inputs_embeds.shape[1] == 0:
+            raise ValueError(
+                f"inputs_embeds must have shape (batch, length >= 1, d_model={self.config.d_model}), "
+                f"got {tuple(inputs_embeds.shape)}"
+            )
+        length = inputs_embeds.shape[1]
+        positions = torch.arange(past_length, past_length + length, device=inputs_embeds.device)  # (T,)
+        if self.embed_positions is None:
+            position_encoding = sinusoidal_position_encoding(positions, self.config.d_model).to(inputs_embeds.dtype)
+        else:
+            if past_length + length > self.config.max_position_embeddings and not is_torchdynamo_compiling():
+                raise ValueError(
+                    f"Sequence of {past_length + length} positions is longer than max_position_embeddings="
+                    f"{self.config.max_position_embeddings} of the learned position embeddings"
+                )
+            position_encoding = self.embed_positions(positions)
+        hidden_states = inputs_embeds * self.embed_scale + position_encoding  # (B, T, D)
+        return nn.functional.dropout(hidden_states, p=self.config.dropout, training=self.training)
+
+    def finish(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return hidden_states if self.layer_norm is None else self.layer_norm(hidden_states)
+
+
+class VaswaniEncoder(VaswaniStack):
+    """§3.1 Encoder: a stack of N identical layers over the embedded source."""
+
+    _can_record_outputs = {"hidden_states": VaswaniEncoderLayer, "attentions": VaswaniAttention}
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config, [VaswaniEncoderLayer(config, layer_idx=i) for i in range(config.num_layers)])
+        self.post_init()
+
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutput:
+        hidden_states = self.embed(input_ids, inputs_embeds, past_length=0, name="input_ids")
+        check_mask(attention_mask, *hidden_states.shape[:2], "attention_mask", "input_ids")
+        attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
+        )
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+        return BaseModelOutput(last_hidden_state=self.finish(hidden_states))
+
+
+class VaswaniDecoder(VaswaniStack):
+    """§3.1 Decoder: a stack of N identical layers; position i attends to target positions <= i and to the
+    whole encoder output."""
+
+    _can_record_outputs = {
+        "hidden_states": VaswaniDecoderLayer,
+        "attentions": OutputRecorder(VaswaniAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(VaswaniAttention, index=1, layer_name="encoder_attn"),
+    }
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(
+            config, [VaswaniDecoderLayer(config, layer_idx=i) for i in range(config.num_decoder_layers)]
+        )
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+
+        hidden_states = self.embed(input_ids, inputs_embeds, past_length, name="decoder_input_ids")
+        batch_size, length = hidden_states.shape[:2]
+        check_mask(attention_mask, batch_size, past_length + length, "decoder_attention_mask", "the decoder")
+        if encoder_hidden_states is not None:
+            check_mask(
+                encoder_attention_mask, batch_size, encoder_hidden_states.shape[1], "attention_mask", "the source"
+            )
+
+        self_attention_cache = (
+            past_key_values.self_attention_cache
+            if isinstance(past_key_values, EncoderDecoderCache)
+            else past_key_values
+        )
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=attention_mask,
+            past_key_values=self_attention_cache,
+        )
+        encoder_attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,  # positional, for gradient checkpointing
+                encoder_attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                use_cache=use_cache,
+                **kwargs,
+            )
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=self.finish(hidden_states), past_key_values=past_key_values
+        )
+
+
+class VaswaniModel(VaswaniPreTrainedModel):
+    """The bare encoder-decoder (§3, Figure 1) returning the decoder's last hidden states."""
+
+    # §3.4: "we share the same weight matrix between the two embedding layers" (when tie_word_embeddings).
+    _tied_weights_keys = {"decoder.embed_tokens.weight": "encoder.embed_tokens.weight"}
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config)
+        self.encoder = VaswaniEncoder(config)
+        self.decoder = VaswaniDecoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.encoder.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding):
+        self.encoder.embed_tokens = value
+        if self.config.tie_word_embeddings:
+            self.decoder.embed_tokens = value
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        r"""
+        input_ids (`torch.LongTensor` of shape `(batch_size, source_length)`): source token ids.
+        attention_mask (`torch.Tensor` of shape `(batch_size, source_length)`): 1 for source tokens, 0 for padding.
+        decoder_input_ids (`torch.LongTensor` of shape `(batch_size, target_length)`): target ids shifted right,
+            starting with `config.decoder_start_token_id` (see `shift_tokens_right`).
+        decoder_attention_mask: 1 for target tokens, 0 for padding; the causal mask is always applied.
+        """
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
+    """The Transformer with its pre-softmax projection (§3.4): logits = h E^T, no output bias.
+
+    `labels` give a cross-entropy loss averaged over the non-pad target tokens (-100 and PAD are ignored), or
+    summed and divided by `num_items_in_batch` when the Trainer passes it. Label smoothing (§5.4) belongs to the
+    training loop (`Seq2SeqTrainingArguments.label_smoothing_factor` or training/).
+    """
+
+    _tied_weights_keys = {
+        "lm_head.weight": "model.encoder.embed_tokens.weight",
+        "model.decoder.embed_tokens.weight": "model.encoder.embed_tokens.weight",
+    }
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config)
+        self.model = VaswaniModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+        # §6.1: beam search with a beam size of 4, terminating early when possible.
+        self.generation_config.num_beams = 4
+        self.generation_config.early_stopping = True
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding):
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear):
+        self.lm_head = value
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch_size, target_length)`): target ids ending with EOS; -100 (and
+            PAD) positions are ignored. Without `decoder_input_ids`, these are `shift_tokens_right(labels)`.
+        """
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs: Seq2SeqModelOutput = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        loss = None if labels is None else self.seq2seq_loss(logits, labels, num_items_in_batch)
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+    def seq2seq_loss(
+        self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Cross-entropy summed over the non-pad target tokens and divided by their number — or by
+        `num_items_in_batch`, the Trainer's count over all gradient-accumulation steps (and processes)."""
+        if labels.shape != logits.shape[:2]:
+            raise ValueError(f"labels have shape {tuple(labels.shape)} but the decoder produced {tuple(logits.shape[:2])}")
+        labels = labels.to(logits.device)
+        ignored = labels.eq(-100) | labels.eq(self.config.pad_token_id)
+        total = nn.functional.cross_entropy(
+            logits.flatten(0, 1).float(), labels.masked_fill(ignored, -100).flatten(), ignore_index=-100, reduction="sum"
+        )
+        if num_items_in_batch is None:
+            num_items_in_batch = (~ignored).sum().clamp(min=1)
+        elif torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
+        """`GenerationMixin.generate` with the paper's output length (§6.1): when the call sets no length
+        (no `max_length`, `max_new_tokens` or `generation_config`), at most source length + 50 tokens.
+
+        The source length is the longest source of the batch. The saved generation config carries the rest of
+        §6.1 that transformers can express: beam size 4 with early termination. transformers' `length_penalty`
+        divides by |Y|^alpha, not by the paper's GNMT penalty ((5 + |Y|) / 6)^alpha, so it is left at its default.
+        """
+        source = inputs if inputs is not None else kwargs.get("input_ids")
+        if (
+            generation_config is None
+            and source is not None
+            and source.dim() == 2
+            and kwargs.get("max_length") is None
+            and kwargs.get("max_new_tokens") is None
+            and self.generation_config.max_new_tokens is None
+            and self.generation_config.max_length is None
+        ):
+            mask = kwargs.get("attention_mask")
+            source_length = int(mask.sum(-1).max()) if mask is not None and mask.dim() == 2 else source.shape[-1]
+            kwargs["max_new_tokens"] = source_length + EXTRA_OUTPUT_LENGTH
+        return super().generate(inputs, generation_config=generation_config, **kwargs)
+
+
+__all__ = ["VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel"]
