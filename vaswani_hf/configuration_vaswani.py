@@ -4,6 +4,8 @@
 This file travels to the Hub beside the weights: it imports only transformers.
 """
 
+import copy
+
 from transformers import PretrainedConfig
 
 
@@ -123,6 +125,15 @@ class VaswaniConfig(PretrainedConfig):
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"VaswaniConfig: {name}={value} is outside the vocabulary [0, {self.vocab_size})")
         super().__post_init__(**kwargs)
+
+    def get_text_config(self, decoder=None, encoder=None) -> "VaswaniConfig":
+        """The decoder's view (`decoder=True`, used by transformers to size the KV cache) has
+        `num_decoder_layers` layers."""
+        text_config = super().get_text_config(decoder=decoder, encoder=encoder)
+        if decoder and not encoder and text_config.num_layers != self.num_decoder_layers:
+            text_config = copy.copy(text_config) if text_config is self else text_config
+            text_config.num_layers = self.num_decoder_layers
+        return text_config
 
     @classmethod
     def base(cls, **overrides) -> "VaswaniConfig":

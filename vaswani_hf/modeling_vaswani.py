@@ -288,7 +288,10 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         """The authors' initialization: Glorot-uniform kernels, zero biases, embeddings N(0, d_model^-0.5) with the
         PAD row zero, LayerNorm gain 1 and bias 0."""
         std = self.config.d_model**-0.5
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Linear) and module is getattr(self, "lm_head", None):
+            if not self.config.tie_word_embeddings:  # untied pre-softmax projection: like tensor2tensor's softmax
+                init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.Linear):
             init.xavier_uniform_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
@@ -299,9 +302,6 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
-        elif isinstance(module, VaswaniForConditionalGeneration) and not self.config.tie_word_embeddings:
-            # An untied pre-softmax projection is initialized like the embeddings (tensor2tensor's softmax weights).
-            init.normal_(module.lm_head.weight, mean=0.0, std=std)
 
     def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
         embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
@@ -430,7 +430,8 @@ class VaswaniDecoder(VaswaniStack):
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+            decoder_config = self.config.get_text_config(decoder=True)
+            past_key_values = EncoderDecoderCache(DynamicCache(config=decoder_config), DynamicCache(config=decoder_config))
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
 
         hidden_states = self.embed(input_ids, inputs_embeds, past_length, name="decoder_input_ids")

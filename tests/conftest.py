@@ -1,0 +1,76 @@
+"""Shared helpers: tiny models with characteristic dimensions, so that shape mix-ups fail loudly."""
+
+import math
+
+import pytest
+import torch
+
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def tiny_config(**overrides) -> VaswaniConfig:
+    """d_model 24, 3 heads of 8, d_ff 36, 2 encoder and 3 decoder layers, vocabulary 53, no dropout."""
+    values = dict(
+        vocab_size=53, d_model=24, d_ff=36, num_heads=3, num_layers=2, num_decoder_layers=3, dropout=0.0
+    )
+    values.update(overrides)
+    return VaswaniConfig(**values)
+
+
+def tiny_model(seed: int = 0, **overrides) -> VaswaniForConditionalGeneration:
+    torch.manual_seed(seed)
+    return VaswaniForConditionalGeneration(tiny_config(**overrides)).eval()
+
+
+def random_ids(batch: int, length: int, vocab: int = 53, seed: int = 0) -> torch.Tensor:
+    """Token ids that avoid the special tokens 0..3."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(4, vocab, (batch, length), generator=generator)
+
+
+def formula_position_encoding(length: int, d_model: int) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)), in float64."""
+    pe = torch.zeros(length, d_model, dtype=torch.float64)
+    for pos in range(length):
+        for i in range(d_model // 2):
+            angle = pos / 10000 ** (2 * i / d_model)
+            pe[pos, 2 * i] = math.sin(angle)
+            pe[pos, 2 * i + 1] = math.cos(angle)
+    return pe.float()
+
+
+@pytest.fixture
+def model():
+    return tiny_model()
+
+
+def reversal_batch(generator: torch.Generator, batch: int = 32, max_length: int = 8):
+    """A toy translation task: the target is the source reversed, then EOS. Sources are right-padded."""
+    lengths = torch.randint(3, max_length + 1, (batch,), generator=generator)
+    source = torch.randint(4, 53, (batch, max_length), generator=generator)
+    mask = torch.arange(max_length)[None] < lengths[:, None]
+    source = source.masked_fill(~mask, PAD)
+    labels = torch.full((batch, max_length + 1), -100)
+    for row, length in enumerate(lengths.tolist()):
+        labels[row, :length] = source[row, :length].flip(0)
+        labels[row, length] = EOS
+    return source, mask.long(), labels
+
+
+@pytest.fixture(scope="session")
+def trained_model():
+    """A tiny model trained for a few seconds on reversal: its outputs vary from token to token and from
+    sentence to sentence, so that decoding tests compare real choices rather than a constant."""
+    model = tiny_model(seed=0)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(250):
+        source, mask, labels = reversal_batch(generator)
+        loss = model(input_ids=source, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()

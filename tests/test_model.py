@@ -1,0 +1,203 @@
+"""Properties of the architecture (§3) that hold whatever the weights: who sees what, masking, positions,
+attention kernels, outputs, initialization and the loss."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import BOS, EOS, PAD, formula_position_encoding, random_ids, tiny_model
+from vaswani_hf.modeling_vaswani import shift_tokens_right, sinusoidal_position_encoding
+
+
+def decoder_inputs(batch: int, length: int, seed: int = 7) -> torch.Tensor:
+    return torch.cat([torch.full((batch, 1), BOS), random_ids(batch, length - 1, seed=seed)], dim=1)
+
+
+def test_sinusoids_follow_the_formula_and_have_no_length_limit():
+    positions = torch.arange(0, 40)
+    torch.testing.assert_close(sinusoidal_position_encoding(positions, 24), formula_position_encoding(40, 24))
+    far = sinusoidal_position_encoding(torch.tensor([5000]), 16)[0]
+    expected = torch.tensor([f(5000 / 10000 ** (2 * (j // 2) / 16)) for j in range(16) for f in [(math.sin, math.cos)[j % 2]]])
+    torch.testing.assert_close(far, expected, atol=1e-4, rtol=0)
+
+
+def test_positions_are_computed_not_stored_and_work_past_max_position_embeddings(model):
+    assert not any("position" in name for name in model.state_dict())
+    assert not list(model.buffers())
+    source = random_ids(1, model.config.max_position_embeddings + 10)
+    logits = model(input_ids=source, decoder_input_ids=decoder_inputs(1, 3)).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_learned_positions_are_weights_with_a_limit():
+    model = tiny_model(position_embedding="learned", max_position_embeddings=12)
+    assert model.model.encoder.embed_positions.weight.shape == (12, 24)
+    assert "model.decoder.embed_positions.weight" in model.state_dict()
+    model(input_ids=random_ids(1, 12), decoder_input_ids=decoder_inputs(1, 12))
+    with pytest.raises(ValueError, match="max_position_embeddings=12"):
+        model(input_ids=random_ids(1, 13), decoder_input_ids=decoder_inputs(1, 2))
+
+
+@torch.no_grad()
+def test_the_encoder_sees_the_whole_source(model):
+    source = random_ids(1, 8)
+    changed = source.clone()
+    changed[0, -1] = 4 if source[0, -1] != 4 else 5
+    first = model.get_encoder()(input_ids=source).last_hidden_state[0, 0]
+    assert not torch.allclose(first, model.get_encoder()(input_ids=changed).last_hidden_state[0, 0])
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@torch.no_grad()
+def test_the_decoder_never_sees_the_future(model, implementation):
+    model.set_attn_implementation(implementation)
+    source, target = random_ids(2, 6), decoder_inputs(2, 7)
+    logits = model(input_ids=source, decoder_input_ids=target).logits
+    for t in range(1, 7):
+        changed = target.clone()
+        changed[:, t] = torch.where(target[:, t] == 4, 5, 4)
+        changed_logits = model(input_ids=source, decoder_input_ids=changed).logits
+        torch.testing.assert_close(changed_logits[:, :t], logits[:, :t], atol=1e-6, rtol=0)
+        assert not torch.allclose(changed_logits[:, t:], logits[:, t:])
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@torch.no_grad()
+def test_masked_source_padding_changes_nothing(model, implementation):
+    model.set_attn_implementation(implementation)
+    source, target = random_ids(1, 5), decoder_inputs(1, 4)
+    alone = model(input_ids=source, decoder_input_ids=target).logits
+    padded = torch.cat([source, random_ids(1, 4, seed=9)], dim=1)  # real tokens, hidden only by the mask
+    mask = torch.tensor([[1] * 5 + [0] * 4])
+    torch.testing.assert_close(model(input_ids=padded, attention_mask=mask, decoder_input_ids=target).logits, alone,
+                               atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_eager_and_sdpa_give_the_same_outputs(model):
+    """With and without masks: without one, SDPA must not fall back to a causal encoder or cross attention."""
+    source, target = random_ids(3, 7), decoder_inputs(3, 5)
+    mask = torch.ones_like(source)
+    mask[1, 4:] = 0
+    for kwargs in ({}, {"attention_mask": mask}):
+        outputs = {}
+        for implementation in ("eager", "sdpa"):
+            model.set_attn_implementation(implementation)
+            outputs[implementation] = model(input_ids=source, decoder_input_ids=target, **kwargs)
+        for key in ("logits", "encoder_last_hidden_state"):
+            torch.testing.assert_close(outputs["sdpa"][key], outputs["eager"][key], atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_attention_and_hidden_state_outputs(model):
+    model.set_attn_implementation("eager")
+    c = model.config
+    source, target = random_ids(2, 7), decoder_inputs(2, 5)
+    out = model(input_ids=source, decoder_input_ids=target, output_attentions=True, output_hidden_states=True)
+    assert len(out.encoder_attentions) == c.num_layers and len(out.encoder_hidden_states) == c.num_layers + 1
+    assert len(out.decoder_attentions) == len(out.cross_attentions) == c.num_decoder_layers
+    assert len(out.decoder_hidden_states) == c.num_decoder_layers + 1
+    for weights, shape in ((out.encoder_attentions, (2, 3, 7, 7)), (out.decoder_attentions, (2, 3, 5, 5)),
+                           (out.cross_attentions, (2, 3, 5, 7))):
+        for layer in weights:
+            assert layer.shape == shape
+            torch.testing.assert_close(layer.sum(-1), torch.ones(shape[:-1]))
+    for layer in out.decoder_attentions:
+        assert (layer.triu(diagonal=1) == 0).all()
+    torch.testing.assert_close(out.encoder_hidden_states[-1], out.encoder_last_hidden_state)
+
+
+def glorot_bound(linear: nn.Linear) -> float:
+    return math.sqrt(6 / (linear.in_features + linear.out_features))
+
+
+def test_initialization_is_the_authors():
+    model = tiny_model(vocab_size=2000, d_model=64, num_heads=4, d_ff=256)
+    std = 64**-0.5
+    embedding = model.get_input_embeddings().weight
+    assert (embedding[PAD] == 0).all()
+    assert abs(embedding[1:].std().item() - std) < 0.05 * std and abs(embedding[1:].mean().item()) < 0.01
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module is not model.lm_head:
+            bound = glorot_bound(module)
+            assert module.weight.abs().max() <= bound, name
+            assert abs(module.weight.std().item() - bound / math.sqrt(3)) < 0.1 * bound / math.sqrt(3), name
+            assert (module.bias == 0).all(), name
+        elif isinstance(module, nn.LayerNorm):
+            assert (module.weight == 1).all() and (module.bias == 0).all(), name
+
+
+def test_shared_embeddings_are_one_matrix_or_three():
+    tied = tiny_model()
+    assert tied.lm_head.weight is tied.model.encoder.embed_tokens.weight
+    assert tied.model.decoder.embed_tokens.weight is tied.model.encoder.embed_tokens.weight
+    assert tied.lm_head.bias is None
+    untied = tiny_model(tie_word_embeddings=False)
+    matrices = {untied.lm_head.weight, untied.model.encoder.embed_tokens.weight, untied.model.decoder.embed_tokens.weight}
+    assert len({id(m) for m in matrices}) == 3
+    std = 24**-0.5
+    assert abs(untied.lm_head.weight.std().item() - std) < 0.15 * std
+
+
+def test_resizing_the_vocabulary_keeps_the_matrices_tied_or_resizes_all_three():
+    for tie in (True, False):
+        model = tiny_model(tie_word_embeddings=tie)
+        model.resize_token_embeddings(60)
+        assert model.config.vocab_size == 60
+        for matrix in (model.lm_head.weight, model.model.encoder.embed_tokens.weight, model.model.decoder.embed_tokens.weight):
+            assert matrix.shape == (60, 24)
+        assert (model.lm_head.weight is model.model.encoder.embed_tokens.weight) == tie
+        logits = model(input_ids=torch.tensor([[59, 5]]), decoder_input_ids=torch.tensor([[BOS, 59]])).logits
+        assert logits.shape == (1, 2, 60)
+
+
+def test_labels_give_the_mean_cross_entropy_over_non_pad_tokens(model):
+    source = random_ids(2, 6)
+    labels = random_ids(2, 5, seed=3)
+    labels[0, 3:] = -100
+    labels[1, 4] = PAD
+    out = model(input_ids=source, labels=labels)
+    # the decoder inputs are the labels shifted right behind the start token
+    expected_inputs = torch.cat([torch.full((2, 1), BOS), labels[:, :-1].masked_fill(labels[:, :-1] == -100, PAD)], 1)
+    torch.testing.assert_close(out.logits, model(input_ids=source, decoder_input_ids=expected_inputs).logits)
+    # by hand: -log p(label) at each kept position, aligned (no second shift), averaged
+    log_probs = out.logits.log_softmax(-1)
+    kept = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (1, 3)]
+    by_hand = -torch.stack([log_probs[b, t, labels[b, t]] for b, t in kept]).mean()
+    torch.testing.assert_close(out.loss, by_hand)
+    # the Trainer's num_items_in_batch: sum / count over all accumulated batches
+    torch.testing.assert_close(model(input_ids=source, labels=labels, num_items_in_batch=14).loss, by_hand * 7 / 14)
+    torch.testing.assert_close(model(input_ids=source, labels=labels, num_items_in_batch=torch.tensor(7)).loss, by_hand)
+
+
+def test_shift_tokens_right():
+    labels = torch.tensor([[5, 6, EOS], [7, EOS, -100]])
+    assert shift_tokens_right(labels, PAD, BOS).tolist() == [[BOS, 5, 6], [BOS, 7, EOS]]
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    source, labels = random_ids(2, 6), random_ids(2, 5, seed=4)
+    gradients = []
+    for checkpointing in (False, True):
+        model = tiny_model().train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model(input_ids=source, labels=labels).loss.backward()
+        gradients.append({n: p.grad for n, p in model.named_parameters()})
+    assert gradients[0].keys() == gradients[1].keys()
+    for name in gradients[0]:
+        torch.testing.assert_close(gradients[1][name], gradients[0][name], msg=name)
+
+
+def test_dropout_is_active_in_training_only():
+    model = tiny_model(dropout=0.3)
+    source, target = random_ids(2, 6), decoder_inputs(2, 4)
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=source, decoder_input_ids=target).logits,
+                           model(input_ids=source, decoder_input_ids=target).logits)
+    model.train()
+    assert not torch.equal(model(input_ids=source, decoder_input_ids=target).logits,
+                           model(input_ids=source, decoder_input_ids=target).logits)
