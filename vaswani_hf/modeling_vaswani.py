@@ -640,6 +640,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             raise ValueError(f"labels have shape {tuple(labels.shape)} but the decoder produced {tuple(logits.shape[:2])}")
         labels = labels.to(logits.device)
         ignored = labels.eq(-100) | labels.eq(self.config.pad_token_id)
+        if not is_torchdynamo_compiling() and not ignored.all():
+            check_token_ids(labels[~ignored].view(1, -1), self.config.vocab_size, "labels (other than -100)")
         total = nn.functional.cross_entropy(
             logits.flatten(0, 1).float(), labels.masked_fill(ignored, -100).flatten(), ignore_index=-100, reduction="sum"
         )

@@ -1,0 +1,62 @@
+"""Fetch transformers' own common model tests for the installed transformers version.
+
+    python tests/fetch_transformers_tests.py
+
+transformers publishes `tests/test_modeling_common.py` (ModelTesterMixin) in its source distribution on PyPI.
+This script downloads that sdist with pip (the package registry: no other network), and unpacks its top-level
+test modules as the package `transformers_tests` under `.cache/transformers-tests/<version>/`, where
+`tests/test_transformers_common.py` runs them against our model. Nothing of it is committed.
+
+The sdist leaves out two modules that test_modeling_common imports: `generation/test_utils.py`
+(GenerationTesterMixin) and `exporters/test_export.py`. They are replaced by empty mixins here; the generation
+checks are made by our own tests/test_generation.py.
+"""
+
+import pathlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+import transformers
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TARGET = ROOT / ".cache" / "transformers-tests" / transformers.__version__
+PACKAGE = TARGET / "transformers_tests"
+STUBS = {
+    "generation/test_utils.py": "class GenerationTesterMixin:\n    pass\n",
+    "exporters/test_export.py": "class ExportTesterMixin:\n    pass\n",
+}
+
+
+def fetch() -> pathlib.Path:
+    if (PACKAGE / "test_modeling_common.py").exists():
+        return PACKAGE
+    with tempfile.TemporaryDirectory() as download:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+             f"transformers=={transformers.__version__}", "--dest", download],
+            check=True,
+        )
+        (sdist,) = pathlib.Path(download).glob("transformers-*.tar.gz")
+        staging = pathlib.Path(download) / "transformers_tests"
+        staging.mkdir()
+        with tarfile.open(sdist) as archive:
+            for member in archive.getmembers():
+                parts = pathlib.PurePosixPath(member.name).parts
+                if len(parts) == 3 and parts[1] == "tests" and parts[2].endswith(".py") and member.isfile():
+                    (staging / parts[2]).write_bytes(archive.extractfile(member).read())
+        for relative, text in STUBS.items():
+            (staging / relative).parent.mkdir(exist_ok=True)
+            (staging / relative).parent.joinpath("__init__.py").touch()
+            (staging / relative).write_text(text)
+        (staging / "__init__.py").touch()
+        TARGET.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(PACKAGE, ignore_errors=True)
+        shutil.move(str(staging), PACKAGE)
+    return PACKAGE
+
+
+if __name__ == "__main__":
+    print(f"transformers {transformers.__version__} common tests in {fetch()}")

@@ -1,0 +1,68 @@
+"""Bad input gets a one-line ValueError that says what is wrong, not a stack trace from an embedding lookup."""
+
+import pytest
+import torch
+
+from conftest import BOS, random_ids, tiny_model
+
+
+def one_line_error(call, *fragments):
+    with pytest.raises(ValueError) as error:
+        call()
+    message = str(error.value)
+    assert "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+def target():
+    return torch.tensor([[BOS, 5, 6]])
+
+
+def test_source_ids_outside_the_vocabulary(model):
+    one_line_error(lambda: model(input_ids=torch.tensor([[5, 53]]), decoder_input_ids=target()),
+                   "input_ids", "[0, 53)", "53")
+    one_line_error(lambda: model(input_ids=torch.tensor([[5, -1]]), decoder_input_ids=target()), "input_ids", "-1")
+
+
+def test_decoder_ids_outside_the_vocabulary_and_minus_100_mixups(model):
+    one_line_error(lambda: model(input_ids=random_ids(1, 4), decoder_input_ids=torch.tensor([[BOS, 99]])),
+                   "decoder_input_ids", "99")
+    one_line_error(lambda: model(input_ids=random_ids(1, 4), decoder_input_ids=torch.tensor([[BOS, -100]])),
+                   "decoder_input_ids", "labels")
+
+
+def test_labels_outside_the_vocabulary(model):
+    one_line_error(lambda: model(input_ids=random_ids(1, 4), labels=torch.tensor([[5, 77]])), "77")
+
+
+def test_a_mask_whose_shape_does_not_match_the_ids(model):
+    one_line_error(lambda: model(input_ids=random_ids(2, 5), attention_mask=torch.ones(2, 4), decoder_input_ids=target().repeat(2, 1)),
+                   "attention_mask", "(2, 4)", "(2, 5)")
+    one_line_error(lambda: model(input_ids=random_ids(1, 5), decoder_input_ids=target(), decoder_attention_mask=torch.ones(1, 2)),
+                   "decoder_attention_mask", "(1, 3)")
+
+
+def test_empty_sequences(model):
+    one_line_error(lambda: model(input_ids=torch.zeros(1, 0, dtype=torch.long), decoder_input_ids=target()),
+                   "input_ids", "empty")
+    one_line_error(lambda: model(input_ids=random_ids(1, 4), decoder_input_ids=torch.zeros(1, 0, dtype=torch.long)),
+                   "decoder_input_ids", "empty")
+    one_line_error(lambda: model.generate(torch.zeros(1, 0, dtype=torch.long)), "empty")
+
+
+def test_wrong_ranks_and_types(model):
+    one_line_error(lambda: model(input_ids=torch.tensor([5, 6, 7]), decoder_input_ids=target()), "input_ids", "(batch, length)")
+    one_line_error(lambda: model(input_ids=torch.tensor([[5.0, 6.0]]), decoder_input_ids=target()), "integer")
+    one_line_error(lambda: model(inputs_embeds=torch.zeros(1, 3, 7), decoder_input_ids=target()), "d_model=24")
+    one_line_error(lambda: model(input_ids=random_ids(1, 3), inputs_embeds=torch.zeros(1, 3, 24), decoder_input_ids=target()),
+                   "exactly one")
+
+
+def test_generate_with_ids_outside_the_vocabulary(model):
+    one_line_error(lambda: model.generate(torch.tensor([[5, 1000]]), max_new_tokens=2), "1000")

@@ -1,0 +1,115 @@
+"""generate(): the paper's defaults, the cache, and equivalences between decoding paths (§6.1)."""
+
+import pytest
+import torch
+from transformers import EncoderDecoderCache
+
+from conftest import BOS, EOS, PAD, random_ids, tiny_model
+
+
+def padded_sources():
+    """Three sources of lengths 7, 4 and 6, right-padded."""
+    source = random_ids(3, 7, seed=11)
+    mask = torch.ones_like(source)
+    for row, length in enumerate((7, 4, 6)):
+        source[row, length:], mask[row, length:] = PAD, 0
+    return source, mask
+
+
+def strip(tokens: torch.Tensor) -> list[int]:
+    """A hypothesis up to and including its EOS."""
+    tokens = tokens.tolist()
+    return tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens
+
+
+GREEDY = {"num_beams": 1, "max_new_tokens": 12}
+BEAM_4 = {"num_beams": 4, "max_new_tokens": 12}
+
+
+@pytest.mark.parametrize("decoding", [GREEDY, BEAM_4], ids=["greedy", "beam 4"])
+def test_with_and_without_cache_give_identical_tokens(trained_model, decoding):
+    source, mask = padded_sources()
+    cached = trained_model.generate(source, attention_mask=mask, use_cache=True, **decoding)
+    uncached = trained_model.generate(source, attention_mask=mask, use_cache=False, **decoding)
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("decoding", [GREEDY, BEAM_4], ids=["greedy", "beam 4"])
+def test_batched_and_one_at_a_time_give_identical_tokens(trained_model, decoding):
+    source, mask = padded_sources()
+    batched = trained_model.generate(source, attention_mask=mask, **decoding)
+    for row in range(3):
+        length = int(mask[row].sum())
+        alone = trained_model.generate(source[row : row + 1, :length], **decoding)
+        assert strip(batched[row]) == strip(alone[0])
+
+
+def test_decoding_paths_make_real_choices(trained_model):
+    """Guard for the tests above: the toy model's outputs differ between sentences and end with EOS."""
+    source, mask = padded_sources()
+    out = trained_model.generate(source, attention_mask=mask, **GREEDY)
+    hypotheses = [strip(row) for row in out]
+    assert len({tuple(h) for h in hypotheses}) == 3 and all(h[-1] == EOS for h in hypotheses)
+    assert all(len(set(h)) > 3 for h in hypotheses)
+
+
+def test_a_fresh_model_generates_the_papers_way_with_no_arguments():
+    model = tiny_model()
+    config = model.generation_config
+    assert (config.num_beams, config.early_stopping) == (4, True)
+    assert (config.decoder_start_token_id, config.pad_token_id, config.eos_token_id) == (BOS, PAD, EOS)
+    source = random_ids(2, 6)
+    out = model.generate(source)
+    assert (out[:, 0] == BOS).all()
+    assert torch.equal(out, model.generate(source, num_beams=4, early_stopping=True, max_new_tokens=6 + 50))
+
+
+def test_output_length_is_source_length_plus_50_unless_set():
+    model = tiny_model()
+    source, mask = padded_sources()  # longest source: 7 tokens
+    never_ends = {"num_beams": 1, "bad_words_ids": [[EOS]]}
+    assert model.generate(source, attention_mask=mask, **never_ends).shape[1] == 1 + 7 + 50
+    assert model.generate(source, attention_mask=mask, max_new_tokens=5, **never_ends).shape[1] == 1 + 5
+    assert model.generate(source, attention_mask=mask, max_length=9, **never_ends).shape[1] == 9
+
+
+def test_sampling_is_reproducible_and_assisted_decoding_matches_greedy(trained_model):
+    source, mask = padded_sources()
+    samples = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        samples.append(trained_model.generate(source, attention_mask=mask, do_sample=True, top_k=5, **GREEDY))
+    assert torch.equal(*samples)
+    assistant = tiny_model(seed=5)  # a poor assistant: most of its proposals are rejected
+    for row in range(3):  # transformers' assisted decoding takes one sequence at a time
+        one = source[row : row + 1, : int(mask[row].sum())]
+        greedy = trained_model.generate(one, **GREEDY)
+        assert torch.equal(trained_model.generate(one, assistant_model=assistant, **GREEDY), greedy)
+
+
+def test_the_cache_is_an_encoder_decoder_cache_with_one_layer_per_decoder_layer(trained_model):
+    source, mask = padded_sources()
+    out = trained_model.generate(source, attention_mask=mask, return_dict_in_generate=True, **GREEDY)
+    cache = out.past_key_values
+    assert isinstance(cache, EncoderDecoderCache)
+    c = trained_model.config
+    assert len(cache.self_attention_cache.layers) == len(cache.cross_attention_cache.layers) == c.num_decoder_layers
+    generated = out.sequences.shape[1]
+    assert cache.self_attention_cache.layers[0].keys.shape == (3, c.num_heads, generated - 1, c.d_k)
+    assert cache.cross_attention_cache.layers[0].values.shape == (3, c.num_heads, 7, c.d_v)
+
+
+@pytest.mark.parametrize("decoding", [GREEDY, BEAM_4], ids=["greedy", "beam 4"])
+def test_cross_attention_keys_and_values_are_computed_once_per_generate(trained_model, decoding):
+    source, mask = padded_sources()
+    calls = []
+    hooks = [
+        layer.encoder_attn.k_proj.register_forward_hook(lambda *_: calls.append(1))
+        for layer in trained_model.model.decoder.layers
+    ]
+    try:
+        out = trained_model.generate(source, attention_mask=mask, **decoding)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert out.shape[1] > 3 and len(calls) == trained_model.config.num_decoder_layers

@@ -1,0 +1,96 @@
+"""transformers' own ModelTesterMixin (test_modeling_common.py of the installed transformers version) run
+against our model with a tiny config built from the paper's arguments.
+
+The mixin comes from transformers' sdist, fetched by `python tests/fetch_transformers_tests.py` (a set-up step
+of the README). Without it this module fails, it does not skip.
+"""
+
+import sys
+import unittest
+
+import pytest
+import torch
+
+from fetch_transformers_tests import PACKAGE, TARGET
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
+
+if not (PACKAGE / "test_modeling_common.py").exists():
+    raise RuntimeError(f"transformers' common tests are missing: run `python tests/fetch_transformers_tests.py` ({PACKAGE})")
+sys.path.insert(0, str(TARGET))
+
+from transformers_tests.generation.test_utils import GenerationTesterMixin  # noqa: E402  (an empty stand-in)
+from transformers_tests.test_modeling_common import ModelTesterMixin, ids_tensor  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+class VaswaniModelTester:
+    """Characteristic sizes: d_model 16, 4 heads, d_ff 20, 2 layers each side, vocabulary 99."""
+
+    def __init__(self, parent, batch_size=13, seq_length=7, vocab_size=99, is_training=True):
+        self.parent = parent
+        self.batch_size, self.seq_length, self.vocab_size, self.is_training = batch_size, seq_length, vocab_size, is_training
+        self.hidden_size, self.num_attention_heads, self.num_hidden_layers = 16, 4, 2
+        self.encoder_seq_length = self.decoder_seq_length = self.key_length = seq_length
+
+    def get_config(self) -> VaswaniConfig:
+        return VaswaniConfig(
+            vocab_size=self.vocab_size, d_model=self.hidden_size, d_ff=20, num_heads=self.num_attention_heads,
+            num_layers=self.num_hidden_layers, dropout=0.1, attention_dropout=0.1,
+            pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=0,
+        )
+
+    def prepare_config_and_inputs_for_common(self):
+        input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size).clamp(3)
+        input_ids[:, -1] = 2
+        decoder_input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size).clamp(3)
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": input_ids.ne(1),
+            "decoder_input_ids": decoder_input_ids,
+            "decoder_attention_mask": decoder_input_ids.ne(1),
+        }
+        return self.get_config(), inputs
+
+    prepare_config_and_inputs = prepare_config_and_inputs_for_common
+
+
+class VaswaniCommonTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+    all_model_classes = (VaswaniModel, VaswaniForConditionalGeneration)
+    all_generative_model_classes = (VaswaniForConditionalGeneration,)
+    is_encoder_decoder = True
+
+    def setUp(self):
+        self.model_tester = VaswaniModelTester(self)
+
+    def _prepare_for_class(self, inputs_dict, model_class, return_labels=False):
+        # The mixin adds labels only for transformers' own model names: give the LM head its labels here.
+        inputs_dict = super()._prepare_for_class(inputs_dict, model_class, return_labels)
+        if return_labels and model_class is VaswaniForConditionalGeneration:
+            inputs_dict["labels"] = inputs_dict["input_ids"].flip(-1).clone()  # deterministic: compared across calls
+        return inputs_dict
+
+    def _with_loss_only(self, test_name):
+        # The training tests need a loss: the bare VaswaniModel has none (the mixin skips such base models by
+        # transformers' own names only).
+        self.all_model_classes = (VaswaniForConditionalGeneration,)
+        getattr(super(), test_name)()
+
+    def test_training(self):
+        self._with_loss_only("test_training")
+
+    def test_training_gradient_checkpointing(self):
+        self._with_loss_only("test_training_gradient_checkpointing")
+
+    def test_training_gradient_checkpointing_use_reentrant_false(self):
+        self._with_loss_only("test_training_gradient_checkpointing_use_reentrant_false")
+
+    def test_training_gradient_checkpointing_use_reentrant_true(self):
+        self._with_loss_only("test_training_gradient_checkpointing_use_reentrant_true")
+
+    def test_the_mixin_is_the_installed_versions(self):
+        import transformers
+
+        assert f"transformers-tests/{transformers.__version__}" in str(PACKAGE)
+        assert hasattr(ModelTesterMixin, "test_save_load") and hasattr(ModelTesterMixin, "test_tied_weights_keys")
+        assert torch.is_tensor(ids_tensor([1, 2], 5))
