@@ -201,3 +201,13 @@ def test_dropout_is_active_in_training_only():
     model.train()
     assert not torch.equal(model(input_ids=source, decoder_input_ids=target).logits,
                            model(input_ids=source, decoder_input_ids=target).logits)
+
+
+@torch.no_grad()
+def test_the_forward_compiles_as_one_graph(model):
+    """`_can_compile_fullgraph = True`: torch.compile(fullgraph=True) traces the whole forward, checks included."""
+    source, target = random_ids(2, 6), decoder_inputs(2, 4)
+    compiled = torch.compile(model, fullgraph=True)
+    torch.testing.assert_close(compiled(input_ids=source, decoder_input_ids=target, use_cache=False).logits,
+                               model(input_ids=source, decoder_input_ids=target, use_cache=False).logits,
+                               atol=1e-5, rtol=0)
