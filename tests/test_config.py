@@ -26,6 +26,11 @@ def test_defaults_are_the_papers_base_model():
     assert (c.hidden_size, c.num_attention_heads, c.num_hidden_layers) == (512, 8, 6)  # attribute_map
 
 
+def test_generic_names_set_the_paper_symbols_before_defaults_are_derived():
+    c = VaswaniConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=3)
+    assert (c.d_model, c.num_heads, c.d_k, c.d_v, c.num_layers, c.num_decoder_layers) == (32, 4, 8, 8, 3, 3)
+
+
 def test_big_preset_and_overrides():
     big = VaswaniConfig.big()
     assert (big.d_model, big.d_ff, big.num_heads, big.d_k, big.dropout) == (1024, 4096, 16, 64, 0.3)

@@ -183,7 +183,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     for checkpointing in (False, True):
         model = tiny_model().train()
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            model.activation_checkpointing_enable()
         model(input_ids=source, labels=labels).loss.backward()
         gradients.append({n: p.grad for n, p in model.named_parameters()})
     assert gradients[0].keys() == gradients[1].keys()

@@ -93,6 +93,9 @@ class VaswaniConfig(PretrainedConfig):
     decoder_start_token_id: int | None = 1
 
     def __post_init__(self, **kwargs):
+        for generic_name, name in self.attribute_map.items():  # hidden_size=... etc. count before defaults derive
+            if generic_name in kwargs:
+                setattr(self, name, kwargs.pop(generic_name))
         for name in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers"):
             _check_positive(name, getattr(self, name))
         if self.num_decoder_layers is None:
