@@ -1,0 +1,73 @@
+"""The paper's decoding (§6.1): beam search with the GNMT length penalty, checked against brute force."""
+
+import itertools
+
+import pytest
+import torch
+
+from conftest import BOS, EOS, PAD, random_ids, tiny_model
+from vaswani_hf.gnmt import gnmt_beam_search, gnmt_length_penalty
+
+
+def test_length_penalty_is_gnmts():
+    assert gnmt_length_penalty(1, 0.6) == 1.0
+    assert gnmt_length_penalty(7, 0.6) == pytest.approx(2 ** 0.6)
+    assert gnmt_length_penalty(10, 0.0) == 1.0
+
+
+@torch.no_grad()
+def sequence_log_prob(model, source, hypothesis):
+    """log P(hypothesis | source) by one teacher-forced forward pass."""
+    decoder_input = torch.tensor([[BOS] + hypothesis[:-1]])
+    log_probs = model(input_ids=source, decoder_input_ids=decoder_input).logits[0].log_softmax(-1)
+    return log_probs[torch.arange(len(hypothesis)), torch.tensor(hypothesis)].sum().item()
+
+
+def brute_force(model, source, vocab, max_length, alpha):
+    """Score every hypothesis: ended by EOS within max_length tokens, or cut at max_length."""
+    best, best_score = None, float("-inf")
+    for length in range(1, max_length + 1):
+        for prefix in itertools.product([t for t in range(vocab) if t != EOS], repeat=length - 1):
+            for last in range(vocab):
+                hypothesis = [*prefix, last]
+                if last != EOS and length < max_length:
+                    continue
+                score = sequence_log_prob(model, source, hypothesis) / gnmt_length_penalty(length, alpha)
+                if score > best_score:
+                    best, best_score = hypothesis, score
+    return best
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_an_exhaustive_beam_returns_the_brute_force_best(alpha):
+    vocab, max_length = 5, 3
+    for seed in range(4):
+        model = tiny_model(seed=seed, vocab_size=vocab)
+        with torch.no_grad():  # sharpen the random model so that lengths and penalties matter
+            model.lm_head.weight.mul_(4)
+        source = torch.randint(3, vocab, (1, 4), generator=torch.Generator().manual_seed(seed))
+        expected = brute_force(model, source, vocab, max_length, alpha)
+        # a beam as wide as every prefix makes the search exhaustive
+        found = gnmt_beam_search(model, source, num_beams=vocab ** max_length, alpha=alpha, max_new_tokens=max_length)
+        assert found[0, 0] == BOS
+        hypothesis = found[0, 1:].tolist()
+        hypothesis = hypothesis[: hypothesis.index(EOS) + 1] if EOS in hypothesis else hypothesis
+        assert hypothesis == expected, (seed, alpha)
+
+
+def test_beam_4_is_batched_consistently_and_respects_the_length_limit(trained_model):
+    source = random_ids(3, 7, seed=11)
+    mask = torch.ones_like(source)
+    mask[1, 4:] = 0
+    source[1, 4:] = PAD
+    batched = gnmt_beam_search(trained_model, source, attention_mask=mask)
+    for row in range(3):
+        alone = gnmt_beam_search(trained_model, source[row : row + 1, : int(mask[row].sum())])
+        width = alone.shape[1]
+        assert torch.equal(batched[row, :width], alone[0]) and (batched[row, width:] == PAD).all()
+    never_ends = tiny_model(seed=1)
+    with torch.no_grad():
+        never_ends.lm_head.weight[EOS] = -10 * never_ends.lm_head.weight.abs().max()  # EOS is never chosen
+    out = gnmt_beam_search(never_ends, source, attention_mask=mask)
+    assert out.shape[1] == 1 + 7 + 50
+    assert (out[1, 1 + 4 + 50 :] == PAD).all() and (out[1, 1 : 1 + 4 + 50] != PAD).any()

@@ -1,0 +1,103 @@
+# Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
+"""The paper's decoding (§6.1): "beam search with a beam size of 4 and length penalty α = 0.6 [GNMT]. We set the
+maximum output length during inference to input length + 50, but terminate early when possible."
+
+The length penalty is GNMT's (Wu et al., 2016): a hypothesis Y scores log P(Y|X) / lp(Y) with
+lp(Y) = ((5 + |Y|) / 6)^α, |Y| counting the generated tokens including EOS. transformers' beam search divides
+by |Y|^α instead, which is why this search exists. It follows tensor2tensor's: 2K candidates per step, the K best
+that did not end stay alive, the ended ones compete for the finished slot by their penalized score, and a
+sentence stops as soon as no alive hypothesis can beat its best finished one.
+
+This file travels to the Hub beside the model: it imports only torch and transformers.
+"""
+
+import torch
+
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput
+
+
+def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | torch.Tensor:
+    """lp(Y) = ((5 + |Y|) / 6)^α."""
+    return ((5 + length) / 6) ** alpha
+
+
+@torch.no_grad()
+def gnmt_beam_search(
+    model,
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor | None = None,
+    num_beams: int = 4,
+    alpha: float = 0.6,
+    max_new_tokens: int | None = None,
+    extra_length: int = 50,
+) -> torch.LongTensor:
+    """Beam search scored with the GNMT length penalty; returns the best hypothesis of each source.
+
+    Each source's output is limited to `max_new_tokens` tokens, or, if that is None, to its own length (non-pad
+    tokens) + `extra_length`. Returns (B, T) ids starting with the decoder start token, PAD after EOS.
+    """
+    config = model.config
+    if num_beams < 1:
+        raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    batch_size, vocab_size, device = input_ids.shape[0], config.vocab_size, input_ids.device
+    pad, eos, start = config.pad_token_id, config.eos_token_id, config.decoder_start_token_id
+    limits = attention_mask.sum(-1) + extra_length if max_new_tokens is None else torch.full(
+        (batch_size,), max_new_tokens, device=device)  # (B,)
+    max_limit = int(limits.max())
+
+    encoder_states = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    encoder_outputs = BaseModelOutput(last_hidden_state=encoder_states.repeat_interleave(num_beams, dim=0))
+    source_mask = attention_mask.repeat_interleave(num_beams, dim=0)  # (B*K, S)
+    decoder_config = config.get_text_config(decoder=True)
+    cache = EncoderDecoderCache(DynamicCache(config=decoder_config), DynamicCache(config=decoder_config))
+
+    tokens = torch.full((batch_size * num_beams, 1), start, device=device)  # (B*K, t)
+    alive_scores = torch.full((batch_size, num_beams), float("-inf"), device=device)  # log P of alive hypotheses
+    alive_scores[:, 0] = 0.0  # one start hypothesis per source; the other beams fill at the first step
+    finished_scores = torch.full((batch_size,), float("-inf"), device=device)
+    finished = torch.full((batch_size, max_limit + 1), pad, device=device)
+    finished_lengths = torch.ones(batch_size, dtype=torch.long, device=device)
+    done = torch.zeros(batch_size, dtype=torch.bool, device=device)
+    rows = torch.arange(batch_size, device=device)
+
+    for step in range(1, max_limit + 1):  # step = |Y| of the hypotheses made in this iteration
+        logits = model(
+            encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=tokens[:, -1:],
+            past_key_values=cache, use_cache=True,
+        ).logits[:, -1]
+        log_probs = logits.float().log_softmax(-1).view(batch_size, num_beams, vocab_size)
+        candidates = (alive_scores.unsqueeze(-1) + log_probs).view(batch_size, -1)  # (B, K*V)
+        top_scores, top_index = candidates.topk(min(2 * num_beams, candidates.shape[1]), dim=-1)  # (B, 2K)
+        top_beams, top_tokens = top_index // vocab_size, top_index % vocab_size
+
+        # Hypotheses that end here (EOS, or the source's length limit) compete for the finished slot.
+        ends = (top_tokens == eos) | (step >= limits).unsqueeze(-1)
+        penalized = torch.where(ends, top_scores / gnmt_length_penalty(step, alpha), float("-inf"))
+        best_penalized, best = penalized.max(-1)
+        improved = (best_penalized > finished_scores) & ~done
+        if improved.any():
+            history = tokens.view(batch_size, num_beams, -1)[rows, top_beams[rows, best]]  # (B, t)
+            hypotheses = torch.cat([history, top_tokens[rows, best].unsqueeze(-1)], dim=-1)  # (B, t + 1)
+            finished[improved] = pad
+            finished[improved, : step + 1] = hypotheses[improved]
+            finished_scores = torch.where(improved, best_penalized, finished_scores)
+            finished_lengths[improved] = step + 1
+
+        # The K best hypotheses that did not end stay alive.
+        alive_scores, keep = torch.where(ends, float("-inf"), top_scores).topk(num_beams, dim=-1)  # (B, K)
+        parents = (rows.unsqueeze(-1) * num_beams + top_beams.gather(1, keep)).view(-1)  # (B*K,)
+        tokens = torch.cat([tokens[parents], top_tokens.gather(1, keep).view(-1, 1)], dim=-1)
+        # Beams never leave their source, so the cross-attention cache needs no reordering.
+        cache.self_attention_cache.reorder_cache(parents)
+
+        # Early termination: log P only falls and lp only grows up to lp(limit), so an alive hypothesis can score
+        # at most its log P / lp(limit).
+        best_possible = alive_scores[:, 0] / gnmt_length_penalty(limits, alpha)
+        done |= (finished_scores >= best_possible) | (step >= limits)
+        if done.all():
+            break
+
+    return finished[:, : int(finished_lengths.max())]
