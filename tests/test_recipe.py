@@ -1,0 +1,85 @@
+"""The training recipe's small parts (§5.3, §5.4, §6.1), each against its formula."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from training.averaging import average_checkpoints, average_state_dicts
+from training.loss import label_smoothed_nll
+from training.schedule import inverse_sqrt_lr, paper_optimizer
+
+
+@pytest.mark.parametrize("step, expected", [
+    (1, 512**-0.5 * 1 * 4000**-1.5),          # warming up: step · warmup^-1.5
+    (4000, 512**-0.5 * 4000**-0.5),           # the peak, about 7.0e-4 for the base model
+    (100000, 512**-0.5 * 100000**-0.5),       # decaying: step^-0.5
+])
+def test_learning_rate_matches_the_formula(step, expected):
+    assert inverse_sqrt_lr(step, d_model=512) == pytest.approx(expected, rel=1e-12)
+    assert inverse_sqrt_lr(step, d_model=512, scale=2.0) == pytest.approx(2 * expected, rel=1e-12)
+
+
+def test_the_peak_of_the_base_model_is_7e_4():
+    assert inverse_sqrt_lr(4000, 512) == pytest.approx(6.99e-4, abs=1e-6)
+
+
+def test_the_optimizer_is_adam_098_1e9_and_its_first_update_uses_step_1():
+    model = torch.nn.Linear(3, 3)
+    optimizer, scheduler = paper_optimizer(model, d_model=512, warmup_steps=4000)
+    group = optimizer.param_groups[0]
+    assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9 and group["weight_decay"] == 0.0
+    rates = []
+    for _ in range(3):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert rates == pytest.approx([inverse_sqrt_lr(k, 512, 4000) for k in (1, 2, 3)], rel=1e-12)
+
+
+def random_logits(seed=0, shape=(2, 5, 11)):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=generator) * 3
+
+
+def test_smoothed_loss_at_epsilon_zero_is_plain_nll():
+    logits = random_logits()
+    labels = torch.tensor([[1, 2, 3, -100, -100], [4, 5, 6, 7, 8]])
+    smoothed, nll, count = label_smoothed_nll(logits, labels, epsilon=0.0)
+    expected = torch.nn.functional.cross_entropy(logits.view(-1, 11), labels.view(-1), reduction="sum")
+    torch.testing.assert_close(smoothed, expected)
+    torch.testing.assert_close(nll, expected)
+    assert count == 8
+
+
+def test_smoothed_loss_ignores_padding():
+    logits = random_logits()
+    labels = torch.tensor([[1, 2, 3, -100, -100], [4, 5, 6, 7, 8]])
+    changed = logits.clone()
+    changed[0, 3:] = 1000.0  # whatever the model says at padded positions
+    torch.testing.assert_close(label_smoothed_nll(changed, labels)[0], label_smoothed_nll(logits, labels)[0])
+
+
+def test_smoothed_loss_is_the_cross_entropy_against_gold_1_minus_eps_others_eps_over_v_minus_1():
+    logits = random_logits(seed=1)
+    labels = torch.tensor([[1, 2, 3, 4, -100], [4, 5, 6, 7, 8]])
+    epsilon, vocab = 0.1, 11
+    target = torch.full((2, 5, vocab), epsilon / (vocab - 1))
+    target.scatter_(-1, labels.clamp(min=0).unsqueeze(-1), 1 - epsilon)
+    per_token = -(target * logits.log_softmax(-1)).sum(-1)
+    expected = per_token[labels != -100].sum()
+    torch.testing.assert_close(label_smoothed_nll(logits, labels, epsilon)[0], expected)
+
+
+def test_averaged_checkpoints_are_the_element_wise_mean(tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    checkpoints = [{"w": torch.randn(4, 3, generator=generator), "b": torch.randn(3, generator=generator),
+                    "step": torch.tensor(k)} for k in range(5)]
+    files = []
+    for k, state in enumerate(checkpoints):
+        files.append(tmp_path / f"{k}.safetensors")
+        save_file(state, str(files[-1]))
+    averaged = average_checkpoints(files)
+    torch.testing.assert_close(averaged["w"], torch.stack([c["w"] for c in checkpoints]).mean(0))
+    torch.testing.assert_close(averaged["b"], torch.stack([c["b"] for c in checkpoints]).mean(0))
+    with pytest.raises(ValueError, match="different weights"):
+        average_state_dicts([{"w": torch.zeros(1)}, {"v": torch.zeros(1)}])
