@@ -1,0 +1,69 @@
+"""Data, tokenizer and batching of the recipe (§5.1)."""
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from training.batching import padding_fraction, token_batches
+from training.data import load_pairs
+from training.default_data import generate
+from training.tokenizer import train_joint_bpe
+
+
+def test_the_embedded_default_data_is_what_the_generator_writes():
+    pairs = load_pairs("en", "de")
+    generated = generate()
+    assert {split: len(p) for split, p in pairs.items()} == {"train": 30000, "validation": 500, "test": 500}
+    assert pairs["test"][:20] == generated["test"][:20]
+    english = [{en for en, _ in p} for p in pairs.values()]
+    assert not (english[0] & english[1]) and not (english[0] & english[2])  # disjoint splits
+
+
+def test_json_lines_and_aligned_text_load_the_same_pairs(tmp_path):
+    rows = [("A dog .", "Ein Hund ."), ("Two cats .", "Zwei Katzen .")]
+    with open(tmp_path / "train.jsonl", "w") as f:
+        for en, de in rows:
+            f.write(json.dumps({"translation": {"en": en, "de": de}}) + "\n")
+    (tmp_path / "valid.en").write_text("\n".join(en for en, _ in rows) + "\n")
+    (tmp_path / "valid.de").write_text("\n".join(de for _, de in rows) + "\n")
+    pairs = load_pairs("en", "de", files={"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "valid")})
+    assert pairs == {"train": rows, "validation": rows}
+    assert load_pairs("de", "en", files={"train": str(tmp_path / "train.jsonl")})["train"][0] == ("Ein Hund .", "A dog .")
+
+
+def test_missing_or_misaligned_files_are_one_line_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--train_file .*nope.jsonl"):
+        load_pairs("en", "de", files={"train": str(tmp_path / "nope.jsonl")})
+    (tmp_path / "x.en").write_text("a\nb\n")
+    (tmp_path / "x.de").write_text("a\n")
+    with pytest.raises(ValueError, match="2 en lines but 1 de lines"):
+        load_pairs("en", "de", files={"test": str(tmp_path / "x")})
+
+
+def test_joint_bpe_round_trips_through_auto_tokenizer(tmp_path):
+    pairs = load_pairs("en", "de")["train"][:3000]
+    tokenizer = train_joint_bpe((side for pair in pairs for side in pair), vocab_size=600)
+    assert [tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id] == [0, 1, 2]
+    assert 100 < len(tokenizer) <= 600  # this small grammar runs out of merges below 600
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    sentence = "Heute sieht der große Hund eine Katze im Garten ."
+    ids = loaded(sentence)["input_ids"]
+    assert ids[-1] == loaded.eos_token_id and ids == tokenizer(sentence)["input_ids"]
+    assert loaded.decode(ids, skip_special_tokens=True) == sentence
+
+
+def test_token_batches_respect_the_budget_cover_every_pair_and_depend_only_on_seed_and_epoch():
+    import random
+    rng = random.Random(0)
+    source = [rng.randint(1, 40) for _ in range(2000)]
+    target = [max(1, s + rng.randint(-5, 5)) for s in source]
+    batches = token_batches(source, target, max_tokens=500, seed=1, epoch=0)
+    assert sorted(i for b in batches for i in b) == list(range(2000))
+    assert all(len(b) * max(max(source[i], target[i]) for i in b) <= 500 for b in batches)
+    assert batches == token_batches(source, target, max_tokens=500, seed=1, epoch=0)
+    assert batches != token_batches(source, target, max_tokens=500, seed=1, epoch=1)
+    assert padding_fraction(batches, source, target) < 0.15  # grouped by length: little padding
+    unsorted = [list(range(k, k + len(b))) for k, b in zip(range(0, 2000, 20), batches)]
+    assert padding_fraction(batches, source, target) < padding_fraction(unsorted, source, target)

@@ -1,0 +1,28 @@
+"""§5.1: "Sentences were encoded using byte-pair encoding, which has a shared source-target vocabulary of about
+37000 tokens." A joint BPE trained with `tokenizers`, saved as a fast tokenizer that `AutoTokenizer` loads.
+"""
+
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+# The ids of VaswaniConfig's defaults: pad 0, bos (decoder start) 1, eos 2.
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+
+
+def train_joint_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """One BPE over source and target text. Encoding appends </s>; decoding restores the spaces."""
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    eos_id = tokenizer.token_to_id("</s>")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", eos_id)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
