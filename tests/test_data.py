@@ -48,7 +48,7 @@ def test_joint_bpe_round_trips_through_auto_tokenizer(tmp_path):
     assert 100 < len(tokenizer) <= 600  # this small grammar runs out of merges below 600
     tokenizer.save_pretrained(tmp_path)
     loaded = AutoTokenizer.from_pretrained(tmp_path)
-    sentence = "Heute sieht der große Hund eine Katze im Garten ."
+    sentence = "Heute sieht der große Hund eine Katze im Garten."
     ids = loaded(sentence)["input_ids"]
     assert ids[-1] == loaded.eos_token_id and ids == tokenizer(sentence)["input_ids"]
     assert loaded.decode(ids, skip_special_tokens=True) == sentence

@@ -102,7 +102,7 @@ def sentence_pair(rng: random.Random) -> tuple[str, str]:
         adverb = rng.choice(list(ADVERBS))
         english.insert(0, adverb)
         german = [ADVERBS[adverb], german[1], german[0], *german[2:]]
-    return capitalize(" ".join(english)) + " .", capitalize(" ".join(german)) + " ."
+    return capitalize(" ".join(english)) + ".", capitalize(" ".join(german)) + "."
 
 
 def capitalize(text: str) -> str:

@@ -1,0 +1,319 @@
+"""Train a translation model with the recipe of "Attention Is All You Need" (§5), evaluate it (§6.1) and write a
+Hub-ready folder.
+
+    accelerate launch training/run.py --preset cpu-small          # embedded EN-DE data, ~10 min on 2 CPU cores
+    accelerate launch training/run.py --preset base --dataset_name wmt14 --dataset_config_name de-en \\
+        --source_lang en --target_lang de --output_dir runs/wmt14-base
+    accelerate launch training/run.py --preset cpu-small --train_file ../shared/data/multi30k/train \\
+        --validation_file ../shared/data/multi30k/val --test_file ../shared/data/multi30k/test_2016_flickr
+    accelerate launch --multi_gpu --num_processes 2 training/run.py ...   # data parallel (gloo on CPU)
+    accelerate launch training/run.py --output_dir runs/x --resume_from_checkpoint latest
+
+A preset (training/presets/NAME.json) sets the recipe; any flag overrides it. Without a preset the values are
+the paper's base model and recipe. The recipe: a joint BPE (§5.1); batches of pairs grouped by length and
+counted in tokens, accumulated to `tokens_per_step` (§5.1); Adam(0.9, 0.98, 1e-9) with warmup and inverse
+square root decay (§5.3); dropout and label smoothing ε_ls = 0.1 (§5.4), the loss normalized by the target
+tokens of the whole optimizer step; checkpoints averaged at the end; beam 4 with the GNMT length penalty
+α = 0.6 and a limit of source length + 50 (§6.1); sacreBLEU and chrF.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast, set_seed
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer, HfArgumentParser
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from training.averaging import average_checkpoints  # noqa: E402
+from training.batching import padding_fraction, token_batches  # noqa: E402
+from training.checkpoints import WEIGHTS_FILE, checkpoints, load_checkpoint, resolve_checkpoint, save_checkpoint  # noqa: E402
+from training.data import load_pairs  # noqa: E402
+from training.evaluation import score, translate  # noqa: E402
+from training.hub import write_output_folder  # noqa: E402
+from training.loss import label_smoothed_nll  # noqa: E402
+from training.schedule import paper_optimizer  # noqa: E402
+from training.tokenizer import train_joint_bpe  # noqa: E402
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration  # noqa: E402
+from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
+
+PRESETS = Path(__file__).resolve().parent / "presets"
+
+
+@dataclass
+class DataArguments:
+    dataset_name: str | None = field(default=None, metadata={"help": "A Hub dataset with a translation column."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration, e.g. de-en."})
+    train_file: str | None = field(default=None, metadata={"help": "JSON lines, or a prefix of aligned PREFIX.<lang> files."})
+    validation_file: str | None = field(default=None, metadata={"help": "As train_file."})
+    test_file: str | None = field(default=None, metadata={"help": "As train_file."})
+    source_lang: str = field(default="en")
+    target_lang: str = field(default="de")
+    max_length: int = field(default=256, metadata={"help": "Training pairs longer than this (in tokens) are skipped."})
+
+
+@dataclass
+class ModelArguments:
+    vocab_size: int = field(default=37000, metadata={"help": "Size of the joint BPE vocabulary (§5.1)."})
+    d_model: int = 512
+    d_ff: int = 2048
+    num_heads: int = 8
+    num_layers: int = 6
+    dropout: float = field(default=0.1, metadata={"help": "P_drop (§5.4)."})
+    position_embedding: str = "sinusoidal"
+    normalize_before: bool = field(default=False, metadata={"help": "Pre-LN: a deviation from the paper."})
+
+
+@dataclass
+class RecipeArguments:
+    preset: str | None = field(default=None, metadata={"help": f"A recipe file in training/presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}."})
+    output_dir: str = field(default="outputs/run")
+    seed: int = 1
+    max_steps: int = field(default=100000, metadata={"help": "Optimizer steps (§5.2: 100k for base)."})
+    max_train_minutes: float | None = field(default=None, metadata={"help": "Stop training after this wall-clock time."})
+    max_tokens: int = field(default=4096, metadata={"help": "Padded tokens per batch and process."})
+    tokens_per_step: int = field(default=25000, metadata={"help": "Tokens per optimizer step, reached by accumulation."})
+    warmup_steps: int = 4000
+    lr_scale: float = field(default=1.0, metadata={"help": "Multiplies the §5.3 learning rate curve."})
+    label_smoothing: float = field(default=0.1, metadata={"help": "ε_ls (§5.4)."})
+    mixed_precision: str = field(default="auto", metadata={"help": "auto (bf16/fp16 on GPUs, fp32 on CPU), no, fp16, bf16."})
+    logging_steps: int = 10
+    eval_steps: int = field(default=5000, metadata={"help": "Validation loss and BLEU every N steps (0: never)."})
+    eval_max_sentences: int = field(default=500, metadata={"help": "Validation sentences decoded for BLEU."})
+    save_steps: int = field(default=0, metadata={"help": "A checkpoint every N steps (0: off)."})
+    save_minutes: float = field(default=0, metadata={"help": "A checkpoint every N minutes (0: off)."})
+    average_checkpoints: int = field(default=5, metadata={"help": "The final model averages the last K checkpoints."})
+    num_beams: int = 4
+    length_penalty_alpha: float = field(default=0.6, metadata={"help": "GNMT α (§6.1)."})
+    resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint folder, or latest."})
+    push_to_hub: bool = False
+    hub_model_id: str | None = None
+    hub_private_repo: bool = False
+
+
+def parse_arguments() -> tuple[DataArguments, ModelArguments, RecipeArguments]:
+    parser = HfArgumentParser((DataArguments, ModelArguments, RecipeArguments))
+    preset = parser.parse_args_into_dataclasses(return_remaining_strings=True)[2].preset
+    if preset:
+        path = PRESETS / f"{preset}.json"
+        if not path.is_file():
+            raise SystemExit(f"--preset {preset}: no {path}; presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}")
+        parser.set_defaults(**{k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")})
+    return parser.parse_args_into_dataclasses()
+
+
+def encode(tokenizer, pairs, max_length=None):
+    """Token ids of sources and targets; both end with </s>."""
+    sources = tokenizer([s for s, _ in pairs])["input_ids"]
+    targets = tokenizer([t for _, t in pairs])["input_ids"]
+    if max_length:
+        kept = [i for i in range(len(pairs)) if len(sources[i]) <= max_length and len(targets[i]) <= max_length]
+        sources, targets = [sources[i] for i in kept], [targets[i] for i in kept]
+    return sources, targets
+
+
+def collate(indices, sources, targets, pad_id, device):
+    """Right-padded source ids and mask, and labels with -100 at padding (the model shifts them itself)."""
+    source_width = max(len(sources[i]) for i in indices)
+    target_width = max(len(targets[i]) for i in indices)
+    input_ids = torch.full((len(indices), source_width), pad_id)
+    labels = torch.full((len(indices), target_width), -100)
+    for row, i in enumerate(indices):
+        input_ids[row, : len(sources[i])] = torch.tensor(sources[i])
+        labels[row, : len(targets[i])] = torch.tensor(targets[i])
+    return {"input_ids": input_ids.to(device), "attention_mask": input_ids.ne(pad_id).long().to(device),
+            "labels": labels.to(device)}
+
+
+@torch.no_grad()
+def validation_loss(model, sources, targets, pad_id, max_tokens, device) -> float:
+    """Per-token NLL on the validation set (no smoothing), for perplexity."""
+    model.eval()
+    total = count = 0.0
+    for batch in token_batches([len(s) for s in sources], [len(t) for t in targets], max_tokens, seed=0, epoch=0):
+        inputs = collate(batch, sources, targets, pad_id, device)
+        logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=inputs["labels"]).logits
+        _, nll, n = label_smoothed_nll(logits, inputs["labels"], 0.0)
+        total, count = total + nll.item(), count + n.item()
+    model.train()
+    return total / max(count, 1)
+
+
+def main():
+    data_args, model_args, args = parse_arguments()
+    output_dir = Path(args.output_dir)
+    use_gpu = torch.cuda.is_available()
+    mixed_precision = args.mixed_precision
+    if mixed_precision == "auto":
+        mixed_precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if use_gpu else "no"
+    accelerator = Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision, log_with="tensorboard",
+                              project_dir=str(output_dir))
+    if not use_gpu:  # share the cores among the processes
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // accelerator.num_processes))
+    set_seed(args.seed)
+    say = accelerator.print
+
+    # Data and the joint BPE: trained once by the main process, read by every process.
+    pairs = load_pairs(data_args.source_lang, data_args.target_lang, data_args.dataset_name,
+                       data_args.dataset_config_name,
+                       {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file})
+    if "train" not in pairs:
+        raise SystemExit("no training data: give --dataset_name or --train_file (or neither, for the embedded data)")
+    if accelerator.is_main_process and not (output_dir / "tokenizer.json").is_file():
+        tokenizer = train_joint_bpe((side for pair in pairs["train"] for side in pair), model_args.vocab_size)
+        tokenizer.save_pretrained(output_dir)
+    accelerator.wait_for_everyone()
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    train_sources, train_targets = encode(tokenizer, pairs["train"], data_args.max_length)
+    source_lengths, target_lengths = [len(s) for s in train_sources], [len(t) for t in train_targets]
+    validation = encode(tokenizer, pairs["validation"]) if "validation" in pairs else None
+
+    config = VaswaniConfig(
+        vocab_size=len(tokenizer), d_model=model_args.d_model, d_ff=model_args.d_ff, num_heads=model_args.num_heads,
+        num_layers=model_args.num_layers, dropout=model_args.dropout, position_embedding=model_args.position_embedding,
+        normalize_before=model_args.normalize_before, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+    )
+    model = VaswaniForConditionalGeneration(config)
+    optimizer, scheduler = paper_optimizer(model, config.d_model, args.warmup_steps, args.lr_scale)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)  # stepped once per optimizer step, by us
+
+    # §5.1 batching: every process builds the same batch list; an optimizer step takes
+    # accumulation × processes consecutive batches, this process every num_processes-th of them.
+    world, rank = accelerator.num_processes, accelerator.process_index
+    accumulation = max(1, math.ceil(args.tokens_per_step / (args.max_tokens * world)))
+    per_step = accumulation * world
+    first_epoch = token_batches(source_lengths, target_lengths, args.max_tokens, args.seed, 0)
+    steps_per_epoch = len(first_epoch) // per_step
+    if steps_per_epoch == 0:
+        raise SystemExit(f"{len(first_epoch)} batches cannot fill one optimizer step of {per_step}: lower --tokens_per_step")
+    say(f"{len(train_sources)} training pairs, vocabulary {len(tokenizer)}, "
+        f"{accelerator.unwrap_model(model).num_parameters() / 1e6:.1f}M parameters, {world} process(es), "
+        f"{accumulation} accumulated batch(es) of <= {args.max_tokens} tokens per step, "
+        f"padding {padding_fraction(first_epoch, source_lengths, target_lengths):.1%}")
+
+    state = {"history": [], "elapsed_seconds": 0.0}
+    step = 0
+    if args.resume_from_checkpoint:
+        path = resolve_checkpoint(output_dir, args.resume_from_checkpoint)
+        state = load_checkpoint(accelerator, path)
+        step = state.pop("step")
+        say(f"resumed from {path} at step {step}")
+    accelerator.init_trackers("vaswani", config={**asdict(data_args), **asdict(model_args), **asdict(args)})
+
+    start_time = time.time() - state["elapsed_seconds"]
+    last_save_time = time.time()
+    window_tokens, window_start = 0, time.time()
+    progress = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="training")
+    model.train()
+    epoch, batches = None, None
+    while step < args.max_steps:
+        stop = torch.tensor([args.max_train_minutes is not None and time.time() - start_time > 60 * args.max_train_minutes])
+        if broadcast(stop.to(accelerator.device)).item():
+            say(f"time budget of {args.max_train_minutes} minutes reached at step {step}")
+            break
+        if epoch != step // steps_per_epoch:
+            epoch = step // steps_per_epoch
+            batches = token_batches(source_lengths, target_lengths, args.max_tokens, args.seed, epoch)
+        offset = (step % steps_per_epoch) * per_step
+        mine = [batches[offset + a * world + rank] for a in range(accumulation)]
+        inputs = [collate(b, train_sources, train_targets, tokenizer.pad_token_id, accelerator.device) for b in mine]
+        local_tokens = sum(int(x["labels"].ne(-100).sum()) for x in inputs)
+        step_tokens = accelerator.reduce(torch.tensor(local_tokens, device=accelerator.device), "sum").item()
+        step_loss = torch.zeros((), device=accelerator.device)
+        for a, batch in enumerate(inputs):
+            with accelerator.no_sync(model) if a < accumulation - 1 else nullcontext(), accelerator.autocast():
+                decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id, config.decoder_start_token_id)
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                               decoder_input_ids=decoder_input_ids).logits
+                loss_sum, _, _ = label_smoothed_nll(logits, batch["labels"], args.label_smoothing)
+                # DDP averages gradients over processes: scale so the sum over the step is divided by its tokens.
+                accelerator.backward(loss_sum * world / step_tokens)
+            step_loss += loss_sum.detach()
+        learning_rate = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        loss = accelerator.reduce(step_loss, "sum").item() / step_tokens
+        window_tokens += step_tokens
+        entry = {"step": step, "loss": loss, "learning_rate": learning_rate, "tokens": step_tokens}
+        state["history"].append(entry)
+        progress.update(1)
+        if step % args.logging_steps == 0 or step == 1:
+            tokens_per_second = window_tokens / (time.time() - window_start)
+            window_tokens, window_start = 0, time.time()
+            progress.set_postfix(loss=f"{loss:.3f}", lr=f"{learning_rate:.2e}", tok_s=f"{tokens_per_second:.0f}")
+            accelerator.log({"train/loss": loss, "train/learning_rate": learning_rate,
+                             "train/target_tokens_per_second": tokens_per_second}, step=step)
+
+        if validation and args.eval_steps and step % args.eval_steps == 0:
+            if accelerator.is_main_process:
+                metrics = evaluate_model(accelerator.unwrap_model(model), tokenizer, pairs["validation"], validation, args)
+                entry.update({f"validation_{k}": v for k, v in metrics.items()})
+                accelerator.log({f"validation/{k}": v for k, v in metrics.items() if isinstance(v, float)}, step=step)
+                progress.write(f"step {step}: validation loss {metrics['loss']:.3f}, BLEU {metrics['bleu']:.1f}")
+            accelerator.wait_for_everyone()
+
+        minutes_due = torch.tensor([args.save_minutes > 0 and time.time() - last_save_time > 60 * args.save_minutes])
+        if (args.save_steps and step % args.save_steps == 0) or broadcast(minutes_due.to(accelerator.device)).item():
+            state["elapsed_seconds"] = time.time() - start_time
+            save_checkpoint(accelerator, output_dir, step, state, keep=max(args.average_checkpoints, 1))
+            last_save_time = time.time()
+    progress.close()
+
+    # The final model: the average of the last K checkpoints (§6.1), the current weights among them.
+    state["elapsed_seconds"] = time.time() - start_time
+    if not checkpoints(output_dir) or checkpoints(output_dir)[-1].name != f"checkpoint-{step}":
+        save_checkpoint(accelerator, output_dir, step, state, keep=max(args.average_checkpoints, 1))
+    if accelerator.is_main_process:
+        averaged = checkpoints(output_dir)[-args.average_checkpoints:]
+        final = VaswaniForConditionalGeneration(config)
+        final.load_state_dict(average_checkpoints([p / WEIGHTS_FILE for p in averaged]), strict=False)
+        final.tie_weights()
+        final.to(accelerator.device)
+        metrics = {"train_steps": step, "train_minutes": state["elapsed_seconds"] / 60,
+                   "averaged_checkpoints": [p.name for p in averaged], "history": state["history"]}
+        if validation:
+            metrics["validation"] = evaluate_model(final, tokenizer, pairs["validation"], validation, args)
+        if "test" in pairs:
+            sources = [s for s, _ in pairs["test"]]
+            predictions = translate(final, tokenizer, sources, num_beams=args.num_beams, alpha=args.length_penalty_alpha)
+            metrics["test"] = score(predictions, [t for _, t in pairs["test"]])
+            say(f"test: sacreBLEU {metrics['test']['bleu']:.1f}  chrF {metrics['test']['chrf']:.1f}  "
+                f"({metrics['test']['bleu_signature']})")
+            for source, prediction in list(zip(sources, predictions))[:5]:
+                say(f"  {source}\n  -> {prediction}")
+        write_output_folder(final, tokenizer, output_dir, metrics, data_args, model_args, args)
+        say(f"model, tokenizer, metrics and model card in {output_dir}")
+        if args.push_to_hub:
+            from training.hub import push
+
+            url = push(output_dir, args.hub_model_id or output_dir.name, private=args.hub_private_repo)
+            say(f"pushed to {url}")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+
+
+def evaluate_model(model, tokenizer, pairs, encoded, args) -> dict:
+    loss = validation_loss(model, *encoded, tokenizer.pad_token_id, args.max_tokens, next(model.parameters()).device)
+    subset = pairs[: args.eval_max_sentences]
+    predictions = translate(model, tokenizer, [s for s, _ in subset], num_beams=args.num_beams,
+                            alpha=args.length_penalty_alpha)
+    metrics = score(predictions, [t for _, t in subset])
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50)), **metrics}
+
+
+if __name__ == "__main__":
+    main()
