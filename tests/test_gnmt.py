@@ -71,3 +71,27 @@ def test_beam_4_is_batched_consistently_and_respects_the_length_limit(trained_mo
     out = gnmt_beam_search(never_ends, source, attention_mask=mask)
     assert out.shape[1] == 1 + 7 + 50
     assert (out[1, 1 + 4 + 50 :] == PAD).all() and (out[1, 1 : 1 + 4 + 50] != PAD).any()
+
+
+def test_a_saved_model_with_custom_generate_decodes_the_papers_way(tmp_path, trained_model):
+    """The output folder of training/run.py ships gnmt.py as custom_generate/generate.py: `generate()` of the
+    model loaded with trust_remote_code is the GNMT beam search; other decodings go to transformers."""
+    import shutil
+
+    import vaswani_hf
+    from transformers import AutoModelForSeq2SeqLM
+
+    trained_model.generation_config.gnmt_alpha = 0.6
+    trained_model.save_pretrained(tmp_path)
+    (tmp_path / "custom_generate").mkdir()
+    shutil.copy(vaswani_hf.gnmt.__file__, tmp_path / "custom_generate" / "generate.py")
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    source = random_ids(3, 7, seed=12)
+    mask = torch.ones_like(source)
+    expected = gnmt_beam_search(trained_model, source, attention_mask=mask, num_beams=4, alpha=0.6)
+    assert torch.equal(model.generate(input_ids=source, attention_mask=mask), expected)
+    assert torch.equal(model.generate(source, attention_mask=mask), expected)
+    greedy = trained_model.generate(source, attention_mask=mask, num_beams=1, max_new_tokens=9)
+    assert torch.equal(model.generate(input_ids=source, attention_mask=mask, num_beams=1, max_new_tokens=9), greedy)
+    assert torch.equal(trained_model.generate(input_ids=source, attention_mask=mask, custom_generate=str(tmp_path),
+                                              trust_remote_code=True), expected)

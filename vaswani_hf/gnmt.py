@@ -106,17 +106,21 @@ def gnmt_beam_search(
 PAPER_SEARCH_ARGUMENTS = {"input_ids", "inputs", "attention_mask", "num_beams", "max_new_tokens", "alpha"}
 
 
-def generate(model, *args, **kwargs):
+def generate(*args, model, **kwargs):
     """`model.generate` of a saved model that ships this file as `custom_generate/generate.py` (loaded with
-    `trust_remote_code=True`): the paper's beam search when the call asks for beam search and nothing this search
-    does not offer; anything else (greedy, sampling, logits processors, output dicts, ...) goes to transformers'
-    `generate`. The beam size and α come from the generation config (`num_beams`, `gnmt_alpha`)."""
+    `trust_remote_code=True`, or called with `generate(custom_generate=folder)`): the paper's beam search when the
+    call asks for beam search and nothing this search does not offer; anything else (greedy, sampling, logits
+    processors, output dicts, ...) goes to transformers' `generate`. The beam size and α come from the call or
+    the generation config (`num_beams`, `gnmt_alpha`)."""
+    given = {key: value for key, value in kwargs.items() if value is not None}
+    if args:
+        given.setdefault("inputs", args[0])
     config = model.generation_config
-    num_beams = kwargs.get("num_beams") or config.num_beams or 1
-    if args or set(kwargs) - PAPER_SEARCH_ARGUMENTS or num_beams == 1:
-        kwargs.pop("alpha", None)
-        return type(model).generate(model, *args, **kwargs)
-    input_ids = kwargs.get("input_ids", kwargs.get("inputs"))
-    alpha = kwargs.get("alpha", getattr(config, "gnmt_alpha", 0.6))
-    return gnmt_beam_search(model, input_ids, kwargs.get("attention_mask"), num_beams, alpha,
-                            kwargs.get("max_new_tokens") or config.max_new_tokens)
+    num_beams = given.get("num_beams") or config.num_beams or 1
+    if set(given) - PAPER_SEARCH_ARGUMENTS or len(args) > 1 or num_beams == 1:
+        given.pop("alpha", None)
+        return type(model).generate(model, **given)
+    input_ids = given.get("input_ids", given.get("inputs"))
+    alpha = given.get("alpha", getattr(config, "gnmt_alpha", 0.6))
+    return gnmt_beam_search(model, input_ids, given.get("attention_mask"), num_beams, alpha,
+                            given.get("max_new_tokens") or config.max_new_tokens)

@@ -1,0 +1,111 @@
+"""training/run.py end to end, as `accelerate launch` runs it: data parallelism, exact resumption after a kill,
+atomic checkpoints, the Hub-ready output folder."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training.default_data import generate
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "2", "--vocab_size", "300",
+        "--max_tokens", "400", "--tokens_per_step", "800", "--warmup_steps", "4", "--eval_steps", "0",
+        "--logging_steps", "1", "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory):
+    """2,000 training pairs and a few for validation and test, from the embedded grammar."""
+    folder = tmp_path_factory.mktemp("data")
+    splits = generate()
+    files = {}
+    for split, size in (("train", 2000), ("validation", 8), ("test", 8)):
+        files[split] = folder / f"{split}.jsonl"
+        with open(files[split], "w") as f:
+            for en, de in splits[split][:size]:
+                f.write(json.dumps({"translation": {"en": en, "de": de}}) + "\n")
+    return ["--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
+            "--test_file", str(files["test"])]
+
+
+def launch(output_dir, *flags, processes=1, popen=False):
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(random.randint(20000, 40000))]
+    if processes > 1:
+        command.append("--multi_gpu")  # on a machine without GPUs: CPU processes over gloo
+    command += [str(ROOT / "training" / "run.py"), "--output_dir", str(output_dir), *flags]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if popen:
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def history(output_dir):
+    return json.loads((Path(output_dir) / "metrics.json").read_text())["history"]
+
+
+def assert_same_weights(a, b, atol):
+    weights_a, weights_b = load_file(Path(a) / "model.safetensors"), load_file(Path(b) / "model.safetensors")
+    assert weights_a.keys() == weights_b.keys()
+    for key in weights_a:
+        torch.testing.assert_close(weights_a[key], weights_b[key], atol=atol, rtol=0, msg=key)
+
+
+def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_path, small_data):
+    """2 processes x 1 batch per step (DDP over gloo) == 1 process x 2 accumulated batches per step."""
+    flags = [*TINY, *small_data, "--dropout", "0", "--max_steps", "6", "--average_checkpoints", "1"]
+    launch(tmp_path / "one", *flags, processes=1)
+    launch(tmp_path / "two", *flags, processes=2)
+    one, two = history(tmp_path / "one"), history(tmp_path / "two")
+    assert [h["tokens"] for h in one] == [h["tokens"] for h in two]
+    assert [h["loss"] for h in two] == pytest.approx([h["loss"] for h in one], rel=1e-5)
+    assert_same_weights(tmp_path / "one", tmp_path / "two", atol=1e-5)
+
+
+def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, small_data):
+    flags = [*TINY, *small_data, "--dropout", "0.1", "--max_steps", "10", "--save_steps", "2",
+             "--average_checkpoints", "1"]
+    launch(tmp_path / "whole", *flags)
+
+    killed = tmp_path / "killed"
+    process = launch(killed, *flags, popen=True)
+    deadline = time.time() + 300
+    while not (killed / "checkpoint-4").is_dir():
+        assert process.poll() is None and time.time() < deadline, "the run ended before its 4th step"
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (killed / "metrics.json").exists()
+
+    result = launch(killed, *flags, "--resume_from_checkpoint", "latest")
+    assert "resumed from" in result.stdout + result.stderr
+    assert [h["loss"] for h in history(killed)] == pytest.approx([h["loss"] for h in history(tmp_path / "whole")], rel=1e-6)
+    assert_same_weights(killed, tmp_path / "whole", atol=1e-6)
+
+
+def test_the_output_folder_is_hub_ready_and_decodes_the_papers_way(tmp_path, small_data):
+    launch(tmp_path / "run", *TINY, *small_data, "--max_steps", "4", "--save_steps", "2", "--average_checkpoints", "2")
+    out = tmp_path / "run"
+    names = {p.name for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "metrics.json",
+            "README.md", "modeling_vaswani.py", "configuration_vaswani.py", "custom_generate"} <= names
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-4"]
+    assert metrics["test"]["bleu_signature"].startswith("nrefs:1|case:mixed")
+    card = (out / "README.md").read_text()
+    assert "{{" not in card and f"{metrics['test']['bleu']:.2f}" in card
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["num_beams"] == 4 and generation["gnmt_alpha"] == 0.6
