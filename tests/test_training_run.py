@@ -57,22 +57,30 @@ def history(output_dir):
     return json.loads((Path(output_dir) / "metrics.json").read_text())["history"]
 
 
-def assert_same_weights(a, b, atol):
+def assert_same_weights(a, b, atol, skip=()):
     weights_a, weights_b = load_file(Path(a) / "model.safetensors"), load_file(Path(b) / "model.safetensors")
     assert weights_a.keys() == weights_b.keys()
     for key in weights_a:
-        torch.testing.assert_close(weights_a[key], weights_b[key], atol=atol, rtol=0, msg=key)
+        if not key.endswith(skip):
+            torch.testing.assert_close(weights_a[key], weights_b[key], atol=atol, rtol=0, msg=key)
 
 
 def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_path, small_data):
     """2 processes x 1 batch per step (DDP over gloo) == 1 process x 2 accumulated batches per step."""
-    flags = [*TINY, *small_data, "--dropout", "0", "--max_steps", "6", "--average_checkpoints", "1"]
+    # dropout 0: the processes draw different dropout masks; lr_scale 0.01: a realistic peak of about 9e-4
+    flags = [*TINY, *small_data, "--dropout", "0", "--max_steps", "4", "--average_checkpoints", "1", "--lr_scale", "0.01"]
     launch(tmp_path / "one", *flags, processes=1)
     launch(tmp_path / "two", *flags, processes=2)
     one, two = history(tmp_path / "one"), history(tmp_path / "two")
     assert [h["tokens"] for h in one] == [h["tokens"] for h in two]
     assert [h["loss"] for h in two] == pytest.approx([h["loss"] for h in one], rel=1e-5)
-    assert_same_weights(tmp_path / "one", tmp_path / "two", atol=1e-5)
+    # The key biases get no gradient in exact arithmetic (softmax ignores the q.b_k added to every score), so
+    # Adam (eps 1e-9) turns the rounding noise of their gradient into updates that differ with the summation
+    # order. They do not change the model's function: its validation loss and its translations agree.
+    assert_same_weights(tmp_path / "one", tmp_path / "two", atol=1e-5, skip=("k_proj.bias",))
+    metrics_one, metrics_two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))
+    assert metrics_two["validation"]["loss"] == pytest.approx(metrics_one["validation"]["loss"], rel=1e-5)
+    assert metrics_two["test"]["bleu"] == metrics_one["test"]["bleu"]
 
 
 def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, small_data):
@@ -109,3 +117,11 @@ def test_the_output_folder_is_hub_ready_and_decodes_the_papers_way(tmp_path, sma
     assert "{{" not in card and f"{metrics['test']['bleu']:.2f}" in card
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation["num_beams"] == 4 and generation["gnmt_alpha"] == 0.6
+
+
+def test_the_embedded_default_run_learns(tmp_path):
+    """The main job's recipe on the embedded data, cut to 250 steps (about 3 minutes here): BLEU far above zero."""
+    launch(tmp_path / "main", "--preset", "cpu-small", "--max_train_minutes", "60", "--max_steps", "250",
+           "--eval_steps", "0")
+    test = json.loads((tmp_path / "main" / "metrics.json").read_text())["test"]
+    assert test["bleu"] > 60, test

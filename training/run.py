@@ -1,11 +1,11 @@
 """Train a translation model with the recipe of "Attention Is All You Need" (§5), evaluate it (§6.1) and write a
 Hub-ready folder.
 
-    accelerate launch training/run.py --preset cpu-small          # embedded EN-DE data, ~10 min on 2 CPU cores
+    accelerate launch training/run.py --preset cpu-small          # embedded EN-DE data, ~5 min on 2 CPU cores
     accelerate launch training/run.py --preset base --dataset_name wmt14 --dataset_config_name de-en \\
         --source_lang en --target_lang de --output_dir runs/wmt14-base
     accelerate launch training/run.py --preset cpu-small --train_file ../shared/data/multi30k/train \\
-        --validation_file ../shared/data/multi30k/val --test_file ../shared/data/multi30k/test_2016_flickr
+        --validation_file ../shared/data/multi30k/valid --test_file ../shared/data/multi30k/test2016
     accelerate launch --multi_gpu --num_processes 2 training/run.py ...   # data parallel (gloo on CPU)
     accelerate launch training/run.py --output_dir runs/x --resume_from_checkpoint latest
 
@@ -215,7 +215,8 @@ def main():
     start_time = time.time() - state["elapsed_seconds"]
     last_save_time = time.time()
     window_tokens, window_start = 0, time.time()
-    progress = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="training")
+    progress = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="training",
+                    mininterval=1 if sys.stderr.isatty() else 30)
     model.train()
     epoch, batches = None, None
     while step < args.max_steps:
