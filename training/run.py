@@ -281,7 +281,9 @@ def main():
     if accelerator.is_main_process:
         averaged = checkpoints(output_dir)[-args.average_checkpoints:]
         final = VaswaniForConditionalGeneration(config)
-        final.load_state_dict(average_checkpoints([p / WEIGHTS_FILE for p in averaged]), strict=False)
+        missing, unexpected = final.load_state_dict(average_checkpoints([p / WEIGHTS_FILE for p in averaged]), strict=False)
+        if unexpected or set(missing) - set(final.all_tied_weights_keys):  # only tied copies may be absent
+            raise RuntimeError(f"averaged checkpoints do not fit the model: missing {missing}, unexpected {unexpected}")
         final.tie_weights()
         final.to(accelerator.device)
         metrics = {"train_steps": step, "train_minutes": state["elapsed_seconds"] / 60,
