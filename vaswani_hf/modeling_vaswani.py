@@ -10,7 +10,10 @@ Deviations from the paper — this is the one list. By default there are none in
   * `normalize_before=True` switches to pre-LN with a final LayerNorm per stack (off by default).
   * `tie_word_embeddings=False` unties the source embedding, target embedding and output projection (off by default).
   * `attention_dropout` / `activation_dropout` exist as options; they are 0 by default, as in the authors' code.
-Decoding that transformers cannot express exactly is documented on `VaswaniForConditionalGeneration.generate`.
+  * Decoding: this class's `generate()` is transformers' beam search (beam 4, early stopping, source length + 50),
+    whose length penalty divides by |Y|^alpha. The paper's GNMT penalty ((5 + |Y|) / 6)^alpha is in `gnmt.py`;
+    `training/run.py` ships it as `custom_generate/generate.py`, the default `generate()` of a saved model loaded
+    with `trust_remote_code=True`.
 """
 
 import math
