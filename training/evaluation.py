@@ -1,5 +1,6 @@
 """§6.1 evaluation: decode with the paper's beam search and score with sacreBLEU and chrF (offline)."""
 
+from functools import cache
 from pathlib import Path
 
 import evaluate
@@ -27,7 +28,11 @@ def translate(model, tokenizer, sources: list[str], batch_size: int = 64, num_be
     return translations
 
 
+@cache
+def _metric():
+    return evaluate.load(str(METRIC))
+
+
 def score(predictions: list[str], references: list[str]) -> dict:
     """sacreBLEU and chrF with their signatures."""
-    metric = evaluate.load(str(METRIC))
-    return metric.compute(predictions=predictions, references=[[r] for r in references])
+    return _metric().compute(predictions=predictions, references=[[r] for r in references])
