@@ -23,10 +23,11 @@ def sequence_log_prob(model, source, hypothesis):
     return log_probs[torch.arange(len(hypothesis)), torch.tensor(hypothesis)].sum().item()
 
 
-def brute_force(model, source, vocab, max_length, alpha):
-    """Score every hypothesis: ended by EOS within max_length tokens, or cut at max_length."""
+def brute_force(model, source, vocab, max_length, alpha, min_new_tokens):
+    """Score every hypothesis: ended by EOS within max_length tokens (after at least min_new_tokens others), or cut
+    at max_length."""
     best, best_score = None, float("-inf")
-    for length in range(1, max_length + 1):
+    for length in range(1 + min_new_tokens, max_length + 1):
         for prefix in itertools.product([t for t in range(vocab) if t != EOS], repeat=length - 1):
             for last in range(vocab):
                 hypothesis = [*prefix, last]
@@ -38,17 +39,19 @@ def brute_force(model, source, vocab, max_length, alpha):
     return best
 
 
+@pytest.mark.parametrize("min_new_tokens", [0, 1])
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
-def test_an_exhaustive_beam_returns_the_brute_force_best(alpha):
+def test_an_exhaustive_beam_returns_the_brute_force_best(alpha, min_new_tokens):
     vocab, max_length = 5, 3
     for seed in range(4):
         model = tiny_model(seed=seed, vocab_size=vocab)
         with torch.no_grad():  # sharpen the random model so that lengths and penalties matter
             model.lm_head.weight.mul_(4)
         source = torch.randint(3, vocab, (1, 4), generator=torch.Generator().manual_seed(seed))
-        expected = brute_force(model, source, vocab, max_length, alpha)
+        expected = brute_force(model, source, vocab, max_length, alpha, min_new_tokens)
         # a beam as wide as every prefix makes the search exhaustive
-        found = gnmt_beam_search(model, source, num_beams=vocab ** max_length, alpha=alpha, max_new_tokens=max_length)
+        found = gnmt_beam_search(model, source, num_beams=vocab ** max_length, alpha=alpha, max_new_tokens=max_length,
+                                 min_new_tokens=min_new_tokens)
         assert found[0, 0] == BOS
         hypothesis = found[0, 1:].tolist()
         hypothesis = hypothesis[: hypothesis.index(EOS) + 1] if EOS in hypothesis else hypothesis
@@ -95,3 +98,17 @@ def test_a_saved_model_with_custom_generate_decodes_the_papers_way(tmp_path, tra
     assert torch.equal(model.generate(input_ids=source, attention_mask=mask, num_beams=1, max_new_tokens=9), greedy)
     assert torch.equal(trained_model.generate(input_ids=source, attention_mask=mask, custom_generate=str(tmp_path),
                                               trust_remote_code=True), expected)
+
+
+def test_no_empty_translation_unless_asked(trained_model):
+    """A model that prefers EOS everywhere: with min_new_tokens=1 (the default) a token comes first."""
+    source = random_ids(2, 6, seed=9)
+    handle = trained_model.lm_head.register_forward_hook(lambda module, args, out: out.index_add(
+        -1, torch.tensor([EOS]), torch.full((*out.shape[:-1], 1), 30.0)))
+    try:
+        empty = gnmt_beam_search(trained_model, source, min_new_tokens=0)
+        not_empty = gnmt_beam_search(trained_model, source)
+    finally:
+        handle.remove()
+    assert empty[:, :2].tolist() == [[BOS, EOS]] * 2
+    assert (not_empty[:, 1] != EOS).all() and (not_empty[:, 2] == EOS).all()
