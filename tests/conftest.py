@@ -74,3 +74,37 @@ def trained_model():
         loss.backward()
         optimizer.step()
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def translation_folder(tmp_path_factory):
+    """A run's output folder as training/run.py writes it (weights, code, tokenizer, custom generate, metrics,
+    model card), for a tiny model trained for a few seconds on the embedded EN-DE pairs with its own joint BPE."""
+    from training.default_data import generate
+    from training.evaluation import score, translate
+    from training.hub import write_output_folder
+    from training.tokenizer import train_joint_bpe
+
+    splits = generate()
+    pairs = splits["train"][:400]
+    tokenizer = train_joint_bpe((side for pair in pairs for side in pair), 250)
+    model = tiny_model(seed=1, vocab_size=len(tokenizer)).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for step in range(60):  # 60 steps of 50 pairs: short, but its translations are words, not empty
+        batch = pairs[step * 50 % 400 : step * 50 % 400 + 50]
+        inputs = tokenizer([s for s, _ in batch], text_target=[t for _, t in batch], padding=True, return_tensors="pt")
+        labels = inputs["labels"].masked_fill(inputs["labels"] == tokenizer.pad_token_id, -100)
+        loss = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    test = splits["test"][:6]
+    translations = translate(model, tokenizer, [s for s, _ in test])
+    assert all(translations) and len(set(translations)) > 1, translations
+    metrics = {"train_steps": 60, "train_minutes": 0.1, "test": score(translations, [t for _, t in test])}
+    folder = tmp_path_factory.mktemp("translator") / "tiny-en-de"
+    write_output_folder(model, tokenizer, folder, metrics, dataset="vaswani_hf embedded EN-DE grammar",
+                        source_lang="en", target_lang="de", model_id="tiny-en-de", recipe={"d_model": 24},
+                        deviations=["recipe: 60 steps"])
+    return folder

@@ -37,14 +37,15 @@ def small_data(tmp_path_factory):
             "--test_file", str(files["test"])]
 
 
-def launch(output_dir, *flags, processes=1, popen=False):
+def launch(output_dir, *flags, processes=1, popen=False, env_extra=None):
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                "--main_process_port", str(random.randint(20000, 40000))]
     if processes > 1:
         command.append("--multi_gpu")  # on a machine without GPUs: CPU processes over gloo
     command += [str(ROOT / "training" / "run.py"), "--output_dir", str(output_dir), *flags]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           **(env_extra or {})}
     if popen:
         return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
@@ -104,9 +105,23 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, smal
     assert_same_weights(killed, tmp_path / "whole", atol=1e-6)
 
 
-def test_the_output_folder_is_hub_ready_and_decodes_the_papers_way(tmp_path, small_data):
-    launch(tmp_path / "run", *TINY, *small_data, "--max_steps", "4", "--save_steps", "2", "--average_checkpoints", "2")
+def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small_data):
+    """--push_to_hub with huggingface_hub's upload captured (tests/upload_capture): the files it would send."""
+    token = "hf_vaswaniTestToken0123456789abcdef"
+    result = launch(tmp_path / "run", *TINY, *small_data, "--max_steps", "4", "--save_steps", "2",
+                    "--average_checkpoints", "2", "--push_to_hub", "--hub_model_id", "org/tiny",
+                    env_extra={"UPLOAD_CAPTURE": str(tmp_path / "upload.json"), "HF_TOKEN": token,
+                               "PYTHONPATH": str(ROOT / "tests" / "upload_capture")})
     out = tmp_path / "run"
+    upload = json.loads((tmp_path / "upload.json").read_text())
+    assert upload["repo_id"] == "org/tiny"
+    assert {"model.safetensors", "config.json", "generation_config.json", "configuration_vaswani.py",
+            "modeling_vaswani.py", "pipeline_vaswani.py", "tokenizer.json", "tokenizer_config.json", "README.md",
+            "custom_generate/generate.py", "metrics.json"} <= set(upload["files"])
+    assert not any(f.startswith(("checkpoint-", "vaswani/")) for f in upload["files"])
+    assert "pushed to https://huggingface.co/org/tiny" in result.stdout + result.stderr
+    assert token not in result.stdout + result.stderr
+    assert not any(token.encode() in p.read_bytes() for p in out.rglob("*") if p.is_file())
     names = {p.name for p in out.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "metrics.json",
             "README.md", "modeling_vaswani.py", "configuration_vaswani.py", "custom_generate"} <= names
@@ -122,6 +137,6 @@ def test_the_output_folder_is_hub_ready_and_decodes_the_papers_way(tmp_path, sma
 def test_the_embedded_default_run_learns(tmp_path):
     """The main job's recipe on the embedded data, cut to 250 steps (about 3 minutes here): BLEU far above zero."""
     launch(tmp_path / "main", "--preset", "cpu-small", "--max_train_minutes", "60", "--max_steps", "250",
-           "--eval_steps", "0")
+           "--eval_steps", "0", "--save_minutes", "0", "--save_steps", "50")  # checkpoints by steps: deterministic
     test = json.loads((tmp_path / "main" / "metrics.json").read_text())["test"]
     assert test["bleu"] > 60, test

@@ -4,28 +4,10 @@ from functools import cache
 from pathlib import Path
 
 import evaluate
-import torch
 
-from vaswani_hf.gnmt import gnmt_beam_search
+from vaswani_hf.translate import translate  # noqa: F401  (the §6.1 decoding, re-exported for run.py)
 
 METRIC = Path(__file__).resolve().parent / "metrics" / "sacrebleu_chrf"
-
-
-@torch.no_grad()
-def translate(model, tokenizer, sources: list[str], batch_size: int = 64, num_beams: int = 4,
-              alpha: float = 0.6) -> list[str]:
-    """Translations in the order of `sources`; batches are formed from sources of similar length."""
-    model.eval()
-    device = next(model.parameters()).device
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    translations = [""] * len(sources)
-    for start in range(0, len(order), batch_size):
-        indices = order[start : start + batch_size]
-        inputs = tokenizer([sources[i] for i in indices], padding=True, return_tensors="pt").to(device)
-        output = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha)
-        for i, text in zip(indices, tokenizer.batch_decode(output, skip_special_tokens=True)):
-            translations[i] = text
-    return translations
 
 
 @cache

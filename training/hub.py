@@ -2,58 +2,81 @@
 
 import json
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 
 import vaswani_hf
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_CARD = ROOT / "model_card.md"
-UPLOAD_IGNORE = ["checkpoint-*/**", ".incomplete-checkpoint-*/**", "vaswani/**"]
+UPLOAD_IGNORE = ["checkpoint-*/**", ".incomplete-checkpoint-*/**", "vaswani/**", "runs/**"]
+
+# The paper's architecture (§3) as VaswaniConfig values; anything else is a deviation and the card says so.
+PAPER_ARCHITECTURE = {
+    "normalize_before": (False, "pre-LN sub-layers x + Dropout(Sublayer(LayerNorm(x))) instead of post-LN"),
+    "tie_word_embeddings": (True, "untied source embedding, target embedding and pre-softmax projection"),
+    "position_embedding": ("sinusoidal", "learned position embeddings instead of sinusoids (Table 3 row E)"),
+    "scale_embedding": (True, "embeddings not multiplied by sqrt(d_model)"),
+    "attention_dropout": (0.0, "dropout on the attention weights"),
+    "activation_dropout": (0.0, "dropout after the feed-forward ReLU"),
+}
 
 
-def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, data_args, model_args, args) -> None:
-    """Weights (safetensors), config with auto_map, code files, tokenizer, generation config, metrics, the
-    paper's decoding as custom_generate/generate.py, and README.md — the model card with this run's numbers."""
+def architecture_deviations(config) -> list[str]:
+    return [f"{text} (`{name}={getattr(config, name)!r}`)" for name, (paper, text) in PAPER_ARCHITECTURE.items()
+            if getattr(config, name) != paper]
+
+
+def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, dataset: str, source_lang: str,
+                        target_lang: str, model_id: str, recipe: dict, deviations: list[str], num_beams: int = 4,
+                        alpha: float = 0.6) -> None:
+    """Weights (safetensors), config with auto_map and custom_pipelines, code files, tokenizer, generation config,
+    metrics, the paper's decoding as custom_generate/generate.py, and README.md — the model card with this run's
+    numbers."""
     generation = model.generation_config
-    generation.num_beams = args.num_beams
+    generation.num_beams = num_beams
     generation.early_stopping = True
-    generation.gnmt_alpha = args.length_penalty_alpha  # read by custom_generate/generate.py
+    generation.gnmt_alpha = alpha  # read by custom_generate/generate.py
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     (output_dir / "custom_generate").mkdir(exist_ok=True)
     shutil.copy(Path(vaswani_hf.__file__).parent / "gnmt.py", output_dir / "custom_generate" / "generate.py")
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
-    (output_dir / "README.md").write_text(model_card(metrics, data_args, model_args, args, model))
-
-
-def model_card(metrics: dict, data_args, model_args, args, model) -> str:
-    test = metrics.get("test", {})
-    dataset = data_args.dataset_name or ("local files" if data_args.train_file else "vaswani_hf embedded EN-DE grammar")
+    deviations = architecture_deviations(model.config) + deviations
     values = {
-        "source_lang": data_args.source_lang,
-        "target_lang": data_args.target_lang,
+        "source_lang": source_lang,
+        "target_lang": target_lang,
         "dataset": dataset,
-        "bleu": f"{test.get('bleu', float('nan')):.2f}",
-        "chrf": f"{test.get('chrf', float('nan')):.2f}",
-        "bleu_signature": test.get("bleu_signature", "n/a"),
-        "chrf_signature": test.get("chrf_signature", "n/a"),
+        "model_id": model_id,
         "parameters": f"{model.num_parameters() / 1e6:.1f}M",
+        "architecture": (f"d_model {model.config.d_model}, d_ff {model.config.d_ff}, {model.config.num_heads} heads, "
+                         f"{model.config.num_layers} encoder and {model.config.num_decoder_layers} decoder layers, "
+                         f"a joint vocabulary of {model.config.vocab_size}"),
+        "deviations": "\n".join(f"- {d}" for d in deviations) or "- none",
         "steps": str(metrics.get("train_steps")),
         "minutes": f"{metrics.get('train_minutes', 0):.1f}",
-        "averaged": str(len(metrics.get("averaged_checkpoints", []))),
-        "model_id": args.hub_model_id or Path(args.output_dir).name,
-        "recipe": json.dumps({**asdict(model_args), **{k: v for k, v in asdict(args).items()
-                                                       if k not in ("push_to_hub", "hub_model_id", "resume_from_checkpoint")}}, indent=1),
+        "averaged": str(len(metrics.get("averaged_checkpoints", [])) or 1),
+        "recipe": json.dumps(recipe, indent=1),
+        "num_beams": str(num_beams),
+        "alpha": str(alpha),
     }
-    text = MODEL_CARD.read_text()
+    test = metrics.get("test", {})
+    for name in ("bleu", "chrf"):
+        values[name] = f"{test.get(name, float('nan')):.2f}"
+        values[f"{name}_signature"] = test.get(f"{name}_signature", "n/a")
+    (output_dir / "README.md").write_text(fill_template(MODEL_CARD.read_text(), values))
+
+
+def fill_template(text: str, values: dict[str, str]) -> str:
     for key, value in values.items():
         text = text.replace("{{" + key + "}}", value)
+    if "{{" in text:
+        raise ValueError(f"model card placeholder left unfilled: {text[text.index('{{'):].split('}}')[0]}}}}}")
     return text
 
 
 def push(output_dir: Path, repo_id: str, private: bool = False) -> str:
-    """Create the model repository if needed and upload the folder (without checkpoints and logs)."""
+    """Create the model repository if needed and upload the folder (without checkpoints and logs). The token is
+    huggingface_hub's own (HF_TOKEN or `hf auth login`); it is never read, printed or written here."""
     from huggingface_hub import HfApi
 
     api = HfApi()

@@ -111,6 +111,30 @@ def parse_arguments() -> tuple[DataArguments, ModelArguments, RecipeArguments]:
     return parser.parse_args_into_dataclasses()
 
 
+NOT_RECIPE = ("push_to_hub", "hub_model_id", "hub_private_repo", "resume_from_checkpoint", "output_dir")
+# The paper's recipe values (§5, §6.1) that a run may change; sizes are choices, not deviations.
+PAPER_RECIPE = {"tokens_per_step": 25000, "warmup_steps": 4000, "lr_scale": 1.0, "label_smoothing": 0.1,
+                "num_beams": 4, "length_penalty_alpha": 0.6}
+
+
+def recipe_deviations(model_args: ModelArguments, args: RecipeArguments) -> list[str]:
+    """The recipe values of this run that differ from the paper's, for the model card."""
+    changed = [f"`{name}={getattr(args, name)}` (paper: {paper})" for name, paper in PAPER_RECIPE.items()
+               if getattr(args, name) != paper]
+    if args.average_checkpoints not in (5, 20):
+        changed.append(f"`average_checkpoints={args.average_checkpoints}` (paper: 5 for base, 20 for big)")
+    if args.save_minutes != 10:
+        every = f"{args.save_minutes} minutes" if args.save_minutes else f"{args.save_steps} steps"
+        changed.append(f"checkpoints every {every} (paper: every 10 minutes)")
+    return [f"recipe: {text}" for text in changed]
+
+
+def dataset_description(data_args: DataArguments) -> str:
+    if data_args.dataset_name:
+        return " ".join(filter(None, (data_args.dataset_name, data_args.dataset_config_name)))
+    return "local files" if data_args.train_file else "vaswani_hf embedded EN-DE grammar"
+
+
 def encode(tokenizer, pairs, max_length=None):
     """Token ids of sources and targets; both end with </s>."""
     sources = tokenizer([s for s, _ in pairs])["input_ids"]
@@ -298,7 +322,13 @@ def main():
                 f"({metrics['test']['bleu_signature']})")
             for source, prediction in list(zip(sources, predictions))[:5]:
                 say(f"  {source}\n  -> {prediction}")
-        write_output_folder(final, tokenizer, output_dir, metrics, data_args, model_args, args)
+        recipe = {**asdict(model_args), **{k: v for k, v in asdict(args).items() if k not in NOT_RECIPE}}
+        write_output_folder(
+            final, tokenizer, output_dir, metrics, dataset=dataset_description(data_args),
+            source_lang=data_args.source_lang, target_lang=data_args.target_lang,
+            model_id=args.hub_model_id or output_dir.name, recipe=recipe,
+            deviations=recipe_deviations(model_args, args), num_beams=args.num_beams, alpha=args.length_penalty_alpha,
+        )
         say(f"model, tokenizer, metrics and model card in {output_dir}")
         if args.push_to_hub:
             from training.hub import push

@@ -1,13 +1,17 @@
 """vaswani_hf: the Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a transformers model.
 
 Importing the package registers the model with the Auto classes under model_type "vaswani", so that
-`AutoConfig`, `AutoModel` and `AutoModelForSeq2SeqLM` build and load it.
+`AutoConfig`, `AutoModel` and `AutoModelForSeq2SeqLM` build and load it. `TranslationPipeline` is the translation
+pipeline that every saved model declares for `pipeline("translation", model=folder, trust_remote_code=True)`;
+on model objects, build it directly: `TranslationPipeline(model=model, tokenizer=tokenizer)` (transformers 5
+refuses the task name "translation" unless it comes from a model folder's config).
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .configuration_vaswani import VaswaniConfig
 from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
+from .pipeline_vaswani import TranslationPipeline
 
 
 def register() -> None:
@@ -23,4 +27,4 @@ def register() -> None:
 
 register()
 
-__all__ = ["VaswaniConfig", "VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel", "register"]
+__all__ = ["TranslationPipeline", "VaswaniConfig", "VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel", "register"]

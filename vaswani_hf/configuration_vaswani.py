@@ -1,12 +1,15 @@
 # Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
 """Configuration of the Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
 
-This file travels to the Hub beside the weights: it imports only transformers.
+This file travels to the Hub beside the weights: it imports only transformers and the pipeline file, which the
+config names under `custom_pipelines` (the relative import makes `save_pretrained` ship that file too).
 """
 
 import copy
 
 from transformers import PretrainedConfig
+
+from .pipeline_vaswani import CUSTOM_PIPELINES
 
 
 class VaswaniConfig(PretrainedConfig):
@@ -55,6 +58,9 @@ class VaswaniConfig(PretrainedConfig):
             on each stack: a deviation from the paper, off by default.
         pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`):
             Special token ids. The decoder starts from `decoder_start_token_id` (by default the BOS token).
+        custom_pipelines (`dict`, *optional*):
+            Pipelines that `pipeline()` loads from the model folder; by default the `translation` task of
+            `pipeline_vaswani.py` (transformers 5 has none).
 
     Every row of Table 3 is one call, e.g. row (B) `VaswaniConfig(d_k=16)`, row (C) `VaswaniConfig(num_layers=2)`,
     row (E) `VaswaniConfig(position_embedding="learned")`.
@@ -91,8 +97,11 @@ class VaswaniConfig(PretrainedConfig):
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     decoder_start_token_id: int | None = 1
+    custom_pipelines: dict | None = None
 
     def __post_init__(self, **kwargs):
+        if self.custom_pipelines is None:
+            self.custom_pipelines = copy.deepcopy(CUSTOM_PIPELINES)
         for generic_name, name in self.attribute_map.items():  # hidden_size=... etc. count before defaults derive
             if generic_name in kwargs:
                 setattr(self, name, kwargs.pop(generic_name))

@@ -1,0 +1,319 @@
+"""The model among transformers users' tools: the translation pipeline, the Hub both ways, the model card, the
+command-line translator and the attention pictures. The model is the session's `translation_folder`: a run's
+output folder for a tiny model with a real joint BPE."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from training.evaluation import translate
+from training.hub import push
+from vaswani_hf import TranslationPipeline
+from vaswani_hf.visualize import attention_weights, write_pictures
+
+SOURCES = ["The small dog sees the old man.", "A woman reads a book in the garden.", "The children play."]
+TOKEN = "hf_vaswaniTestToken0123456789abcdef"
+
+
+def load_local(folder):
+    return AutoModelForSeq2SeqLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+
+
+def run_hidden(script: str, *args, env_extra=None, cwd=None) -> str:
+    """Run `script` in a fresh Python where `import vaswani_hf` fails, offline; returns its stdout."""
+    prelude = textwrap.dedent(
+        """
+        import importlib.abc, sys
+
+        class HideVaswaniHF(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name == "vaswani_hf" or name.startswith("vaswani_hf."):
+                    raise ModuleNotFoundError(f"{name} is hidden for this test")
+
+        sys.meta_path.insert(0, HideVaswaniHF())
+        """
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script), *map(str, args)],
+                            cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+# --- the translation pipeline -------------------------------------------------------------------------------
+
+def test_the_pipeline_translates_model_objects_with_their_generate(translation_folder):
+    model, tokenizer = load_local(translation_folder)  # the package's class: transformers' beam search
+    translator = TranslationPipeline(model=model, tokenizer=tokenizer)
+    assert translator(SOURCES[0]) == [{"translation_text": model_translation(model, tokenizer, SOURCES[0])}]
+    batched = translator(SOURCES, batch_size=2)
+    assert batched == [translator(s)[0] for s in SOURCES]  # batching changes nothing
+    assert all(isinstance(r["translation_text"], str) for r in batched)
+
+
+def model_translation(model, tokenizer, source, **kwargs) -> str:
+    inputs = tokenizer([source], return_tensors="pt")
+    return tokenizer.decode(model.generate(**inputs, **kwargs)[0], skip_special_tokens=True)
+
+
+def test_the_pipeline_passes_generation_arguments(translation_folder):
+    model, tokenizer = load_local(translation_folder)
+    translator = TranslationPipeline(model=model, tokenizer=tokenizer)
+    assert translator(SOURCES[1], num_beams=1)[0]["translation_text"] == model_translation(
+        model, tokenizer, SOURCES[1], num_beams=1)
+    assert translator(SOURCES[1], num_beams=3)[0]["translation_text"] == model_translation(
+        model, tokenizer, SOURCES[1], num_beams=3)
+    three = translator(SOURCES[1], num_beams=3, num_return_sequences=3)
+    assert len(three) == 3
+    short = translator(SOURCES[1], num_beams=1, max_new_tokens=2)[0]["translation_text"]
+    assert len(tokenizer(short, add_special_tokens=False)["input_ids"]) <= 2
+
+
+def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_folder, caplog):
+    model, tokenizer = load_local(translation_folder)
+    translator = TranslationPipeline(model=model, tokenizer=tokenizer, num_beams=1, max_new_tokens=3)
+    long_text = " ".join(SOURCES * 40)
+    assert len(tokenizer(long_text)["input_ids"]) > 64
+    result = translator(long_text, max_input_length=64)
+    assert isinstance(result[0]["translation_text"], str)
+    with pytest.raises(TypeError, match="a string or a list of strings"):
+        translator(42)
+
+
+def test_the_pipeline_loads_from_the_folder_without_the_package(translation_folder, tmp_path):
+    """With trust_remote_code the folder's custom generate runs: the paper's decoding (GNMT, beam 4)."""
+    model, tokenizer = load_local(translation_folder)
+    expected = [translate(model, tokenizer, [s])[0] for s in SOURCES]
+    out = run_hidden(
+        """
+        import json, sys
+        from transformers import pipeline
+        translator = pipeline("translation", model=sys.argv[1], trust_remote_code=True)
+        assert type(translator).__module__.startswith("transformers_modules"), type(translator).__module__
+        assert not any(name.startswith("vaswani_hf") for name in sys.modules)
+        print(json.dumps(translator(json.loads(sys.argv[2]), batch_size=2)))
+        """,
+        translation_folder, json.dumps(SOURCES), env_extra={"HF_MODULES_CACHE": str(tmp_path / "modules")},
+    )
+    assert [r["translation_text"] for r in json.loads(out.splitlines()[-1])] == expected
+
+
+# --- the Hub, both ways -------------------------------------------------------------------------------------
+
+def test_the_folder_declares_its_pipeline_and_code(translation_folder):
+    config = json.loads((translation_folder / "config.json").read_text())
+    assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_vaswani.TranslationPipeline"
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_vaswani.VaswaniForConditionalGeneration"
+    for name in ("configuration_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py"):
+        assert (translation_folder / name).is_file(), name
+
+
+def uploaded_files(folder: Path, ignore_patterns) -> set[str]:
+    from huggingface_hub.utils import filter_repo_objects
+
+    paths = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+    return set(filter_repo_objects(paths, ignore_patterns=ignore_patterns))
+
+
+EXPECTED_UPLOAD = {"model.safetensors", "config.json", "generation_config.json", "configuration_vaswani.py",
+                   "modeling_vaswani.py", "pipeline_vaswani.py", "tokenizer.json", "tokenizer_config.json",
+                   "README.md", "custom_generate/generate.py"}
+
+
+def test_push_uploads_a_complete_repository_and_never_the_token(translation_folder, tmp_path, monkeypatch, caplog,
+                                                                 capsys):
+    import huggingface_hub
+    from huggingface_hub import RepoUrl
+
+    folder = tmp_path / "run"
+    shutil.copytree(translation_folder, folder)
+    (folder / "checkpoint-4").mkdir()
+    (folder / "checkpoint-4" / "model.safetensors").write_bytes(b"old weights")
+    calls = []
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo",
+                        lambda self, repo_id, **kw: calls.append(("create", repo_id, kw)) or RepoUrl(
+                            f"https://huggingface.co/{repo_id}"))
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder",
+                        lambda self, **kw: calls.append(("upload", uploaded_files(Path(kw["folder_path"]),
+                                                                                    kw["ignore_patterns"]), kw)))
+    url = push(folder, "org/tiny-en-de")
+    assert url == "https://huggingface.co/org/tiny-en-de"
+    assert calls[0][:2] == ("create", "org/tiny-en-de")
+    files = calls[1][1]
+    assert EXPECTED_UPLOAD <= files, EXPECTED_UPLOAD - files
+    assert not any(f.startswith("checkpoint-") for f in files)
+    logs = caplog.text + "".join(capsys.readouterr())
+    assert TOKEN not in logs
+    assert not any(TOKEN.encode() in p.read_bytes() for p in folder.rglob("*") if p.is_file())
+
+
+def test_model_push_to_hub_sends_weights_code_config_and_generation_config(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from conftest import tiny_model
+
+    sent = {}
+
+    def fake_create_commit(self, repo_id, operations, **kwargs):
+        sent.update({op.path_in_repo: op.path_or_fileobj for op in operations})
+        sent["config.json"] = Path(sent["config.json"]).read_text() if "config.json" in sent else None
+        return huggingface_hub.CommitInfo(commit_url=f"https://huggingface.co/{repo_id}/commit/0", commit_message="",
+                                          commit_description="", oid="0" * 40)
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: huggingface_hub.RepoUrl(
+        f"https://huggingface.co/{repo_id}"))
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_commit", fake_create_commit)
+    tiny_model().push_to_hub("org/tiny")
+    assert {"model.safetensors", "config.json", "generation_config.json", "configuration_vaswani.py",
+            "modeling_vaswani.py", "pipeline_vaswani.py"} <= set(sent)
+    config = json.loads(sent["config.json"])
+    assert "custom_pipelines" in config and "auto_map" in config
+    assert TOKEN not in sent["config.json"]
+
+
+def test_a_hub_download_loads_offline_by_repo_id_without_the_package(translation_folder, tmp_path):
+    """The layout huggingface_hub leaves after a download: models--org--name/{refs/main, snapshots/<sha>/...}."""
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--org--tiny-en-de"
+    shutil.copytree(translation_folder, repo / "snapshots" / sha)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(sha)
+    model, tokenizer = load_local(translation_folder)
+    expected = translate(model, tokenizer, SOURCES[:2])
+    out = run_hidden(
+        """
+        import json, sys
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        tokenizer = AutoTokenizer.from_pretrained("org/tiny-en-de", trust_remote_code=True)  # no prompt
+        model = AutoModelForSeq2SeqLM.from_pretrained("org/tiny-en-de", trust_remote_code=True)
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        inputs = tokenizer(json.loads(sys.argv[1]), return_tensors="pt", padding=True)
+        direct = tokenizer.batch_decode(model.generate(**inputs), skip_special_tokens=True)
+        translator = pipeline("translation", model="org/tiny-en-de", trust_remote_code=True)
+        print(json.dumps([direct, [r["translation_text"] for r in translator(json.loads(sys.argv[1]))]]))
+        """,
+        json.dumps(SOURCES[:2]),
+        env_extra={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_MODULES_CACHE": str(tmp_path / "modules")},
+        cwd=tmp_path,
+    )
+    direct, piped = json.loads(out.splitlines()[-1])
+    assert direct == expected and piped == expected
+
+
+# --- the model card -------------------------------------------------------------------------------------------
+
+def test_the_model_card_parses_and_carries_the_runs_numbers(translation_folder):
+    card = ModelCard.load(translation_folder / "README.md")
+    metrics = json.loads((translation_folder / "metrics.json").read_text())["test"]
+    data = card.data.to_dict()
+    assert data["language"] == ["en", "de"] and data["license"] == "apache-2.0"
+    assert data["pipeline_tag"] == "translation"
+    results = {r.metric_type: r for r in card.data.eval_results}
+    assert results["bleu"].metric_value == pytest.approx(metrics["bleu"], abs=0.01)
+    assert results["chrf"].metric_value == pytest.approx(metrics["chrf"], abs=0.01)
+    assert results["bleu"].metric_args["signature"] == metrics["bleu_signature"]
+    text = card.text
+    assert "{{" not in card.content
+    for section in ("Deviations from the paper", "How to use", "Intended uses and limits", "Training",
+                    "Evaluation", "Citation", 'pipeline("translation"', "AutoModelForSeq2SeqLM"):
+        assert section in text, section
+    assert "recipe: 60 steps" in text
+
+
+# --- the command-line translator ------------------------------------------------------------------------------
+
+def cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "vaswani_hf.translate", *map(str, args)], input=stdin,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_vaswani_translate_is_a_console_script():
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts["vaswani-translate"] == "vaswani_hf.translate:main"
+
+
+def test_vaswani_translate_reads_stdin_and_files(translation_folder, tmp_path):
+    model, tokenizer = load_local(translation_folder)
+    lines = [SOURCES[0], "", SOURCES[1]]
+    result = cli("--model", translation_folder, "--batch_size", "2", "--num_beams", "4", "--device", "cpu",
+                 stdin="\n".join(lines) + "\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [translate(model, tokenizer, [SOURCES[0]])[0], "",
+                                          translate(model, tokenizer, [SOURCES[1]])[0]]
+    (tmp_path / "in.txt").write_text("\n".join(SOURCES))
+    result = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt",
+                 "--num_beams", "1")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out.txt").read_text().splitlines() == translate(model, tokenizer, SOURCES, num_beams=1)
+
+
+@pytest.mark.parametrize("problem", ["missing", "empty", "broken config", "no weights"])
+def test_vaswani_translate_explains_a_bad_model_folder_in_one_line(translation_folder, tmp_path, problem):
+    folder = tmp_path / "model"
+    if problem != "missing":
+        folder.mkdir()
+    if problem == "broken config":
+        shutil.copytree(translation_folder, folder, dirs_exist_ok=True)
+        (folder / "config.json").write_text("{ not json")
+    if problem == "no weights":
+        shutil.copytree(translation_folder, folder, dirs_exist_ok=True)
+        (folder / "model.safetensors").unlink()
+    result = cli("--model", folder, stdin="Hello.\n")
+    assert result.returncode != 0
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1 and message.startswith("error:") and str(folder) in message, message
+
+
+# --- attention pictures -----------------------------------------------------------------------------------------
+
+def test_attention_weights_are_distributions_and_the_decoder_is_masked(translation_folder):
+    model, tokenizer = load_local(translation_folder)
+    weights = attention_weights(model, tokenizer, SOURCES[0], "Der kleine Hund sieht den alten Mann.", layer=1)
+    heads, source_length = model.config.num_heads, len(weights.source_tokens)
+    target_length = len(weights.target_tokens)
+    assert weights.encoder.shape == (heads, source_length, source_length)
+    assert weights.decoder.shape == (heads, target_length, target_length)
+    assert weights.cross.shape == (heads, target_length, source_length)
+    for tensor in (weights.encoder, weights.decoder, weights.cross):
+        torch.testing.assert_close(tensor.sum(-1), torch.ones(tensor.shape[:-1]), atol=1e-5, rtol=0)
+    above_diagonal = torch.ones(target_length, target_length, dtype=torch.bool).triu(1)
+    assert torch.all(weights.decoder[:, above_diagonal] == 0)
+    assert weights.target_tokens[0] == tokenizer.bos_token
+    assert model.config._attn_implementation == "sdpa"  # the eager switch for the weights is undone
+    with pytest.raises(ValueError, match="layer 7 does not exist"):
+        attention_weights(model, tokenizer, SOURCES[0], "Hallo.", layer=7)
+
+
+def test_the_visualize_command_writes_one_picture_per_attention(translation_folder, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "vaswani_hf.visualize", str(translation_folder), "--source", SOURCES[0],
+         "--layer", "0", "--output_dir", str(tmp_path / "pictures")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    for name in ("encoder_self_attention", "decoder_self_attention", "cross_attention"):
+        path = tmp_path / "pictures" / f"{name}_layer0.png"
+        assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_write_pictures_draws_every_head(translation_folder, tmp_path):
+    from PIL import Image
+
+    model, tokenizer = load_local(translation_folder)
+    weights = attention_weights(model, tokenizer, SOURCES[2], "Die Kinder spielen.", layer=-1)
+    paths = write_pictures(weights, tmp_path, layer=1)
+    assert [p.name for p in paths] == ["encoder_self_attention_layer1.png", "decoder_self_attention_layer1.png",
+                                       "cross_attention_layer1.png"]
+    assert all(Image.open(p).size[0] > 300 for p in paths)

@@ -1,0 +1,139 @@
+"""The model under transformers' Seq2SeqTrainer, and training/run_trainer.py, the Trainer entry point."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import SequentialSampler
+from transformers import AutoTokenizer, DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers.trainer_utils import EvalPrediction
+
+from conftest import tiny_model
+from training import run_trainer
+from training.default_data import generate
+from training.run_trainer import make_compute_metrics, tokenize
+from vaswani_hf.modeling_vaswani import shift_tokens_right
+
+
+@pytest.fixture(scope="module")
+def tokenizer(translation_folder):
+    return AutoTokenizer.from_pretrained(translation_folder)
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    return generate()["train"][:64]
+
+
+def trainer_for(tmp_path, tokenizer, train_pairs, model=None, eval_pairs=None, in_order=False, **arguments):
+    model = model or tiny_model(seed=5, vocab_size=len(tokenizer))
+    defaults = dict(output_dir=str(tmp_path), report_to="none", save_strategy="no", logging_steps=1, seed=0,
+                    use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, optim="sgd", learning_rate=0.1)
+    args = Seq2SeqTrainingArguments(**{**defaults, **arguments})
+    trainer = Seq2SeqTrainer(
+        model=model, args=args, train_dataset=tokenize(tokenizer, train_pairs, 64),
+        eval_dataset=tokenize(tokenizer, eval_pairs, 64) if eval_pairs else None,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model), processing_class=tokenizer,
+        compute_metrics=make_compute_metrics(tokenizer),
+    )
+    if in_order:  # batches in dataset order
+        trainer._get_train_sampler = lambda *args, **kwargs: SequentialSampler(trainer.train_dataset)
+    return trainer
+
+
+def test_the_collator_makes_decoder_inputs_from_the_labels(tokenizer, pairs):
+    model = tiny_model(vocab_size=len(tokenizer))
+    features = [dict(row) for row in tokenize(tokenizer, pairs[:3], 64)]
+    batch = DataCollatorForSeq2Seq(tokenizer, model=model)(features)
+    assert torch.equal(batch["decoder_input_ids"], shift_tokens_right(batch["labels"], tokenizer.pad_token_id,
+                                                                      model.config.decoder_start_token_id))
+    assert (batch["labels"] == -100).any()  # the shorter targets are padded with -100
+
+
+def test_label_smoothing_trains(tmp_path, tokenizer, pairs):
+    trainer = trainer_for(tmp_path, tokenizer, pairs, label_smoothing_factor=0.1, optim="adamw_torch",
+                          learning_rate=3e-3, lr_scheduler_type="constant", weight_decay=0.0,
+                          per_device_train_batch_size=16, max_steps=32)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 32 and np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.5, losses  # nats
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_one_batch_of_four_equals_two_accumulated_batches_of_two(tmp_path, tokenizer, pairs, label_smoothing):
+    """The two short targets form one micro-batch and the two long ones the other: averaging per micro-batch would
+    weight their tokens unequally, dividing by the step's `num_items_in_batch` does not."""
+    four = sorted(pairs, key=lambda pair: len(pair[1]))[:2] + sorted(pairs, key=lambda pair: len(pair[1]))[-2:]
+    results = []
+    for batch_size, accumulation in ((4, 1), (2, 2)):
+        trainer = trainer_for(tmp_path / f"{batch_size}", tokenizer, four, in_order=True,
+                              per_device_train_batch_size=batch_size,
+                              gradient_accumulation_steps=accumulation, max_steps=1, label_smoothing_factor=label_smoothing)
+        trainer.train()
+        results.append({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
+    start = tiny_model(seed=5, vocab_size=len(tokenizer)).state_dict()
+    assert any(not torch.equal(results[0][k], start[k]) for k in start)  # the step moved the weights
+    for key in results[0]:
+        torch.testing.assert_close(results[1][key], results[0][key], atol=1e-5, rtol=0, msg=key)
+
+
+def test_generation_max_length_and_num_beams_are_respected(tmp_path, tokenizer, pairs):
+    model = tiny_model(seed=5, vocab_size=len(tokenizer))
+    calls = []
+    original = model.generate
+
+    def recording_generate(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    model.generate = recording_generate
+    trainer = trainer_for(tmp_path, tokenizer, pairs[:8], model=model, eval_pairs=pairs[:6],
+                          predict_with_generate=True, generation_max_length=5, generation_num_beams=3,
+                          per_device_eval_batch_size=3)
+    metrics = trainer.evaluate()
+    assert calls and all(c["max_length"] == 5 and c["num_beams"] == 3 for c in calls), calls
+    assert {"eval_bleu", "eval_chrf"} <= set(metrics)
+    predictions = trainer.predict(tokenize(tokenizer, pairs[:6], 64)).predictions  # padded with -100 and PAD
+    lengths = ((predictions != -100) & (predictions != tokenizer.pad_token_id)).sum(-1)
+    assert lengths.max() == 5, lengths  # max_length 5, the decoder start token <s> included
+
+
+def test_compute_metrics_reads_minus_100_as_padding(tokenizer):
+    references = ["Der Hund sieht den Mann.", "Eine Frau liest."]
+    ids = tokenizer(references, padding=True)["input_ids"]
+    width = max(map(len, ids)) + 2
+    padded = np.full((2, width), -100)
+    for row, sequence in enumerate(ids):
+        padded[row, : len(sequence)] = sequence
+    metrics = make_compute_metrics(tokenizer)(EvalPrediction(predictions=padded, label_ids=padded.copy()))
+    assert metrics["bleu"] == pytest.approx(100.0) and metrics["chrf"] == pytest.approx(100.0)
+    worse = padded.copy()
+    worse[0, 1] = tokenizer.convert_tokens_to_ids("<unk>")
+    assert make_compute_metrics(tokenizer)(EvalPrediction(predictions=worse, label_ids=padded))["bleu"] < 100
+
+
+def test_the_trainer_entry_point_writes_a_hub_ready_folder(tmp_path):
+    data = generate()
+    files = {}
+    for split, size in (("train", 300), ("validation", 6), ("test", 6)):
+        files[split] = tmp_path / f"{split}.jsonl"
+        files[split].write_text("".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n"
+                                        for en, de in data[split][:size]))
+    output = tmp_path / "out"
+    run_trainer.main([
+        "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
+        "--test_file", str(files["test"]), "--output_dir", str(output), "--vocab_size", "200", "--d_model", "32",
+        "--d_ff", "64", "--num_heads", "4", "--num_layers", "2", "--max_steps", "6", "--eval_steps", "3",
+        "--save_steps", "3", "--warmup_steps", "2", "--per_device_train_batch_size", "16", "--use_cpu",
+        "--generation_max_length", "20", "--disable_tqdm", "true",
+    ])
+    metrics = json.loads((output / "metrics.json").read_text())
+    assert metrics["train_steps"] == 6 and metrics["test"]["bleu_signature"].startswith("nrefs:1")
+    assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "pipeline_vaswani.py"} <= {
+        p.name for p in output.iterdir()}
+    assert (output / "custom_generate" / "generate.py").is_file()
+    args = run_trainer.parse_arguments(["--d_model", "256", "--warmup_steps", "400", "--lr_scale", "2"])[3]
+    assert args.learning_rate == pytest.approx(2 * 256**-0.5 * 400**-0.5)  # §5.3 peak
+    assert (args.adam_beta2, args.adam_epsilon, args.max_grad_norm, args.lr_scheduler_type) == (
+        0.98, 1e-9, 0.0, "inverse_sqrt")

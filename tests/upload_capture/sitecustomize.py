@@ -1,0 +1,23 @@
+"""Loaded at start-up by Python processes whose PYTHONPATH holds this folder (the tests of `--push_to_hub`):
+huggingface_hub's repository creation and folder upload record what they would send to $UPLOAD_CAPTURE (JSON)
+instead of using the network."""
+
+import json
+import os
+
+if os.environ.get("UPLOAD_CAPTURE"):
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    def create_repo(self, repo_id, **kwargs):
+        return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def upload_folder(self, *, repo_id, folder_path, ignore_patterns=None, **kwargs):
+        paths = sorted(os.path.relpath(os.path.join(root, name), folder_path).replace(os.sep, "/")
+                       for root, _, names in os.walk(folder_path) for name in names)
+        files = list(filter_repo_objects(paths, ignore_patterns=ignore_patterns))
+        with open(os.environ["UPLOAD_CAPTURE"], "w") as f:
+            json.dump({"repo_id": repo_id, "files": files}, f)
+
+    huggingface_hub.HfApi.create_repo = create_repo
+    huggingface_hub.HfApi.upload_folder = upload_folder

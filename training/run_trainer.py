@@ -1,0 +1,170 @@
+"""Train the same model with transformers' Seq2SeqTrainer, for users who prefer the Trainer to training/run.py.
+
+    python training/run_trainer.py --preset cpu-small --output_dir outputs/trainer        # embedded EN-DE data
+    python training/run_trainer.py --train_file ../shared/data/multi30k/train \\
+        --validation_file ../shared/data/multi30k/valid --test_file ../shared/data/multi30k/test2016 \\
+        --vocab_size 8000 --d_model 256 --d_ff 1024 --num_heads 4 --num_layers 3 --max_steps 2000
+    accelerate launch training/run_trainer.py ...          # the Trainer distributes itself
+
+Data and model flags are those of training/run.py (and `--preset` reads the same recipe files, for the keys that
+exist here); every other flag is a `Seq2SeqTrainingArguments` one. Their defaults here are the paper's (§5.3,
+§5.4): Adam(0.9, 0.98, 1e-9), no weight decay, no clipping, linear warmup over 4000 steps then inverse square
+root decay with the peak learning rate lr_scale · d_model^-0.5 · warmup^-0.5, label smoothing 0.1, evaluation
+and test decoding with beam 4.
+
+Differences from training/run.py, by the Trainer's design: batches are counted in sentences
+(`per_device_train_batch_size`), not tokens; the Trainer's label smoothing gives every token ε/V (the paper: the
+gold token 1 - ε, the others ε/(V-1)); `predict_with_generate` decodes with transformers' beam search, whose length
+penalty is |Y|^α, for the validation BLEU; no checkpoint averaging. The test set and the saved folder decode the
+paper's way (beam 4, GNMT length penalty, custom_generate/generate.py), as in run.py.
+"""
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from datasets import Dataset
+from transformers import (
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    HfArgumentParser,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from training.data import load_pairs  # noqa: E402
+from training.evaluation import score, translate  # noqa: E402
+from training.hub import write_output_folder  # noqa: E402
+from training.run import PRESETS, DataArguments, ModelArguments, dataset_description  # noqa: E402
+from training.tokenizer import train_joint_bpe  # noqa: E402
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration  # noqa: E402
+
+PAPER_TRAINER_DEFAULTS = {
+    "adam_beta1": 0.9, "adam_beta2": 0.98, "adam_epsilon": 1e-9, "weight_decay": 0.0, "max_grad_norm": 0.0,
+    "lr_scheduler_type": "inverse_sqrt", "warmup_steps": 4000, "label_smoothing_factor": 0.1,
+    "predict_with_generate": True, "generation_num_beams": 4, "eval_strategy": "steps", "eval_steps": 1000,
+    "save_steps": 1000, "logging_steps": 50, "per_device_train_batch_size": 64, "per_device_eval_batch_size": 64,
+    "report_to": "none", "output_dir": "outputs/trainer",
+}
+# Recipe-file keys and their Trainer names.
+PRESET_KEYS = {"warmup_steps": "warmup_steps", "eval_steps": "eval_steps", "seed": "seed", "max_steps": "max_steps"}
+
+
+@dataclass
+class TrainerRecipeArguments:
+    preset: str | None = field(default=None, metadata={"help": "A recipe file in training/presets (model keys)."})
+    lr_scale: float = field(default=1.0, metadata={"help": "Peak learning rate = lr_scale · d_model^-0.5 · warmup^-0.5 "
+                                                           "unless --learning_rate is given."})
+    max_source_length: int = field(default=256, metadata={"help": "Sources and targets are truncated to this."})
+
+
+def parse_arguments(argv: list[str] | None = None):
+    argv = sys.argv[1:] if argv is None else argv
+    parser = HfArgumentParser((DataArguments, ModelArguments, TrainerRecipeArguments, Seq2SeqTrainingArguments))
+    parser.set_defaults(**PAPER_TRAINER_DEFAULTS)
+    preset = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)[2].preset
+    if preset:
+        path = PRESETS / f"{preset}.json"
+        if not path.is_file():
+            raise SystemExit(f"--preset {preset}: no {path}; presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}")
+        values = json.loads(path.read_text())
+        model_keys = {f for f in ModelArguments.__dataclass_fields__} | {"lr_scale"}
+        parser.set_defaults(**{k: v for k, v in values.items() if k in model_keys},
+                            **{PRESET_KEYS[k]: v for k, v in values.items() if k in PRESET_KEYS})
+    data_args, model_args, recipe, training_args = parser.parse_args_into_dataclasses(argv)
+    if not any(arg.split("=")[0] == "--learning_rate" for arg in argv):  # §5.3 peak
+        training_args.learning_rate = recipe.lr_scale * model_args.d_model**-0.5 * training_args.warmup_steps**-0.5
+    return data_args, model_args, recipe, training_args
+
+
+def tokenize(tokenizer, pairs: list[tuple[str, str]], max_length: int) -> Dataset:
+    sources, targets = zip(*pairs)
+    encoded = tokenizer(list(sources), text_target=list(targets), truncation=True, max_length=max_length)
+    return Dataset.from_dict({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
+                              "labels": encoded["labels"]})
+
+
+def make_compute_metrics(tokenizer):
+    """sacreBLEU and chrF (offline) of generated ids against label ids; -100 (the Trainer's padding of
+    predictions and labels) is read as padding."""
+
+    def compute_metrics(eval_prediction) -> dict:
+        predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
+        if isinstance(predictions, tuple):
+            predictions = predictions[0]
+        predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)
+        labels = np.where(labels < 0, tokenizer.pad_token_id, labels)
+        hypotheses = tokenizer.batch_decode(predictions, skip_special_tokens=True)
+        references = tokenizer.batch_decode(labels, skip_special_tokens=True)
+        metrics = score(hypotheses, references)
+        return {"bleu": metrics["bleu"], "chrf": metrics["chrf"]}
+
+    return compute_metrics
+
+
+def main(argv: list[str] | None = None):
+    data_args, model_args, recipe, training_args = parse_arguments(argv)
+    output_dir = Path(training_args.output_dir)
+    pairs = load_pairs(data_args.source_lang, data_args.target_lang, data_args.dataset_name,
+                       data_args.dataset_config_name,
+                       {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file})
+    if "train" not in pairs:
+        raise SystemExit("no training data: give --dataset_name or --train_file (or neither, for the embedded data)")
+    with training_args.main_process_first():  # the main process trains the joint BPE, the others read it
+        if not (output_dir / "tokenizer.json").is_file():
+            train_joint_bpe((side for pair in pairs["train"] for side in pair), model_args.vocab_size).save_pretrained(output_dir)
+        tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    datasets = {split: tokenize(tokenizer, rows, recipe.max_source_length) for split, rows in pairs.items()}
+
+    config = VaswaniConfig(
+        vocab_size=len(tokenizer), d_model=model_args.d_model, d_ff=model_args.d_ff, num_heads=model_args.num_heads,
+        num_layers=model_args.num_layers, dropout=model_args.dropout, position_embedding=model_args.position_embedding,
+        normalize_before=model_args.normalize_before, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+    )
+    model = VaswaniForConditionalGeneration(config)
+    if "validation" not in datasets:
+        training_args.eval_strategy = "no"
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=datasets["train"],
+        eval_dataset=datasets.get("validation"),
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),  # decoder inputs from the labels
+        processing_class=tokenizer,
+        compute_metrics=make_compute_metrics(tokenizer),
+    )
+    result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    metrics = {"train_steps": result.global_step, "train_minutes": result.metrics["train_runtime"] / 60}
+    if trainer.is_world_process_zero():
+        if "test" in pairs:  # the paper's decoding (§6.1), as in run.py
+            sources = [s for s, _ in pairs["test"]]
+            predictions = translate(trainer.model, tokenizer, sources, num_beams=training_args.generation_num_beams or 4)
+            metrics["test"] = score(predictions, [t for _, t in pairs["test"]])
+            print(f"test: sacreBLEU {metrics['test']['bleu']:.1f}  chrF {metrics['test']['chrf']:.1f}  "
+                  f"({metrics['test']['bleu_signature']})")
+        deviations = ["recipe: batches counted in sentences, not tokens",
+                      "recipe: the Trainer's label smoothing (ε/V on every token, not ε/(V-1) on the others)",
+                      "recipe: no checkpoint averaging"]
+        write_output_folder(
+            trainer.model, tokenizer, output_dir, metrics, dataset=dataset_description(data_args),
+            source_lang=data_args.source_lang, target_lang=data_args.target_lang,
+            model_id=training_args.hub_model_id or output_dir.name,
+            recipe={**asdict(model_args), "lr_scale": recipe.lr_scale, "learning_rate": training_args.learning_rate,
+                    "warmup_steps": training_args.warmup_steps, "max_steps": training_args.max_steps,
+                    "per_device_train_batch_size": training_args.per_device_train_batch_size},
+            deviations=deviations, num_beams=training_args.generation_num_beams or 4,
+        )
+        if training_args.push_to_hub:
+            from training.hub import push
+
+            print(f"pushed to {push(output_dir, training_args.hub_model_id or output_dir.name)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+# Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
+"""`pipeline("translation")` for transformers 5, which removed the task.
+
+This file travels to the Hub beside the weights (every saved config names it under `custom_pipelines`), so that
+`pipeline("translation", model=folder_or_repo, trust_remote_code=True)` works without vaswani_hf installed. On
+model objects (package installed): `TranslationPipeline(model=model, tokenizer=tokenizer)`; transformers 5 rejects
+the task name "translation" in `pipeline()` unless a model folder's config declares it. It imports only torch and
+transformers.
+"""
+
+import torch
+
+from transformers import Pipeline
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+# What `VaswaniConfig` writes into every config.json.
+CUSTOM_PIPELINES = {
+    "translation": {"impl": "pipeline_vaswani.TranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"], "type": "text"}
+}
+
+
+class TranslationPipeline(Pipeline):
+    """Strings in, `[{"translation_text": ...}]` out, decoded by the model's own `generate()`.
+
+    For a model saved by `training/run.py` and loaded with `trust_remote_code=True` that is the paper's decoding
+    (§6.1: beam 4, GNMT length penalty α = 0.6, source length + 50). Generation keyword arguments (`num_beams`,
+    `max_new_tokens`, `num_return_sequences`, ...) pass through, at construction or per call; `batch_size`
+    batches the inputs. Sources longer than `max_input_length` tokens (default: the model's
+    `max_position_embeddings`) are truncated with a warning instead of failing.
+
+    A single string gives a list with one dict per returned sequence; a list of strings gives one such result per
+    string (flattened to one dict each when one sequence is returned, as in transformers 4).
+    """
+
+    _pipeline_calls_generate = True
+    _load_tokenizer = True
+    _load_processor = False
+    _load_image_processor = False
+    _load_feature_extractor = False
+    _load_video_processor = False
+
+    def _sanitize_parameters(self, max_input_length=None, skip_special_tokens=None,
+                             clean_up_tokenization_spaces=None, **generate_kwargs):
+        preprocess_params = {} if max_input_length is None else {"max_input_length": max_input_length}
+        postprocess_params = {
+            key: value
+            for key, value in (("skip_special_tokens", skip_special_tokens),
+                               ("clean_up_tokenization_spaces", clean_up_tokenization_spaces))
+            if value is not None
+        }
+        return preprocess_params, generate_kwargs, postprocess_params
+
+    def __call__(self, inputs: str | list[str], **kwargs):
+        texts = [inputs] if isinstance(inputs, str) else inputs
+        if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
+            raise TypeError(f"TranslationPipeline takes a string or a list of strings, got {type(inputs).__name__}")
+        results = super().__call__(inputs, **kwargs)
+        if isinstance(inputs, list) and all(len(result) == 1 for result in results):
+            return [result[0] for result in results]
+        return results
+
+    def preprocess(self, text: str, max_input_length: int | None = None) -> dict:
+        limit = max_input_length or getattr(self.model.config, "max_position_embeddings", None)
+        encoded = self.tokenizer(text, return_tensors="pt")
+        if limit is not None and encoded["input_ids"].shape[1] > limit:
+            logger.warning(f"a source of {encoded['input_ids'].shape[1]} tokens was truncated to {limit} (max_input_length)")
+            encoded = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=limit)
+        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+    def _forward(self, model_inputs: dict, **generate_kwargs) -> dict:
+        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
+        output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+        batch_size = model_inputs["input_ids"].shape[0]
+        return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1])}  # (B, sequences, L)
+
+    def postprocess(self, model_outputs: dict, skip_special_tokens: bool = True,
+                    clean_up_tokenization_spaces: bool = False) -> list[dict]:
+        output_ids: torch.Tensor = model_outputs["output_ids"][0]  # (sequences, L)
+        texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=skip_special_tokens,
+                                            clean_up_tokenization_spaces=clean_up_tokenization_spaces)
+        return [{"translation_text": text} for text in texts]
