@@ -1,0 +1,181 @@
+"""Speed and memory of VaswaniForConditionalGeneration against transformers' MarianMTModel at identical sizes.
+
+Both models are built from random weights as the paper trains them (ReLU, shared embeddings scaled by
+sqrt(d_model), static sinusoidal positions, post-LN, dropout 0.1) and timed on the same random batches,
+interleaved in one process; CTranslate2 runs the same Marian model, converted, when `ctranslate2` is installed.
+
+    python benchmarks/speed.py                   # both sizes, 2 threads
+    python benchmarks/speed.py --sizes small --repeats 3
+
+Printed per size: medians of
+  * training tokens/s: forward + backward + Adam step on 64 pairs of 32 source + 32 target tokens
+    (tokens counted on both sides), the same cross-entropy on both models' logits;
+  * greedy and beam-4 `generate()` tokens/s: 16 sources of 32 tokens, exactly 32 new tokens each;
+  * peak memory allocated by a training step above the weights and the optimizer state;
+and the ratio ours / Marian.
+"""
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+from torch import nn
+from transformers import MarianConfig, MarianMTModel
+
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+
+
+SIZES = {
+    "small": {"d_model": 256, "num_layers": 3, "num_heads": 4, "d_ff": 1024, "vocab_size": 8000},
+    "base": {"d_model": 512, "num_layers": 6, "num_heads": 8, "d_ff": 2048, "vocab_size": 37000},
+}
+PAD, BOS, EOS = 0, 1, 2
+TRAIN_BATCH, TRAIN_LENGTH = 64, 32
+GENERATE_BATCH, SOURCE_LENGTH, NEW_TOKENS = 16, 32, 32
+
+
+def build(name: str, size: dict, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    if name == "ours":
+        return VaswaniForConditionalGeneration(VaswaniConfig(**size, dropout=0.1, pad_token_id=PAD, bos_token_id=BOS,
+                                                             eos_token_id=EOS, decoder_start_token_id=BOS))
+    config = MarianConfig(
+        vocab_size=size["vocab_size"], decoder_vocab_size=size["vocab_size"], d_model=size["d_model"],
+        encoder_layers=size["num_layers"], decoder_layers=size["num_layers"],
+        encoder_attention_heads=size["num_heads"], decoder_attention_heads=size["num_heads"],
+        encoder_ffn_dim=size["d_ff"], decoder_ffn_dim=size["d_ff"], activation_function="relu",
+        scale_embedding=True, share_encoder_decoder_embeddings=True, max_position_embeddings=512,
+        dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+        pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS, forced_eos_token_id=None,
+    )
+    return MarianMTModel(config)
+
+
+def random_tokens(batch: int, length: int, vocab_size: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab_size, (batch, length), generator=generator)
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, source: torch.Tensor, target: torch.Tensor) -> None:
+    decoder_input_ids = torch.cat([torch.full_like(target[:, :1], BOS), target[:, :-1]], dim=1)
+    logits = model(input_ids=source, attention_mask=torch.ones_like(source), decoder_input_ids=decoder_input_ids).logits
+    loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def paper_adam(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+
+@torch.no_grad()
+def generate(model: nn.Module, source: torch.Tensor, num_beams: int) -> None:
+    model.generate(input_ids=source, attention_mask=torch.ones_like(source), num_beams=num_beams, do_sample=False,
+                   min_new_tokens=NEW_TOKENS, max_new_tokens=NEW_TOKENS, early_stopping=True, length_penalty=1.0)
+
+
+def peak_training_memory(model: nn.Module, optimizer: torch.optim.Optimizer, source: torch.Tensor,
+                         target: torch.Tensor) -> float:
+    """MiB: the high-water mark of the memory allocated by one training step above what was allocated before it
+    (weights and Adam state), from the allocation events of torch's profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
+        train_step(model, optimizer, source, target)
+    events = sorted((e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    in_use = peak = 0
+    for event in events:
+        in_use += event.nbytes()
+        peak = max(peak, in_use)
+    return peak / 2**20
+
+
+def ctranslate2_translator(marian: MarianMTModel, threads: int):
+    """The same Marian weights converted to CTranslate2 (fp32 and int8), or None without the package."""
+    try:
+        import ctranslate2
+        from ctranslate2.converters import TransformersConverter
+    except ImportError:
+        return None
+    folder = tempfile.mkdtemp()
+    marian.save_pretrained(f"{folder}/hf")
+    TransformersConverter(f"{folder}/hf").convert(f"{folder}/ct2", force=True)
+    return {
+        compute: ctranslate2.Translator(f"{folder}/ct2", device="cpu", compute_type=compute, intra_threads=threads)
+        for compute in ("float32", "int8")
+    }
+
+
+def ct2_generate(translator, source: torch.Tensor, num_beams: int) -> None:
+    tokens = [[str(i) for i in row] for row in source.tolist()]  # the converted vocabulary is the ids' strings
+    translator.translate_batch(tokens, beam_size=num_beams, min_decoding_length=NEW_TOKENS,
+                               max_decoding_length=NEW_TOKENS, length_penalty=1.0)
+
+
+def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
+    models = {"marian": build("marian", size), "ours": build("ours", size)}
+    optimizers = {name: paper_adam(model) for name, model in models.items()}
+    timings = {}
+
+    def timed(key: str, fn) -> None:
+        start = time.perf_counter()
+        fn()
+        timings.setdefault(key, []).append(time.perf_counter() - start)
+
+    for repeat in range(repeats + 1):  # the first round warms up and is dropped
+        source = random_tokens(TRAIN_BATCH, TRAIN_LENGTH, size["vocab_size"], 10 + repeat)
+        target = random_tokens(TRAIN_BATCH, TRAIN_LENGTH, size["vocab_size"], 100 + repeat)
+        prompt = random_tokens(GENERATE_BATCH, SOURCE_LENGTH, size["vocab_size"], 1000 + repeat)
+        for name, model in models.items():
+            model.train()
+            timed(f"train {name}", lambda: train_step(model, optimizers[name], source, target))
+            model.eval()
+            for beams in (1, 4):
+                timed(f"beam{beams} {name}", lambda: generate(model, prompt, beams))
+        if repeat == 0:
+            timings.clear()
+
+    translators = ctranslate2_translator(models["marian"].eval(), threads)
+    if translators:
+        for repeat in range(repeats + 1):
+            prompt = random_tokens(GENERATE_BATCH, SOURCE_LENGTH, size["vocab_size"], 1000 + repeat)
+            for compute, translator in translators.items():
+                for beams in (1, 4):
+                    timed(f"beam{beams} ct2-{compute}", lambda: ct2_generate(translator, prompt, beams))
+
+    train_tokens = TRAIN_BATCH * 2 * TRAIN_LENGTH
+    new_tokens = GENERATE_BATCH * NEW_TOKENS
+    memory = {name: peak_training_memory(model.train(), optimizers[name], source, target)
+              for name, model in models.items()}
+    print(f"\n## {label}: d_model {size['d_model']}, {size['num_layers']}+{size['num_layers']} layers, "
+          f"{size['num_heads']} heads, d_ff {size['d_ff']}, vocabulary {size['vocab_size']}; "
+          f"{threads} threads, median of {repeats}")
+    print("| measure | MarianMTModel | ours | ours / Marian |")
+    print("|---|---:|---:|---:|")
+    rows = [("training tokens/s", "train", train_tokens), ("greedy generate tokens/s", "beam1", new_tokens),
+            ("beam-4 generate tokens/s", "beam4", new_tokens)]
+    for title, key, tokens in rows:
+        marian, ours = (tokens / statistics.median(timings[f"{key} {n}"]) for n in ("marian", "ours"))
+        print(f"| {title} | {marian:.0f} | {ours:.0f} | {ours / marian:.2f}x |")
+    print(f"| training-step peak memory (MiB) | {memory['marian']:.0f} | {memory['ours']:.0f} | "
+          f"{memory['ours'] / memory['marian']:.2f}x |")
+    for key in sorted(k for k in timings if "ct2" in k):
+        print(f"| CTranslate2 {key.split()[1][4:]} {'greedy' if key.startswith('beam1') else 'beam-4'} tokens/s "
+              f"| {new_tokens / statistics.median(timings[key]):.0f} | | |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for label in args.sizes:
+        run_size(label, SIZES[label], args.repeats, args.threads)
+
+
+if __name__ == "__main__":
+    main()
