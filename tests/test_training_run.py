@@ -138,5 +138,10 @@ def test_the_embedded_default_run_learns(tmp_path):
     """The main job's recipe on the embedded data, cut to 250 steps (about 3 minutes here): BLEU far above zero."""
     launch(tmp_path / "main", "--preset", "cpu-small", "--max_train_minutes", "60", "--max_steps", "250",
            "--eval_steps", "0", "--save_minutes", "0", "--save_steps", "50")  # checkpoints by steps: deterministic
-    test = json.loads((tmp_path / "main" / "metrics.json").read_text())["test"]
-    assert test["bleu"] > 60, test
+    metrics = json.loads((tmp_path / "main" / "metrics.json").read_text())
+    assert metrics["test"]["bleu"] > 60, metrics["test"]
+    # The preset chooses GNMT α on the validation set (§6.1) and saves the winner with the model.
+    search = {float(alpha): bleu for alpha, bleu in metrics["alpha_search"].items()}
+    assert sorted(search) == [0.6, 1.0, 1.4]
+    generation = json.loads((tmp_path / "main" / "generation_config.json").read_text())
+    assert search[generation["gnmt_alpha"]] == max(search.values())

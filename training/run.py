@@ -94,6 +94,9 @@ class RecipeArguments:
     average_checkpoints: int = field(default=5, metadata={"help": "The final model averages the last K checkpoints."})
     num_beams: int = 4
     length_penalty_alpha: float = field(default=0.6, metadata={"help": "GNMT α (§6.1)."})
+    alpha_candidates: list[float] | None = field(default=None, metadata={
+        "help": "GNMT α values to try on the whole validation set after training; the best replaces "
+                "--length_penalty_alpha for the test set and the saved model (§6.1: α was chosen on the development set)."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint folder, or latest."})
     push_to_hub: bool = False
     hub_model_id: str | None = None
@@ -121,6 +124,8 @@ def recipe_deviations(model_args: ModelArguments, args: RecipeArguments) -> list
     """The recipe values of this run that differ from the paper's, for the model card."""
     changed = [f"`{name}={getattr(args, name)}` (paper: {paper})" for name, paper in PAPER_RECIPE.items()
                if getattr(args, name) != paper]
+    if args.alpha_candidates:
+        changed.append(f"GNMT α chosen on the validation set among {args.alpha_candidates}")
     if args.average_checkpoints not in (5, 20):
         changed.append(f"`average_checkpoints={args.average_checkpoints}` (paper: 5 for base, 20 for big)")
     if args.save_minutes != 10:
@@ -234,7 +239,8 @@ def main():
         state = load_checkpoint(accelerator, path)
         step = state.pop("step")
         say(f"resumed from {path} at step {step}")
-    accelerator.init_trackers("vaswani", config={**asdict(data_args), **asdict(model_args), **asdict(args)})
+    hyperparameters = {**asdict(data_args), **asdict(model_args), **asdict(args)}
+    accelerator.init_trackers("vaswani", config={k: str(v) if isinstance(v, list) else v for k, v in hyperparameters.items()})
 
     start_time = time.time() - state["elapsed_seconds"]
     last_save_time = time.time()
@@ -312,6 +318,10 @@ def main():
         final.to(accelerator.device)
         metrics = {"train_steps": step, "train_minutes": state["elapsed_seconds"] / 60,
                    "averaged_checkpoints": [p.name for p in averaged], "history": state["history"]}
+        if validation and args.alpha_candidates:
+            metrics["alpha_search"] = choose_alpha(final, tokenizer, pairs["validation"], args)
+            args.length_penalty_alpha = max(metrics["alpha_search"], key=metrics["alpha_search"].get)
+            say(f"GNMT α by validation BLEU: {metrics['alpha_search']} -> {args.length_penalty_alpha}")
         if validation:
             metrics["validation"] = evaluate_model(final, tokenizer, pairs["validation"], validation, args)
         if "test" in pairs:
@@ -337,6 +347,13 @@ def main():
             say(f"pushed to {url}")
     accelerator.wait_for_everyone()
     accelerator.end_training()
+
+
+def choose_alpha(model, tokenizer, pairs, args) -> dict[float, float]:
+    """Validation BLEU for each candidate GNMT α (§6.1: "chosen after experimentation on the development set")."""
+    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+    return {alpha: score(translate(model, tokenizer, sources, num_beams=args.num_beams, alpha=alpha), references)["bleu"]
+            for alpha in args.alpha_candidates}
 
 
 def evaluate_model(model, tokenizer, pairs, encoded, args) -> dict:
