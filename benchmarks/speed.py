@@ -12,6 +12,7 @@ Printed per size: medians of
     (tokens counted on both sides), the same cross-entropy on both models' logits;
   * greedy and beam-4 `generate()` tokens/s: 16 sources of 32 tokens, exactly 32 new tokens each;
   * peak memory allocated by a training step above the weights and the optimizer state;
+  * the same generation with our int8 copy (`vaswani_hf.quantize_int8`) against Marian in float32;
 and the ratio ours / Marian.
 """
 
@@ -19,12 +20,13 @@ import argparse
 import statistics
 import tempfile
 import time
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 from transformers import MarianConfig, MarianMTModel
 
-from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, quantize_int8
 
 
 SIZES = {
@@ -99,9 +101,17 @@ def ctranslate2_translator(marian: MarianMTModel, threads: int):
         from ctranslate2.converters import TransformersConverter
     except ImportError:
         return None
+    class IdsAsTokens(TransformersConverter):
+        """The random model has no tokenizer: its vocabulary is the ids' strings; the converter drops the last
+        entry as Marian's appended <pad>."""
+
+        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
+            vocab = {str(i): i for i in range(marian.config.vocab_size - 1)} | {"<pad>": marian.config.vocab_size - 1}
+            return SimpleNamespace(get_vocab=lambda: vocab, eos_token=str(EOS), unk_token="3")
+
     folder = tempfile.mkdtemp()
     marian.save_pretrained(f"{folder}/hf")
-    TransformersConverter(f"{folder}/hf").convert(f"{folder}/ct2", force=True)
+    IdsAsTokens(f"{folder}/hf").convert(f"{folder}/ct2", force=True)
     return {
         compute: ctranslate2.Translator(f"{folder}/ct2", device="cpu", compute_type=compute, intra_threads=threads)
         for compute in ("float32", "int8")
@@ -116,6 +126,7 @@ def ct2_generate(translator, source: torch.Tensor, num_beams: int) -> None:
 
 def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
     models = {"marian": build("marian", size), "ours": build("ours", size)}
+    int8 = quantize_int8(build("ours", size))  # inference only: generation rows
     optimizers = {name: paper_adam(model) for name, model in models.items()}
     timings = {}
 
@@ -134,6 +145,8 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
             model.eval()
             for beams in (1, 4):
                 timed(f"beam{beams} {name}", lambda: generate(model, prompt, beams))
+        for beams in (1, 4):
+            timed(f"beam{beams} ours-int8", lambda: generate(int8, prompt, beams))
         if repeat == 0:
             timings.clear()
 
@@ -161,6 +174,10 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
         print(f"| {title} | {marian:.0f} | {ours:.0f} | {ours / marian:.2f}x |")
     print(f"| training-step peak memory (MiB) | {memory['marian']:.0f} | {memory['ours']:.0f} | "
           f"{memory['ours'] / memory['marian']:.2f}x |")
+    for title, key in (("greedy", "beam1"), ("beam-4", "beam4")):
+        marian, int8_speed = (new_tokens / statistics.median(timings[f"{key} {n}"]) for n in ("marian", "ours-int8"))
+        print(f"| {title} generate tokens/s, ours int8 (`quantize_int8`) vs Marian fp32 | {marian:.0f} | "
+              f"{int8_speed:.0f} | {int8_speed / marian:.2f}x |")
     for key in sorted(k for k in timings if "ct2" in k):
         print(f"| CTranslate2 {key.split()[1][4:]} {'greedy' if key.startswith('beam1') else 'beam-4'} tokens/s "
               f"| {new_tokens / statistics.median(timings[key]):.0f} | | |")

@@ -17,8 +17,8 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from training.evaluation import translate
-from training.hub import push
-from vaswani_hf import TranslationPipeline
+from training.hub import push, write_output_folder
+from vaswani_hf import TranslationPipeline, quantize_int8
 from vaswani_hf.visualize import attention_weights, write_pictures
 
 SOURCES = ["The small dog sees the old man.", "A woman reads a book in the garden.", "The children play."]
@@ -117,6 +117,17 @@ def test_the_folder_declares_its_pipeline_and_code(translation_folder):
     assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_vaswani.VaswaniForConditionalGeneration"
     for name in ("configuration_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py"):
         assert (translation_folder / name).is_file(), name
+
+
+def test_the_decoding_a_run_chose_survives_loading(translation_folder, tmp_path):
+    """The beam size and GNMT α saved with the model (run.py chooses α on the validation set) are the ones the
+    loaded model decodes with by default."""
+    model, tokenizer = load_local(translation_folder)
+    write_output_folder(model, tokenizer, tmp_path / "chosen", {}, dataset="d", source_lang="en", target_lang="de",
+                        model_id="m", recipe={}, deviations=[], num_beams=3, alpha=1.4)
+    loaded, tokenizer = load_local(tmp_path / "chosen")
+    assert loaded.generation_config.num_beams == 3 and loaded.generation_config.gnmt_alpha == 1.4
+    assert translate(loaded, tokenizer, SOURCES) == translate(loaded, tokenizer, SOURCES, num_beams=3, alpha=1.4)
 
 
 def uploaded_files(folder: Path, ignore_patterns) -> set[str]:
@@ -258,6 +269,15 @@ def test_vaswani_translate_reads_stdin_and_files(translation_folder, tmp_path):
                  "--num_beams", "1")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out.txt").read_text().splitlines() == translate(model, tokenizer, SOURCES, num_beams=1)
+
+
+def test_vaswani_translate_int8_decodes_with_the_int8_copy(translation_folder):
+    model, tokenizer = load_local(translation_folder)
+    result = cli("--model", translation_folder, "--int8", stdin="\n".join(SOURCES) + "\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == translate(quantize_int8(model), tokenizer, SOURCES)
+    result = cli("--model", translation_folder, "--int8", "--device", "cuda", stdin="Hello.\n")
+    assert result.returncode != 0 and result.stderr.strip() == "error: int8 runs on the CPU, not on cuda"
 
 
 @pytest.mark.parametrize("problem", ["missing", "empty", "broken config", "no weights"])

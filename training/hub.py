@@ -36,6 +36,7 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
     generation.num_beams = num_beams
     generation.early_stopping = True
     generation.gnmt_alpha = alpha  # read by custom_generate/generate.py
+    generation._from_model_config = False  # else from_pretrained drops the entries transformers does not know
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     (output_dir / "custom_generate").mkdir(exist_ok=True)

@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from .configuration_vaswani import VaswaniConfig
 from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
 from .pipeline_vaswani import TranslationPipeline
+from .quantization import quantize_int8
 
 
 def register() -> None:
@@ -27,4 +28,4 @@ def register() -> None:
 
 register()
 
-__all__ = ["TranslationPipeline", "VaswaniConfig", "VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel", "register"]
+__all__ = ["TranslationPipeline", "quantize_int8", "VaswaniConfig", "VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel", "register"]

@@ -14,6 +14,8 @@ Deviations from the paper — this is the one list. By default there are none in
     whose length penalty divides by |Y|^alpha. The paper's GNMT penalty ((5 + |Y|) / 6)^alpha is in `gnmt.py`;
     `training/run.py` ships it as `custom_generate/generate.py`, the default `generate()` of a saved model loaded
     with `trust_remote_code=True`.
+  * Inference in int8: `vaswani_hf.quantize_int8(model)` (`quantization.py`; `vaswani-translate --int8`) returns a
+    copy whose linear layers compute in int8 on the CPU; the paper decodes in float32 (off by default).
 """
 
 import math

@@ -1,11 +1,13 @@
 """Translate text with a trained model: `vaswani-translate --model folder_or_repo < input.txt > output.txt`.
 
-Decodes the paper's way (§6.1): beam search (beam 4) with the GNMT length penalty (α = 0.6) and a limit of
-source length + 50, using this package's code (no remote code runs). One output line per input line, in order;
+Decodes the paper's way (§6.1): beam search with the GNMT length penalty and a limit of source length + 50, with
+the beam size and α the model was saved with (else the paper's 4 and 0.6), using this package's code (no remote
+code runs). One output line per input line, in order;
 an empty line stays empty.
 
     vaswani-translate --model outputs/run --input sources.txt --output translations.txt --batch_size 32
     echo "A man is riding a bike." | vaswani-translate --model outputs/run --num_beams 1 --device cpu
+    vaswani-translate --model outputs/run --int8 < sources.txt     # int8 linear layers on the CPU (quantization.py)
 """
 
 import argparse
@@ -16,13 +18,16 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from .gnmt import gnmt_beam_search
+from .quantization import quantize_int8
 
 
-def load(name_or_path: str, device: str = "auto"):
-    """(model, tokenizer) from a model folder or Hub repository, in eval mode on `device`; a missing or broken
-    model exits with a one-line message."""
+def load(name_or_path: str, device: str = "auto", int8: bool = False):
+    """(model, tokenizer) from a model folder or Hub repository, in eval mode on `device` (with `int8`: the CPU
+    model's int8 copy); a missing or broken model exits with a one-line message."""
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
+    if int8 and device != "cpu":
+        raise SystemExit(f"error: int8 runs on the CPU, not on {device}")
     path = Path(name_or_path)
     if (path.exists() or name_or_path.startswith((".", "/", "~"))) and not (path / "config.json").is_file():
         raise SystemExit(f"error: {name_or_path} is not a model folder (no config.json there)")
@@ -32,15 +37,18 @@ def load(name_or_path: str, device: str = "auto"):
     except Exception as error:  # transformers raises OSError, ValueError, KeyError, ... for unusable folders
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SystemExit(f"error: cannot load a model from {name_or_path}: {message}") from None
-    return model.to(device).eval(), tokenizer
+    return (quantize_int8(model) if int8 else model.to(device).eval()), tokenizer
 
 
 @torch.no_grad()
-def translate(model, tokenizer, sources: list[str], batch_size: int = 64, num_beams: int = 4,
-              alpha: float = 0.6) -> list[str]:
+def translate(model, tokenizer, sources: list[str], batch_size: int = 64, num_beams: int | None = None,
+              alpha: float | None = None) -> list[str]:
     """Translations in the order of `sources`, by the paper's beam search; batches are formed from sources of
-    similar length."""
+    similar length. The beam size and α default to the model's generation config (`num_beams`, `gnmt_alpha`, as
+    training/run.py saves them), else to the paper's 4 and 0.6."""
     model.eval()
+    num_beams = num_beams or getattr(model.generation_config, "num_beams", None) or 4
+    alpha = alpha if alpha is not None else getattr(model.generation_config, "gnmt_alpha", 0.6)
     device = next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     translations = [""] * len(sources)
@@ -61,16 +69,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--input", help="A text file, one source per line (default: stdin).")
     parser.add_argument("--output", help="Where the translations go (default: stdout).")
     parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--num_beams", type=int, default=4)
-    parser.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty α.")
+    parser.add_argument("--num_beams", type=int, help="Beam size (default: the model's generation config, else 4).")
+    parser.add_argument("--alpha", type=float, help="GNMT length penalty α (default: the model's gnmt_alpha, else 0.6).")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: a GPU if there is one).")
+    parser.add_argument("--int8", action="store_true", help="Int8 linear layers on the CPU (faster; a deviation).")
     args = parser.parse_args(argv)
-    if args.batch_size < 1 or args.num_beams < 1:
+    if args.batch_size < 1 or (args.num_beams is not None and args.num_beams < 1):
         parser.error("--batch_size and --num_beams must be at least 1")
     if args.input and not Path(args.input).is_file():
         raise SystemExit(f"error: --input {args.input}: no such file")
 
-    model, tokenizer = load(args.model, args.device)
+    model, tokenizer = load(args.model, args.device, args.int8)
     text = Path(args.input).read_text(encoding="utf-8") if args.input else sys.stdin.read()
     sources = text.splitlines()
     translations = translate(model, tokenizer, sources, args.batch_size, args.num_beams, args.alpha)
