@@ -139,24 +139,29 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
         source = random_tokens(TRAIN_BATCH, TRAIN_LENGTH, size["vocab_size"], 10 + repeat)
         target = random_tokens(TRAIN_BATCH, TRAIN_LENGTH, size["vocab_size"], 100 + repeat)
         prompt = random_tokens(GENERATE_BATCH, SOURCE_LENGTH, size["vocab_size"], 1000 + repeat)
-        for name, model in models.items():
+        for name, model in list(models.items())[:: 1 if repeat % 2 else -1]:  # each goes first in turn
             model.train()
             timed(f"train {name}", lambda: train_step(model, optimizers[name], source, target))
             model.eval()
             for beams in (1, 4):
                 timed(f"beam{beams} {name}", lambda: generate(model, prompt, beams))
-        for beams in (1, 4):
-            timed(f"beam{beams} ours-int8", lambda: generate(int8, prompt, beams))
         if repeat == 0:
             timings.clear()
 
-    translators = ctranslate2_translator(models["marian"].eval(), threads)
-    if translators:
+    # Inference-only engines after the interleaved rounds, one engine at a time: the worker threads of one
+    # runtime (fbgemm, CTranslate2) must not sit beside another's timings.
+    def engine_rounds(name: str, engine) -> None:
         for repeat in range(repeats + 1):
             prompt = random_tokens(GENERATE_BATCH, SOURCE_LENGTH, size["vocab_size"], 1000 + repeat)
-            for compute, translator in translators.items():
-                for beams in (1, 4):
-                    timed(f"beam{beams} ct2-{compute}", lambda: ct2_generate(translator, prompt, beams))
+            for beams in (1, 4):
+                if repeat:  # the first round warms up
+                    timed(f"beam{beams} {name}", lambda: engine(prompt, beams))
+                else:
+                    engine(prompt, beams)
+
+    engine_rounds("ours-int8", lambda prompt, beams: generate(int8, prompt, beams))
+    for compute, translator in (ctranslate2_translator(models["marian"].eval(), threads) or {}).items():
+        engine_rounds(f"ct2-{compute}", lambda prompt, beams: ct2_generate(translator, prompt, beams))
 
     train_tokens = TRAIN_BATCH * 2 * TRAIN_LENGTH
     new_tokens = GENERATE_BATCH * NEW_TOKENS
