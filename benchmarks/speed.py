@@ -167,9 +167,9 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
     new_tokens = GENERATE_BATCH * NEW_TOKENS
     memory = {name: peak_training_memory(model.train(), optimizers[name], source, target)
               for name, model in models.items()}
-    print(f"\n## {label}: d_model {size['d_model']}, {size['num_layers']}+{size['num_layers']} layers, "
+    print(f"\n**{label}**: d_model {size['d_model']}, {size['num_layers']}+{size['num_layers']} layers, "
           f"{size['num_heads']} heads, d_ff {size['d_ff']}, vocabulary {size['vocab_size']}; "
-          f"{threads} threads, median of {repeats}")
+          f"{threads} threads, median of {repeats}\n")
     print("| measure | MarianMTModel | ours | ours / Marian |")
     print("|---|---:|---:|---:|")
     rows = [("training tokens/s", "train", train_tokens), ("greedy generate tokens/s", "beam1", new_tokens),
