@@ -1,6 +1,11 @@
-"""Shared helpers: tiny models with characteristic dimensions, so that shape mix-ups fail loudly."""
+"""Shared helpers: tiny models with characteristic dimensions, so that shape mix-ups fail loudly; a fresh Python
+without vaswani_hf for the remote-code tests."""
 
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -108,3 +113,25 @@ def translation_folder(tmp_path_factory):
                         source_lang="en", target_lang="de", model_id="tiny-en-de", recipe={"d_model": 24},
                         deviations=["recipe: 60 steps"])
     return folder
+
+
+def run_hidden(script: str, *args, env_extra=None, cwd=None) -> str:
+    """Run `script` in a fresh Python where `import vaswani_hf` fails, offline; returns its stdout."""
+    prelude = textwrap.dedent(
+        """
+        import importlib.abc, sys
+
+        class HideVaswaniHF(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name == "vaswani_hf" or name.startswith("vaswani_hf."):
+                    raise ModuleNotFoundError(f"{name} is hidden for this test")
+
+        sys.meta_path.insert(0, HideVaswaniHF())
+        """
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script), *map(str, args)],
+                            cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from conftest import run_hidden
 from training.evaluation import translate
 from training.hub import push, write_output_folder
 from vaswani_hf import TranslationPipeline, quantize_int8
@@ -27,28 +27,6 @@ TOKEN = "hf_vaswaniTestToken0123456789abcdef"
 
 def load_local(folder):
     return AutoModelForSeq2SeqLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
-
-
-def run_hidden(script: str, *args, env_extra=None, cwd=None) -> str:
-    """Run `script` in a fresh Python where `import vaswani_hf` fails, offline; returns its stdout."""
-    prelude = textwrap.dedent(
-        """
-        import importlib.abc, sys
-
-        class HideVaswaniHF(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path=None, target=None):
-                if name == "vaswani_hf" or name.startswith("vaswani_hf."):
-                    raise ModuleNotFoundError(f"{name} is hidden for this test")
-
-        sys.meta_path.insert(0, HideVaswaniHF())
-        """
-    )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
-    env.pop("PYTHONPATH", None)
-    result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script), *map(str, args)],
-                            cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
 
 
 # --- the translation pipeline -------------------------------------------------------------------------------

@@ -2,16 +2,12 @@
 loading as remote code where vaswani_hf is not installed."""
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSeq2SeqLM
 
-from conftest import random_ids, tiny_model
+from conftest import random_ids, run_hidden, tiny_model
 from vaswani_hf import VaswaniForConditionalGeneration, VaswaniModel
 
 
@@ -84,16 +80,8 @@ def test_the_base_model_loads_through_auto_model(tmp_path):
         torch.testing.assert_close(loaded(**batch()).last_hidden_state, model(**batch()).last_hidden_state)
 
 
-HIDDEN_PACKAGE_SCRIPT = textwrap.dedent(
-    """
-    import importlib.abc, sys
-
-    class HideVaswaniHF(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "vaswani_hf" or name.startswith("vaswani_hf."):
-                raise ModuleNotFoundError(f"{name} is hidden for this test")
-
-    sys.meta_path.insert(0, HideVaswaniHF())
+REMOTE_CODE_SCRIPT = """
+    import sys
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
@@ -108,8 +96,7 @@ HIDDEN_PACKAGE_SCRIPT = textwrap.dedent(
     tokens = model.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=4)
     assert torch.equal(tokens, torch.load(folder + "/tokens.pt"))
     print("remote code OK:", type(model).__module__)
-    """
-)
+"""
 
 
 def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path):
@@ -122,11 +109,6 @@ def test_remote_code_loads_in_a_fresh_process_without_the_package(tmp_path):
     torch.save(model.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=4),
                model_dir / "tokens.pt")
     torch.save(inputs, model_dir / "inputs.pt")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    env.pop("PYTHONPATH", None)
-    result = subprocess.run(
-        [sys.executable, "-c", HIDDEN_PACKAGE_SCRIPT, str(model_dir)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "remote code OK: transformers_modules" in result.stdout
+    out = run_hidden(REMOTE_CODE_SCRIPT, model_dir, env_extra={"HF_MODULES_CACHE": str(tmp_path / "modules")},
+                     cwd=tmp_path)
+    assert "remote code OK: transformers_modules" in out
