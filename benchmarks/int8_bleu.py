@@ -29,8 +29,13 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    for path in (args.source, args.reference):
+        if not Path(path).is_file():
+            raise SystemExit(f"error: {path}: no such file")
     sources = Path(args.source).read_text(encoding="utf-8").splitlines()
     references = Path(args.reference).read_text(encoding="utf-8").splitlines()
+    if len(sources) != len(references):
+        raise SystemExit(f"error: {len(sources)} sources but {len(references)} references")
     model, tokenizer = load(args.model, "cpu")
     print(f"{len(sources)} sentences, beam {model.generation_config.num_beams}, "
           f"GNMT α {getattr(model.generation_config, 'gnmt_alpha', 0.6)}, {args.threads} threads")

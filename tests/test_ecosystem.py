@@ -306,6 +306,18 @@ def test_the_visualize_command_writes_one_picture_per_attention(translation_fold
         assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
+def test_the_visualize_command_explains_a_missing_layer_in_one_line(translation_folder, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "vaswani_hf.visualize", str(translation_folder), "--source", SOURCES[0],
+         "--target", "Hallo.", "--layer", "7", "--output_dir", str(tmp_path / "pictures")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()  # transformers' weight-loading progress bar comes first
+    assert lines[-1] == "error: layer 7 does not exist: the model has 2 layers (0..1)"
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "pictures").exists()
+
+
 def test_write_pictures_draws_every_head(translation_folder, tmp_path):
     from PIL import Image
 

@@ -10,7 +10,7 @@ from vaswani_hf import quantize_int8
 
 
 def test_the_int8_copy_quantizes_every_linear_layer_and_leaves_the_model_alone():
-    model = tiny_model()
+    model = tiny_model().train()
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     linear_names = {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     quantized = quantize_int8(model)
@@ -18,6 +18,7 @@ def test_the_int8_copy_quantizes_every_linear_layer_and_leaves_the_model_alone()
     assert "lm_head" in linear_names and len(linear_names) == 2 * (4 + 2) + 3 * (4 + 4 + 2) + 1  # attention, FFN, output
     assert all(isinstance(module, nn.Linear) for name, module in model.named_modules() if name in linear_names)
     assert all(torch.equal(tensor, before[name]) for name, tensor in model.state_dict().items())
+    assert model.training and not quantized.training
 
 
 def test_int8_logits_follow_the_float32_logits():

@@ -72,6 +72,16 @@ class ModelArguments:
     position_embedding: str = "sinusoidal"
     normalize_before: bool = field(default=False, metadata={"help": "Pre-LN: a deviation from the paper."})
 
+    def config(self, tokenizer) -> VaswaniConfig:
+        """The model's configuration, with the vocabulary and special tokens of the trained `tokenizer`."""
+        return VaswaniConfig(
+            vocab_size=len(tokenizer), d_model=self.d_model, d_ff=self.d_ff, num_heads=self.num_heads,
+            num_layers=self.num_layers, dropout=self.dropout, position_embedding=self.position_embedding,
+            normalize_before=self.normalize_before, pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.bos_token_id,
+        )
+
 
 @dataclass
 class RecipeArguments:
@@ -120,7 +130,7 @@ PAPER_RECIPE = {"tokens_per_step": 25000, "warmup_steps": 4000, "lr_scale": 1.0,
                 "num_beams": 4, "length_penalty_alpha": 0.6}
 
 
-def recipe_deviations(model_args: ModelArguments, args: RecipeArguments) -> list[str]:
+def recipe_deviations(args: RecipeArguments) -> list[str]:
     """The recipe values of this run that differ from the paper's, for the model card."""
     changed = [f"`{name}={getattr(args, name)}` (paper: {paper})" for name, paper in PAPER_RECIPE.items()
                if getattr(args, name) != paper]
@@ -206,13 +216,7 @@ def main():
     source_lengths, target_lengths = [len(s) for s in train_sources], [len(t) for t in train_targets]
     validation = encode(tokenizer, pairs["validation"]) if "validation" in pairs else None
 
-    config = VaswaniConfig(
-        vocab_size=len(tokenizer), d_model=model_args.d_model, d_ff=model_args.d_ff, num_heads=model_args.num_heads,
-        num_layers=model_args.num_layers, dropout=model_args.dropout, position_embedding=model_args.position_embedding,
-        normalize_before=model_args.normalize_before, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.bos_token_id,
-    )
+    config = model_args.config(tokenizer)
     model = VaswaniForConditionalGeneration(config)
     optimizer, scheduler = paper_optimizer(model, config.d_model, args.warmup_steps, args.lr_scale)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -337,7 +341,7 @@ def main():
             final, tokenizer, output_dir, metrics, dataset=dataset_description(data_args),
             source_lang=data_args.source_lang, target_lang=data_args.target_lang,
             model_id=args.hub_model_id or output_dir.name, recipe=recipe,
-            deviations=recipe_deviations(model_args, args), num_beams=args.num_beams, alpha=args.length_penalty_alpha,
+            deviations=recipe_deviations(args), num_beams=args.num_beams, alpha=args.length_penalty_alpha,
         )
         say(f"model, tokenizer, metrics and model card in {output_dir}")
         if args.push_to_hub:

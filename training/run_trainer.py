@@ -41,7 +41,7 @@ from training.evaluation import score, translate  # noqa: E402
 from training.hub import write_output_folder  # noqa: E402
 from training.run import PRESETS, DataArguments, ModelArguments, dataset_description  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
-from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration  # noqa: E402
+from vaswani_hf import VaswaniForConditionalGeneration  # noqa: E402
 
 PAPER_TRAINER_DEFAULTS = {
     "adam_beta1": 0.9, "adam_beta2": 0.98, "adam_epsilon": 1e-9, "weight_decay": 0.0, "max_grad_norm": 0.0,
@@ -120,14 +120,7 @@ def main(argv: list[str] | None = None):
         tokenizer = AutoTokenizer.from_pretrained(output_dir)
     datasets = {split: tokenize(tokenizer, rows, recipe.max_source_length) for split, rows in pairs.items()}
 
-    config = VaswaniConfig(
-        vocab_size=len(tokenizer), d_model=model_args.d_model, d_ff=model_args.d_ff, num_heads=model_args.num_heads,
-        num_layers=model_args.num_layers, dropout=model_args.dropout, position_embedding=model_args.position_embedding,
-        normalize_before=model_args.normalize_before, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.bos_token_id,
-    )
-    model = VaswaniForConditionalGeneration(config)
+    model = VaswaniForConditionalGeneration(model_args.config(tokenizer))
     if "validation" not in datasets:
         training_args.eval_strategy = "no"
     trainer = Seq2SeqTrainer(

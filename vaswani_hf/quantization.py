@@ -24,5 +24,5 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         warnings.filterwarnings("ignore", message=".*quantize_per_(tensor|channel).*deprecated", category=UserWarning)
         warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
         return torch.ao.quantization.quantize_dynamic(
-            model.eval(), {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8
+            model, {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8
         )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .translate import translate
+from .translate import load, translate
 
 
 @dataclass
@@ -112,10 +112,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output_dir", default="attention", help="Where the PNG files go.")
     args = parser.parse_args(argv)
 
-    from .translate import load  # one-line errors for missing or broken model folders
-
-    model, tokenizer = load(args.model, device="cpu")
-    weights = attention_weights(model, tokenizer, args.source, args.target, args.layer)
+    model, tokenizer = load(args.model, device="cpu")  # one-line errors for missing or broken model folders
+    try:
+        weights = attention_weights(model, tokenizer, args.source, args.target, args.layer)
+    except ValueError as error:  # a layer that does not exist
+        raise SystemExit(f"error: {error}") from None
     layer = args.layer % min(model.config.num_layers, model.config.num_decoder_layers)
     for path in write_pictures(weights, Path(args.output_dir), layer):
         print(path)
