@@ -9,10 +9,13 @@ The copy is for `generate()` and the translator, not for training or `save_pretr
 no longer shares storage with the embedding.
 """
 
+import copy
 import warnings
 
 import torch
 from torch import nn
+
+from .modeling_vaswani import VaswaniLinear
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -23,6 +26,10 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         # torch marks torch.ao.quantization deprecated (torchao is the successor); it works in the pinned 2.13.
         warnings.filterwarnings("ignore", message=".*quantize_per_(tensor|channel).*deprecated", category=UserWarning)
         warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
+        quantized = copy.deepcopy(model)
+        for module in quantized.modules():
+            if isinstance(module, VaswaniLinear):
+                module.__class__ = nn.Linear  # quantize_dynamic matches exact types; the oneDNN path is float32 only
         return torch.ao.quantization.quantize_dynamic(
-            model, {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8
+            quantized, {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
         )
