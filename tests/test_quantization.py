@@ -7,6 +7,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from conftest import random_ids, tiny_model
 from vaswani_hf import quantize_int8
+from vaswani_hf.modeling_vaswani import VaswaniLinear
 
 
 def test_the_int8_copy_quantizes_every_linear_layer_and_leaves_the_model_alone():
@@ -16,7 +17,7 @@ def test_the_int8_copy_quantizes_every_linear_layer_and_leaves_the_model_alone()
     quantized = quantize_int8(model)
     assert {name for name, module in quantized.named_modules() if isinstance(module, DynamicQuantizedLinear)} == linear_names
     assert "lm_head" in linear_names and len(linear_names) == 2 * (4 + 2) + 3 * (4 + 4 + 2) + 1  # attention, FFN, output
-    assert all(isinstance(module, nn.Linear) for name, module in model.named_modules() if name in linear_names)
+    assert all(type(module) is VaswaniLinear for name, module in model.named_modules() if name in linear_names)
     assert all(torch.equal(tensor, before[name]) for name, tensor in model.state_dict().items())
     assert model.training and not quantized.training
 

@@ -18,6 +18,7 @@ Deviations from the paper — this is the one list. By default there are none in
     copy whose linear layers compute in int8 on the CPU; the paper decodes in float32 (off by default).
 """
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -149,9 +150,32 @@ class VaswaniLinear(nn.Linear):
     use_onednn = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if onednn_linear_applies(input, self.weight):
-            return OneDNNLinearFunction.apply(input, self.weight, self.bias)
-        return super().forward(input)
+        if not onednn_linear_applies(input, self.weight):
+            return super().forward(input)
+        packed = self.__dict__.get("packed_weight")
+        if packed is not None:
+            return onednn_matmul(input, packed, self.bias)
+        return OneDNNLinearFunction.apply(input, self.weight, self.bias)
+
+
+@contextlib.contextmanager
+def packed_weights(model: nn.Module):
+    """Within the block, every `VaswaniLinear` of `model` on the CPU in float32 multiplies by a copy of its weight
+    reordered once into oneDNN's blocked layout, instead of reordering it at every call. `generate()` uses this:
+    decoding repeats small products with the same weights, and the weights cannot change during the call. Costs
+    a second copy of the weights for the duration of the block."""
+    modules = [
+        module
+        for module in model.modules()
+        if isinstance(module, VaswaniLinear) and onednn_linear_applies(module.weight, module.weight)
+    ]
+    try:
+        for module in modules:
+            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None)
+        yield model
+    finally:
+        for module in modules:
+            module.__dict__.pop("packed_weight", None)
 
 
 def eager_attention_forward(
@@ -748,7 +772,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             mask = kwargs.get("attention_mask")
             source_length = int(mask.sum(-1).max()) if mask is not None and mask.dim() == 2 else source.shape[-1]
             kwargs["max_new_tokens"] = source_length + EXTRA_OUTPUT_LENGTH
-        return super().generate(inputs, generation_config=generation_config, **kwargs)
+        with packed_weights(self):
+            return super().generate(inputs, generation_config=generation_config, **kwargs)
 
 
 __all__ = ["VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel"]

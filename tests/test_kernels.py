@@ -1,0 +1,71 @@
+"""The oneDNN path of VaswaniLinear (float32 on the CPU): the formula and its gradients, the same training step
+and the same decoding as the plain nn.Linear path, and weights packed only for the length of a generate() call."""
+
+import pytest
+import torch
+
+from conftest import random_ids, tiny_model
+from vaswani_hf.modeling_vaswani import VaswaniLinear, onednn_linear_applies
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_onednn_linear_layer_computes_the_formula_and_its_gradients(bias):
+    torch.manual_seed(0)
+    layer = VaswaniLinear(24, 40, bias=bias)
+    x = torch.randn(7, 5, 24).transpose(0, 1).requires_grad_()  # (5, 7, 24), not contiguous
+    assert onednn_linear_applies(x, layer.weight)
+    y = layer(x)
+    assert "OneDNNLinearFunction" in y.grad_fn.name()
+    grad = torch.randn_like(y)
+    y.backward(grad)
+
+    x64, w64, g64 = x.detach().double(), layer.weight.detach().double(), grad.double()
+    expected = x64 @ w64.T + (layer.bias.detach().double() if bias else 0)
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad.double(), g64 @ w64, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.weight.grad.double(), g64.flatten(0, 1).T @ x64.flatten(0, 1), rtol=1e-5, atol=1e-5)
+    if bias:
+        torch.testing.assert_close(layer.bias.grad.double(), g64.sum((0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def gradients(monkeypatch, use_onednn: bool) -> dict[str, torch.Tensor]:
+    monkeypatch.setattr(VaswaniLinear, "use_onednn", use_onednn)
+    model = tiny_model(seed=4).train()
+    model(input_ids=random_ids(4, 9, seed=1), labels=random_ids(4, 6, seed=2)).loss.backward()
+    return {name: parameter.grad for name, parameter in model.named_parameters()}
+
+
+def test_a_training_step_has_the_gradients_of_the_plain_path(monkeypatch):
+    onednn, plain = gradients(monkeypatch, True), gradients(monkeypatch, False)
+    assert onednn.keys() == plain.keys()
+    for name in plain:
+        torch.testing.assert_close(onednn[name], plain[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def decode(model, source, monkeypatch, use_onednn: bool, **kwargs):
+    monkeypatch.setattr(VaswaniLinear, "use_onednn", use_onednn)
+    return model.generate(source, max_new_tokens=10, output_scores=True, return_dict_in_generate=True, **kwargs)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_decoding_with_packed_weights_is_decoding_with_the_plain_path(monkeypatch, num_beams):
+    model, source = tiny_model(seed=5), random_ids(3, 8, seed=3)
+    fast = decode(model, source, monkeypatch, True, num_beams=num_beams)
+    plain = decode(model, source, monkeypatch, False, num_beams=num_beams)
+    assert torch.equal(fast.sequences, plain.sequences)
+    torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
+
+
+def test_packed_weights_last_one_generate_call_and_never_go_stale(monkeypatch):
+    model, source = tiny_model(seed=6), random_ids(3, 8, seed=4)
+    decode(model, source, monkeypatch, True)
+    assert not any("packed_weight" in vars(module) for module in model.modules())
+
+    with torch.no_grad():  # change the weights in place between two calls: the second must use the new ones
+        for module in model.modules():
+            if isinstance(module, VaswaniLinear):
+                module.weight.mul_(-1.5)
+    fast = decode(model, source, monkeypatch, True)
+    plain = decode(model, source, monkeypatch, False)
+    assert torch.equal(fast.sequences, plain.sequences)
+    torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
