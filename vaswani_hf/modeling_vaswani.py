@@ -97,22 +97,25 @@ def check_mask(mask: torch.Tensor | None, batch_size: int, length: int, name: st
         )
 
 
+# oneDNN's linear operator, the one torch.compile uses for CPU linear layers; absent from some torch builds.
+ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 def onednn_linear_applies(input: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `VaswaniLinear` computes this product with oneDNN: float32 on the CPU, outside autocast and
     torch.compile, with the oneDNN operator present and the switch `VaswaniLinear.use_onednn` on."""
     return (
-        VaswaniLinear.use_onednn
+        ONEDNN_LINEAR
+        and VaswaniLinear.use_onednn
         and input.device.type == "cpu"
         and input.dtype == weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
         and not is_torchdynamo_compiling()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-        and torch.backends.mkldnn.is_available()
     )
 
 
 def onednn_matmul(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """input @ weight^T + bias in oneDNN (the kernel torch.compile uses for CPU linear layers)."""
+    """input @ weight^T + bias in oneDNN; `weight` dense (any strides) or reordered by `packed_weights`."""
     return torch.ops.mkldnn._linear_pointwise(input, weight, bias, "none", [], "")
 
 
