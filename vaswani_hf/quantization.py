@@ -15,8 +15,6 @@ import warnings
 import torch
 from torch import nn
 
-from .modeling_vaswani import VaswaniLinear
-
 
 def quantize_int8(model: nn.Module) -> nn.Module:
     """A copy of `model` (in eval mode, on the CPU) whose linear layers compute in int8."""
@@ -28,7 +26,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
         quantized = copy.deepcopy(model)
         for module in quantized.modules():
-            if isinstance(module, VaswaniLinear):
+            if isinstance(module, nn.Linear):  # VaswaniLinear, from this package or from a Hub repository's code
                 module.__class__ = nn.Linear  # quantize_dynamic matches exact types; the oneDNN path is float32 only
         return torch.ao.quantization.quantize_dynamic(
             quantized, {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
