@@ -10,6 +10,7 @@ oneDNN with the weight reordered once (decoding inside `generate()`), and the ra
 """
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -27,7 +28,7 @@ def seconds(function, repeats: int) -> float:
         start = time.perf_counter()
         function()
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    return statistics.median(times)
 
 
 def main():

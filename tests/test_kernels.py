@@ -43,8 +43,19 @@ def test_a_training_step_has_the_gradients_of_the_plain_path(monkeypatch):
 
 
 def decode(model, source, monkeypatch, use_onednn: bool, **kwargs):
+    """generate() with the oneDNN path on or off; checks that the output projection multiplied by a packed weight
+    exactly when the path is on."""
     monkeypatch.setattr(VaswaniLinear, "use_onednn", use_onednn)
-    return model.generate(source, max_new_tokens=10, output_scores=True, return_dict_in_generate=True, **kwargs)
+    packed_during_call = []
+    hook = model.lm_head.register_forward_hook(
+        lambda module, args, output: packed_during_call.append("packed_weight" in vars(module))
+    )
+    try:
+        output = model.generate(source, max_new_tokens=10, output_scores=True, return_dict_in_generate=True, **kwargs)
+    finally:
+        hook.remove()
+    assert packed_during_call and set(packed_during_call) == {use_onednn}
+    return output
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])

@@ -101,14 +101,13 @@ def check_mask(mask: torch.Tensor | None, batch_size: int, length: int, name: st
 ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def onednn_linear_applies(input: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `VaswaniLinear` computes this product with oneDNN: float32 on the CPU, outside autocast and
+def onednn_linear_applies(*tensors: torch.Tensor) -> bool:
+    """Whether `VaswaniLinear` computes with these tensors in oneDNN: all float32 on the CPU, outside autocast and
     torch.compile, with the oneDNN operator present and the switch `VaswaniLinear.use_onednn` on."""
     return (
         ONEDNN_LINEAR
         and VaswaniLinear.use_onednn
-        and input.device.type == "cpu"
-        and input.dtype == weight.dtype == torch.float32
+        and all(tensor.device.type == "cpu" and tensor.dtype == torch.float32 for tensor in tensors)
         and not torch.is_autocast_enabled("cpu")
         and not is_torchdynamo_compiling()
     )
@@ -145,8 +144,8 @@ class OneDNNLinearFunction(torch.autograd.Function):
 class VaswaniLinear(nn.Linear):
     """`nn.Linear` whose float32 CPU products run in oneDNN rather than the BLAS torch links (MKL).
 
-    Same arithmetic, a faster kernel where MKL is slow: on AMD CPUs MKL takes a narrower code path, and oneDNN's
-    products run about twice as fast (README, Speed). Anywhere else (GPU, half precision, autocast, torch.compile)
+    Same arithmetic, a faster kernel where MKL is slow: on the AMD EPYC of our benchmarks oneDNN's products run
+    1.5-2.4x as fast as MKL's (README, Speed; `benchmarks/matmul.py`). Anywhere else (GPU, half precision, autocast, torch.compile)
     this is `nn.Linear`. `VaswaniLinear.use_onednn = False` turns the path off everywhere.
     """
 
@@ -170,7 +169,7 @@ def packed_weights(model: nn.Module):
     modules = [
         module
         for module in model.modules()
-        if isinstance(module, VaswaniLinear) and onednn_linear_applies(module.weight, module.weight)
+        if isinstance(module, VaswaniLinear) and onednn_linear_applies(module.weight)
     ]
     try:
         for module in modules:

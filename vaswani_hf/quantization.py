@@ -20,14 +20,14 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     """A copy of `model` (in eval mode, on the CPU) whose linear layers compute in int8."""
     if any(parameter.device.type != "cpu" for parameter in model.parameters()):
         raise ValueError("int8 dynamic quantization runs on the CPU: move the model there first (model.cpu())")
+    quantized = copy.deepcopy(model)
+    for module in quantized.modules():
+        if isinstance(module, nn.Linear):  # VaswaniLinear, from this package or from a Hub repository's code
+            module.__class__ = nn.Linear  # quantize_dynamic matches exact types; the oneDNN path is float32 only
     with warnings.catch_warnings():
         # torch marks torch.ao.quantization deprecated (torchao is the successor); it works in the pinned 2.13.
         warnings.filterwarnings("ignore", message=".*quantize_per_(tensor|channel).*deprecated", category=UserWarning)
         warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
-        quantized = copy.deepcopy(model)
-        for module in quantized.modules():
-            if isinstance(module, nn.Linear):  # VaswaniLinear, from this package or from a Hub repository's code
-                module.__class__ = nn.Linear  # quantize_dynamic matches exact types; the oneDNN path is float32 only
         return torch.ao.quantization.quantize_dynamic(
             quantized, {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
         )
