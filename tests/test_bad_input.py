@@ -46,6 +46,8 @@ def test_a_mask_whose_shape_does_not_match_the_ids(model):
                    "attention_mask", "(2, 4)", "(2, 5)")
     one_line_error(lambda: model(input_ids=random_ids(1, 5), decoder_input_ids=target(), decoder_attention_mask=torch.ones(1, 2)),
                    "decoder_attention_mask", "(1, 3)")
+    one_line_error(lambda: model(input_ids=random_ids(2, 5), decoder_input_ids=target().repeat(3, 1)),
+                   "decoder has 3 rows", "encoder output 2")
 
 
 def test_empty_sequences(model):

@@ -2,9 +2,11 @@
 
 import pytest
 import torch
-from transformers import EncoderDecoderCache
+from transformers import EncoderDecoderCache, GenerationMixin
+from transformers.modeling_outputs import BaseModelOutput
 
 from conftest import BOS, EOS, PAD, random_ids, tiny_model
+from vaswani_hf import VaswaniForConditionalGeneration
 
 
 def padded_sources():
@@ -113,3 +115,39 @@ def test_cross_attention_keys_and_values_are_computed_once_per_generate(trained_
         for hook in hooks:
             hook.remove()
     assert out.shape[1] > 3 and len(calls) == trained_model.config.num_decoder_layers
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_beams_attending_to_one_encoder_row_equal_beams_attending_to_repeated_rows(implementation):
+    """Encoder-decoder attention with one encoder row per group of 4 consecutive decoder rows (beams sharing a
+    source) gives what the encoder output repeated for every decoder row gives: logits and attention weights."""
+    model = tiny_model(seed=2)
+    model.set_attn_implementation(implementation)
+    source, mask = padded_sources()
+    encoder_states = model.get_encoder()(input_ids=source, attention_mask=mask).last_hidden_state  # (3, 7, D)
+    targets = random_ids(12, 5, seed=4)
+    shared, repeated = (
+        model(encoder_outputs=BaseModelOutput(last_hidden_state=states), attention_mask=source_mask,
+              decoder_input_ids=targets, output_attentions=implementation == "eager")
+        for states, source_mask in ((encoder_states, mask),
+                                    (encoder_states.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)))
+    )
+    torch.testing.assert_close(shared.logits, repeated.logits)
+    if implementation == "eager":
+        for ours, reference in zip(shared.cross_attentions, repeated.cross_attentions, strict=True):
+            torch.testing.assert_close(ours, reference)
+
+
+def test_beam_search_keeps_one_encoder_row_per_source_and_finds_the_same_hypotheses(trained_model, monkeypatch):
+    """generate() does not repeat the encoder output for each beam (the cross-attention cache holds one row per
+    source), and its beams, scores and sequences are those of transformers' repeated layout."""
+    source, mask = padded_sources()
+    decoding = {**BEAM_4, "num_return_sequences": 2, "return_dict_in_generate": True, "output_scores": True}
+    shared = trained_model.generate(source, attention_mask=mask, **decoding)
+    monkeypatch.setattr(VaswaniForConditionalGeneration, "_expand_inputs_for_generation",
+                        GenerationMixin._expand_inputs_for_generation)
+    repeated = trained_model.generate(source, attention_mask=mask, **decoding)
+    assert shared.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 3
+    assert repeated.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 12
+    assert torch.equal(shared.sequences, repeated.sequences)
+    torch.testing.assert_close(shared.sequences_scores, repeated.sequences_scores)

@@ -19,7 +19,6 @@ This file travels to the Hub beside the model: it imports only torch and transfo
 import torch
 
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-from transformers.modeling_outputs import BaseModelOutput
 
 
 def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | torch.Tensor:
@@ -54,9 +53,8 @@ def gnmt_beam_search(
         (batch_size,), max_new_tokens, device=device)  # (B,)
     max_limit = int(limits.max())
 
-    encoder_states = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    encoder_outputs = BaseModelOutput(last_hidden_state=encoder_states.repeat_interleave(num_beams, dim=0))
-    source_mask = attention_mask.repeat_interleave(num_beams, dim=0)  # (B*K, S)
+    # One encoder row per source: the K beams of a source attend to it together (VaswaniAttention).
+    encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)  # (B, S, D)
     decoder_config = config.get_text_config(decoder=True)
     cache = EncoderDecoderCache(DynamicCache(config=decoder_config), DynamicCache(config=decoder_config))
 
@@ -71,7 +69,7 @@ def gnmt_beam_search(
 
     for step in range(1, max_limit + 1):  # step = |Y| of the hypotheses made in this iteration
         logits = model(
-            encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=tokens[:, -1:],
+            encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_input_ids=tokens[:, -1:],
             past_key_values=cache, use_cache=True,
         ).logits[:, -1]
         log_probs = logits.float().log_softmax(-1).view(batch_size, num_beams, vocab_size)

@@ -206,6 +206,10 @@ class VaswaniAttention(nn.Module):
     Used three ways (§3.2.3): encoder self-attention, masked decoder self-attention (`is_causal=True`), and
     encoder-decoder attention (`key_value_states` = encoder output). The projections carry biases, as in the
     authors' code. The kernel is chosen by transformers' attention interface ("eager", "sdpa", ...).
+
+    Encoder-decoder attention takes an encoder output of fewer rows than the queries when each group of n
+    consecutive query rows shares one source (n beams, laid out as `repeat_interleave` lays them out): the keys and
+    values are then computed once per source, and the group's queries attend to them together.
     """
 
     def __init__(self, config: VaswaniConfig, is_causal: bool = False, layer_idx: int | None = None):
@@ -246,13 +250,16 @@ class VaswaniAttention(nn.Module):
             key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
         else:
             source = key_value_states if is_cross else hidden_states
-            key = self.k_proj(source).view(batch_size, source.shape[1], -1, self.d_k).transpose(1, 2)  # (B, h, S, d_k)
-            value = self.v_proj(source).view(batch_size, source.shape[1], -1, self.d_v).transpose(1, 2)  # (B, h, S, d_v)
+            key = self.k_proj(source).unflatten(-1, (-1, self.d_k)).transpose(1, 2)  # (B, h, S, d_k)
+            value = self.v_proj(source).unflatten(-1, (-1, self.d_v)).transpose(1, 2)  # (B, h, S, d_v)
             if cache is not None:
                 key, value = cache.update(key, value, self.layer_idx)
                 if is_cross:
                     past_key_values.is_updated[self.layer_idx] = True
 
+        group = batch_size // key.shape[0]  # query rows per source row (beams sharing their source)
+        if group > 1:  # (n·B, h, T, d_k) -> (B, h, n·T, d_k)
+            query = query.unflatten(0, (-1, group)).transpose(1, 2).flatten(2, 3)
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
@@ -266,7 +273,9 @@ class VaswaniAttention(nn.Module):
             scaling=self.scaling,
             **kwargs,
         )
-        output = output.reshape(batch_size, length, -1).contiguous()  # (B, T, h * d_v)
+        if group > 1 and weights is not None:  # (B, h, n·T, S) -> (n·B, h, T, S)
+            weights = weights.unflatten(2, (group, length)).transpose(1, 2).flatten(0, 1)
+        output = output.reshape(batch_size, length, -1).contiguous()  # (B, T, h * d_v); (B, n·T, ...) is (n·B, T, ...)
         return self.out_proj(output), weights
 
 
@@ -526,10 +535,14 @@ class VaswaniDecoder(VaswaniStack):
         hidden_states = self.embed(input_ids, inputs_embeds, past_length, name="decoder_input_ids")
         batch_size, length = hidden_states.shape[:2]
         check_mask(attention_mask, batch_size, past_length + length, "decoder_attention_mask", "the decoder")
+        sources = batch_size if encoder_hidden_states is None else encoder_hidden_states.shape[0]
         if encoder_hidden_states is not None:
-            check_mask(
-                encoder_attention_mask, batch_size, encoder_hidden_states.shape[1], "attention_mask", "the source"
-            )
+            if batch_size % sources:
+                raise ValueError(
+                    f"the decoder has {batch_size} rows but the encoder output {sources}: give one encoder row per "
+                    "decoder row, or one per group of n consecutive decoder rows (beams sharing their source)"
+                )
+            check_mask(encoder_attention_mask, sources, encoder_hidden_states.shape[1], "attention_mask", "the source")
 
         self_attention_cache = (
             past_key_values.self_attention_cache
@@ -544,7 +557,8 @@ class VaswaniDecoder(VaswaniStack):
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
-            inputs_embeds=hidden_states,
+            # Beams sharing a source attend to it as one query block: a padding mask, the same for every query.
+            inputs_embeds=hidden_states if sources == batch_size else hidden_states[:, :1],
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
         )
@@ -752,6 +766,18 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         else:
             past_key_values.reorder_cache(beam_idx)
         return past_key_values
+
+    def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False,
+                                      input_ids: torch.LongTensor | None = None, **model_kwargs):
+        """transformers repeats every input once per beam (or returned sequence); the encoder output and the source
+        mask stay one row per source here: the decoder's encoder-decoder attention computes each source's keys and
+        values once and lets all of its beams attend to them (`VaswaniAttention`). The encoder outputs that
+        `generate(return_dict_in_generate=True)` returns therefore have one row per source too."""
+        shared = {key: model_kwargs.pop(key) for key in ("encoder_outputs", "attention_mask") if key in model_kwargs}
+        if is_encoder_decoder and shared.get("encoder_outputs") is None:
+            raise ValueError("If `is_encoder_decoder` is True, make sure that `encoder_outputs` is defined.")
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, False, input_ids, **model_kwargs)
+        return input_ids, {**model_kwargs, **shared}
 
     def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
         """`GenerationMixin.generate` with the paper's output length (§6.1): when the call sets no length
