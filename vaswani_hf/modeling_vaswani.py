@@ -257,7 +257,7 @@ class VaswaniAttention(nn.Module):
                 if is_cross:
                     past_key_values.is_updated[self.layer_idx] = True
 
-        group = batch_size // key.shape[0]  # query rows per source row (beams sharing their source)
+        group = batch_size // key.shape[0] if is_cross else 1  # query rows per source row (beams sharing it)
         if group > 1:  # (n·B, h, T, d_k) -> (B, h, n·T, d_k)
             query = query.unflatten(0, (-1, group)).transpose(1, 2).flatten(2, 3)
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
