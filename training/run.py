@@ -4,7 +4,7 @@ Hub-ready folder.
     accelerate launch training/run.py --preset cpu-small          # embedded EN-DE data, ~5 min on 2 CPU cores
     accelerate launch training/run.py --preset base --dataset_name wmt14 --dataset_config_name de-en \\
         --source_lang en --target_lang de --output_dir runs/wmt14-base
-    accelerate launch training/run.py --preset cpu-small --train_file ../shared/data/multi30k/train \\
+    accelerate launch training/run.py --preset cpu-medium --train_file ../shared/data/multi30k/train \\
         --validation_file ../shared/data/multi30k/valid --test_file ../shared/data/multi30k/test2016
     accelerate launch --multi_gpu --num_processes 2 training/run.py ...   # data parallel (gloo on CPU)
     accelerate launch training/run.py --output_dir runs/x --resume_from_checkpoint latest
