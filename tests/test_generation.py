@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from transformers import EncoderDecoderCache, GenerationMixin
+from transformers import AttentionInterface, EncoderDecoderCache, GenerationMixin
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_outputs import BaseModelOutput
 
 from conftest import BOS, EOS, PAD, random_ids, tiny_model
@@ -151,3 +152,18 @@ def test_beam_search_keeps_one_encoder_row_per_source_and_finds_the_same_hypothe
     assert repeated.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 12
     assert torch.equal(shared.sequences, repeated.sequences)
     torch.testing.assert_close(shared.sequences_scores, repeated.sequences_scores)
+
+
+def test_other_attention_kernels_get_one_encoder_row_per_beam():
+    """Kernels whose masks may not broadcast over a block of beams' queries (flash attention's varlen path; here a
+    registered kernel) get transformers' repeated rows in generate(), and a one-line error when called directly
+    with shared rows."""
+    AttentionInterface.register("vaswani_test_kernel", sdpa_attention_forward)
+    model = tiny_model(seed=2)
+    model.set_attn_implementation("vaswani_test_kernel")
+    source = random_ids(3, 7, seed=11)
+    out = model.generate(source, **BEAM_4, return_dict_in_generate=True)
+    assert out.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 12
+    encoder_outputs = model.get_encoder()(input_ids=source)
+    with pytest.raises(ValueError, match="eager or sdpa"):
+        model(encoder_outputs=encoder_outputs, decoder_input_ids=random_ids(12, 2))

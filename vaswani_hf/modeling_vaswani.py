@@ -200,6 +200,11 @@ def eager_attention_forward(
     return output, weights
 
 
+# Attention kernels that take a padding mask broadcast over any number of queries; flash attention's varlen path
+# would unpad a block of beams' queries by the source mask, so it gets one encoder row per decoder row.
+SHARED_SOURCE_KERNELS = ("eager", "sdpa")
+
+
 class VaswaniAttention(nn.Module):
     """§3.2.2 Multi-Head Attention: Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -209,7 +214,8 @@ class VaswaniAttention(nn.Module):
 
     Encoder-decoder attention takes an encoder output of fewer rows than the queries when each group of n
     consecutive query rows shares one source (n beams, laid out as `repeat_interleave` lays them out): the keys and
-    values are then computed once per source, and the group's queries attend to them together.
+    values are then computed once per source, and the group's queries attend to them together. Only with the
+    "eager" and "sdpa" kernels (`SHARED_SOURCE_KERNELS`), whose masks broadcast over the query block.
     """
 
     def __init__(self, config: VaswaniConfig, is_causal: bool = False, layer_idx: int | None = None):
@@ -536,11 +542,12 @@ class VaswaniDecoder(VaswaniStack):
         batch_size, length = hidden_states.shape[:2]
         check_mask(attention_mask, batch_size, past_length + length, "decoder_attention_mask", "the decoder")
         sources = batch_size if encoder_hidden_states is None else encoder_hidden_states.shape[0]
+        shared_source = sources != batch_size  # n decoder rows (beams) per encoder row
         if encoder_hidden_states is not None:
-            if batch_size % sources:
+            if batch_size % sources or (shared_source and self.config._attn_implementation not in SHARED_SOURCE_KERNELS):
                 raise ValueError(
                     f"the decoder has {batch_size} rows but the encoder output {sources}: give one encoder row per "
-                    "decoder row, or one per group of n consecutive decoder rows (beams sharing their source)"
+                    "decoder row, or (eager or sdpa attention) one per group of n consecutive decoder rows"
                 )
             check_mask(encoder_attention_mask, sources, encoder_hidden_states.shape[1], "attention_mask", "the source")
 
@@ -558,7 +565,7 @@ class VaswaniDecoder(VaswaniStack):
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
             # Beams sharing a source attend to it as one query block: a padding mask, the same for every query.
-            inputs_embeds=hidden_states if sources == batch_size else hidden_states[:, :1],
+            inputs_embeds=hidden_states[:, :1] if shared_source else hidden_states,
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
         )
@@ -772,7 +779,10 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         """transformers repeats every input once per beam (or returned sequence); the encoder output and the source
         mask stay one row per source here: the decoder's encoder-decoder attention computes each source's keys and
         values once and lets all of its beams attend to them (`VaswaniAttention`). The encoder outputs that
-        `generate(return_dict_in_generate=True)` returns therefore have one row per source too."""
+        `generate(return_dict_in_generate=True)` returns therefore have one row per source too. Other attention
+        kernels than `SHARED_SOURCE_KERNELS` get transformers' repeated rows."""
+        if self.config._attn_implementation not in SHARED_SOURCE_KERNELS:
+            return super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
         shared = {key: model_kwargs.pop(key) for key in ("encoder_outputs", "attention_mask") if key in model_kwargs}
         if is_encoder_decoder and shared.get("encoder_outputs") is None:
             raise ValueError("If `is_encoder_decoder` is True, make sure that `encoder_outputs` is defined.")
