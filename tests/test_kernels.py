@@ -1,11 +1,15 @@
-"""The oneDNN path of VaswaniLinear (float32 on the CPU): the formula and its gradients, the same training step
-and the same decoding as the plain nn.Linear path, and weights packed only for the length of a generate() call."""
+"""The CPU fast paths: the oneDNN path of VaswaniLinear (float32) — the formula and its gradients, the same
+training step and the same decoding as the plain nn.Linear path, packed weights kept only while they are valid —
+and the eager product in decoding steps, which gives what SDPA gives."""
 
 import pytest
 import torch
 
 from conftest import random_ids, tiny_model
-from vaswani_hf.modeling_vaswani import VaswaniLinear, onednn_linear_applies
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from vaswani_hf import modeling_vaswani
+from vaswani_hf.modeling_vaswani import KEPT_PACKED_WEIGHTS, VaswaniLinear, onednn_linear_applies
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -67,16 +71,68 @@ def test_decoding_with_packed_weights_is_decoding_with_the_plain_path(monkeypatc
     torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
 
 
-def test_packed_weights_last_one_generate_call_and_never_go_stale(monkeypatch):
+def test_packed_weights_are_kept_between_calls_in_eval_mode_and_never_go_stale(monkeypatch):
     model, source = tiny_model(seed=6), random_ids(3, 8, seed=4)
     decode(model, source, monkeypatch, True)
-    assert not any("packed_weight" in vars(module) for module in model.modules())
+    assert not any("packed_weight" in vars(module) for module in model.modules())  # only during a call
+    kept = KEPT_PACKED_WEIGHTS[model.lm_head][3]
+    decode(model, source, monkeypatch, True)
+    assert KEPT_PACKED_WEIGHTS[model.lm_head][3] is kept  # packed once for both calls
 
     with torch.no_grad():  # change the weights in place between two calls: the second must use the new ones
         for module in model.modules():
             if isinstance(module, VaswaniLinear):
                 module.weight.mul_(-1.5)
     fast = decode(model, source, monkeypatch, True)
+    assert KEPT_PACKED_WEIGHTS[model.lm_head][3] is not kept
     plain = decode(model, source, monkeypatch, False)
     assert torch.equal(fast.sequences, plain.sequences)
     torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("release", [lambda model: model.train(), lambda model: model.double().float()],
+                         ids=["train()", "a dtype round trip"])
+def test_kept_packed_weights_are_freed_by_training_mode_and_by_new_weights(monkeypatch, release):
+    model = tiny_model(seed=6)
+    decode(model, random_ids(3, 8, seed=4), monkeypatch, True)
+    linear_layers = [module for module in model.modules() if isinstance(module, VaswaniLinear)]
+    assert all(module in KEPT_PACKED_WEIGHTS for module in linear_layers)
+    release(model)
+    assert not any(module in KEPT_PACKED_WEIGHTS for module in linear_layers)
+
+
+def test_generate_in_training_mode_keeps_no_packed_weights(monkeypatch):
+    model = tiny_model(seed=6).train()
+    decode(model, random_ids(3, 8, seed=4), monkeypatch, True)
+    assert not any(module in KEPT_PACKED_WEIGHTS for module in model.modules())
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_decoding_steps_take_the_eager_product_and_give_what_sdpa_gives(monkeypatch, num_beams):
+    """With the "sdpa" kernel, the encoder runs SDPA and every decoding step on the CPU the eager product; the
+    sequences and scores are those of SDPA throughout."""
+    model, source = tiny_model(seed=7), random_ids(3, 8, seed=5)
+    assert model.config._attn_implementation == "sdpa"
+    calls = []
+
+    def counting(name, kernel):
+        def counted(*args, **kwargs):
+            calls.append(name)
+            return kernel(*args, **kwargs)
+        return counted
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", counting("sdpa", ALL_ATTENTION_FUNCTIONS["sdpa"]))
+    monkeypatch.setattr(modeling_vaswani, "eager_attention_forward",
+                        counting("eager", modeling_vaswani.eager_attention_forward))
+    outputs = {}
+    for rows in (16, 0):
+        monkeypatch.setattr(modeling_vaswani, "EAGER_QUERY_ROWS_ON_CPU", rows)
+        calls.clear()
+        outputs[rows] = model.generate(source, num_beams=num_beams, max_new_tokens=10, output_scores=True,
+                                       return_dict_in_generate=True)
+        encoder_calls = calls[: model.config.num_layers]
+        decoder_calls = calls[model.config.num_layers:]
+        assert encoder_calls == ["sdpa"] * model.config.num_layers
+        assert set(decoder_calls) == {"eager" if rows else "sdpa"}
+    assert torch.equal(outputs[16].sequences, outputs[0].sequences)
+    torch.testing.assert_close(torch.stack(outputs[16].scores), torch.stack(outputs[0].scores), rtol=1e-5, atol=1e-5)

@@ -20,6 +20,7 @@ Deviations from the paper — this is the one list. By default there are none in
 
 import contextlib
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -159,13 +160,43 @@ class VaswaniLinear(nn.Linear):
             return onednn_matmul(input, packed, self.bias)
         return OneDNNLinearFunction.apply(input, self.weight, self.bias)
 
+    def train(self, mode: bool = True):
+        if mode:
+            KEPT_PACKED_WEIGHTS.pop(self, None)  # training will change the weights: free their packed copy
+        return super().train(mode)
+
+    def _apply(self, fn, recurse: bool = True):
+        KEPT_PACKED_WEIGHTS.pop(self, None)  # .to(), .half(), ...: the weight it was packed from is gone
+        return super()._apply(fn, recurse)
+
+
+# Packed copies of the weights kept from one generate() call to the next while the model stays in eval mode: each
+# module's entry is (its weight, the weight's version counter and data pointer, the packed copy), reused only while
+# the module has the same weight tensor with the same data, unchanged in place since it was packed.
+KEPT_PACKED_WEIGHTS: "weakref.WeakKeyDictionary[VaswaniLinear, tuple]" = weakref.WeakKeyDictionary()
+
+
+def packed_weight(module: VaswaniLinear) -> torch.Tensor:
+    """`module.weight` reordered into oneDNN's blocked layout: the kept copy if it is still that weight's, else a
+    new one."""
+    weight = module.weight
+    kept = KEPT_PACKED_WEIGHTS.get(module)
+    if kept is not None and kept[0]() is weight and kept[1:3] == (weight._version, weight.data_ptr()):
+        return kept[3]
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+    KEPT_PACKED_WEIGHTS[module] = (weakref.ref(weight), weight._version, weight.data_ptr(), packed)
+    return packed
+
 
 @contextlib.contextmanager
 def packed_weights(model: nn.Module):
     """Within the block, every `VaswaniLinear` of `model` on the CPU in float32 multiplies by a copy of its weight
-    reordered once into oneDNN's blocked layout, instead of reordering it at every call. `generate()` uses this:
-    decoding repeats small products with the same weights, and the weights cannot change during the call. Costs
-    a second copy of the weights for the duration of the block."""
+    reordered into oneDNN's blocked layout, instead of reordering it at every call. `generate()` uses this:
+    decoding repeats small products with the same weights, and the weights cannot change during the call.
+
+    The packed copies (a second copy of the weights) are kept for the next call while the model is in eval mode
+    — packing costs 5-10% of a beam search (README, Speed) — and are made again if a weight has changed since.
+    `model.train()` frees them, and so does the end of a block entered in train mode."""
     modules = [
         module
         for module in model.modules()
@@ -173,11 +204,13 @@ def packed_weights(model: nn.Module):
     ]
     try:
         for module in modules:
-            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None)
+            module.packed_weight = packed_weight(module)
         yield model
     finally:
         for module in modules:
             module.__dict__.pop("packed_weight", None)
+            if module.training:
+                KEPT_PACKED_WEIGHTS.pop(module, None)
 
 
 def eager_attention_forward(
@@ -190,9 +223,12 @@ def eager_attention_forward(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """§3.2.1 Scaled Dot-Product Attention: softmax(Q K^T / sqrt(d_k)) V, with an additive mask."""
+    """§3.2.1 Scaled Dot-Product Attention: softmax(Q K^T / sqrt(d_k)) V, with an additive mask or a boolean one
+    (True: attend), as transformers builds them for the eager and the SDPA kernels."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, h, T, S)
-    if attention_mask is not None:
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    elif attention_mask is not None:
         scores = scores + attention_mask
     weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
@@ -203,6 +239,12 @@ def eager_attention_forward(
 # Attention kernels that take a padding mask broadcast over any number of queries; flash attention's varlen path
 # would unpad a block of beams' queries by the source mask, so it gets one encoder row per decoder row.
 SHARED_SOURCE_KERNELS = ("eager", "sdpa")
+
+# torch's SDPA kernel for the CPU spends 50-200 µs per call on its set-up, more than the eager product takes for the
+# few query rows of a decoding step (`benchmarks/attention.py`). Decoding steps on the CPU with at most this many
+# query rows per attention block (beams sharing a source) therefore take the eager product when "sdpa" is chosen;
+# 0 turns this off.
+EAGER_QUERY_ROWS_ON_CPU = 16
 
 
 class VaswaniAttention(nn.Module):
@@ -266,8 +308,12 @@ class VaswaniAttention(nn.Module):
         group = batch_size // key.shape[0] if is_cross else 1  # query rows per source row (beams sharing it)
         if group > 1:  # (n·B, h, T, d_k) -> (B, h, n·T, d_k)
             query = query.unflatten(0, (-1, group)).transpose(1, 2).flatten(2, 3)
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
+        implementation = self.config._attn_implementation
+        eager_instead = implementation == "sdpa" and self.eager_is_faster(query, length)
+        attention_interface: Callable = (
+            eager_attention_forward
+            if eager_instead
+            else ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         )
         output, weights = attention_interface(
             self,
@@ -279,10 +325,25 @@ class VaswaniAttention(nn.Module):
             scaling=self.scaling,
             **kwargs,
         )
+        if eager_instead:
+            weights = None  # as from the SDPA kernel
         if group > 1 and weights is not None:  # (B, h, n·T, S) -> (n·B, h, T, S)
             weights = weights.unflatten(2, (group, length)).transpose(1, 2).flatten(0, 1)
         output = output.reshape(batch_size, length, -1).contiguous()  # (B, T, h * d_v); (B, n·T, ...) is (n·B, T, ...)
         return self.out_proj(output), weights
+
+
+    def eager_is_faster(self, query: torch.Tensor, length: int) -> bool:
+        """Whether this SDPA call is a decoding step on the CPU without gradient, which the eager product computes
+        faster: one new token per sequence, and in encoder-decoder attention at most `EAGER_QUERY_ROWS_ON_CPU` beams'
+        tokens in a block."""
+        return (
+            length == 1
+            and query.shape[2] <= EAGER_QUERY_ROWS_ON_CPU
+            and query.device.type == "cpu"
+            and not torch.is_grad_enabled()
+            and not is_torchdynamo_compiling()
+        )
 
 
 class VaswaniLayer(GradientCheckpointingLayer):

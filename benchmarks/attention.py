@@ -1,0 +1,55 @@
+"""torch's SDPA kernel against the eager product (`eager_attention_forward`) at the shapes of a decoding step on the
+CPU: why `VaswaniAttention` takes the eager product there (`EAGER_QUERY_ROWS_ON_CPU`).
+
+    python benchmarks/attention.py
+
+Shapes: 16 sources × 4 beams; self-attention of one new token over t cached ones, and encoder-decoder attention of
+a block of 4 beams' tokens over a 32-token source; the heads of the benchmark's small and base sizes (d_k 64).
+Printed: median microseconds per call and the ratio SDPA / eager.
+"""
+
+import argparse
+import statistics
+import time
+from types import SimpleNamespace
+
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+
+from vaswani_hf.modeling_vaswani import eager_attention_forward
+
+
+def microseconds(fn, repeats: int) -> float:
+    for _ in range(10):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    module = SimpleNamespace(training=False)
+    print("| heads | call | query rows × keys | SDPA µs | eager µs | SDPA / eager |")
+    print("|---:|---|---|---:|---:|---:|")
+    for heads in (4, 8):
+        for call, batch, rows, keys in (("self-attention, step 8", 64, 1, 8), ("self-attention, step 32", 64, 1, 32),
+                                        ("encoder-decoder, 4 beams", 16, 4, 32)):
+            query = torch.randn(batch, heads, rows, 64)
+            key, value = torch.randn(batch, heads, keys, 64), torch.randn(batch, heads, keys, 64)
+            mask = torch.ones(batch, 1, 1, keys, dtype=torch.bool)  # a padding mask, as transformers builds it
+            sdpa = microseconds(lambda: scaled_dot_product_attention(query, key, value, attn_mask=mask), args.repeats)
+            eager = microseconds(lambda: eager_attention_forward(module, query, key, value, mask, 64**-0.5),
+                                 args.repeats)
+            print(f"| {heads} | {call} | {batch}·{rows} × {keys} | {sdpa:.0f} | {eager:.0f} | {sdpa / eager:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
