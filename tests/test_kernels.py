@@ -9,7 +9,7 @@ from conftest import random_ids, tiny_model
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from vaswani_hf import modeling_vaswani
-from vaswani_hf.modeling_vaswani import KEPT_PACKED_WEIGHTS, VaswaniLinear, onednn_linear_applies
+from vaswani_hf.modeling_vaswani import KEPT_PACKED_WEIGHTS, VaswaniLinear, onednn_linear_applies, packed_weights
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -88,6 +88,18 @@ def test_packed_weights_are_kept_between_calls_in_eval_mode_and_never_go_stale(m
     plain = decode(model, source, monkeypatch, False)
     assert torch.equal(fast.sequences, plain.sequences)
     torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
+
+
+def test_packed_weight_blocks_nest():
+    """A decoding loop inside another (the GNMT search inside generate(), inside the translator) leaves the outer
+    block's packed weights in place when it ends."""
+    model = tiny_model(seed=6)
+    with packed_weights(model):
+        outer = model.lm_head.packed_weight
+        with packed_weights(model):
+            assert model.lm_head.packed_weight is outer
+        assert model.lm_head.packed_weight is outer
+    assert "packed_weight" not in vars(model.lm_head)
 
 
 @pytest.mark.parametrize("release", [lambda model: model.train(), lambda model: model.double().float()],

@@ -16,6 +16,9 @@ of probability 1e-3 beats a 25-token translation with log P < -18 at α = 0.6). 
 This file travels to the Hub beside the model: it imports only torch and transformers.
 """
 
+import contextlib
+import functools
+
 import torch
 
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -26,7 +29,20 @@ def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | tor
     return ((5 + length) / 6) ** alpha
 
 
+def with_packed_weights(search):
+    """The model's weights reordered once for the whole search, where the model offers that (`packed_weights`, the
+    oneDNN path of vaswani_hf's linear layers)."""
+
+    @functools.wraps(search)
+    def packed_search(model, *args, **kwargs):
+        with getattr(model, "packed_weights", contextlib.nullcontext)():
+            return search(model, *args, **kwargs)
+
+    return packed_search
+
+
 @torch.no_grad()
+@with_packed_weights
 def gnmt_beam_search(
     model,
     input_ids: torch.LongTensor,
@@ -109,8 +125,10 @@ def gnmt_beam_search(
     return finished[:, : int(finished_lengths.max())]
 
 
+# trust_remote_code is among them: a caller may pass it to `generate` of a model loaded with it (the search is then
+# already the loaded remote code).
 PAPER_SEARCH_ARGUMENTS = {"input_ids", "inputs", "attention_mask", "num_beams", "max_new_tokens", "min_new_tokens",
-                          "alpha"}
+                          "alpha", "trust_remote_code"}
 # Arguments that callers such as pipelines pass with the values the search uses anyway.
 CONFIG_ECHOES = ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "early_stopping")
 

@@ -196,11 +196,14 @@ def packed_weights(model: nn.Module):
 
     The packed copies (a second copy of the weights) are kept for the next call while the model is in eval mode
     — packing costs 5-10% of a beam search (README, Speed) — and are made again if a weight has changed since.
-    `model.train()` frees them, and so does the end of a block entered in train mode."""
+    `model.train()` frees them, and so does the end of a block entered in train mode. Blocks nest: an inner block
+    leaves the weights of an outer one as they are."""
     modules = [
         module
         for module in model.modules()
-        if isinstance(module, VaswaniLinear) and onednn_linear_applies(module.weight)
+        if isinstance(module, VaswaniLinear)
+        and onednn_linear_applies(module.weight)
+        and "packed_weight" not in vars(module)
     ]
     try:
         for module in modules:
@@ -871,8 +874,13 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             mask = kwargs.get("attention_mask")
             source_length = int(mask.sum(-1).max()) if mask is not None and mask.dim() == 2 else source.shape[-1]
             kwargs["max_new_tokens"] = source_length + EXTRA_OUTPUT_LENGTH
-        with packed_weights(self):
+        with self.packed_weights():
             return super().generate(inputs, generation_config=generation_config, **kwargs)
+
+    def packed_weights(self) -> contextlib.AbstractContextManager:
+        """`packed_weights(self)`: the weights reordered once for a decoding loop. `generate()` enters it, and so does
+        the GNMT search (`gnmt.py`), which `generate` of a model loaded with `trust_remote_code=True` calls directly."""
+        return packed_weights(self)
 
 
 __all__ = ["VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel"]

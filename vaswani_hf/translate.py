@@ -18,7 +18,6 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from .gnmt import gnmt_beam_search
-from .modeling_vaswani import packed_weights
 from .quantization import quantize_int8
 
 
@@ -53,15 +52,14 @@ def translate(model, tokenizer, sources: list[str], batch_size: int = 64, num_be
     device = next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     translations = [""] * len(sources)
-    with packed_weights(model):  # the weights reordered once for all batches, as in generate()
-        for start in range(0, len(order), batch_size):
-            indices = [i for i in order[start : start + batch_size] if sources[i].strip()]
-            if not indices:
-                continue
-            inputs = tokenizer([sources[i] for i in indices], padding=True, return_tensors="pt").to(device)
-            output = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha)
-            for i, text in zip(indices, tokenizer.batch_decode(output, skip_special_tokens=True)):
-                translations[i] = text
+    for start in range(0, len(order), batch_size):
+        indices = [i for i in order[start : start + batch_size] if sources[i].strip()]
+        if not indices:
+            continue
+        inputs = tokenizer([sources[i] for i in indices], padding=True, return_tensors="pt").to(device)
+        output = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha)
+        for i, text in zip(indices, tokenizer.batch_decode(output, skip_special_tokens=True)):
+            translations[i] = text
     return translations
 
 
