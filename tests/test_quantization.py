@@ -7,6 +7,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from conftest import random_ids, tiny_model
 from vaswani_hf import quantize_int8
+from vaswani_hf.quantization import Int8Linear, full_range_activations
 from vaswani_hf.modeling_vaswani import VaswaniLinear
 
 
@@ -31,3 +32,40 @@ def test_int8_logits_follow_the_float32_logits():
     relative_error = (int8 - reference).norm() / reference.norm()
     assert relative_error < 0.03, relative_error
     assert (int8.argmax(-1) == reference.argmax(-1)).float().mean() > 0.9
+
+
+def test_activations_get_8_bits_where_the_cpu_has_vnni_and_never_saturate():
+    """The worst case for the products: every activation and every weight at the top of its range. With 8-bit
+    activations and fbgemm's 16-bit pair sums (no VNNI) the result would be about half of the right one."""
+    model = tiny_model()
+    quantized = quantize_int8(model)
+    layers = [module for module in quantized.modules() if isinstance(module, DynamicQuantizedLinear)]
+    assert {type(module) for module in layers} == {Int8Linear if full_range_activations() else DynamicQuantizedLinear}
+
+    linear = nn.Linear(512, 4, bias=False)
+    with torch.no_grad():
+        linear.weight.fill_(1.0)
+        linear.weight[1] = -1.0
+    layer = quantize_int8(nn.Sequential(linear))[0]
+    x = torch.ones(3, 512)
+    x[:, 0] = 0.0  # activations in [0, 1]: all but one at the top of the range
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), linear(x), rtol=0.01, atol=0.0)
+
+
+def test_8_bit_activations_halve_the_error_of_7_bit_ones():
+    """What the 8th bit buys, on a ReLU output (the input of the FFN's second layer)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 256)
+    x = torch.relu(torch.randn(64, 256))  # FFN-like: non-negative, skewed
+    seven_bit = torch.ao.quantization.quantize_dynamic(
+        nn.Sequential(linear), {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8
+    )[0]
+    eight_bit = torch.ao.quantization.quantize_dynamic(
+        nn.Sequential(linear), {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8
+    )[0]
+    eight_bit.__class__ = Int8Linear
+    with torch.no_grad():
+        reference = linear(x)
+        errors = [(layer(x) - reference).norm() / reference.norm() for layer in (seven_bit, eight_bit)]
+    assert errors[1] < 0.6 * errors[0], errors

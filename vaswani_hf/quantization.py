@@ -5,6 +5,11 @@ projection) by an int8 one: weights quantized once, per output channel; activati
 they arrive; products accumulated in int32 by fbgemm. The embeddings, LayerNorms and softmaxes stay float32.
 Decoding streams a quarter of the weight bytes, which is what bounds its speed on a CPU (README, Speed).
 
+Activations get all 8 bits on CPUs with VNNI (`Int8Linear`); torch's layer keeps them to 7 bits everywhere, because
+without VNNI fbgemm adds pairs of 8-bit products in 16 bits, which can saturate. The 7th bit matters: on the
+cpu-medium Multi30k model, test2016 sacreBLEU is 35.39 with 8-bit activations and 34.82 with 7-bit ones, against
+35.36 in float32 (README, Speed).
+
 The copy is for `generate()` and the translator, not for training or `save_pretrained`: its output projection
 no longer shares storage with the embedding.
 """
@@ -14,6 +19,21 @@ import warnings
 
 import torch
 from torch import nn
+
+
+class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
+    """torch's dynamic int8 linear layer with activations quantized to 8 bits rather than 7 (`reduce_range=False`):
+    for CPUs with VNNI, whose int8 products accumulate in 32 bits."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(input, self._packed_params._packed_params, reduce_range=False).to(
+            input.dtype
+        )
+
+
+def full_range_activations() -> bool:
+    """Whether this CPU multiplies 8-bit activations without saturating: it has VNNI (AVX512-VNNI)."""
+    return getattr(torch.cpu, "_is_vnni_supported", lambda: False)()
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -28,6 +48,11 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         # torch marks torch.ao.quantization deprecated (torchao is the successor); it works in the pinned 2.13.
         warnings.filterwarnings("ignore", message=".*quantize_per_(tensor|channel).*deprecated", category=UserWarning)
         warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
-        return torch.ao.quantization.quantize_dynamic(
+        torch.ao.quantization.quantize_dynamic(
             quantized, {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
         )
+    if full_range_activations():
+        for module in quantized.modules():
+            if type(module) is torch.ao.nn.quantized.dynamic.Linear:
+                module.__class__ = Int8Linear
+    return quantized
