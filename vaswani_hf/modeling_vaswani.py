@@ -335,7 +335,6 @@ class VaswaniAttention(nn.Module):
         output = output.reshape(batch_size, length, -1).contiguous()  # (B, T, h * d_v); (B, n·T, ...) is (n·B, T, ...)
         return self.out_proj(output), weights
 
-
     def eager_is_faster(self, query: torch.Tensor, length: int) -> bool:
         """Whether this SDPA call is a decoding step on the CPU without gradient, which the eager product computes
         faster: one new token per sequence, and in encoder-decoder attention at most `EAGER_QUERY_ROWS_ON_CPU` beams'
