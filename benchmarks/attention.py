@@ -9,25 +9,13 @@ Printed: median microseconds per call and the ratio SDPA / eager.
 """
 
 import argparse
-import statistics
-import time
 from types import SimpleNamespace
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from matmul import seconds  # this folder's median timer
 from vaswani_hf.modeling_vaswani import eager_attention_forward
-
-
-def microseconds(fn, repeats: int) -> float:
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def main():
@@ -45,9 +33,8 @@ def main():
             query = torch.randn(batch, heads, rows, 64)
             key, value = torch.randn(batch, heads, keys, 64), torch.randn(batch, heads, keys, 64)
             mask = torch.ones(batch, 1, 1, keys, dtype=torch.bool)  # a padding mask, as transformers builds it
-            sdpa = microseconds(lambda: scaled_dot_product_attention(query, key, value, attn_mask=mask), args.repeats)
-            eager = microseconds(lambda: eager_attention_forward(module, query, key, value, mask, 64**-0.5),
-                                 args.repeats)
+            sdpa = seconds(lambda: scaled_dot_product_attention(query, key, value, attn_mask=mask), args.repeats) * 1e6
+            eager = seconds(lambda: eager_attention_forward(module, query, key, value, mask, 64**-0.5), args.repeats) * 1e6
             print(f"| {heads} | {call} | {batch}·{rows} × {keys} | {sdpa:.0f} | {eager:.0f} | {sdpa / eager:.2f}x |")
 
 

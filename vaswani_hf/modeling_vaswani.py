@@ -243,8 +243,9 @@ def eager_attention_forward(
 # would unpad a block of beams' queries by the source mask, so it gets one encoder row per decoder row.
 SHARED_SOURCE_KERNELS = ("eager", "sdpa")
 
-# torch's SDPA kernel for the CPU takes 1.2-2.5x the eager product's time for the few query rows of a decoding step:
-# a fixed cost per call (`benchmarks/attention.py`, README, Speed). Decoding steps on the CPU with at most this many
+# torch's SDPA kernel for the CPU has a fixed cost per call that the few query rows of a decoding step do not repay:
+# 2.0-2.8x the eager product's time for a block of beams over the source, 0.95-1.5x for one token's self-attention
+# (`benchmarks/attention.py`, README, Speed). Decoding steps on the CPU with at most this many
 # query rows per attention block (beams sharing a source) therefore take the eager product when "sdpa" is chosen;
 # 0 turns this off.
 EAGER_QUERY_ROWS_ON_CPU = 16
