@@ -6,6 +6,7 @@ interleaved in one process; CTranslate2 runs the same Marian model, converted, w
 
     python benchmarks/speed.py                   # both sizes, 2 threads
     python benchmarks/speed.py --sizes small --repeats 3
+    python benchmarks/speed.py --keep-freed-memory  # glibc keeps freed memory for reuse (allocator.py), both models
 
 Printed per size: medians of
   * training tokens/s: forward + backward + Adam step on 64 pairs of 32 source + 32 target tokens
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 from transformers import MarianConfig, MarianMTModel
 
-from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, quantize_int8
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, keep_freed_memory, quantize_int8
 
 
 SIZES = {
@@ -193,8 +194,12 @@ def main():
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="vaswani_hf.keep_freed_memory() for the whole process, as vaswani-translate and training run")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.keep_freed_memory:
+        keep_freed_memory()
     for label in args.sizes:
         run_size(label, SIZES[label], args.repeats, args.threads)
 

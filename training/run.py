@@ -43,7 +43,7 @@ from training.hub import write_output_folder  # noqa: E402
 from training.loss import label_smoothed_nll  # noqa: E402
 from training.schedule import paper_optimizer  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
-from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration  # noqa: E402
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, keep_freed_memory  # noqa: E402
 from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
 
 PRESETS = Path(__file__).resolve().parent / "presets"
@@ -196,8 +196,9 @@ def main():
         mixed_precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if use_gpu else "no"
     accelerator = Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision, log_with="tensorboard",
                               project_dir=str(output_dir))
-    if not use_gpu:  # share the cores among the processes
+    if not use_gpu:  # share the cores among the processes; keep freed memory for the next step (allocator.py)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // accelerator.num_processes))
+        keep_freed_memory()
     set_seed(args.seed)
     say = accelerator.print
 

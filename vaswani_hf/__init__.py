@@ -9,6 +9,7 @@ refuses the task name "translation" unless it comes from a model folder's config
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
+from .allocator import keep_freed_memory
 from .configuration_vaswani import VaswaniConfig
 from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
 from .pipeline_vaswani import TranslationPipeline
@@ -28,4 +29,4 @@ def register() -> None:
 
 register()
 
-__all__ = ["TranslationPipeline", "quantize_int8", "VaswaniConfig", "VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel", "register"]
+__all__ = ["TranslationPipeline", "keep_freed_memory", "quantize_int8", "VaswaniConfig", "VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel", "register"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from .allocator import keep_freed_memory
 from .gnmt import gnmt_beam_search
 from .quantization import quantize_int8
 
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.input and not Path(args.input).is_file():
         raise SystemExit(f"error: --input {args.input}: no such file")
 
+    keep_freed_memory()  # the decoding steps reuse the (beams x vocabulary) blocks they free (allocator.py)
     model, tokenizer = load(args.model, args.device, args.int8)
     text = Path(args.input).read_text(encoding="utf-8") if args.input else sys.stdin.read()
     sources = text.splitlines()

@@ -1,0 +1,111 @@
+"""Where a beam-4 `generate()` call of speed.py spends its time, ours against MarianMTModel, and what a target
+ratio leaves for our decoder.
+
+    python benchmarks/beam_budget.py                 # small size, target 1.9x
+    python benchmarks/beam_budget.py --size base
+    python benchmarks/beam_budget.py --keep-freed-memory   # glibc keeps freed memory for reuse (allocator.py)
+
+For each model, interleaved in one process (median of --repeats calls each):
+  * the real call (16 sources of 32 tokens, 32 new tokens, beam 4, as in speed.py);
+  * the same call with a decoder that costs nothing (its forward returns fixed logits): transformers' beam-search
+    loop, its logits processors and the encoder — the floor no decoder can go below;
+and for ours the decoder's linear products alone, back to back with nothing between them (packed weights, 64
+rows: 16 sources x 4 beams, 32 steps) — the floor of our decoder's arithmetic. The budget is what the target
+ratio leaves for our 32 decoder steps: Marian's call / target - our loop floor.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers.modeling_outputs import Seq2SeqLMOutput
+
+from vaswani_hf import keep_freed_memory
+
+from speed import GENERATE_BATCH, NEW_TOKENS, SIZES, SOURCE_LENGTH, build, generate, random_tokens
+
+
+BEAMS = 4
+
+
+def median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def decoder_products_ms(model, vocab_size: int, repeats: int) -> float:
+    """32 steps of our decoder's linear products on 64 rows, back to back."""
+    rows = GENERATE_BATCH * BEAMS
+    layers = [layer for decoder_layer in model.model.decoder.layers for layer in (
+        decoder_layer.self_attn.q_proj, decoder_layer.self_attn.k_proj, decoder_layer.self_attn.v_proj,
+        decoder_layer.self_attn.out_proj, decoder_layer.encoder_attn.q_proj, decoder_layer.encoder_attn.out_proj,
+        decoder_layer.fc1, decoder_layer.fc2)] + [model.lm_head]
+    inputs = [torch.randn(rows, 1, layer.in_features) for layer in layers]
+
+    def steps():
+        for _ in range(NEW_TOKENS):
+            for layer, x in zip(layers, inputs):
+                layer(x)
+
+    with torch.no_grad(), model.packed_weights():
+        steps()
+        return median_ms(steps, repeats)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=list(SIZES), default="small")
+    parser.add_argument("--target", type=float, default=1.9)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--keep-freed-memory", action="store_true", help="vaswani_hf.keep_freed_memory() first")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.keep_freed_memory:
+        keep_freed_memory()
+    size = SIZES[args.size]
+    models = {name: build(name, size).eval() for name in ("marian", "ours")}
+    free_logits = torch.randn(GENERATE_BATCH * BEAMS, 1, size["vocab_size"])
+
+    def free_forward(self, *args, past_key_values=None, **kwargs):
+        return Seq2SeqLMOutput(logits=free_logits.clone(), past_key_values=past_key_values)
+
+    timings = {}
+    for repeat in range(args.repeats + 1):  # the first round warms up
+        prompt = random_tokens(GENERATE_BATCH, SOURCE_LENGTH, size["vocab_size"], 1000 + repeat)
+        for name, model in models.items():
+            for label in ("call", "loop"):
+                model_class = type(model)
+                real_forward = model_class.forward
+                if label == "loop":
+                    model_class.forward = free_forward
+                start = time.perf_counter()
+                generate(model, prompt, BEAMS)
+                model_class.forward = real_forward
+                if repeat:
+                    timings.setdefault((name, label), []).append(1000 * (time.perf_counter() - start))
+    ms = {key: statistics.median(values) for key, values in timings.items()}
+    products = decoder_products_ms(models["ours"], size["vocab_size"], args.repeats)
+    budget = ms["marian", "call"] / args.target - ms["ours", "loop"]
+
+    print(f"\n**{args.size}**, beam {BEAMS}, {args.threads} threads, median ms of {args.repeats}\n")
+    print("| | MarianMTModel | ours |\n|---|---:|---:|")
+    print(f"| generate() call | {ms['marian', 'call']:.0f} | {ms['ours', 'call']:.0f} |")
+    print(f"| loop floor: the call with a decoder that costs nothing | {ms['marian', 'loop']:.0f} | "
+          f"{ms['ours', 'loop']:.0f} |")
+    print(f"| 32 decoder steps (call - loop floor) | {ms['marian', 'call'] - ms['marian', 'loop']:.0f} | "
+          f"{ms['ours', 'call'] - ms['ours', 'loop']:.0f} |")
+    print(f"| their linear products alone | | {products:.0f} |")
+    print(f"\nours / Marian: {ms['marian', 'call'] / ms['ours', 'call']:.2f}x. For {args.target}x our 32 decoder "
+          f"steps may take {budget:.0f} ms ({budget - products:.0f} ms beside the linear products); they take "
+          f"{ms['ours', 'call'] - ms['ours', 'loop']:.0f} ms ({ms['ours', 'call'] - ms['ours', 'loop'] - products:.0f}"
+          " ms beside them).")
+
+
+if __name__ == "__main__":
+    main()
