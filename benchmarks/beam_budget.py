@@ -9,12 +9,14 @@ For each model, interleaved in one process (median of --repeats calls each):
   * the real call (16 sources of 32 tokens, 32 new tokens, beam 4, as in speed.py);
   * the same call with a decoder that costs nothing (its forward returns fixed logits): transformers' beam-search
     loop, its logits processors and the encoder — the floor no decoder can go below;
+  * the page faults of the real call;
 and for ours the decoder's linear products alone, back to back with nothing between them (packed weights, 64
 rows: 16 sources x 4 beams, 32 steps) — the floor of our decoder's arithmetic. The budget is what the target
 ratio leaves for our 32 decoder steps: Marian's call / target - our loop floor.
 """
 
 import argparse
+import resource
 import statistics
 import time
 
@@ -23,22 +25,14 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from vaswani_hf import keep_freed_memory
 
+from matmul import seconds  # this folder's median timer
 from speed import GENERATE_BATCH, NEW_TOKENS, SIZES, SOURCE_LENGTH, build, generate, random_tokens
 
 
 BEAMS = 4
 
 
-def median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
-
-
-def decoder_products_ms(model, vocab_size: int, repeats: int) -> float:
+def decoder_products_ms(model, repeats: int) -> float:
     """32 steps of our decoder's linear products on 64 rows, back to back."""
     rows = GENERATE_BATCH * BEAMS
     layers = [layer for decoder_layer in model.model.decoder.layers for layer in (
@@ -53,8 +47,11 @@ def decoder_products_ms(model, vocab_size: int, repeats: int) -> float:
                 layer(x)
 
     with torch.no_grad(), model.packed_weights():
-        steps()
-        return median_ms(steps, repeats)
+        return 1000 * seconds(steps, repeats)
+
+
+def page_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def main():
@@ -75,22 +72,25 @@ def main():
     def free_forward(self, *args, past_key_values=None, **kwargs):
         return Seq2SeqLMOutput(logits=free_logits.clone(), past_key_values=past_key_values)
 
-    timings = {}
+    timings, faults = {}, {}
     for repeat in range(args.repeats + 1):  # the first round warms up
         prompt = random_tokens(GENERATE_BATCH, SOURCE_LENGTH, size["vocab_size"], 1000 + repeat)
         for name, model in models.items():
             for label in ("call", "loop"):
-                model_class = type(model)
-                real_forward = model_class.forward
+                real_forward = type(model).forward
                 if label == "loop":
-                    model_class.forward = free_forward
-                start = time.perf_counter()
-                generate(model, prompt, BEAMS)
-                model_class.forward = real_forward
+                    type(model).forward = free_forward
+                start, faults_before = time.perf_counter(), page_faults()
+                try:
+                    generate(model, prompt, BEAMS)
+                finally:
+                    type(model).forward = real_forward
                 if repeat:
                     timings.setdefault((name, label), []).append(1000 * (time.perf_counter() - start))
+                    faults.setdefault((name, label), []).append(page_faults() - faults_before)
     ms = {key: statistics.median(values) for key, values in timings.items()}
-    products = decoder_products_ms(models["ours"], size["vocab_size"], args.repeats)
+    steps = {name: ms[name, "call"] - ms[name, "loop"] for name in models}
+    products = decoder_products_ms(models["ours"], args.repeats)
     budget = ms["marian", "call"] / args.target - ms["ours", "loop"]
 
     print(f"\n**{args.size}**, beam {BEAMS}, {args.threads} threads, median ms of {args.repeats}\n")
@@ -98,13 +98,13 @@ def main():
     print(f"| generate() call | {ms['marian', 'call']:.0f} | {ms['ours', 'call']:.0f} |")
     print(f"| loop floor: the call with a decoder that costs nothing | {ms['marian', 'loop']:.0f} | "
           f"{ms['ours', 'loop']:.0f} |")
-    print(f"| 32 decoder steps (call - loop floor) | {ms['marian', 'call'] - ms['marian', 'loop']:.0f} | "
-          f"{ms['ours', 'call'] - ms['ours', 'loop']:.0f} |")
+    print(f"| 32 decoder steps (call - loop floor) | {steps['marian']:.0f} | {steps['ours']:.0f} |")
     print(f"| their linear products alone | | {products:.0f} |")
+    print(f"| page faults per call (median) | {statistics.median(faults['marian', 'call']):,.0f} | "
+          f"{statistics.median(faults['ours', 'call']):,.0f} |")
     print(f"\nours / Marian: {ms['marian', 'call'] / ms['ours', 'call']:.2f}x. For {args.target}x our 32 decoder "
           f"steps may take {budget:.0f} ms ({budget - products:.0f} ms beside the linear products); they take "
-          f"{ms['ours', 'call'] - ms['ours', 'loop']:.0f} ms ({ms['ours', 'call'] - ms['ours', 'loop'] - products:.0f}"
-          " ms beside them).")
+          f"{steps['ours']:.0f} ms ({steps['ours'] - products:.0f} ms beside them).")
 
 
 if __name__ == "__main__":
