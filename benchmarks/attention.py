@@ -1,5 +1,5 @@
 """torch's SDPA kernel against the eager product (`eager_attention_forward`) at the shapes of a decoding step on the
-CPU: why `VaswaniAttention` takes the eager product there (`EAGER_QUERY_ROWS_ON_CPU`).
+CPU: the two candidates among which the "vaswani_measured" attention kernel chooses by measurement (kernels.py).
 
     python benchmarks/attention.py
 
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from matmul import seconds  # this folder's median timer
+from matmul import cpu_model, seconds  # this folder's
 from vaswani_hf.modeling_vaswani import eager_attention_forward
 
 
@@ -25,6 +25,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     module = SimpleNamespace(training=False)
+    print(f"{cpu_model()}; median µs per call\n")
     print("| heads | call | query rows × keys | SDPA µs | eager µs | SDPA / eager |")
     print("|---:|---|---|---:|---:|---:|")
     for heads in (4, 8):

@@ -7,6 +7,7 @@ interleaved in one process; CTranslate2 runs the same Marian model, converted, w
     python benchmarks/speed.py                   # both sizes, 2 threads
     python benchmarks/speed.py --sizes small --repeats 3
     python benchmarks/speed.py --keep-freed-memory  # glibc keeps freed memory for reuse (allocator.py), both models
+    python benchmarks/speed.py --kernels torch,sdpa  # force our kernels instead of measuring (vaswani_hf/kernels.py)
 
 Printed per size: medians of
   * training tokens/s: forward + backward + Adam step on 64 pairs of 32 source + 32 target tokens
@@ -14,7 +15,7 @@ Printed per size: medians of
   * greedy and beam-4 `generate()` tokens/s: 16 sources of 32 tokens, exactly 32 new tokens each;
   * peak memory allocated by a training step above the weights and the optimizer state;
   * the same generation with our int8 copy (`vaswani_hf.quantize_int8`) against Marian in float32;
-and the ratio ours / Marian.
+and the ratio ours / Marian; then the CPU model and the kernels our model chose by measurement on it.
 """
 
 import argparse
@@ -28,6 +29,9 @@ from torch import nn
 from transformers import MarianConfig, MarianMTModel
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, keep_freed_memory, quantize_int8
+from vaswani_hf.kernels import KERNELS
+
+from matmul import cpu_model  # this folder's
 
 
 SIZES = {
@@ -194,14 +198,20 @@ def main():
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kernels", default="", help="comma-separated kernel names to force (VASWANI_KERNELS)")
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="vaswani_hf.keep_freed_memory() for the whole process, as vaswani-translate and training run")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.keep_freed_memory:
         keep_freed_memory()
+    if args.kernels:
+        KERNELS.force(*args.kernels.split(","))
+    print(f"CPU: {cpu_model()}")
     for label in args.sizes:
         run_size(label, SIZES[label], args.repeats, args.threads)
+    print(f"\nKernels of our model (shape classes per kind of product): {KERNELS.summary()}"
+          + (f"; forced: {', '.join(KERNELS.forced)}" if KERNELS.forced else ""))
 
 
 if __name__ == "__main__":

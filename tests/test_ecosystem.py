@@ -93,7 +93,7 @@ def test_the_folder_declares_its_pipeline_and_code(translation_folder):
     config = json.loads((translation_folder / "config.json").read_text())
     assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_vaswani.TranslationPipeline"
     assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_vaswani.VaswaniForConditionalGeneration"
-    for name in ("configuration_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py"):
+    for name in ("configuration_vaswani.py", "modeling_vaswani.py", "kernels.py", "pipeline_vaswani.py"):
         assert (translation_folder / name).is_file(), name
 
 
@@ -116,7 +116,7 @@ def uploaded_files(folder: Path, ignore_patterns) -> set[str]:
 
 
 EXPECTED_UPLOAD = {"model.safetensors", "config.json", "generation_config.json", "configuration_vaswani.py",
-                   "modeling_vaswani.py", "pipeline_vaswani.py", "tokenizer.json", "tokenizer_config.json",
+                   "modeling_vaswani.py", "kernels.py", "pipeline_vaswani.py", "tokenizer.json", "tokenizer_config.json",
                    "README.md", "custom_generate/generate.py"}
 
 
@@ -167,7 +167,7 @@ def test_model_push_to_hub_sends_weights_code_config_and_generation_config(tmp_p
     monkeypatch.setattr(huggingface_hub.HfApi, "create_commit", fake_create_commit)
     tiny_model().push_to_hub("org/tiny")
     assert {"model.safetensors", "config.json", "generation_config.json", "configuration_vaswani.py",
-            "modeling_vaswani.py", "pipeline_vaswani.py"} <= set(sent)
+            "modeling_vaswani.py", "kernels.py", "pipeline_vaswani.py"} <= set(sent)
     config = json.loads(sent["config.json"])
     assert "custom_pipelines" in config and "auto_map" in config
     assert TOKEN not in sent["config.json"]

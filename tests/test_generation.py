@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-from transformers import AttentionInterface, EncoderDecoderCache, GenerationMixin
+from transformers import AttentionInterface, EncoderDecoderCache
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_outputs import BaseModelOutput
 
 from conftest import BOS, EOS, PAD, random_ids, tiny_model
-from vaswani_hf import VaswaniForConditionalGeneration
 
 
 def padded_sources():
@@ -139,19 +139,85 @@ def test_beams_attending_to_one_encoder_row_equal_beams_attending_to_repeated_ro
             torch.testing.assert_close(ours, reference)
 
 
-def test_beam_search_keeps_one_encoder_row_per_source_and_finds_the_same_hypotheses(trained_model, monkeypatch):
-    """generate() does not repeat the encoder output for each beam (the cross-attention cache holds one row per
-    source), and its beams, scores and sequences are those of transformers' repeated layout."""
+def assert_same_cache(cache: EncoderDecoderCache, reference: EncoderDecoderCache):
+    for part in ("self_attention_cache", "cross_attention_cache"):
+        for layer, expected in zip(getattr(cache, part).layers, getattr(reference, part).layers, strict=True):
+            torch.testing.assert_close(layer.keys, expected.keys, msg=part)
+            torch.testing.assert_close(layer.values, expected.values, msg=part)
+
+
+def in_repeated_layout(model):
+    """A copy of `model` whose generate() repeats the encoder output once per beam, as transformers lays it out:
+    its attention kernel is SDPA under another name, outside SHARED_SOURCE_KERNELS."""
+    AttentionInterface.register("sdpa_repeated_rows", sdpa_attention_forward)
+    AttentionMaskInterface.register("sdpa_repeated_rows", sdpa_mask)
+    copy = tiny_model()  # the trained model's configuration
+    copy.load_state_dict(model.state_dict())
+    copy.set_attn_implementation("sdpa_repeated_rows")
+    return copy
+
+
+def test_beam_search_computes_one_encoder_row_per_source_and_returns_transformers_layout(trained_model):
+    """Within generate() the cross-attention keys and values are computed once per source (3 rows, not 12); the
+    beams, scores and the returned cache are those of transformers' repeated layout, one row per sequence."""
     source, mask = padded_sources()
     decoding = {**BEAM_4, "num_return_sequences": 2, "return_dict_in_generate": True, "output_scores": True}
+    rows = []
+    hook = trained_model.model.decoder.layers[0].encoder_attn.k_proj.register_forward_hook(
+        lambda module, args, output: rows.append(args[0].shape[0]))
     shared = trained_model.generate(source, attention_mask=mask, **decoding)
-    monkeypatch.setattr(VaswaniForConditionalGeneration, "_expand_inputs_for_generation",
-                        GenerationMixin._expand_inputs_for_generation)
-    repeated = trained_model.generate(source, attention_mask=mask, **decoding)
-    assert shared.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 3
-    assert repeated.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 12
+    hook.remove()
+    repeated = in_repeated_layout(trained_model).generate(source, attention_mask=mask, **decoding)
+    assert rows == [3]
     assert torch.equal(shared.sequences, repeated.sequences)
     torch.testing.assert_close(shared.sequences_scores, repeated.sequences_scores)
+    assert shared.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 12
+    assert_same_cache(shared.past_key_values, repeated.past_key_values)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_generation_continues_from_the_cache_it_returned(trained_model, num_beams):
+    """Greedy: 3 tokens, then 1 more from the returned cache, is 4 tokens in one go (tokens, scores, cache), as
+    transformers' `test_generate_continue_from_past_key_values` checks. Beam search starts afresh in each call, so
+    its continuation is compared with the same continuation in transformers' repeated layout instead."""
+    source, mask = padded_sources()
+    prompt = random_ids(3, 5, seed=4)  # a decoder prompt with its mask, as transformers' check gives them
+    prompt[:, 0] = BOS
+    decoding = {"num_beams": num_beams, "return_dict_in_generate": True, "output_logits": True, "eos_token_id": -1}
+
+    def continued(model):
+        first = model.generate(source, attention_mask=mask, decoder_input_ids=prompt, max_new_tokens=3,
+                               decoder_attention_mask=torch.ones_like(prompt), **decoding)
+        then = model.generate(source, attention_mask=mask, decoder_input_ids=first.sequences,
+                              decoder_attention_mask=torch.ones_like(first.sequences),
+                              past_key_values=first.past_key_values, max_new_tokens=1, **decoding)
+        return first, then
+
+    first, then = continued(trained_model)
+    if num_beams == 1:
+        at_once = trained_model.generate(source, attention_mask=mask, decoder_input_ids=prompt, max_new_tokens=4,
+                                         decoder_attention_mask=torch.ones_like(prompt), **decoding)
+        torch.testing.assert_close(torch.stack(first.logits + then.logits), torch.stack(at_once.logits))
+    else:
+        at_once = continued(in_repeated_layout(trained_model))[1]
+    assert torch.equal(then.sequences, at_once.sequences)
+    assert_same_cache(then.past_key_values, at_once.past_key_values)
+
+
+def test_a_static_cache_and_a_compiled_forward_decode_as_the_dynamic_cache(trained_model):
+    """transformers compiles the forward of greedy decoding with a static cache (`CompileConfig`, here on the CPU
+    too), as its `test_generate_compile_model_forward_fullgraph` checks; the tokens are the dynamic cache's."""
+    from transformers import CompileConfig
+
+    source, mask = padded_sources()
+    compile_config = CompileConfig(fullgraph=True, dynamic=False)
+    compile_config._compile_all_devices = True  # transformers compiles on accelerators only, unless told
+    model = tiny_model(seed=1).eval()
+    model.load_state_dict(trained_model.state_dict())
+    static = model.generate(source, attention_mask=mask, **GREEDY, cache_implementation="static",
+                            compile_config=compile_config)
+    assert "_compiled_call" in vars(model)  # transformers compiled the forward (fullgraph: no graph break)
+    assert torch.equal(static, trained_model.generate(source, attention_mask=mask, **GREEDY))
 
 
 def test_other_attention_kernels_get_one_encoder_row_per_beam():
@@ -165,5 +231,5 @@ def test_other_attention_kernels_get_one_encoder_row_per_beam():
     out = model.generate(source, **BEAM_4, return_dict_in_generate=True)
     assert out.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 12
     encoder_outputs = model.get_encoder()(input_ids=source)
-    with pytest.raises(ValueError, match="eager or sdpa"):
+    with pytest.raises(ValueError, match=r"\(eager, sdpa, vaswani_measured attention\) one per group"):
         model(encoder_outputs=encoder_outputs, decoder_input_ids=random_ids(12, 2))

@@ -1,9 +1,13 @@
-"""The CPU fast paths: the oneDNN path of VaswaniLinear (float32) — the formula and its gradients, the same
-training step and the same decoding as the plain nn.Linear path, packed weights kept only while they are valid —
-and the eager product in decoding steps, which gives what SDPA gives; freed memory kept for reuse."""
+"""The CPU kernels chosen by measurement (vaswani_hf/kernels.py): every candidate computes the formula and its
+gradients; the chooser keeps the faster of two kernels of known cost; whatever it chooses, training and decoding
+give what the plain path gives; packed weights are used only while valid; the attention kernel the user names is
+the one that runs; freed memory kept for reuse."""
 
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,19 +16,28 @@ from conftest import random_ids, tiny_model
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from vaswani_hf import modeling_vaswani
-from vaswani_hf.modeling_vaswani import KEPT_PACKED_WEIGHTS, VaswaniLinear, onednn_linear_applies, packed_weights
+from vaswani_hf.kernels import KERNELS, LINEAR_KERNELS, Kernels, VaswaniLinear, fastest
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    """KERNELS with nothing chosen or forced, restored afterwards."""
+    monkeypatch.setattr(KERNELS, "chosen", {})
+    monkeypatch.setattr(KERNELS, "forced", ())
+    return KERNELS
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_the_onednn_linear_layer_computes_the_formula_and_its_gradients(bias):
+@pytest.mark.parametrize("kernel", ["torch", "onednn"])
+def test_each_training_kernel_computes_the_formula_and_its_gradients(kernels, kernel, bias):
+    kernels.force(kernel)
     torch.manual_seed(0)
     layer = VaswaniLinear(24, 40, bias=bias)
     x = torch.randn(7, 5, 24).transpose(0, 1).requires_grad_()  # (5, 7, 24), not contiguous
-    assert onednn_linear_applies(x, layer.weight)
     y = layer(x)
-    assert "OneDNNLinearFunction" in y.grad_fn.name()
     grad = torch.randn_like(y)
     y.backward(grad)
+    assert {key[0] for key in kernels.chosen} == set() and "MeasuredLinear" in y.grad_fn.name()
 
     x64, w64, g64 = x.detach().double(), layer.weight.detach().double(), grad.double()
     expected = x64 @ w64.T + (layer.bias.detach().double() if bias else 0)
@@ -35,122 +48,177 @@ def test_the_onednn_linear_layer_computes_the_formula_and_its_gradients(bias):
         torch.testing.assert_close(layer.bias.grad.double(), g64.sum((0, 1)), rtol=1e-5, atol=1e-5)
 
 
-def gradients(monkeypatch, use_onednn: bool) -> dict[str, torch.Tensor]:
-    monkeypatch.setattr(VaswaniLinear, "use_onednn", use_onednn)
+@pytest.mark.parametrize("kernel", LINEAR_KERNELS)
+def test_each_decoding_kernel_computes_the_formula(kernels, kernel):
+    kernels.force(kernel)
+    torch.manual_seed(0)
+    layer = VaswaniLinear(24, 40).eval()
+    x = torch.randn(4, 1, 24)
+    with torch.no_grad(), kernels.decoding():
+        y = layer(x)
+    assert (layer in kernels.packed) == (kernel == "onednn_packed")  # the packed weight was what multiplied
+    expected = x.double() @ layer.weight.detach().double().T + layer.bias.detach().double()
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.parametrize("order", [("slow", "fast"), ("fast", "slow")])
+def test_the_chooser_keeps_the_faster_of_two_kernels_and_measures_each_shape_class_once(order):
+    costs = {"slow": 2e-3, "fast": 2e-4}
+    calls = []
+
+    def run(name):
+        calls.append(name)
+        busy(costs[name])
+
+    chooser = Kernels()
+    assert chooser.choose(("forward", 3), order, run) == "fast"
+    measured = len(calls)
+    assert measured >= 6 and calls.count("slow") == calls.count("fast")  # a warm-up and at least 2 rounds each
+    assert chooser.choose(("forward", 3), order, run) == "fast" and len(calls) == measured  # kept, not measured again
+    chooser.choose(("forward", 4), order, run)
+    assert len(calls) > measured  # another shape class is measured on its own
+    assert chooser.summary() == {"forward": {"fast": 2}}
+    chooser.forced = ("slow",)  # what force() sets, for kernel names of this test
+    assert chooser.choose(("forward", 3), order, run) == "slow"
+
+
+def test_the_chooser_judges_each_kernel_by_its_best_call():
+    """One interrupted call (the faster kernel's first timed call, 30 times its cost) does not decide."""
+    durations = {"a": iter([1e-4, 3e-3]), "b": iter([])}  # a's warm-up, then the interrupted call
+
+    def run(name):
+        busy(next(durations[name], 1e-4 if name == "a" else 5e-4))
+
+    assert fastest(("a", "b"), run) == "a"
+
+
+def test_forcing_an_unknown_kernel_is_a_one_line_error():
+    with pytest.raises(ValueError, match="unknown kernel 'onedn' \\(VASWANI_KERNELS\\): choose among torch, onednn"):
+        Kernels().force("onedn")
+
+
+def test_the_environment_variable_forces_the_kernels_of_a_fresh_process():
+    probe = ("from conftest import tiny_model, random_ids\n"
+             "from vaswani_hf.kernels import KERNELS\n"
+             "model = tiny_model()\n"
+             "model.generate(random_ids(2, 5), max_new_tokens=3)\n"
+             "model.train()(input_ids=random_ids(2, 5), labels=random_ids(2, 4)).loss.backward()\n"
+             "print(KERNELS.forced, KERNELS.chosen)\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "VASWANI_KERNELS": "torch,eager"}, cwd=Path(__file__).parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[0] == "('torch', 'eager') {}"  # nothing measured: every choice was forced
+
+
+# --- whatever is chosen, the model computes the same ---------------------------------------------------------------
+
+def training_gradients(kernel: str | None) -> dict[str, torch.Tensor]:
+    KERNELS.force(*([kernel] if kernel else []))
     model = tiny_model(seed=4).train()
     model(input_ids=random_ids(4, 9, seed=1), labels=random_ids(4, 6, seed=2)).loss.backward()
     return {name: parameter.grad for name, parameter in model.named_parameters()}
 
 
-def test_a_training_step_has_the_gradients_of_the_plain_path(monkeypatch):
-    onednn, plain = gradients(monkeypatch, True), gradients(monkeypatch, False)
-    assert onednn.keys() == plain.keys()
-    for name in plain:
-        torch.testing.assert_close(onednn[name], plain[name], rtol=1e-4, atol=1e-6, msg=name)
+def test_a_training_step_has_the_same_gradients_whichever_kernel_runs(kernels):
+    plain = training_gradients("torch")
+    for kernel in ("onednn", None):  # None: chosen by measurement
+        other = training_gradients(kernel)
+        assert other.keys() == plain.keys()
+        for name in plain:
+            torch.testing.assert_close(other[name], plain[name], rtol=1e-4, atol=1e-6, msg=f"{kernel}: {name}")
 
 
-def decode(model, source, monkeypatch, use_onednn: bool, **kwargs):
-    """generate() with the oneDNN path on or off; checks that the output projection multiplied by a packed weight
-    exactly when the path is on."""
-    monkeypatch.setattr(VaswaniLinear, "use_onednn", use_onednn)
-    packed_during_call = []
-    hook = model.lm_head.register_forward_hook(
-        lambda module, args, output: packed_during_call.append("packed_weight" in vars(module))
-    )
-    try:
-        output = model.generate(source, max_new_tokens=10, output_scores=True, return_dict_in_generate=True, **kwargs)
-    finally:
-        hook.remove()
-    assert packed_during_call and set(packed_during_call) == {use_onednn}
-    return output
+def decode(model, source, *kernels, **kwargs):
+    KERNELS.force(*kernels)
+    return model.generate(source, max_new_tokens=10, output_scores=True, return_dict_in_generate=True, **kwargs)
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_decoding_with_packed_weights_is_decoding_with_the_plain_path(monkeypatch, num_beams):
+def test_decoding_gives_the_same_sequences_and_scores_whichever_kernels_run(kernels, num_beams):
     model, source = tiny_model(seed=5), random_ids(3, 8, seed=3)
-    fast = decode(model, source, monkeypatch, True, num_beams=num_beams)
-    plain = decode(model, source, monkeypatch, False, num_beams=num_beams)
-    assert torch.equal(fast.sequences, plain.sequences)
-    torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
+    plain = decode(model, source, "torch", "sdpa", num_beams=num_beams)
+    for forced in [("onednn", "eager"), ("onednn_packed", "eager"), ("onednn_packed", "sdpa"), ()]:
+        other = decode(model, source, *forced, num_beams=num_beams)
+        assert torch.equal(other.sequences, plain.sequences), forced
+        torch.testing.assert_close(torch.stack(other.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
 
 
-def test_packed_weights_are_kept_between_calls_in_eval_mode_and_never_go_stale(monkeypatch):
+# --- packed weights ----------------------------------------------------------------------------------------------
+
+def test_packed_weights_are_kept_between_calls_in_eval_mode_and_never_go_stale(kernels):
     model, source = tiny_model(seed=6), random_ids(3, 8, seed=4)
-    decode(model, source, monkeypatch, True)
-    assert not any("packed_weight" in vars(module) for module in model.modules())  # only during a call
-    kept = KEPT_PACKED_WEIGHTS[model.lm_head][3]
-    decode(model, source, monkeypatch, True)
-    assert KEPT_PACKED_WEIGHTS[model.lm_head][3] is kept  # packed once for both calls
+    decode(model, source, "onednn_packed")
+    kept = kernels.packed[model.lm_head][3]
+    decode(model, source, "onednn_packed")
+    assert kernels.packed[model.lm_head][3] is kept  # packed once for both calls
 
     with torch.no_grad():  # change the weights in place between two calls: the second must use the new ones
         for module in model.modules():
             if isinstance(module, VaswaniLinear):
                 module.weight.mul_(-1.5)
-    fast = decode(model, source, monkeypatch, True)
-    assert KEPT_PACKED_WEIGHTS[model.lm_head][3] is not kept
-    plain = decode(model, source, monkeypatch, False)
+    fast = decode(model, source, "onednn_packed")
+    assert kernels.packed[model.lm_head][3] is not kept
+    plain = decode(model, source, "torch")
     assert torch.equal(fast.sequences, plain.sequences)
     torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
 
 
-def test_packed_weight_blocks_nest():
-    """A decoding loop inside another (the GNMT search inside generate(), inside the translator) leaves the outer
-    block's packed weights in place when it ends."""
-    model = tiny_model(seed=6)
-    with packed_weights(model):
-        outer = model.lm_head.packed_weight
-        with packed_weights(model):
-            assert model.lm_head.packed_weight is outer
-        assert model.lm_head.packed_weight is outer
-    assert "packed_weight" not in vars(model.lm_head)
-
-
-@pytest.mark.parametrize("release", [lambda model: model.train(), lambda model: model.double().float()],
-                         ids=["train()", "a dtype round trip"])
-def test_kept_packed_weights_are_freed_by_training_mode_and_by_new_weights(monkeypatch, release):
-    model = tiny_model(seed=6)
-    decode(model, random_ids(3, 8, seed=4), monkeypatch, True)
+def test_a_training_forward_frees_the_packed_weights_and_a_generate_in_training_mode_keeps_none(kernels):
+    model, source = tiny_model(seed=6), random_ids(3, 8, seed=4)
+    decode(model, source, "onednn_packed")
     linear_layers = [module for module in model.modules() if isinstance(module, VaswaniLinear)]
-    assert all(module in KEPT_PACKED_WEIGHTS for module in linear_layers)
-    release(model)
-    assert not any(module in KEPT_PACKED_WEIGHTS for module in linear_layers)
+    assert all(module in kernels.packed for module in linear_layers)
+    model.train()(input_ids=source, labels=source)
+    assert not any(module in kernels.packed for module in linear_layers)
+    decode(model, source, "onednn_packed")  # in training mode
+    assert not any(module in kernels.packed for module in linear_layers)
 
 
-def test_generate_in_training_mode_keeps_no_packed_weights(monkeypatch):
-    model = tiny_model(seed=6).train()
-    decode(model, random_ids(3, 8, seed=4), monkeypatch, True)
-    assert not any(module in KEPT_PACKED_WEIGHTS for module in model.modules())
+def test_decoding_blocks_nest(kernels):
+    """A decoding loop inside another (the GNMT search inside the translator) leaves the outer block open."""
+    with kernels.decoding():
+        with kernels.decoding():
+            assert kernels.open_decoding_blocks == 2
+        assert kernels.open_decoding_blocks == 1
+    assert kernels.open_decoding_blocks == 0
 
 
-@pytest.mark.parametrize("num_beams", [1, 4])
-def test_decoding_steps_take_the_eager_product_and_give_what_sdpa_gives(monkeypatch, num_beams):
-    """With the "sdpa" kernel, the encoder runs SDPA and every decoding step on the CPU the eager product; the
-    sequences and scores are those of SDPA throughout."""
-    model, source = tiny_model(seed=7), random_ids(3, 8, seed=5)
-    assert model.config._attn_implementation == "sdpa"
+# --- attention ---------------------------------------------------------------------------------------------------
+
+def counting(calls, name, kernel):
+    def counted(*args, **kwargs):
+        calls.append(name)
+        return kernel(*args, **kwargs)
+    return counted
+
+
+@pytest.mark.parametrize("requested", ["sdpa", "eager"])
+def test_the_attention_kernel_the_user_names_is_the_one_that_runs(kernels, monkeypatch, requested):
+    model, source = tiny_model(seed=7, attn_implementation=requested), random_ids(3, 8, seed=5)
+    assert model.config._attn_implementation == requested
     calls = []
-
-    def counting(name, kernel):
-        def counted(*args, **kwargs):
-            calls.append(name)
-            return kernel(*args, **kwargs)
-        return counted
-
-    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", counting("sdpa", ALL_ATTENTION_FUNCTIONS["sdpa"]))
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", counting(calls, "sdpa", ALL_ATTENTION_FUNCTIONS["sdpa"]))
     monkeypatch.setattr(modeling_vaswani, "eager_attention_forward",
-                        counting("eager", modeling_vaswani.eager_attention_forward))
-    outputs = {}
-    for rows in (16, 0):
-        monkeypatch.setattr(modeling_vaswani, "EAGER_QUERY_ROWS_ON_CPU", rows)
-        calls.clear()
-        outputs[rows] = model.generate(source, num_beams=num_beams, max_new_tokens=10, output_scores=True,
-                                       return_dict_in_generate=True)
-        encoder_calls = calls[: model.config.num_layers]
-        decoder_calls = calls[model.config.num_layers:]
-        assert encoder_calls == ["sdpa"] * model.config.num_layers
-        assert set(decoder_calls) == {"eager" if rows else "sdpa"}
-    assert torch.equal(outputs[16].sequences, outputs[0].sequences)
-    torch.testing.assert_close(torch.stack(outputs[16].scores), torch.stack(outputs[0].scores), rtol=1e-5, atol=1e-5)
+                        counting(calls, "eager", modeling_vaswani.eager_attention_forward))
+    model.generate(source, num_beams=4, max_new_tokens=5)
+    assert calls and set(calls) == {requested}
+
+
+def test_the_measured_attention_kernel_gives_what_sdpa_gives(kernels):
+    model, source = tiny_model(seed=7), random_ids(3, 8, seed=5)
+    assert model.config._attn_implementation == "sdpa"  # transformers' default
+    sdpa = decode(model, source, num_beams=4)
+    model.set_attn_implementation(modeling_vaswani.MEASURED_ATTENTION)
+    measured = decode(model, source, num_beams=4)
+    assert "attention" in kernels.summary()  # SDPA measured against the eager product at the decoding steps' shapes
+    assert torch.equal(measured.sequences, sdpa.sequences)
+    torch.testing.assert_close(torch.stack(measured.scores), torch.stack(sdpa.scores), rtol=1e-5, atol=1e-5)
 
 
 # Pages faulted in by a 64 MiB tensor allocated and written right after an equal one was freed, before and after

@@ -18,9 +18,7 @@ Deviations from the paper — this is the one list. By default there are none in
     copy whose linear layers compute in int8 on the CPU; the paper decodes in float32 (off by default).
 """
 
-import contextlib
 import math
-import weakref
 from collections.abc import Callable
 
 import torch
@@ -29,7 +27,12 @@ from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import (
+    ALL_MASK_ATTENTION_FUNCTIONS,
+    create_bidirectional_mask,
+    create_causal_mask,
+    sdpa_mask,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -43,6 +46,8 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani import VaswaniConfig
+from .decoding import SHARED_SOURCE_KERNELS, SharedSourceDecoding
+from .kernels import MEASURED_ATTENTION, VaswaniLinear, measured_attention
 
 
 logger = logging.get_logger(__name__)
@@ -98,124 +103,6 @@ def check_mask(mask: torch.Tensor | None, batch_size: int, length: int, name: st
         )
 
 
-# oneDNN's linear operator, the one torch.compile uses for CPU linear layers; absent from some torch builds.
-ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def onednn_linear_applies(*tensors: torch.Tensor) -> bool:
-    """Whether `VaswaniLinear` computes with these tensors in oneDNN: all float32 on the CPU, outside autocast and
-    torch.compile, with the oneDNN operator present and the switch `VaswaniLinear.use_onednn` on."""
-    return (
-        ONEDNN_LINEAR
-        and VaswaniLinear.use_onednn
-        and all(tensor.device.type == "cpu" and tensor.dtype == torch.float32 for tensor in tensors)
-        and not torch.is_autocast_enabled("cpu")
-        and not is_torchdynamo_compiling()
-    )
-
-
-def onednn_matmul(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """input @ weight^T + bias in oneDNN; `weight` dense (any strides) or reordered by `packed_weights`."""
-    return torch.ops.mkldnn._linear_pointwise(input, weight, bias, "none", [], "")
-
-
-class OneDNNLinearFunction(torch.autograd.Function):
-    """y = x W^T + b with its three products (forward, input gradient, weight gradient) in oneDNN."""
-
-    @staticmethod
-    def forward(ctx, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(input, weight)
-        ctx.has_bias = bias is not None
-        return onednn_matmul(input, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
-        input, weight = ctx.saved_tensors
-        grad_output = grad_output.reshape(-1, grad_output.shape[-1])  # (N, out)
-        grad_input = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_input = onednn_matmul(grad_output, weight.t()).view(input.shape)
-        if ctx.needs_input_grad[1]:
-            grad_weight = onednn_matmul(grad_output.t(), input.reshape(-1, input.shape[-1]).t())
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad_output.sum(0)
-        return grad_input, grad_weight, grad_bias
-
-
-class VaswaniLinear(nn.Linear):
-    """`nn.Linear` whose float32 CPU products run in oneDNN rather than the BLAS torch links (MKL).
-
-    Same arithmetic, a faster kernel where MKL is slow: on the AMD EPYC of our benchmarks oneDNN's products run
-    1.5-2.4x as fast as MKL's (README, Speed; `benchmarks/matmul.py`). Anywhere else (GPU, half precision, autocast, torch.compile)
-    this is `nn.Linear`. `VaswaniLinear.use_onednn = False` turns the path off everywhere.
-    """
-
-    use_onednn = True
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not onednn_linear_applies(input, self.weight):
-            return super().forward(input)
-        packed = self.__dict__.get("packed_weight")
-        if packed is not None:
-            return onednn_matmul(input, packed, self.bias)
-        return OneDNNLinearFunction.apply(input, self.weight, self.bias)
-
-    def train(self, mode: bool = True):
-        if mode:
-            KEPT_PACKED_WEIGHTS.pop(self, None)  # training will change the weights: free their packed copy
-        return super().train(mode)
-
-    def _apply(self, fn, recurse: bool = True):
-        KEPT_PACKED_WEIGHTS.pop(self, None)  # .to(), .half(), ...: the weight it was packed from is gone
-        return super()._apply(fn, recurse)
-
-
-# Packed copies of the weights kept from one generate() call to the next while the model stays in eval mode: each
-# module's entry is (its weight, the weight's version counter and data pointer, the packed copy), reused only while
-# the module has the same weight tensor with the same data, unchanged in place since it was packed.
-KEPT_PACKED_WEIGHTS: "weakref.WeakKeyDictionary[VaswaniLinear, tuple]" = weakref.WeakKeyDictionary()
-
-
-def packed_weight(module: VaswaniLinear) -> torch.Tensor:
-    """`module.weight` reordered into oneDNN's blocked layout: the kept copy if it is still that weight's, else a
-    new one."""
-    weight = module.weight
-    kept = KEPT_PACKED_WEIGHTS.get(module)
-    if kept is not None and kept[0]() is weight and kept[1:3] == (weight._version, weight.data_ptr()):
-        return kept[3]
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-    KEPT_PACKED_WEIGHTS[module] = (weakref.ref(weight), weight._version, weight.data_ptr(), packed)
-    return packed
-
-
-@contextlib.contextmanager
-def packed_weights(model: nn.Module):
-    """Within the block, every `VaswaniLinear` of `model` on the CPU in float32 multiplies by a copy of its weight
-    reordered into oneDNN's blocked layout, instead of reordering it at every call. `generate()` uses this:
-    decoding repeats small products with the same weights, and the weights cannot change during the call.
-
-    The packed copies (a second copy of the weights) are kept for the next call while the model is in eval mode
-    — packing costs 5-10% of a beam search (README, Speed) — and are made again if a weight has changed since.
-    `model.train()` frees them, and so does the end of a block entered in train mode. Blocks nest: an inner block
-    leaves the weights of an outer one as they are."""
-    modules = [
-        module
-        for module in model.modules()
-        if isinstance(module, VaswaniLinear)
-        and onednn_linear_applies(module.weight)
-        and "packed_weight" not in vars(module)
-    ]
-    try:
-        for module in modules:
-            module.packed_weight = packed_weight(module)
-        yield model
-    finally:
-        for module in modules:
-            module.__dict__.pop("packed_weight", None)
-            if module.training:
-                KEPT_PACKED_WEIGHTS.pop(module, None)
-
-
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -239,16 +126,10 @@ def eager_attention_forward(
     return output, weights
 
 
-# Attention kernels that take a padding mask broadcast over any number of queries; flash attention's varlen path
-# would unpad a block of beams' queries by the source mask, so it gets one encoder row per decoder row.
-SHARED_SOURCE_KERNELS = ("eager", "sdpa")
-
-# torch's SDPA kernel for the CPU has a fixed cost per call that the few query rows of a decoding step do not repay:
-# 2.0-2.8x the eager product's time for a block of beams over the source, 0.95-1.5x for one token's self-attention
-# (`benchmarks/attention.py`, README, Speed). Decoding steps on the CPU with at most this many
-# query rows per attention block (beams sharing a source) therefore take the eager product when "sdpa" is chosen;
-# 0 turns this off.
-EAGER_QUERY_ROWS_ON_CPU = 16
+# An attention kernel of its own name, `attn_implementation="vaswani_measured"` (vaswani-translate's): SDPA, or on the
+# CPU without gradient whichever of SDPA and the eager product is measured faster for the shape (kernels.py).
+ALL_ATTENTION_FUNCTIONS.register(MEASURED_ATTENTION, measured_attention(eager_attention_forward))
+ALL_MASK_ATTENTION_FUNCTIONS.register(MEASURED_ATTENTION, sdpa_mask)
 
 
 class VaswaniAttention(nn.Module):
@@ -256,12 +137,13 @@ class VaswaniAttention(nn.Module):
 
     Used three ways (§3.2.3): encoder self-attention, masked decoder self-attention (`is_causal=True`), and
     encoder-decoder attention (`key_value_states` = encoder output). The projections carry biases, as in the
-    authors' code. The kernel is chosen by transformers' attention interface ("eager", "sdpa", ...).
+    authors' code. The kernel is chosen by transformers' attention interface ("sdpa" by default, "eager",
+    "vaswani_measured", ...).
 
     Encoder-decoder attention takes an encoder output of fewer rows than the queries when each group of n
     consecutive query rows shares one source (n beams, laid out as `repeat_interleave` lays them out): the keys and
     values are then computed once per source, and the group's queries attend to them together. Only with the
-    "eager" and "sdpa" kernels (`SHARED_SOURCE_KERNELS`), whose masks broadcast over the query block.
+    kernels whose masks broadcast over the query block (`SHARED_SOURCE_KERNELS`).
     """
 
     def __init__(self, config: VaswaniConfig, is_causal: bool = False, layer_idx: int | None = None):
@@ -312,12 +194,8 @@ class VaswaniAttention(nn.Module):
         group = batch_size // key.shape[0] if is_cross else 1  # query rows per source row (beams sharing it)
         if group > 1:  # (n·B, h, T, d_k) -> (B, h, n·T, d_k)
             query = query.unflatten(0, (-1, group)).transpose(1, 2).flatten(2, 3)
-        implementation = self.config._attn_implementation
-        eager_instead = implementation == "sdpa" and self.eager_is_faster(query, length)
-        attention_interface: Callable = (
-            eager_attention_forward
-            if eager_instead
-            else ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
         )
         output, weights = attention_interface(
             self,
@@ -329,24 +207,10 @@ class VaswaniAttention(nn.Module):
             scaling=self.scaling,
             **kwargs,
         )
-        if eager_instead:
-            weights = None  # as from the SDPA kernel
         if group > 1 and weights is not None:  # (B, h, n·T, S) -> (n·B, h, T, S)
             weights = weights.unflatten(2, (group, length)).transpose(1, 2).flatten(0, 1)
         output = output.reshape(batch_size, length, -1).contiguous()  # (B, T, h * d_v); (B, n·T, ...) is (n·B, T, ...)
         return self.out_proj(output), weights
-
-    def eager_is_faster(self, query: torch.Tensor, length: int) -> bool:
-        """Whether this SDPA call is a decoding step on the CPU without gradient, which the eager product computes
-        faster: one new token per sequence, and in encoder-decoder attention at most `EAGER_QUERY_ROWS_ON_CPU` beams'
-        tokens in a block."""
-        return (
-            length == 1
-            and query.shape[2] <= EAGER_QUERY_ROWS_ON_CPU
-            and query.device.type == "cpu"
-            and not torch.is_grad_enabled()
-            and not is_torchdynamo_compiling()
-        )
 
 
 class VaswaniLayer(GradientCheckpointingLayer):
@@ -524,7 +388,8 @@ class VaswaniStack(VaswaniPreTrainedModel):
                 f"got {tuple(inputs_embeds.shape)}"
             )
         length = inputs_embeds.shape[1]
-        positions = torch.arange(past_length, past_length + length, device=inputs_embeds.device)  # (T,)
+        # A fixed-size arange plus the offset, which a static cache gives as a tensor under torch.compile.
+        positions = torch.arange(length, device=inputs_embeds.device) + past_length  # (T,)
         if self.embed_positions is None:
             position_encoding = sinusoidal_position_encoding(positions, self.config.d_model).to(inputs_embeds.dtype)
         else:
@@ -611,7 +476,7 @@ class VaswaniDecoder(VaswaniStack):
             if batch_size % sources or (shared_source and self.config._attn_implementation not in SHARED_SOURCE_KERNELS):
                 raise ValueError(
                     f"the decoder has {batch_size} rows but the encoder output {sources}: give one encoder row per "
-                    "decoder row, or (eager or sdpa attention) one per group of n consecutive decoder rows"
+                    f"decoder row, or ({', '.join(SHARED_SOURCE_KERNELS)} attention) one per group of n consecutive rows"
                 )
             check_mask(encoder_attention_mask, sources, encoder_hidden_states.shape[1], "attention_mask", "the source")
 
@@ -721,7 +586,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         )
 
 
-class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
+class VaswaniForConditionalGeneration(SharedSourceDecoding, VaswaniPreTrainedModel, GenerationMixin):
     """The Transformer with its pre-softmax projection (§3.4): logits = h E^T, no output bias.
 
     `labels` give a cross-entropy loss averaged over the non-pad target tokens (-100 and PAD are ignored), or
@@ -828,31 +693,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
-    @staticmethod
-    def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
-        """Beam search (transformers calls this hook) reorders only the self-attention cache: the beams of a source
-        all attend to the same encoder output, so their cross-attention keys and values are equal and stay put."""
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
-        else:
-            past_key_values.reorder_cache(beam_idx)
-        return past_key_values
-
-    def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False,
-                                      input_ids: torch.LongTensor | None = None, **model_kwargs):
-        """transformers repeats every input once per beam (or returned sequence); the encoder output and the source
-        mask stay one row per source here: the decoder's encoder-decoder attention computes each source's keys and
-        values once and lets all of its beams attend to them (`VaswaniAttention`). The encoder outputs that
-        `generate(return_dict_in_generate=True)` returns therefore have one row per source too. Other attention
-        kernels than `SHARED_SOURCE_KERNELS` get transformers' repeated rows."""
-        if self.config._attn_implementation not in SHARED_SOURCE_KERNELS:
-            return super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
-        shared = {key: model_kwargs.pop(key) for key in ("encoder_outputs", "attention_mask") if key in model_kwargs}
-        if is_encoder_decoder and shared.get("encoder_outputs") is None:
-            raise ValueError("If `is_encoder_decoder` is True, make sure that `encoder_outputs` is defined.")
-        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, False, input_ids, **model_kwargs)
-        return input_ids, {**model_kwargs, **shared}
-
     def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
         """`GenerationMixin.generate` with the paper's output length (§6.1): when the call sets no length
         (no `max_length`, `max_new_tokens` or `generation_config`), at most source length + 50 tokens.
@@ -874,13 +714,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             mask = kwargs.get("attention_mask")
             source_length = int(mask.sum(-1).max()) if mask is not None and mask.dim() == 2 else source.shape[-1]
             kwargs["max_new_tokens"] = source_length + EXTRA_OUTPUT_LENGTH
-        with self.packed_weights():
-            return super().generate(inputs, generation_config=generation_config, **kwargs)
-
-    def packed_weights(self) -> contextlib.AbstractContextManager:
-        """`packed_weights(self)`: the weights reordered once for a decoding loop. `generate()` enters it, and so does
-        the GNMT search (`gnmt.py`), which `generate` of a model loaded with `trust_remote_code=True` calls directly."""
-        return packed_weights(self)
+        return super().generate(inputs, generation_config=generation_config, **kwargs)  # SharedSourceDecoding's
 
 
 __all__ = ["VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel"]

@@ -19,6 +19,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from .allocator import keep_freed_memory
 from .gnmt import gnmt_beam_search
+from .kernels import MEASURED_ATTENTION
 from .quantization import quantize_int8
 
 
@@ -34,7 +35,8 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False):
         raise SystemExit(f"error: {name_or_path} is not a model folder (no config.json there)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
+        # On the CPU, decoding steps take SDPA or the eager product, whichever is measured faster (kernels.py).
+        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation=MEASURED_ATTENTION)
     except Exception as error:  # transformers raises OSError, ValueError, KeyError, ... for unusable folders
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SystemExit(f"error: cannot load a model from {name_or_path}: {message}") from None

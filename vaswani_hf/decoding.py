@@ -1,0 +1,92 @@
+# Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
+"""What makes `generate()` faster without changing what it computes, kept out of the model file.
+
+* Beams share their source's encoder row. transformers repeats every input once per beam; here the encoder output
+  and the source mask stay one row per source, and the decoder's encoder-decoder attention computes each source's
+  keys and values once and lets its beams attend to them as one block of queries (`VaswaniAttention`): a quarter of
+  the cross-attention projections and cache at beam 4. Only with attention kernels whose masks broadcast over such a
+  block (`SHARED_SOURCE_KERNELS`); flash attention's varlen path would unpad a block of beams' queries by the source
+  mask, so other kernels get transformers' repeated rows. What `generate()` returns and takes keeps transformers'
+  layout: a returned cache has one cross-attention row per sequence, and a cache passed back in is read either way.
+* A decoding block (`kernels.KERNELS.decoding()`) around the call: the weights cannot change during it, so the
+  linear layers may multiply by copies reordered once into oneDNN's layout, where that is measured faster.
+
+This file travels to the Hub beside modeling_vaswani.py: it imports only torch, transformers and its neighbours.
+"""
+
+import contextlib
+
+import torch
+from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.utils import ModelOutput
+
+from .kernels import KERNELS, MEASURED_ATTENTION
+
+
+SHARED_SOURCE_KERNELS = ("eager", "sdpa", MEASURED_ATTENTION)
+
+
+def cross_attention_rows(cache: EncoderDecoderCache) -> int | None:
+    """Rows of the cross-attention cache once it holds the encoder output's keys and values, else None."""
+    layers = cache.cross_attention_cache.layers
+    return layers[0].keys.shape[0] if layers and cache.is_updated.get(0) else None
+
+
+def set_cross_attention_rows(cache: EncoderDecoderCache, rows: int) -> None:
+    """Repeat each source's cross-attention keys and values for its sequences (beams), or keep one row per source;
+    the rows of a source are equal, so either way nothing is lost."""
+    current = cross_attention_rows(cache)
+    if current is None or current == rows:
+        return
+    for layer in cache.cross_attention_cache.layers:
+        if rows > current:  # (B, h, S, d) -> (n·B, h, S, d)
+            layer.keys, layer.values = (tensor.repeat_interleave(rows // current, 0) for tensor in (layer.keys, layer.values))
+        else:  # every n-th row: one per source
+            layer.keys, layer.values = (tensor[:: current // rows].contiguous() for tensor in (layer.keys, layer.values))
+
+
+class SharedSourceDecoding:
+    """`generate()` with one encoder row per source and the weights packed for the call; a mixin of
+    `VaswaniForConditionalGeneration`, before `GenerationMixin`."""
+
+    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
+        shared = self.config._attn_implementation in SHARED_SOURCE_KERNELS
+        cache = kwargs.get("past_key_values")
+        source = inputs if inputs is not None else kwargs.get("input_ids")
+        if shared and isinstance(cache, EncoderDecoderCache) and source is not None:
+            set_cross_attention_rows(cache, source.shape[0])  # a cache that an earlier generate() returned
+        with self.packed_weights():
+            output = super().generate(inputs, generation_config=generation_config, **kwargs)
+        cache = output.get("past_key_values") if isinstance(output, ModelOutput) else None
+        if shared and isinstance(cache, EncoderDecoderCache) and cache.self_attention_cache.layers:
+            set_cross_attention_rows(cache, cache.self_attention_cache.layers[0].keys.shape[0])
+        return output
+
+    def packed_weights(self) -> contextlib.AbstractContextManager:
+        """A decoding loop, in which linear layers may multiply by weights reordered once (`kernels.py`). `generate()`
+        enters it, and so does the GNMT search (`gnmt.py`), which `generate` of a model loaded with
+        `trust_remote_code=True` calls directly."""
+        return KERNELS.decoding()
+
+    @staticmethod
+    def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search (transformers calls this hook) reorders only the self-attention cache: the beams of a source
+        all attend to the same encoder output, so their cross-attention keys and values are equal and stay put."""
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        return past_key_values
+
+    def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False,
+                                      input_ids: torch.LongTensor | None = None, **model_kwargs):
+        """transformers repeats every input once per beam (or returned sequence); the encoder output and the source
+        mask stay one row per source here. The encoder outputs that `generate(return_dict_in_generate=True)` returns
+        therefore have one row per source too."""
+        if self.config._attn_implementation not in SHARED_SOURCE_KERNELS:
+            return super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
+        shared = {key: model_kwargs.pop(key) for key in ("encoder_outputs", "attention_mask") if key in model_kwargs}
+        if is_encoder_decoder and shared.get("encoder_outputs") is None:
+            raise ValueError("If `is_encoder_decoder` is True, make sure that `encoder_outputs` is defined.")
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, False, input_ids, **model_kwargs)
+        return input_ids, {**model_kwargs, **shared}
