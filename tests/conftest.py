@@ -13,6 +13,8 @@ import torch
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 
 PAD, BOS, EOS = 0, 1, 2
+# The code a saved model carries (save_pretrained copies the modeling file and what it imports).
+CODE_FILES = {"configuration_vaswani.py", "modeling_vaswani.py", "checks.py", "kernels.py", "decoding.py"}
 
 
 def tiny_config(**overrides) -> VaswaniConfig:

@@ -15,7 +15,7 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from conftest import run_hidden
+from conftest import CODE_FILES, run_hidden
 from training.evaluation import translate
 from training.hub import push, write_output_folder
 from vaswani_hf import TranslationPipeline, quantize_int8
@@ -93,7 +93,7 @@ def test_the_folder_declares_its_pipeline_and_code(translation_folder):
     config = json.loads((translation_folder / "config.json").read_text())
     assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_vaswani.TranslationPipeline"
     assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_vaswani.VaswaniForConditionalGeneration"
-    for name in ("configuration_vaswani.py", "modeling_vaswani.py", "kernels.py", "pipeline_vaswani.py"):
+    for name in CODE_FILES | {"pipeline_vaswani.py"}:
         assert (translation_folder / name).is_file(), name
 
 
@@ -115,9 +115,8 @@ def uploaded_files(folder: Path, ignore_patterns) -> set[str]:
     return set(filter_repo_objects(paths, ignore_patterns=ignore_patterns))
 
 
-EXPECTED_UPLOAD = {"model.safetensors", "config.json", "generation_config.json", "configuration_vaswani.py",
-                   "modeling_vaswani.py", "kernels.py", "pipeline_vaswani.py", "tokenizer.json", "tokenizer_config.json",
-                   "README.md", "custom_generate/generate.py"}
+EXPECTED_UPLOAD = CODE_FILES | {"model.safetensors", "config.json", "generation_config.json", "pipeline_vaswani.py",
+                                "tokenizer.json", "tokenizer_config.json", "README.md", "custom_generate/generate.py"}
 
 
 def test_push_uploads_a_complete_repository_and_never_the_token(translation_folder, tmp_path, monkeypatch, caplog,
@@ -166,8 +165,8 @@ def test_model_push_to_hub_sends_weights_code_config_and_generation_config(tmp_p
         f"https://huggingface.co/{repo_id}"))
     monkeypatch.setattr(huggingface_hub.HfApi, "create_commit", fake_create_commit)
     tiny_model().push_to_hub("org/tiny")
-    assert {"model.safetensors", "config.json", "generation_config.json", "configuration_vaswani.py",
-            "modeling_vaswani.py", "kernels.py", "pipeline_vaswani.py"} <= set(sent)
+    assert CODE_FILES | {"model.safetensors", "config.json", "generation_config.json",
+                         "pipeline_vaswani.py"} <= set(sent)
     config = json.loads(sent["config.json"])
     assert "custom_pipelines" in config and "auto_map" in config
     assert TOKEN not in sent["config.json"]

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSeq2SeqLM
 
-from conftest import random_ids, run_hidden, tiny_model
+from conftest import CODE_FILES, random_ids, run_hidden, tiny_model
 from vaswani_hf import VaswaniForConditionalGeneration, VaswaniModel
 
 
@@ -47,8 +47,7 @@ def test_untied_and_learned_position_variants_round_trip(tmp_path):
 def test_the_saved_folder_is_hub_ready(tmp_path):
     tiny_model().save_pretrained(tmp_path)
     names = {p.name for p in tmp_path.iterdir()}
-    assert {"model.safetensors", "config.json", "generation_config.json",
-            "configuration_vaswani.py", "modeling_vaswani.py", "kernels.py"} <= names
+    assert CODE_FILES | {"model.safetensors", "config.json", "generation_config.json"} <= names
     assert not any(name.endswith(".bin") for name in names)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["auto_map"] == {
@@ -65,7 +64,7 @@ def test_the_saved_folder_is_hub_ready(tmp_path):
 
 def test_the_code_files_import_only_torch_transformers_and_each_other(tmp_path):
     tiny_model().save_pretrained(tmp_path)
-    for name in ("configuration_vaswani.py", "modeling_vaswani.py", "kernels.py"):
+    for name in CODE_FILES:
         for line in (tmp_path / name).read_text().splitlines():
             if line.startswith(("import ", "from ")):
                 module = line.split()[1]

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import CODE_FILES
 from training.default_data import generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,9 +116,9 @@ def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small
     out = tmp_path / "run"
     upload = json.loads((tmp_path / "upload.json").read_text())
     assert upload["repo_id"] == "org/tiny"
-    assert {"model.safetensors", "config.json", "generation_config.json", "configuration_vaswani.py",
-            "modeling_vaswani.py", "kernels.py", "pipeline_vaswani.py", "tokenizer.json", "tokenizer_config.json",
-            "README.md", "custom_generate/generate.py", "metrics.json"} <= set(upload["files"])
+    assert CODE_FILES | {"model.safetensors", "config.json", "generation_config.json", "pipeline_vaswani.py",
+                         "tokenizer.json", "tokenizer_config.json", "README.md", "custom_generate/generate.py",
+                         "metrics.json"} <= set(upload["files"])
     assert not any(f.startswith(("checkpoint-", "vaswani/")) for f in upload["files"])
     assert "pushed to https://huggingface.co/org/tiny" in result.stdout + result.stderr
     assert token not in result.stdout + result.stderr

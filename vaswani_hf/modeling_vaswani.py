@@ -1,7 +1,9 @@
 # Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017, arXiv:1706.03762), as published.
 
-This file travels to the Hub beside the weights: it imports only torch, transformers and its configuration.
+This file travels to the Hub beside the weights: it imports only torch, transformers and its neighbours — the
+configuration, `checks.py` (one-line errors for bad input), `kernels.py` (CPU kernels chosen by measurement) and
+`decoding.py` (what makes `generate()` faster without changing what it computes).
 
 Shape letters used in comments: B batch, T target (query) length, S source (key) length, h heads,
 d_k / d_v head widths, D = d_model, V vocabulary.
@@ -45,6 +47,7 @@ from transformers.utils import can_return_tuple, is_torchdynamo_compiling, loggi
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
+from .checks import check_mask, check_token_ids
 from .configuration_vaswani import VaswaniConfig
 from .decoding import SHARED_SOURCE_KERNELS, SharedSourceDecoding
 from .kernels import MEASURED_ATTENTION, VaswaniLinear, measured_attention
@@ -75,32 +78,6 @@ def sinusoidal_position_encoding(positions: torch.Tensor, d_model: int) -> torch
     )  # (D/2,)
     angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # (..., D/2)
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (..., D): sin, cos, sin, cos, ...
-
-
-def check_token_ids(ids: torch.Tensor, vocab_size: int, name: str) -> None:
-    """One-line errors for token ids that an embedding lookup would turn into a stack trace."""
-    if ids.dim() != 2:
-        raise ValueError(f"{name} must have shape (batch, length), got shape {tuple(ids.shape)}")
-    if ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(ids.shape)}): give at least one token per sequence")
-    if ids.dtype.is_floating_point:
-        raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
-    if not is_torchdynamo_compiling():
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= vocab_size:
-            raise ValueError(
-                f"{name} must be token ids in [0, {vocab_size}), got values from {low} to {high}"
-                + (" (-100 marks ignored labels: pass it as labels, not as inputs)" if low == -100 else "")
-            )
-
-
-def check_mask(mask: torch.Tensor | None, batch_size: int, length: int, name: str, for_name: str) -> None:
-    """A 2D padding mask must be (batch, length) of the sequence it masks; 4D masks are taken as built."""
-    if mask is not None and mask.dim() != 4 and tuple(mask.shape) != (batch_size, length):
-        raise ValueError(
-            f"{name} has shape {tuple(mask.shape)} but {for_name} needs ({batch_size}, {length}): "
-            "one entry per token, 1 for tokens and 0 for padding"
-        )
 
 
 def eager_attention_forward(
@@ -306,6 +283,9 @@ class VaswaniDecoderLayer(VaswaniLayer):
 
 
 class VaswaniPreTrainedModel(PreTrainedModel):
+    """What all the classes below share: the configuration and the authors' initialization (§3.4 for the
+    embeddings), and transformers' switches (SDPA, gradient checkpointing, compilation)."""
+
     config: VaswaniConfig
     config_class = VaswaniConfig
     base_model_prefix = "model"
