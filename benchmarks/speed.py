@@ -12,9 +12,10 @@ interleaved in one process; CTranslate2 runs the same Marian model, converted, w
 Printed per size: medians of
   * training tokens/s: forward + backward + Adam step on 64 pairs of 32 source + 32 target tokens
     (tokens counted on both sides), the same cross-entropy on both models' logits;
-  * greedy and beam-4 `generate()` tokens/s: 16 sources of 32 tokens, exactly 32 new tokens each;
+  * greedy and beam-4 `generate()` tokens/s: 16 sources of 32 tokens, exactly 32 new tokens each (no EOS);
   * peak memory allocated by a training step above the weights and the optimizer state;
-  * the same generation with our int8 copy (`vaswani_hf.quantize_int8`) against Marian in float32;
+  * the same generation with our int8 copy (`vaswani_hf.quantize_int8`, with the measured attention kernel, as
+    `vaswani-translate --int8` decodes) against Marian in float32;
 and the ratio ours / Marian; then the CPU model and the kernels our model chose by measurement on it.
 """
 
@@ -26,10 +27,10 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
-from transformers import MarianConfig, MarianMTModel
+from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, keep_freed_memory, quantize_int8
-from vaswani_hf.kernels import KERNELS
+from vaswani_hf.kernels import KERNELS, MEASURED_ATTENTION
 
 from matmul import cpu_model  # this folder's
 
@@ -43,11 +44,11 @@ TRAIN_BATCH, TRAIN_LENGTH = 64, 32
 GENERATE_BATCH, SOURCE_LENGTH, NEW_TOKENS = 16, 32, 32
 
 
-def build(name: str, size: dict, seed: int = 0) -> nn.Module:
+def build(name: str, size: dict, seed: int = 0, **options) -> nn.Module:
     torch.manual_seed(seed)
     if name == "ours":
         return VaswaniForConditionalGeneration(VaswaniConfig(**size, dropout=0.1, pad_token_id=PAD, bos_token_id=BOS,
-                                                             eos_token_id=EOS, decoder_start_token_id=BOS))
+                                                             eos_token_id=EOS, decoder_start_token_id=BOS, **options))
     config = MarianConfig(
         vocab_size=size["vocab_size"], decoder_vocab_size=size["vocab_size"], d_model=size["d_model"],
         encoder_layers=size["num_layers"], decoder_layers=size["num_layers"],
@@ -75,13 +76,19 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, source: torch
 
 
 def paper_adam(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    """Fused, for both models, as each trains by default: training/run.py, and Seq2SeqTrainer (adamw_torch_fused)."""
+    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
 
 
 @torch.no_grad()
 def generate(model: nn.Module, source: torch.Tensor, num_beams: int) -> None:
-    model.generate(input_ids=source, attention_mask=torch.ones_like(source), num_beams=num_beams, do_sample=False,
-                   min_new_tokens=NEW_TOKENS, max_new_tokens=NEW_TOKENS, early_stopping=True, length_penalty=1.0)
+    """Exactly NEW_TOKENS tokens: a generation config without EOS. (`min_new_tokens` would add a logits processor
+    whose torch.where over beams x vocabulary costs about a fifth of a base-size int8 beam-4 call, in both models.)"""
+    config = GenerationConfig(num_beams=num_beams, do_sample=False, max_new_tokens=NEW_TOKENS, early_stopping=True,
+                              length_penalty=1.0, eos_token_id=None, pad_token_id=PAD, bos_token_id=BOS,
+                              decoder_start_token_id=BOS)
+    output = model.generate(input_ids=source, attention_mask=torch.ones_like(source), generation_config=config)
+    assert output.shape[1] == NEW_TOKENS + 1, output.shape
 
 
 def peak_training_memory(model: nn.Module, optimizer: torch.optim.Optimizer, source: torch.Tensor,
@@ -131,7 +138,8 @@ def ct2_generate(translator, source: torch.Tensor, num_beams: int) -> None:
 
 def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
     models = {"marian": build("marian", size), "ours": build("ours", size)}
-    int8 = quantize_int8(build("ours", size))  # inference only: generation rows
+    # Inference only, as `vaswani-translate --int8` decodes: the measured attention kernel (kernels.py).
+    int8 = quantize_int8(build("ours", size, attn_implementation=MEASURED_ATTENTION))
     optimizers = {name: paper_adam(model) for name, model in models.items()}
     timings = {}
 
@@ -186,7 +194,7 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
           f"{memory['ours'] / memory['marian']:.2f}x |")
     for title, key in (("greedy", "beam1"), ("beam-4", "beam4")):
         marian, int8_speed = (new_tokens / statistics.median(timings[f"{key} {n}"]) for n in ("marian", "ours-int8"))
-        print(f"| {title} generate tokens/s, ours int8 (`quantize_int8`) vs Marian fp32 | {marian:.0f} | "
+        print(f"| {title} generate tokens/s, ours int8 (`vaswani-translate --int8`) vs Marian fp32 | {marian:.0f} | "
               f"{int8_speed:.0f} | {int8_speed / marian:.2f}x |")
     for key in sorted(k for k in timings if "ct2" in k):
         print(f"| CTranslate2 {key.split()[1][4:]} {'greedy' if key.startswith('beam1') else 'beam-4'} tokens/s "

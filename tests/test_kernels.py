@@ -88,6 +88,16 @@ def test_the_chooser_keeps_the_faster_of_two_kernels_and_measures_each_shape_cla
     assert chooser.choose(("forward", 3), order, run) == "slow"
 
 
+def test_every_product_is_measured_per_number_of_tokens(kernels):
+    """Shape classes: kind of product × weight shape × tokens rounded up to a power of two — also for the weight
+    gradient, whose varying dimension is the inner one."""
+    layer = VaswaniLinear(24, 40)
+    for tokens in (3, 300):
+        layer(torch.randn(tokens, 24, requires_grad=True)).sum().backward()
+    classes = {(key[0], key[1]) for key in kernels.chosen}
+    assert classes == {(kind, bits) for kind in ("forward", "grad_input", "grad_weight") for bits in (2, 9)}
+
+
 def test_the_chooser_judges_each_kernel_by_its_best_call():
     """One interrupted call (the faster kernel's first timed call, 30 times its cost) does not decide."""
     durations = {"a": iter([1e-4, 3e-3]), "b": iter([])}  # a's warm-up, then the interrupted call

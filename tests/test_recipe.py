@@ -36,6 +36,25 @@ def test_the_optimizer_is_adam_098_1e9_and_its_first_update_uses_step_1():
     assert rates == pytest.approx([inverse_sqrt_lr(k, 512, 4000) for k in (1, 2, 3)], rel=1e-12)
 
 
+def test_the_fused_optimizer_takes_the_steps_of_torchs_default_adam():
+    torch.manual_seed(0)
+    model, reference = torch.nn.Linear(5, 4), torch.nn.Linear(5, 4)
+    reference.load_state_dict(model.state_dict())
+    optimizer, scheduler = paper_optimizer(model, d_model=512, warmup_steps=4)
+    assert optimizer.defaults["fused"]
+    expected = torch.optim.Adam(reference.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    for step in range(1, 4):
+        x = torch.randn(8, 5)
+        for module, opt in ((model, optimizer), (reference, expected)):
+            module(x).square().sum().backward()
+            for group in opt.param_groups:
+                group["lr"] = inverse_sqrt_lr(step, 512, 4)
+            opt.step()
+            opt.zero_grad()
+    for parameter, expected_parameter in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(parameter, expected_parameter, rtol=1e-6, atol=1e-7)
+
+
 def random_logits(seed=0, shape=(2, 5, 11)):
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=generator) * 3

@@ -18,8 +18,13 @@ def inverse_sqrt_lr(step: int, d_model: int, warmup_steps: int = 4000, scale: fl
 def paper_optimizer(model: torch.nn.Module, d_model: int, warmup_steps: int = 4000, scale: float = 1.0,
                     betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9):
     """Adam (no weight decay) and a LambdaLR whose value at optimizer step k (after k updates) is lrate(k + 1),
-    so that the first update uses lrate(1)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=betas, eps=eps, weight_decay=0.0)
+    so that the first update uses lrate(1).
+
+    torch's fused Adam (one kernel over all parameters) where the parameters are plain CPU or CUDA tensors: at the base
+    size on a 2-core AMD EPYC a step took 23 ms fused and 314 ms with torch's default (README, Speed)."""
+    parameters = list(model.parameters())
+    fused = all(type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") for p in parameters)
+    optimizer = torch.optim.Adam(parameters, lr=1.0, betas=betas, eps=eps, weight_decay=0.0, fused=fused or None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda done: inverse_sqrt_lr(done + 1, d_model, warmup_steps, scale)
     )

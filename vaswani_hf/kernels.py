@@ -149,17 +149,20 @@ def product(name: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | No
     return nn.functional.linear(a, b, bias) if name == "torch" else onednn_product(a, b, bias)
 
 
-def measured_product(kind: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
-                     weight_shape: torch.Size, packed: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
-    """a @ b^T + bias with the kernel chosen for this kind of product, weight shape and number of rows of `a`
-    (rounded to a power of two). `packed` offers the packed weight as a third candidate."""
+def measured_product(kind: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, weight_shape: torch.Size,
+                     tokens: int, packed: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
+    """a @ b^T + bias with the kernel chosen for this kind of product, the layer's weight shape and its number of
+    tokens (input rows, rounded up to a power of two). `packed` offers the packed weight as a third candidate."""
     names = LINEAR_KERNELS if packed is not None else LINEAR_KERNELS[:2]
 
     def run(name: str) -> torch.Tensor:
         return product(name, a, packed() if name == "onednn_packed" else b, bias)
 
-    rows = a.numel() // a.shape[-1]
-    return run(KERNELS.choose((kind, rows.bit_length(), tuple(weight_shape), bias is not None), names, run))
+    return run(KERNELS.choose((kind, tokens.bit_length(), tuple(weight_shape), bias is not None), names, run))
+
+
+def tokens_of(input: torch.Tensor) -> int:
+    return input.numel() // input.shape[-1]
 
 
 def measured_products_apply(*tensors: torch.Tensor) -> bool:
@@ -180,18 +183,20 @@ class MeasuredLinearFunction(torch.autograd.Function):
     def forward(ctx, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(input, weight)
         ctx.has_bias = bias is not None
-        return measured_product("forward", input, weight, bias, weight.shape)
+        return measured_product("forward", input, weight, bias, weight.shape, tokens_of(input))
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         input, weight = ctx.saved_tensors
         grad_output = grad_output.reshape(-1, grad_output.shape[-1])  # (N, out)
+        tokens = grad_output.shape[0]
         grad_input = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:  # (N, out) @ (out, in)
-            grad_input = measured_product("grad_input", grad_output, weight.t(), None, weight.shape).view(input.shape)
+            grad_input = measured_product("grad_input", grad_output, weight.t(), None, weight.shape, tokens)
+            grad_input = grad_input.view(input.shape)
         if ctx.needs_input_grad[1]:  # (out, N) @ (N, in)
             grad_weight = measured_product(
-                "grad_weight", grad_output.t(), input.reshape(-1, input.shape[-1]).t(), None, weight.shape
+                "grad_weight", grad_output.t(), input.reshape(-1, input.shape[-1]).t(), None, weight.shape, tokens
             )
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad_output.sum(0)
@@ -209,9 +214,9 @@ class VaswaniLinear(nn.Linear):
         if torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad):
             return MeasuredLinearFunction.apply(input, self.weight, self.bias)
         if KERNELS.open_decoding_blocks:
-            return measured_product("decoding", input, self.weight, self.bias, self.weight.shape,
+            return measured_product("decoding", input, self.weight, self.bias, self.weight.shape, tokens_of(input),
                                     lambda: KERNELS.packed_weight(self))
-        return measured_product("inference", input, self.weight, self.bias, self.weight.shape)
+        return measured_product("inference", input, self.weight, self.bias, self.weight.shape, tokens_of(input))
 
 
 def measured_attention(eager: Callable) -> Callable:
