@@ -30,8 +30,8 @@ def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | tor
 
 
 def with_packed_weights(search):
-    """The model's weights reordered once for the whole search, where the model offers that (`packed_weights`, the
-    oneDNN path of vaswani_hf's linear layers)."""
+    """The whole search in one decoding block, where the model offers one (`packed_weights`: vaswani_hf's linear
+    layers may then multiply by weights reordered once, where that is measured faster)."""
 
     @functools.wraps(search)
     def packed_search(model, *args, **kwargs):
