@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from matmul import cpu_model, seconds  # this folder's
+from matmul import seconds  # this folder's median timer
+from vaswani_hf.kernels import cpu_name
 from vaswani_hf.modeling_vaswani import eager_attention_forward
 
 
@@ -25,7 +26,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     module = SimpleNamespace(training=False)
-    print(f"{cpu_model()}; median µs per call\n")
+    print(f"{cpu_name()}, {args.threads} threads; median µs per call\n")
     print("| heads | call | query rows × keys | SDPA µs | eager µs | SDPA / eager |")
     print("|---:|---|---|---:|---:|---:|")
     for heads in (4, 8):

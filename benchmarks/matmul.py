@@ -11,28 +11,16 @@ oneDNN with the weight reordered once (decoding inside `generate()`), and the ra
 """
 
 import argparse
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
+
+from vaswani_hf.kernels import cpu_name
 
 D_MODEL, D_FF, VOCAB = 512, 2048, 37000
 SHAPES = {"attention projection": (D_MODEL, D_MODEL), "FFN in": (D_MODEL, D_FF), "FFN out": (D_FF, D_MODEL),
           "output projection": (D_MODEL, VOCAB)}
-
-
-def cpu_model() -> str:
-    """The CPU's model name, family and model numbers as the kernel reports them, and torch's thread count."""
-    cpuinfo = Path("/proc/cpuinfo")
-    fields = dict(line.split(":", 1) for line in cpuinfo.read_text().split("\n\n")[0].splitlines() if ":" in line) \
-        if cpuinfo.exists() else {}
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
-    name = fields.get("model name") or platform.processor() or "unknown CPU"
-    if "cpu family" in fields:  # virtual machines often show only the vendor's family name
-        name += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
-    return f"{name}, {torch.get_num_threads()} threads"
 
 
 def seconds(function, repeats: int) -> float:
@@ -53,7 +41,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     onednn = torch.ops.mkldnn._linear_pointwise
-    print(f"{cpu_model()}; median of {args.repeats}; GFLOP/s\n")
+    print(f"{cpu_name()}, {args.threads} threads; median of {args.repeats}; GFLOP/s\n")
     print("| rows | product (in x out) | MKL | oneDNN | oneDNN, weight reordered once | ratios |")
     print("|---:|---|---:|---:|---:|---:|")
     for rows in (2048, 64, 16):

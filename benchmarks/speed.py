@@ -30,9 +30,7 @@ from torch import nn
 from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, keep_freed_memory, quantize_int8
-from vaswani_hf.kernels import KERNELS, MEASURED_ATTENTION
-
-from matmul import cpu_model  # this folder's
+from vaswani_hf.kernels import KERNELS, MEASURED_ATTENTION, cpu_name
 
 
 SIZES = {
@@ -215,7 +213,7 @@ def main():
         keep_freed_memory()
     if args.kernels:
         KERNELS.force(*args.kernels.split(","))
-    print(f"CPU: {cpu_model()}")
+    print(f"CPU: {cpu_name()}, {args.threads} threads")
     for label in args.sizes:
         run_size(label, SIZES[label], args.repeats, args.threads)
     print(f"\nKernels of our model (shape classes per kind of product): {KERNELS.summary()}"

@@ -5,6 +5,7 @@ import torch
 from accelerate import Accelerator
 
 from training.checkpoints import checkpoints, load_checkpoint, resolve_checkpoint, save_checkpoint
+from vaswani_hf.kernels import KERNELS, VaswaniLinear
 
 
 class Killed(BaseException):
@@ -54,3 +55,21 @@ def test_resuming_from_nothing_is_a_one_line_error(tmp_path):
         resolve_checkpoint(tmp_path, "latest")
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         resolve_checkpoint(tmp_path, str(tmp_path / "checkpoint-9"))
+
+
+def test_a_resumed_run_computes_with_the_kernels_its_checkpoint_recorded(tmp_path, accelerator, monkeypatch):
+    """The choices a run measured go into its checkpoints; loading one takes them back and keeps them, so that a
+    resumed run does not measure again (and perhaps choose otherwise) where the interrupted run had chosen."""
+    monkeypatch.setattr(KERNELS, "chosen", {})
+    monkeypatch.setattr(KERNELS, "forced", ())
+    monkeypatch.setattr(KERNELS, "frozen", False)
+    layer = VaswaniLinear(6, 5)
+    layer, optimizer = accelerator.prepare(layer, torch.optim.Adam(layer.parameters()))
+    layer(torch.randn(40, 6, requires_grad=True)).sum().backward()
+    measured = dict(KERNELS.chosen)
+    assert len(measured) == 3  # forward, input gradient, weight gradient
+    save_checkpoint(accelerator, tmp_path, 1, {"history": []}, keep=1)
+
+    monkeypatch.setattr(KERNELS, "chosen", {key: "not measured here" for key in measured})  # a fresh process
+    state = load_checkpoint(accelerator, tmp_path / "checkpoint-1")
+    assert KERNELS.chosen == measured and KERNELS.frozen and "kernels" not in state

@@ -3,6 +3,7 @@ gradients; the chooser keeps the faster of two kernels of known cost; whatever i
 give what the plain path gives; packed weights are used only while valid; the attention kernel the user names is
 the one that runs; freed memory kept for reuse."""
 
+import json
 import os
 import subprocess
 import sys
@@ -21,9 +22,10 @@ from vaswani_hf.kernels import KERNELS, LINEAR_KERNELS, Kernels, VaswaniLinear, 
 
 @pytest.fixture
 def kernels(monkeypatch):
-    """KERNELS with nothing chosen or forced, restored afterwards."""
+    """KERNELS with nothing chosen, forced or frozen, restored afterwards."""
     monkeypatch.setattr(KERNELS, "chosen", {})
     monkeypatch.setattr(KERNELS, "forced", ())
+    monkeypatch.setattr(KERNELS, "frozen", False)
     return KERNELS
 
 
@@ -106,6 +108,29 @@ def test_the_chooser_judges_each_kernel_by_its_best_call():
         busy(next(durations[name], 1e-4 if name == "a" else 5e-4))
 
     assert fastest(("a", "b"), run) == "a"
+
+
+def test_choices_round_trip_as_json_on_the_same_cpu_only():
+    chooser = Kernels()
+    chooser.chosen = {("forward", 9, (40, 24), True): "onednn", ("attention", 7, 4, 1, 3, 64, True): "eager"}
+    state = json.loads(json.dumps(chooser.state_dict()))
+    again = Kernels()
+    assert again.load_state_dict(state) and again.chosen == chooser.chosen
+    assert not Kernels().load_state_dict({**state, "cpu": "another CPU"})
+
+
+def test_frozen_choices_extend_to_new_sizes_without_measuring():
+    """After freeze(), a class met for the first time takes the choice of the nearest class in size that differs
+    in nothing else; only a class with no such neighbour is measured."""
+    chooser = Kernels()
+    chooser.chosen = {("forward", 4, (40, 24), True): "torch", ("forward", 9, (40, 24), True): "onednn"}
+    chooser.freeze()
+    never = lambda name: pytest.fail("measured")  # noqa: E731
+    assert chooser.choose(("forward", 5, (40, 24), True), ("torch", "onednn"), never) == "torch"
+    assert chooser.choose(("forward", 12, (40, 24), True), ("torch", "onednn"), never) == "onednn"
+    measured = []
+    chooser.choose(("forward", 5, (40, 99), True), ("torch", "onednn"), measured.append)
+    assert measured  # another weight shape: no neighbour
 
 
 def test_forcing_an_unknown_kernel_is_a_one_line_error():

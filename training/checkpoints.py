@@ -1,9 +1,15 @@
 """Checkpoints that survive a kill (§5.2/§6.1: the paper wrote one every 10 minutes and averaged the last few).
 
 A checkpoint is a folder `checkpoint-<step>` holding Accelerate's state (model weights as safetensors,
-optimizer, learning-rate schedule, every process's RNG states) and `trainer_state.json` (the step and the run's
-history). It is written under a temporary name and renamed into place when complete, so a kill during a save
-leaves the previous checkpoints untouched and never produces a half-written `checkpoint-<step>`.
+optimizer, learning-rate schedule, every process's RNG states) and `trainer_state.json` (the step, the run's
+history, and the CPU kernels the run chose by measurement). It is written under a temporary name and renamed into
+place when complete, so a kill during a save leaves the previous checkpoints untouched and never produces a
+half-written `checkpoint-<step>`.
+
+Kernels (vaswani_hf/kernels.py) give the same products with different rounding, which Adam can amplify in
+parameters whose gradient is rounding noise. So a run measures its kernels during its first step, every process
+then takes the main process's choices and keeps them (`share_kernel_choices`), and a run resumed on a CPU of the
+same name computes with the choices its checkpoint recorded.
 """
 
 import json
@@ -11,6 +17,10 @@ import os
 import re
 import shutil
 from pathlib import Path
+
+from accelerate.utils import broadcast_object_list
+
+from vaswani_hf.kernels import KERNELS
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -52,7 +62,7 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, state: dict,
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         with open(temporary / STATE_FILE, "w") as file:
-            json.dump({"step": step, **state}, file, indent=1)
+            json.dump({"step": step, **state, "kernels": KERNELS.state_dict()}, file, indent=1)
             file.flush()
             os.fsync(file.fileno())
         shutil.rmtree(final, ignore_errors=True)
@@ -64,6 +74,18 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, state: dict,
 
 
 def load_checkpoint(accelerator, path: Path) -> dict:
-    """Restores model, optimizer, schedule and RNG states; returns trainer_state.json."""
+    """Restores model, optimizer, schedule, RNG states and kernel choices; returns trainer_state.json."""
     accelerator.load_state(str(path))
-    return json.loads((path / STATE_FILE).read_text())
+    state = json.loads((path / STATE_FILE).read_text())
+    kernels = state.pop("kernels", None)
+    if kernels and KERNELS.load_state_dict(kernels):
+        KERNELS.freeze()
+    elif kernels and kernels["chosen"]:
+        accelerator.print(f"the checkpoint's kernels were measured on {kernels['cpu']}: measuring them again here")
+    return state
+
+
+def share_kernel_choices() -> None:
+    """After a run's first step, on every process: take the main process's kernel choices and keep them."""
+    KERNELS.load_state_dict(broadcast_object_list([KERNELS.state_dict()])[0])
+    KERNELS.freeze()

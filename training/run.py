@@ -36,7 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from training.averaging import average_checkpoints  # noqa: E402
 from training.batching import padding_fraction, token_batches  # noqa: E402
-from training.checkpoints import WEIGHTS_FILE, checkpoints, load_checkpoint, resolve_checkpoint, save_checkpoint  # noqa: E402
+from training.checkpoints import (  # noqa: E402
+    WEIGHTS_FILE,
+    checkpoints,
+    load_checkpoint,
+    resolve_checkpoint,
+    save_checkpoint,
+    share_kernel_choices,
+)
 from training.data import load_pairs  # noqa: E402
 from training.evaluation import score, translate  # noqa: E402
 from training.hub import write_output_folder  # noqa: E402
@@ -44,6 +51,7 @@ from training.loss import label_smoothed_nll  # noqa: E402
 from training.schedule import paper_optimizer  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, keep_freed_memory  # noqa: E402
+from vaswani_hf.kernels import KERNELS  # noqa: E402
 from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
 
 PRESETS = Path(__file__).resolve().parent / "presets"
@@ -282,6 +290,8 @@ def main():
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
+        if not KERNELS.frozen:  # the first step measured them: the same kernels in every process and after a resume
+            share_kernel_choices()
         loss = accelerator.reduce(step_loss, "sum").item() / step_tokens
         window_tokens += step_tokens
         entry = {"step": step, "loss": loss, "learning_rate": learning_rate, "tokens": step_tokens}

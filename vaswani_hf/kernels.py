@@ -29,9 +29,11 @@ This file travels to the Hub beside modeling_vaswani.py: it imports only torch a
 import contextlib
 import math
 import os
+import platform
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -55,6 +57,16 @@ def parse_kernel_names(text: str) -> tuple[str, ...]:
     if unknown:
         raise ValueError(f"unknown kernel {unknown[0]!r} (VASWANI_KERNELS): choose among {', '.join(KERNEL_NAMES)}")
     return names
+
+
+def cpu_name() -> str:
+    """The CPU's model name, family and model numbers as the kernel reports them (virtual machines often show only
+    "AMD EPYC" or "Intel Xeon"): what kernel choices are measured on."""
+    cpuinfo = Path("/proc/cpuinfo")
+    first = cpuinfo.read_text().split("\n\n")[0].splitlines() if cpuinfo.exists() else []
+    fields = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in first if ":" in line)}
+    name = fields.get("model name") or platform.processor() or "unknown CPU"
+    return name + (f" (family {fields['cpu family']}, model {fields.get('model', '?')})" if "cpu family" in fields else "")
 
 
 def fastest(names: tuple[str, ...], run: Callable[[str], object], min_seconds: float = 2e-3,
@@ -88,6 +100,7 @@ class Kernels:
         # while the module has that weight with that data, unchanged in place since it was packed.
         self.packed: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
         self.open_decoding_blocks = 0
+        self.frozen = False
 
     def force(self, *names: str) -> None:
         """Take these kernels wherever they are candidates (the first that is); none: choose by measurement."""
@@ -100,8 +113,32 @@ class Kernels:
                 return name
         choice = self.chosen.get(key)
         if choice is None:
-            choice = self.chosen[key] = fastest(names, run)
+            choice = self.chosen[key] = (self.frozen and self.nearest(key, names)) or fastest(names, run)
         return choice
+
+    def nearest(self, key: tuple, names: tuple[str, ...]) -> str | None:
+        """The choice of the class closest in size (key[1]) among those that differ from `key` in nothing else."""
+        found = [(abs(other[1] - key[1]), other[1], name) for other, name in self.chosen.items()
+                 if other[0] == key[0] and other[2:] == key[2:] and name in names]
+        return min(found)[2] if found else None
+
+    def freeze(self) -> None:
+        """From now on a shape class met for the first time takes the choice of its nearest measured neighbour
+        (`nearest`) instead of a new measurement, if it has one. A training run freezes its choices after the first
+        step and keeps them in its checkpoints: resumed, it computes with the kernels it would have used."""
+        self.frozen = True
+
+    def state_dict(self) -> dict:
+        """The choices, as JSON: `{"cpu": cpu_name(), "chosen": [[key, kernel], ...]}`."""
+        return {"cpu": cpu_name(), "chosen": [[list(key), name] for key, name in self.chosen.items()]}
+
+    def load_state_dict(self, state: dict) -> bool:
+        """Takes the choices of `state_dict()` if they were measured on a CPU of this name; returns whether so."""
+        if state.get("cpu") != cpu_name():
+            return False
+        self.chosen = {tuple(tuple(part) if isinstance(part, list) else part for part in key): name
+                       for key, name in state["chosen"]}
+        return True
 
     def summary(self) -> dict[str, dict[str, int]]:
         """How many shape classes of each kind chose each kernel, e.g. {"forward": {"onednn": 12}}."""
