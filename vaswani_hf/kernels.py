@@ -2,8 +2,8 @@
 """CPU kernels chosen by measurement on the machine that runs them.
 
 The model's time goes to matrix products (its linear layers) and, when decoding, to many small attention products.
-Which kernel computes them fastest depends on the CPU: on an AMD EPYC (Zen 5) oneDNN ran float32 products 1.5-2.4x
-as fast as MKL, torch's BLAS, and on an Intel Xeon at 0.74-1.09x of it (`benchmarks/matmul.py`, README). So nothing
+Which kernel computes them fastest depends on the CPU: on an AMD EPYC (Zen 5) oneDNN ran float32 products 1.2-4x as
+fast as MKL, torch's BLAS, and on an Intel Xeon at 0.74-2x of it (`benchmarks/matmul.py`, README). So nothing
 here is tuned to one machine: the first time a product of a shape class is met, each candidate kernel is timed on it
 briefly and the fastest is kept for the rest of the process, as cuDNN's benchmark mode does on GPUs.
 
@@ -11,7 +11,7 @@ briefly and the fastest is kept for the rest of the process, as cuDNN's benchmar
   inside a decoding block (`decoding()`, entered by `generate()` and the GNMT search) — oneDNN with the weight
   reordered once into its blocked layout. Shape classes: the kind of product (forward, input gradient, weight
   gradient, forward without gradient, forward without gradient inside a decoding block), the weight's shape, and
-  the number of rows rounded to a power of two.
+  the number of tokens (input rows) rounded up to a power of two.
 * `measured_attention(eager)`: transformers' SDPA kernel, except without gradient on the CPU (encoding and decoding
   steps), where SDPA or the eager product is chosen the same way: torch's CPU SDPA has a fixed cost per call that
   a decoding step's few query rows may not repay. The model registers it as an attention kernel of its own name,
