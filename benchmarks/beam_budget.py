@@ -24,6 +24,7 @@ import torch
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from vaswani_hf import keep_freed_memory
+from vaswani_hf.kernels import cpu_name
 
 from matmul import seconds  # this folder's median timer
 from speed import GENERATE_BATCH, NEW_TOKENS, SIZES, SOURCE_LENGTH, build, generate, random_tokens
@@ -93,7 +94,7 @@ def main():
     products = decoder_products_ms(models["ours"], args.repeats)
     budget = ms["marian", "call"] / args.target - ms["ours", "loop"]
 
-    print(f"\n**{args.size}**, beam {BEAMS}, {args.threads} threads, median ms of {args.repeats}\n")
+    print(f"\n**{args.size}**, beam {BEAMS}, {cpu_name()}, {args.threads} threads, median ms of {args.repeats}\n")
     print("| | MarianMTModel | ours |\n|---|---:|---:|")
     print(f"| generate() call | {ms['marian', 'call']:.0f} | {ms['ours', 'call']:.0f} |")
     print(f"| loop floor: the call with a decoder that costs nothing | {ms['marian', 'loop']:.0f} | "

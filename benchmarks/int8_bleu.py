@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from vaswani_hf import quantize_int8
+from vaswani_hf.kernels import cpu_name
 from vaswani_hf.translate import load, translate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -37,8 +38,8 @@ def main():
     if len(sources) != len(references):
         raise SystemExit(f"error: {len(sources)} sources but {len(references)} references")
     model, tokenizer = load(args.model, "cpu")
-    print(f"{len(sources)} sentences, beam {model.generation_config.num_beams}, "
-          f"GNMT α {getattr(model.generation_config, 'gnmt_alpha', 0.6)}, {args.threads} threads")
+    print(f"{cpu_name()}, {args.threads} threads; {len(sources)} sentences, beam {model.generation_config.num_beams}, "
+          f"GNMT α {getattr(model.generation_config, 'gnmt_alpha', 0.6)}")
     print("| model | sacreBLEU | chrF | sentences/s |")
     print("|---|---:|---:|---:|")
     for name, variant in (("float32", model), ("int8", quantize_int8(model))):
