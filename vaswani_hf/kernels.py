@@ -66,7 +66,9 @@ def cpu_name() -> str:
     first = cpuinfo.read_text().split("\n\n")[0].splitlines() if cpuinfo.exists() else []
     fields = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in first if ":" in line)}
     name = fields.get("model name") or platform.processor() or "unknown CPU"
-    return name + (f" (family {fields['cpu family']}, model {fields.get('model', '?')})" if "cpu family" in fields else "")
+    if "cpu family" in fields:
+        name += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
+    return name
 
 
 def fastest(names: tuple[str, ...], run: Callable[[str], object], min_seconds: float = 2e-3,
