@@ -39,7 +39,7 @@ def test_each_training_kernel_computes_the_formula_and_its_gradients(kernels, ke
     y = layer(x)
     grad = torch.randn_like(y)
     y.backward(grad)
-    assert {key[0] for key in kernels.chosen} == set() and "MeasuredLinear" in y.grad_fn.name()
+    assert kernels.chosen == {} and "MeasuredLinear" in y.grad_fn.name()  # forced: nothing measured
 
     x64, w64, g64 = x.detach().double(), layer.weight.detach().double(), grad.double()
     expected = x64 @ w64.T + (layer.bias.detach().double() if bias else 0)
