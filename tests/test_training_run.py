@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from conftest import CODE_FILES
 from training.default_data import generate
+from training.schedule import inverse_sqrt_lr
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "2", "--vocab_size", "300",
@@ -112,6 +113,12 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, smal
     assert_same_weights(killed, tmp_path / "whole", atol=1e-6)
 
 
+def test_without_a_time_budget_the_learning_rate_is_the_papers_curve(tmp_path, small_data):
+    launch(tmp_path / "run", *TINY, *small_data, "--max_steps", "6", "--average_checkpoints", "1", "--lr_scale", "0.5")
+    rates = [h["learning_rate"] for h in history(tmp_path / "run")]
+    assert rates == pytest.approx([inverse_sqrt_lr(k, 32, warmup_steps=4, scale=0.5) for k in range(1, 7)], rel=1e-9)
+
+
 def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small_data):
     """--push_to_hub with huggingface_hub's upload captured (tests/upload_capture): the files it would send."""
     token = "hf_vaswaniTestToken0123456789abcdef"
@@ -153,3 +160,7 @@ def test_the_embedded_default_run_learns(tmp_path):
     assert sorted(search) == sorted(preset["alpha_candidates"])
     generation = json.loads((tmp_path / "main" / "generation_config.json").read_text())
     assert search[generation["gnmt_alpha"]] == max(search.values())
+    # The preset fits its schedule to the budget: with 60 minutes and --max_steps 250 the run expects 250 steps, so its
+    # warmup ends at warmup_share x 250 (training/budget.py), not at warmup_steps.
+    rates = [h["learning_rate"] for h in metrics["history"]]
+    assert rates.index(max(rates)) + 1 == round(preset["warmup_share"] * 250) != preset["warmup_steps"]

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from training.averaging import average_checkpoints  # noqa: E402
 from training.batching import padding_fraction, token_batches  # noqa: E402
+from training.budget import TimeBudget, crossed  # noqa: E402
 from training.checkpoints import (  # noqa: E402
     WEIGHTS_FILE,
     checkpoints,
@@ -48,7 +49,7 @@ from training.data import load_pairs  # noqa: E402
 from training.evaluation import score, translate  # noqa: E402
 from training.hub import write_output_folder  # noqa: E402
 from training.loss import label_smoothed_nll  # noqa: E402
-from training.schedule import paper_optimizer  # noqa: E402
+from training.schedule import inverse_sqrt_lr, paper_optimizer  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, keep_freed_memory  # noqa: E402
 from vaswani_hf.kernels import KERNELS  # noqa: E402
@@ -97,7 +98,17 @@ class RecipeArguments:
     output_dir: str = field(default="outputs/run")
     seed: int = 1
     max_steps: int = field(default=100000, metadata={"help": "Optimizer steps (§5.2: 100k for base)."})
-    max_train_minutes: float | None = field(default=None, metadata={"help": "Stop training after this wall-clock time."})
+    max_train_minutes: float | None = field(default=None, metadata={
+        "help": "A wall-clock budget: stop after it, and fit the schedule, checkpoints and evaluations to the steps "
+                "the machine is measured to make in it (training/budget.py; not the paper's)."})
+    warmup_share: float = field(default=0.04, metadata={
+        "help": "With a budget: warmup over this share of the expected steps (paper: 4k of 100k)."})
+    cooldown_share: float = field(default=0.0, metadata={
+        "help": "With a budget: a linear decay to zero over this last share of the expected steps."})
+    average_share: float = field(default=0.3, metadata={
+        "help": "With a budget and no --save_steps/--save_minutes: the averaged checkpoints span its last share."})
+    evaluations: int = field(default=0, metadata={
+        "help": "With a budget: validation this many times, evenly spaced inside it (instead of --eval_steps)."})
     max_tokens: int = field(default=4096, metadata={"help": "Padded tokens per batch and process."})
     tokens_per_step: int = field(default=25000, metadata={"help": "Tokens per optimizer step, reached by accumulation."})
     warmup_steps: int = 4000
@@ -146,7 +157,14 @@ def recipe_deviations(args: RecipeArguments) -> list[str]:
         changed.append(f"GNMT α chosen on the validation set among {args.alpha_candidates}")
     if args.average_checkpoints not in (5, 20):
         changed.append(f"`average_checkpoints={args.average_checkpoints}` (paper: 5 for base, 20 for big)")
-    if args.save_minutes != 10:
+    if args.max_train_minutes is not None:
+        cooldown = f", then to zero over the last {args.cooldown_share:.0%}" if args.cooldown_share else ""
+        changed.append(f"a {args.max_train_minutes:g}-minute budget (training/budget.py): warmup over "
+                       f"{args.warmup_share:.0%} of the steps the machine was measured to make in it, the §5.3 decay "
+                       f"after it{cooldown}, the peak of the §5.3 curve for `warmup_steps`")
+    if args.max_train_minutes is not None and not (args.save_steps or args.save_minutes):
+        changed.append(f"the averaged checkpoints spread over the last {args.average_share:.0%} of the budget")
+    elif args.save_minutes != 10:
         every = f"{args.save_minutes} minutes" if args.save_minutes else f"{args.save_steps} steps"
         changed.append(f"checkpoints every {every} (paper: every 10 minutes)")
     return [f"recipe: {text}" for text in changed]
@@ -204,8 +222,8 @@ def main():
         mixed_precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if use_gpu else "no"
     accelerator = Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision, log_with="tensorboard",
                               project_dir=str(output_dir))
-    if not use_gpu:  # share the cores among the processes; keep freed memory for the next step (allocator.py)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // accelerator.num_processes))
+    if not use_gpu:  # share the cores this process may use among the processes; keep freed memory (allocator.py)
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // accelerator.num_processes))
         keep_freed_memory()
     set_seed(args.seed)
     say = accelerator.print
@@ -227,7 +245,16 @@ def main():
 
     config = model_args.config(tokenizer)
     model = VaswaniForConditionalGeneration(config)
-    optimizer, scheduler = paper_optimizer(model, config.d_model, args.warmup_steps, args.lr_scale)
+    budget = None
+    if args.max_train_minutes is not None:
+        peak = inverse_sqrt_lr(args.warmup_steps, config.d_model, args.warmup_steps, args.lr_scale)
+        try:
+            budget = TimeBudget(60 * args.max_train_minutes, args.max_steps, peak, args.warmup_steps,
+                                args.warmup_share, args.cooldown_share, args.average_share, args.average_checkpoints,
+                                args.evaluations)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
+    optimizer, scheduler = paper_optimizer(model, config.d_model, args.warmup_steps, args.lr_scale, budget=budget)
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)  # stepped once per optimizer step, by us
 
@@ -256,17 +283,27 @@ def main():
     accelerator.init_trackers("vaswani", config={k: str(v) if isinstance(v, list) else v for k, v in hyperparameters.items()})
 
     start_time = time.time() - state["elapsed_seconds"]
-    last_save_time = time.time()
+
+    def seconds() -> float:  # the run's time by the main process's clock, on every process
+        now = torch.tensor([time.time() - start_time], dtype=torch.float64, device=accelerator.device)
+        return broadcast(now).item()
+
+    last_check = last_save = state["elapsed_seconds"]
     window_tokens, window_start = 0, time.time()
-    progress = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="training",
-                    mininterval=1 if sys.stderr.isatty() else 30)
+    progress = training_progress(budget, args.max_steps, step, last_check, not accelerator.is_local_main_process)
     model.train()
     epoch, batches = None, None
     while step < args.max_steps:
-        stop = torch.tensor([args.max_train_minutes is not None and time.time() - start_time > 60 * args.max_train_minutes])
-        if broadcast(stop.to(accelerator.device)).item():
-            say(f"time budget of {args.max_train_minutes} minutes reached at step {step}")
-            break
+        elapsed = seconds()
+        if budget:
+            progress.update(min(elapsed, budget.seconds) - progress.n)
+            if elapsed > budget.seconds:
+                progress.close()
+                say(f"time budget of {args.max_train_minutes:g} minutes reached at step {step}")
+                break
+            if step == 1:
+                state["first_step_seconds"] = elapsed
+            budget.estimate(step, elapsed, state.get("first_step_seconds", 0.0))
         if epoch != step // steps_per_epoch:
             epoch = step // steps_per_epoch
             batches = token_batches(source_lengths, target_lengths, args.max_tokens, args.seed, epoch)
@@ -296,15 +333,24 @@ def main():
         window_tokens += step_tokens
         entry = {"step": step, "loss": loss, "learning_rate": learning_rate, "tokens": step_tokens}
         state["history"].append(entry)
-        progress.update(1)
+        if not budget:
+            progress.update(1)
         if step % args.logging_steps == 0 or step == 1:
             tokens_per_second = window_tokens / (time.time() - window_start)
             window_tokens, window_start = 0, time.time()
-            progress.set_postfix(loss=f"{loss:.3f}", lr=f"{learning_rate:.2e}", tok_s=f"{tokens_per_second:.0f}")
+            steps = {"step": f"{step}/~{budget.expected:.0f}"} if budget else {}
+            progress.set_postfix(**steps, loss=f"{loss:.3f}", lr=f"{learning_rate:.2e}",
+                                 tok_s=f"{tokens_per_second:.0f}")
             accelerator.log({"train/loss": loss, "train/learning_rate": learning_rate,
                              "train/target_tokens_per_second": tokens_per_second}, step=step)
 
-        if validation and args.eval_steps and step % args.eval_steps == 0:
+        elapsed, previous = seconds(), last_check
+        last_check = elapsed
+        if budget and budget.evaluations:
+            evaluate_now = crossed(previous, elapsed, budget.evaluation_interval())
+        else:
+            evaluate_now = args.eval_steps and step % args.eval_steps == 0
+        if validation and evaluate_now:
             if accelerator.is_main_process:
                 metrics = evaluate_model(accelerator.unwrap_model(model), tokenizer, pairs["validation"], validation, args)
                 entry.update({f"validation_{k}": v for k, v in metrics.items()})
@@ -312,11 +358,15 @@ def main():
                 progress.write(f"step {step}: validation loss {metrics['loss']:.3f}, BLEU {metrics['bleu']:.1f}")
             accelerator.wait_for_everyone()
 
-        minutes_due = torch.tensor([args.save_minutes > 0 and time.time() - last_save_time > 60 * args.save_minutes])
-        if (args.save_steps and step % args.save_steps == 0) or broadcast(minutes_due.to(accelerator.device)).item():
-            state["elapsed_seconds"] = time.time() - start_time
+        if args.save_steps or args.save_minutes or not budget:
+            save_now = (args.save_steps and step % args.save_steps == 0) or (
+                args.save_minutes > 0 and elapsed - last_save > 60 * args.save_minutes)
+        else:
+            save_now = crossed(previous, elapsed, budget.save_interval())
+        if save_now:
+            state["elapsed_seconds"] = elapsed
             save_checkpoint(accelerator, output_dir, step, state, keep=max(args.average_checkpoints, 1))
-            last_save_time = time.time()
+            last_save = elapsed
     progress.close()
 
     # The final model: the average of the last K checkpoints (§6.1), the current weights among them.
@@ -333,12 +383,16 @@ def main():
         final.to(accelerator.device)
         metrics = {"train_steps": step, "train_minutes": state["elapsed_seconds"] / 60,
                    "averaged_checkpoints": [p.name for p in averaged], "history": state["history"]}
-        if validation and args.alpha_candidates:
-            metrics["alpha_search"] = choose_alpha(final, tokenizer, pairs["validation"], args)
-            args.length_penalty_alpha = max(metrics["alpha_search"], key=metrics["alpha_search"].get)
-            say(f"GNMT α by validation BLEU: {metrics['alpha_search']} -> {args.length_penalty_alpha}")
-        if validation:
-            metrics["validation"] = evaluate_model(final, tokenizer, pairs["validation"], validation, args)
+        if validation:  # the whole validation set, decoded with each candidate α (§6.1) and scored
+            scores = choose_alpha(final, tokenizer, pairs["validation"], args)
+            if len(scores) > 1:
+                metrics["alpha_search"] = {alpha: scored["bleu"] for alpha, scored in scores.items()}
+                args.length_penalty_alpha = max(scores, key=lambda alpha: scores[alpha]["bleu"])
+                say(f"GNMT α by validation BLEU: {metrics['alpha_search']} -> {args.length_penalty_alpha}")
+            loss = validation_loss(final, *validation, tokenizer.pad_token_id, args.max_tokens, accelerator.device)
+            metrics["validation"] = {"loss": loss, "perplexity": math.exp(min(loss, 50)),
+                                     **scores[args.length_penalty_alpha]}
+            say(f"validation: sacreBLEU {metrics['validation']['bleu']:.1f}  chrF {metrics['validation']['chrf']:.1f}")
         if "test" in pairs:
             sources = [s for s, _ in pairs["test"]]
             predictions = translate(final, tokenizer, sources, num_beams=args.num_beams, alpha=args.length_penalty_alpha)
@@ -364,16 +418,27 @@ def main():
     accelerator.end_training()
 
 
-def choose_alpha(model, tokenizer, pairs, args) -> dict[float, float]:
-    """Validation BLEU for each candidate GNMT α (§6.1: "chosen after experimentation on the development set")."""
+def training_progress(budget, max_steps, step, elapsed, disable):
+    """A progress bar in steps; with a time budget, in seconds of it (the steps made and expected alongside)."""
+    every = {"disable": disable, "mininterval": 1 if sys.stderr.isatty() else 30}
+    if budget is None:
+        return tqdm(total=max_steps, initial=step, desc="training", **every)
+    return tqdm(total=round(budget.seconds), initial=elapsed, desc=f"training, {budget.seconds / 60:g}-minute budget",
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}", **every)
+
+
+def choose_alpha(model, tokenizer, pairs, args) -> dict[float, dict]:
+    """sacreBLEU and chrF of the pairs for each candidate GNMT α, or for --length_penalty_alpha alone (§6.1: α was
+    "chosen after experimentation on the development set")."""
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-    return {alpha: score(translate(model, tokenizer, sources, num_beams=args.num_beams, alpha=alpha), references)["bleu"]
-            for alpha in args.alpha_candidates}
+    return {alpha: score(translate(model, tokenizer, sources, num_beams=args.num_beams, alpha=alpha), references)
+            for alpha in args.alpha_candidates or [args.length_penalty_alpha]}
 
 
-def evaluate_model(model, tokenizer, pairs, encoded, args) -> dict:
+def evaluate_model(model, tokenizer, pairs, encoded, args, sentences=None) -> dict:
+    """Validation loss on every pair; BLEU and chrF on the first `sentences` (--eval_max_sentences)."""
     loss = validation_loss(model, *encoded, tokenizer.pad_token_id, args.max_tokens, next(model.parameters()).device)
-    subset = pairs[: args.eval_max_sentences]
+    subset = pairs[: sentences or args.eval_max_sentences]
     predictions = translate(model, tokenizer, [s for s, _ in subset], num_beams=args.num_beams,
                             alpha=args.length_penalty_alpha)
     metrics = score(predictions, [t for _, t in subset])

@@ -1,0 +1,97 @@
+"""A run fitted to a time budget (training/budget.py): its schedule as a function of the budget and the step time,
+and the paper's schedule untouched without one."""
+
+import math
+
+import pytest
+import torch
+
+from training.budget import TimeBudget, budget_lr, crossed
+from training.schedule import inverse_sqrt_lr, paper_optimizer
+
+PEAK = 1e-3
+
+
+def make_budget(minutes=25, max_steps=100000, warmup_share=0.1, cooldown_share=0.0, average_share=0.3,
+                checkpoints=15, evaluations=5):
+    return TimeBudget(60 * minutes, max_steps, PEAK, 400, warmup_share, cooldown_share, average_share, checkpoints,
+                      evaluations)
+
+
+def test_the_budget_curve_is_the_papers_when_its_warmup_is_the_papers():
+    # expected 100k steps, 4% warmup = the paper's 4,000; the peak of the §5.3 curve for 4,000
+    peak = inverse_sqrt_lr(4000, 512)
+    for step in (1, 7, 3999, 4000, 4001, 55555, 100000):
+        assert budget_lr(step, 100000, peak, 0.04) == pytest.approx(inverse_sqrt_lr(step, 512), rel=1e-12)
+
+
+@pytest.mark.parametrize("expected_steps", [1000, 2000, 4000])
+def test_warmup_and_cooldown_are_shares_of_the_expected_run(expected_steps):
+    warmup = 0.1 * expected_steps
+    rates = [budget_lr(s, expected_steps, PEAK, 0.1, 0.3) for s in range(1, expected_steps + 1)]
+    assert max(rates) == pytest.approx(PEAK) and rates.index(max(rates)) + 1 == warmup  # the peak ends the warmup
+    assert rates[0] == pytest.approx(PEAK / warmup)                                       # linear from step 1
+    middle = int(0.5 * expected_steps)                                                     # §5.3 decay, before cooldown
+    assert rates[middle - 1] == pytest.approx(PEAK * math.sqrt(warmup / middle))
+    start = 0.7 * expected_steps                                                           # cooldown: linear to 0
+    late = int(0.9 * expected_steps)
+    assert rates[late - 1] == pytest.approx(PEAK * math.sqrt(warmup / late) * (expected_steps - late) / (expected_steps - start))
+    assert rates[-1] == 0.0
+
+
+def test_a_machine_half_as_fast_expects_half_the_steps_and_warms_up_for_half_as_many():
+    fast, slow = make_budget(), make_budget()
+    # 100 steps done; the first took 20 s (it measures kernels), the others 0.5 s or 1 s each
+    assert fast.estimate(100, 20 + 99 * 0.5, 20) == pytest.approx(100 + (1500 - 69.5) / 0.5)
+    assert slow.estimate(100, 20 + 99 * 1.0, 20) == pytest.approx(100 + (1500 - 119) / 1.0)
+    assert fast.expected / slow.expected == pytest.approx(2, rel=0.05)
+    step = 100  # both are warming up: the slow one is further along its shorter warmup
+    assert slow.learning_rate(step) / fast.learning_rate(step) == pytest.approx(fast.expected / slow.expected)
+
+
+def test_the_estimate_follows_the_step_time_as_it_changes():
+    budget = make_budget()
+    budget.estimate(101, 10 + 100 * 0.5, 10)
+    before = budget.expected
+    budget.estimate(201, 10 + 100 * 0.5 + 100 * 1.5, 10)  # the machine got slower: mean step time 1 s
+    assert budget.expected == pytest.approx(201 + (1500 - 210) / 1.0) and budget.expected < before
+
+
+def test_before_two_steps_the_warmup_is_warmup_steps_long_and_max_steps_caps_the_estimate():
+    budget = make_budget(warmup_share=0.1)
+    assert budget.estimate(1, 30.0, 30.0) == 4000  # warmup_steps 400 / share 0.1
+    assert budget.learning_rate(1) == pytest.approx(PEAK / 400)
+    capped = make_budget(max_steps=250)
+    assert capped.estimate(50, 60, 10) == 250
+
+
+def test_checkpoints_span_the_last_share_and_evaluations_are_spread_over_the_budget():
+    budget = make_budget(minutes=25, average_share=0.3, checkpoints=15, evaluations=5)
+    assert budget.save_interval() == pytest.approx(30.0)   # 15 checkpoints over the last 7.5 of 25 minutes
+    assert budget.evaluation_interval() == pytest.approx(250.0)  # 5 inside the run, the last at 20:50
+    saves = [t for t in range(1, 1501) if crossed(t - 1, t, budget.save_interval())]
+    assert len(saves) == 50 and saves[-15:][0] == 1080  # the last 15: from 72% of the budget on
+    assert not crossed(29.0, 29.9, 30.0) and crossed(29.9, 30.0, 30.0) and crossed(0, 95, 30.0)
+    assert not crossed(0, 1e9, make_budget(evaluations=0).evaluation_interval())
+
+
+@pytest.mark.parametrize("name, value", [("warmup_share", 1.5), ("cooldown_share", -0.1), ("average_share", 2)])
+def test_a_share_outside_0_1_is_refused_naming_the_flag(name, value):
+    with pytest.raises(ValueError, match=f"--{name} {value}: a share of the run, between 0 and 1"):
+        make_budget(**{name: value})
+
+
+def test_the_optimizer_follows_the_budget_and_without_one_the_paper():
+    model = torch.nn.Linear(3, 3)
+    budget = make_budget()
+    optimizer, scheduler = paper_optimizer(model, d_model=512, warmup_steps=400, budget=budget)
+    rates = []
+    for step in range(1, 4):
+        rates.append(optimizer.param_groups[0]["lr"])
+        budget.estimate(step, 10.0 + step, 10.0)  # what run.py does before each step
+        optimizer.step()
+        scheduler.step()
+    assert rates[0] == pytest.approx(PEAK / 400)
+    assert rates[2] == pytest.approx(budget_lr(3, 2 + (1500 - 12.0) / 2.0, PEAK, 0.1))  # 2 s for step 2
+    plain, plain_schedule = paper_optimizer(torch.nn.Linear(3, 3), d_model=512, warmup_steps=400)
+    assert plain.param_groups[0]["lr"] == pytest.approx(inverse_sqrt_lr(1, 512, 400), rel=1e-12)
