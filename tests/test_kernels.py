@@ -204,6 +204,23 @@ def test_packed_weights_are_kept_between_calls_in_eval_mode_and_never_go_stale(k
     torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
 
 
+def test_a_fused_adam_step_between_two_calls_in_eval_mode_is_seen(kernels):
+    """torch's fused Adam changes the weights in place without counting a version: a kept packed copy must not
+    survive it, even with the model left in eval mode (no training forward to free the copies)."""
+    model, source = tiny_model(seed=6), random_ids(3, 8, seed=4)
+    model.eval()
+    decode(model, source, "onednn_packed")
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05, fused=True)
+    version = model.lm_head.weight._version
+    model(input_ids=source, labels=source).loss.backward()
+    optimizer.step()
+    assert model.lm_head.weight._version == version  # the premise: the update went uncounted
+    fast = decode(model, source, "onednn_packed")
+    plain = decode(model, source, "torch")
+    assert torch.equal(fast.sequences, plain.sequences)
+    torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
+
+
 def test_a_training_forward_frees_the_packed_weights_and_a_generate_in_training_mode_keeps_none(kernels):
     model, source = tiny_model(seed=6), random_ids(3, 8, seed=4)
     decode(model, source, "onednn_packed")

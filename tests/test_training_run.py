@@ -113,6 +113,17 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, smal
     assert_same_weights(killed, tmp_path / "whole", atol=1e-6)
 
 
+def test_validation_during_training_leaves_the_training_as_it_was(tmp_path, small_data):
+    """Validation (loss and beam search) between steps: the steps after it are those of a run without it, dropout
+    included (the model goes back to training mode)."""
+    flags = [*TINY, *small_data, "--dropout", "0.3", "--max_steps", "6", "--average_checkpoints", "1"]
+    launch(tmp_path / "plain", *flags, env_extra=SAME_KERNELS)
+    launch(tmp_path / "validated", *flags, "--eval_steps", "2", "--eval_max_sentences", "4", env_extra=SAME_KERNELS)
+    validated = history(tmp_path / "validated")
+    assert sum("validation_loss" in h for h in validated) == 3
+    assert [h["loss"] for h in validated] == [h["loss"] for h in history(tmp_path / "plain")]
+
+
 def test_without_a_time_budget_the_learning_rate_is_the_papers_curve(tmp_path, small_data):
     launch(tmp_path / "run", *TINY, *small_data, "--max_steps", "6", "--average_checkpoints", "1", "--lr_scale", "0.5")
     rates = [h["learning_rate"] for h in history(tmp_path / "run")]

@@ -201,7 +201,8 @@ def collate(indices, sources, targets, pad_id, device):
 
 @torch.no_grad()
 def validation_loss(model, sources, targets, pad_id, max_tokens, device) -> float:
-    """Per-token NLL on the validation set (no smoothing), for perplexity."""
+    """Per-token NLL on the validation set (no smoothing), for perplexity; the model's mode is given back."""
+    training = model.training
     model.eval()
     total = count = 0.0
     for batch in token_batches([len(s) for s in sources], [len(t) for t in targets], max_tokens, seed=0, epoch=0):
@@ -209,7 +210,7 @@ def validation_loss(model, sources, targets, pad_id, max_tokens, device) -> floa
         logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=inputs["labels"]).logits
         _, nll, n = label_smoothed_nll(logits, inputs["labels"], 0.0)
         total, count = total + nll.item(), count + n.item()
-    model.train()
+    model.train(training)
     return total / max(count, 1)
 
 
@@ -347,7 +348,7 @@ def main():
         elapsed, previous = seconds(), last_check
         last_check = elapsed
         if budget and budget.evaluations:
-            evaluate_now = crossed(previous, elapsed, budget.evaluation_interval())
+            evaluate_now = crossed(previous, elapsed, budget.evaluation_interval()) and elapsed < budget.seconds
         else:
             evaluate_now = args.eval_steps and step % args.eval_steps == 0
         if validation and evaluate_now:

@@ -98,9 +98,10 @@ class Kernels:
     def __init__(self, forced: str = ""):
         self.forced = parse_kernel_names(forced)
         self.chosen: dict[tuple, str] = {}
-        # VaswaniLinear -> (weakref to the weight, its version counter and data pointer, the packed weight): valid
-        # while the module has that weight with that data, unchanged in place since it was packed.
+        # VaswaniLinear -> (weakref to the weight, its fingerprint, the decoding loop that last checked it, the packed
+        # weight): valid while the module has that weight with the same fingerprint (`fingerprint`).
         self.packed: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
+        self.decoding_loops = 0  # outermost decoding blocks entered so far
         self.open_decoding_blocks = 0
         self.frozen = False
 
@@ -156,6 +157,7 @@ class Kernels:
         weight reordered once into oneDNN's blocked layout (made when a shape class first chooses it). The copies
         are kept for the next loop while their module stays in eval mode with the same weights; a module's forward
         in train mode, or the end of the outermost block for a module in train mode, frees its copy."""
+        self.decoding_loops += not self.open_decoding_blocks
         self.open_decoding_blocks += 1
         try:
             yield
@@ -166,13 +168,29 @@ class Kernels:
                     del self.packed[module]
 
     def packed_weight(self, module: nn.Linear) -> torch.Tensor:
-        weight = module.weight
+        """The module's weight reordered for oneDNN: the kept copy if its weight's fingerprint is unchanged, checked
+        once per decoding loop; else a new copy."""
+        weight, loop = module.weight, self.decoding_loops
         kept = self.packed.get(module)
-        if kept is not None and kept[0]() is weight and kept[1:3] == (weight._version, weight.data_ptr()):
+        if kept is not None and kept[0]() is weight and (kept[2] == loop or same(kept[1], fingerprint(weight))):
+            self.packed[module] = (*kept[:2], loop, kept[3])
             return kept[3]
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        self.packed[module] = (weakref.ref(weight), weight._version, weight.data_ptr(), packed)
+        self.packed[module] = (weakref.ref(weight), fingerprint(weight), loop, packed)
         return packed
+
+
+def fingerprint(weight: torch.Tensor) -> tuple:
+    """The version counter, the address and 64 values spread over the tensor. The values are needed: torch's fused
+    Adam updates parameters in place without counting a version; it changes every value it updates, so a step
+    that moved the weight and left all 64 values alone is not to be expected."""
+    flat = weight.detach().reshape(-1)
+    picks = torch.linspace(0, flat.numel() - 1, min(64, flat.numel()), device=flat.device).long()
+    return weight._version, weight.data_ptr(), flat[picks].clone()
+
+
+def same(one: tuple, other: tuple) -> bool:
+    return one[:2] == other[:2] and torch.equal(one[2], other[2])
 
 
 KERNELS = Kernels(os.environ.get("VASWANI_KERNELS", ""))

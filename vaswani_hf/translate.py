@@ -49,20 +49,24 @@ def translate(model, tokenizer, sources: list[str], batch_size: int = 64, num_be
     """Translations in the order of `sources`, by the paper's beam search; batches are formed from sources of
     similar length. The beam size and α default to the model's generation config (`num_beams`, `gnmt_alpha`, as
     training/run.py saves them), else to the paper's 4 and 0.6."""
+    training = model.training
     model.eval()
     num_beams = num_beams or getattr(model.generation_config, "num_beams", None) or 4
     alpha = alpha if alpha is not None else getattr(model.generation_config, "gnmt_alpha", 0.6)
     device = next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     translations = [""] * len(sources)
-    for start in range(0, len(order), batch_size):
-        indices = [i for i in order[start : start + batch_size] if sources[i].strip()]
-        if not indices:
-            continue
-        inputs = tokenizer([sources[i] for i in indices], padding=True, return_tensors="pt").to(device)
-        output = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha)
-        for i, text in zip(indices, tokenizer.batch_decode(output, skip_special_tokens=True)):
-            translations[i] = text
+    try:
+        for start in range(0, len(order), batch_size):
+            indices = [i for i in order[start : start + batch_size] if sources[i].strip()]
+            if not indices:
+                continue
+            inputs = tokenizer([sources[i] for i in indices], padding=True, return_tensors="pt").to(device)
+            output = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha)
+            for i, text in zip(indices, tokenizer.batch_decode(output, skip_special_tokens=True)):
+                translations[i] = text
+    finally:
+        model.train(training)  # the caller's mode back: a training loop goes on training
     return translations
 
 
