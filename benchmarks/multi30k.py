@@ -49,9 +49,8 @@ def ours(args, out: Path, extra: list[str]) -> dict:
 
 
 def peer(args, out: Path) -> dict:
-    command = [sys.executable, str(args.peer), "--data", str(args.data), "--budget_min", str(args.minutes), "--out", str(out)]
-    if args.no_test:
-        raise SystemExit("the peer's script always decodes test2016: use --skip_peer with --no_test")
+    command = [sys.executable, str(args.peer), "--data", str(args.data), "--budget_min", str(args.minutes),
+               "--out", str(out)]
     run(command, out.with_suffix(".log"))
     results = json.loads((out / "results.json").read_text())
     return {"steps": results["train"]["steps"], "valid": results["eval"]["valid_beam4"],
@@ -74,6 +73,8 @@ def main():
             raise SystemExit(f"--data {args.data}: no {name}.en")
     if not args.skip_peer and not args.peer.is_file():
         raise SystemExit(f"--peer {args.peer}: no such file")
+    if args.no_test and not args.skip_peer:
+        raise SystemExit("--no_test: the peer's script always decodes test2016; add --skip_peer")
     if args.output_dir.exists():
         raise SystemExit(f"--output_dir {args.output_dir} exists: name a new one")
     args.output_dir.mkdir(parents=True)
@@ -89,12 +90,13 @@ def main():
     print(f"| {'run':<34} | steps | valid sacreBLEU | valid chrF | test2016 sacreBLEU | test2016 chrF |")
     print(f"|{'-' * 36}|------:|---------------:|-----------:|------------------:|--------------:|")
     for name, row in rows.items():
-        test = row.get("test2016", {})
+        test = row.get("test2016")
+        test_bleu, test_chrf = (f"{test['bleu']:.2f}", f"{test['chrf']:.2f}") if test else ("-", "-")
         print(f"| {name:<34} | {row['steps']:>5} | {row['valid']['bleu']:>14.2f} | {row['valid']['chrf']:>10.2f} | "
-              f"{test.get('bleu', float('nan')):>17.2f} | {test.get('chrf', float('nan')):>13.2f} |")
+              f"{test_bleu:>17} | {test_chrf:>13} |")
     if len(rows) == 2:
         (a, b) = rows.values()
-        margins = {split: a[split]["bleu"] - b[split]["bleu"] for split in ("valid", "test2016")}
+        margins = {split: a[split]["bleu"] - b[split]["bleu"] for split in ("valid", "test2016") if split in a}
         print("ours - peer, sacreBLEU: " + ", ".join(f"{split} {m:+.2f}" for split, m in margins.items()))
     print(f"folders and comparison.json in {args.output_dir}")
 

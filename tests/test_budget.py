@@ -93,5 +93,5 @@ def test_the_optimizer_follows_the_budget_and_without_one_the_paper():
         scheduler.step()
     assert rates[0] == pytest.approx(PEAK / 400)
     assert rates[2] == pytest.approx(budget_lr(3, 2 + (1500 - 12.0) / 2.0, PEAK, 0.1))  # 2 s for step 2
-    plain, plain_schedule = paper_optimizer(torch.nn.Linear(3, 3), d_model=512, warmup_steps=400)
+    plain, _ = paper_optimizer(torch.nn.Linear(3, 3), d_model=512, warmup_steps=400)
     assert plain.param_groups[0]["lr"] == pytest.approx(inverse_sqrt_lr(1, 512, 400), rel=1e-12)
