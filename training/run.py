@@ -425,7 +425,7 @@ def training_progress(budget, max_steps, step, elapsed, disable):
     if budget is None:
         return tqdm(total=max_steps, initial=step, desc="training", **every)
     return tqdm(total=round(budget.seconds), initial=elapsed, desc=f"training, {budget.seconds / 60:g}-minute budget",
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}", **every)
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total} s{postfix}", **every)
 
 
 def choose_alpha(model, tokenizer, pairs, args) -> dict[float, dict]:
