@@ -172,11 +172,14 @@ class Kernels:
         once per decoding loop; else a new copy."""
         weight, loop = module.weight, self.decoding_loops
         kept = self.packed.get(module)
-        if kept is not None and kept[0]() is weight and (kept[2] == loop or same(kept[1], fingerprint(weight))):
+        if kept is not None and kept[0]() is weight and kept[2] == loop:
+            return kept[3]  # checked already in this loop: the hot path of every decoding step
+        now = fingerprint(weight)
+        if kept is not None and kept[0]() is weight and same(kept[1], now):
             self.packed[module] = (*kept[:2], loop, kept[3])
             return kept[3]
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        self.packed[module] = (weakref.ref(weight), fingerprint(weight), loop, packed)
+        self.packed[module] = (weakref.ref(weight), now, loop, packed)
         return packed
 
 
