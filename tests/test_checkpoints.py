@@ -1,10 +1,23 @@
-"""Checkpoints are written atomically: a kill during a save never damages the last good one."""
+"""Checkpoints are written atomically: a kill during a save never damages the last good one; a checkpoint damaged
+later is found when read; resuming loads data, never a pickle."""
+
+import json
+import os
+import pickle
 
 import pytest
 import torch
 from accelerate import Accelerator
 
-from training.checkpoints import checkpoints, load_checkpoint, resolve_checkpoint, save_checkpoint
+from training.checkpoints import (
+    checkpoints,
+    damage,
+    leave_timeline,
+    load_checkpoint,
+    resolve_checkpoint,
+    save_checkpoint,
+    verified,
+)
 from vaswani_hf.kernels import KERNELS, VaswaniLinear
 
 
@@ -51,7 +64,7 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, 
 
 
 def test_resuming_from_nothing_is_a_one_line_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+    with pytest.raises(FileNotFoundError, match="no intact checkpoint"):
         resolve_checkpoint(tmp_path, "latest")
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         resolve_checkpoint(tmp_path, str(tmp_path / "checkpoint-9"))
@@ -73,3 +86,94 @@ def test_a_resumed_run_computes_with_the_kernels_its_checkpoint_recorded(tmp_pat
     monkeypatch.setattr(KERNELS, "chosen", {key: "not measured here" for key in measured})  # a fresh process
     state = load_checkpoint(accelerator, tmp_path / "checkpoint-1")
     assert KERNELS.chosen == measured and KERNELS.frozen and "kernels" not in state
+
+
+def saved_run(tmp_path, accelerator, steps):
+    """Checkpoints of a small model and Adam at the given steps, each with weights that tell the step."""
+    model, optimizer = accelerator.prepare(torch.nn.Linear(3, 2), torch.optim.Adam(torch.nn.Linear(3, 2).parameters()))
+    for step in steps:
+        with torch.no_grad():
+            model.weight.fill_(step)
+        save_checkpoint(accelerator, tmp_path, step, {"history": list(range(step))}, keep=10)
+    return model
+
+
+def truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_latest_falls_back_to_the_newest_intact_checkpoint_with_one_warning(tmp_path, accelerator):
+    model = saved_run(tmp_path, accelerator, [2, 4, 6])
+    truncate(tmp_path / "checkpoint-6" / "model.safetensors")
+    (tmp_path / "checkpoint-4" / "optimizer.bin").write_bytes(b"x" * (tmp_path / "checkpoint-4" / "optimizer.bin").stat().st_size)
+    warnings = []
+    assert resolve_checkpoint(tmp_path, "latest", warnings.append).name == "checkpoint-2"
+    size = (tmp_path / "checkpoint-6" / "model.safetensors").stat().st_size
+    assert warnings == [
+        (f"warning: checkpoint-6 is damaged (model.safetensors has {size} bytes, {2 * size} were written): "
+         "trying the one before it"),
+        ("warning: checkpoint-4 is damaged (optimizer.bin does not hold what was written (SHA-256 differs)): "
+         "trying the one before it")]
+    assert load_checkpoint(accelerator, resolve_checkpoint(tmp_path, "latest", print))["step"] == 2
+    assert torch.all(model.weight == 2)
+    with pytest.raises(FileNotFoundError, match="checkpoint-6: damaged"):
+        resolve_checkpoint(tmp_path, str(tmp_path / "checkpoint-6"))
+    # Averaging reads only the weights: checkpoint-4's are intact, checkpoint-6's are not.
+    said = []
+    assert [p.name for p in verified(checkpoints(tmp_path), said.append, only=("model.safetensors",))] == [
+        "checkpoint-2", "checkpoint-4"]
+    assert len(said) == 1 and said[0].startswith("warning: checkpoint-6 is damaged")
+
+
+def test_a_missing_file_or_state_is_damage(tmp_path, accelerator):
+    saved_run(tmp_path, accelerator, [1, 2])
+    (tmp_path / "checkpoint-2" / "model.safetensors").unlink()
+    assert damage(tmp_path / "checkpoint-2") == "model.safetensors is missing"
+    (tmp_path / "checkpoint-1" / "trainer_state.json").write_text("{ not json")
+    assert "trainer_state.json" in damage(tmp_path / "checkpoint-1")
+
+
+def test_a_save_removes_every_incomplete_checkpoint_and_records_every_file(tmp_path, accelerator):
+    (tmp_path / ".incomplete-checkpoint-7" / "sub").mkdir(parents=True)
+    (tmp_path / ".incomplete-checkpoint-3").mkdir()
+    saved_run(tmp_path, accelerator, [5])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-5"]
+    recorded = json.loads((tmp_path / "checkpoint-5" / "trainer_state.json").read_text())["files"]
+    assert sorted(recorded) == sorted(p.name for p in (tmp_path / "checkpoint-5").iterdir() if p.name != "trainer_state.json")
+
+
+def test_resuming_unpickles_no_object(tmp_path, accelerator):
+    """A checkpoint folder is data: a planted pickle beside the files is never run, and Accelerate's own files
+    are read with weights_only=True, which refuses objects."""
+    saved_run(tmp_path, accelerator, [1])
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    for name in ("custom_checkpoint_0.pkl", "scheduler.bin"):
+        (tmp_path / "checkpoint-1" / name).write_bytes(pickle.dumps(Payload()))
+    assert damage(tmp_path / "checkpoint-1") == "holds custom_checkpoint_0.pkl, which the run did not write"
+    with pytest.raises(ValueError, match="checkpoint-1 is damaged: holds custom_checkpoint_0.pkl"):
+        load_checkpoint(accelerator, tmp_path / "checkpoint-1")
+    for name in ("custom_checkpoint_0.pkl", "scheduler.bin"):
+        (tmp_path / "checkpoint-1" / name).unlink()
+    load_checkpoint(accelerator, tmp_path / "checkpoint-1")  # the files the run wrote load without any object
+    # The payload in place of a file Accelerate reads: found damaged; and read anyway, refused by weights_only.
+    torch.save({"state": Payload()}, tmp_path / "checkpoint-1" / "optimizer.bin")
+    assert "optimizer.bin" in damage(tmp_path / "checkpoint-1")
+    with pytest.raises(Exception, match="[Ww]eights only load failed"):
+        accelerator.load_state(str(tmp_path / "checkpoint-1"))
+    assert not marker.exists()
+
+
+def test_resuming_from_an_older_checkpoint_moves_its_successors_out_of_the_run(tmp_path, accelerator):
+    saved_run(tmp_path, accelerator, [2, 4, 6])
+    moved = leave_timeline(tmp_path / "checkpoint-2")
+    assert [p.name for p in moved] == ["abandoned-checkpoint-4", "abandoned-checkpoint-6"]
+    assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-2"]
+    save_checkpoint(accelerator, tmp_path, 3, {"history": []}, keep=2)  # pruning sees one timeline
+    assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
+    assert (tmp_path / "abandoned-checkpoint-6" / "model.safetensors").is_file()  # kept, not deleted

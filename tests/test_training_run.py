@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CODE_FILES
 from safetensors.torch import load_file
 
-from conftest import CODE_FILES
+from training.checkpoints import checkpoints
 from training.default_data import generate
 from training.schedule import inverse_sqrt_lr
 
@@ -45,7 +46,7 @@ def small_data(tmp_path_factory):
 SAME_KERNELS = {"VASWANI_KERNELS": "torch,sdpa"}
 
 
-def launch(output_dir, *flags, processes=1, popen=False, env_extra=None):
+def launch(output_dir, *flags, processes=1, popen=False, env_extra=None, killed=False):
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                "--main_process_port", str(random.randint(20000, 40000))]
@@ -58,7 +59,10 @@ def launch(output_dir, *flags, processes=1, popen=False, env_extra=None):
         return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    if killed:  # the run killed itself with SIGKILL at its VASWANI_FAULT point (training/faults.py)
+        assert result.returncode != 0 and "SIGKILL" in result.stderr, result.stderr[-3000:]
+    else:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
 
@@ -111,6 +115,59 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, smal
     assert "resumed from" in result.stdout + result.stderr
     assert [h["loss"] for h in history(killed)] == pytest.approx([h["loss"] for h in history(tmp_path / "whole")], rel=1e-6)
     assert_same_weights(killed, tmp_path / "whole", atol=1e-6)
+
+
+def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_as_an_uninterrupted_run(
+        tmp_path, small_data):
+    flags = [*TINY, *small_data, "--dropout", "0.1", "--max_steps", "8", "--save_steps", "2",
+             "--average_checkpoints", "2"]
+    launch(tmp_path / "whole", *flags, env_extra=SAME_KERNELS)
+    run, resume = tmp_path / "killed", ["--resume_from_checkpoint", "latest"]
+
+    launch(run, *flags, env_extra={**SAME_KERNELS, "VASWANI_FAULT": "step-3"}, killed=True)
+    assert [p.name for p in checkpoints(run)] == ["checkpoint-2"]
+    launch(run, *flags, *resume, env_extra={**SAME_KERNELS, "VASWANI_FAULT": "save-6"}, killed=True)
+    assert [p.name for p in checkpoints(run)] == ["checkpoint-2", "checkpoint-4"]
+    assert (run / ".incomplete-checkpoint-6" / "model.safetensors").is_file()
+    launch(run, *flags, *resume, env_extra={**SAME_KERNELS, "VASWANI_FAULT": "average"}, killed=True)
+    assert [p.name for p in checkpoints(run)] == ["checkpoint-6", "checkpoint-8"] and not (run / "model.safetensors").exists()
+    launch(run, *flags, *resume, env_extra=SAME_KERNELS)
+
+    assert not list(run.glob(".incomplete-*"))
+    assert [h["loss"] for h in history(run)] == pytest.approx([h["loss"] for h in history(tmp_path / "whole")], rel=1e-6)
+    assert_same_weights(run, tmp_path / "whole", atol=1e-6)
+
+
+def test_a_reused_output_folder_is_refused_and_overwriting_starts_afresh(tmp_path, small_data):
+    flags = [*TINY, *small_data, "--max_steps", "4", "--save_steps", "2", "--average_checkpoints", "2"]
+    run = tmp_path / "run"
+    launch(run, *flags)
+    first_weights = (run / "model.safetensors").read_bytes()
+    other = [*flags, "--max_steps", "2", "--vocab_size", "200"]
+    result = subprocess.run([sys.executable, str(ROOT / "training" / "run.py"), "--output_dir", str(run), *other],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode != 0 and result.stderr.strip() == (
+        f"error: --output_dir {run} is not empty: resume its run with --resume_from_checkpoint latest, replace it "
+        "with --overwrite_output_dir, or choose another folder")
+    assert (run / "model.safetensors").read_bytes() == first_weights
+
+    launch(run, *other, "--overwrite_output_dir")
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["train_steps"] == 2 and metrics["averaged_checkpoints"] == ["checkpoint-2"]
+    assert [p.name for p in checkpoints(run)] == ["checkpoint-2"]
+    assert json.loads((run / "config.json").read_text())["vocab_size"] <= 200  # a new BPE, not the first run's
+
+
+def test_resuming_from_an_older_checkpoint_leaves_its_successors_out_of_the_run(tmp_path, small_data):
+    flags = [*TINY, *small_data, "--max_steps", "6", "--save_steps", "2", "--average_checkpoints", "3"]
+    run = tmp_path / "run"
+    launch(run, *flags)
+    assert [p.name for p in checkpoints(run)] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    launch(run, *flags, "--save_steps", "3", "--resume_from_checkpoint", str(run / "checkpoint-2"))
+    assert [p.name for p in checkpoints(run)] == ["checkpoint-2", "checkpoint-3", "checkpoint-6"]
+    assert json.loads((run / "metrics.json").read_text())["averaged_checkpoints"] == [
+        "checkpoint-2", "checkpoint-3", "checkpoint-6"]
+    assert (run / "abandoned-checkpoint-4").is_dir() and (run / "abandoned-checkpoint-6").is_dir()
 
 
 def test_validation_during_training_leaves_the_training_as_it_was(tmp_path, small_data):

@@ -10,8 +10,15 @@ Kernels (vaswani_hf/kernels.py) give the same products with different rounding, 
 parameters whose gradient is rounding noise. So a run measures its kernels during its first step, every process
 then takes the main process's choices and keeps them (`share_kernel_choices`), and a run resumed on a CPU of the
 same name computes with the choices its checkpoint recorded.
+
+A checkpoint is data only: safetensors, JSON, and Accelerate's optimizer and RNG files, which it reads back with
+`torch.load(weights_only=True)`; no object is unpickled (the learning-rate schedule's state is JSON in
+trainer_state.json). Every file is fsynced before the rename, and trainer_state.json records each file's size and
+SHA-256, so a checkpoint damaged later (a full disk, a truncated copy) is found when it is read: `latest` and the
+final averaging skip it with one warning line.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -20,6 +27,7 @@ from pathlib import Path
 
 from accelerate.utils import broadcast_object_list
 
+from training.faults import fault_point
 from vaswani_hf.kernels import KERNELS
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -28,7 +36,7 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
+    """Complete checkpoints, oldest first (not verified: see `verified`)."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return []
@@ -36,37 +44,102 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def resolve_checkpoint(output_dir: str | Path, name: str) -> Path:
-    """`latest` -> the newest complete checkpoint of output_dir; otherwise a checkpoint folder path."""
+def damage(path: Path, only: tuple[str, ...] | None = None) -> str | None:
+    """Why the checkpoint at `path` cannot be trusted (its files against the sizes and SHA-256 sums its
+    trainer_state.json recorded; `only`: just these files), or None if it is intact."""
+    try:
+        files = json.loads((path / STATE_FILE).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{STATE_FILE} is missing or unreadable"
+    if only is None:
+        written = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {STATE_FILE}
+        if written - files.keys():
+            return f"holds {sorted(written - files.keys())[0]}, which the run did not write"
+    for name, expected in files.items():
+        if only is not None and name not in only:
+            continue
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != expected["bytes"]:
+            return f"{name} has {file.stat().st_size} bytes, {expected['bytes']} were written"
+        if _sha256(file) != expected["sha256"]:
+            return f"{name} does not hold what was written (SHA-256 differs)"
+    return None
+
+
+def verified(found: list[Path], say, only: tuple[str, ...] | None = None) -> list[Path]:
+    """The intact checkpoints among `found`; one warning line through `say` for each damaged one."""
+    intact = []
+    for path in found:
+        reason = damage(path, only)
+        if reason:
+            say(f"warning: {path.name} is damaged ({reason}): left out")
+        else:
+            intact.append(path)
+    return intact
+
+
+def resolve_checkpoint(output_dir: str | Path, name: str, say=print) -> Path:
+    """`latest` -> the newest intact checkpoint of output_dir (a damaged newer one gets a warning line);
+    otherwise a checkpoint folder path, which must be intact."""
     if name == "latest":
-        found = checkpoints(output_dir)
-        if not found:
-            raise FileNotFoundError(f"--resume_from_checkpoint latest: no complete checkpoint in {output_dir}")
-        return found[-1]
+        for path in reversed(checkpoints(output_dir)):
+            reason = damage(path)
+            if reason is None:
+                return path
+            say(f"warning: {path.name} is damaged ({reason}): trying the one before it")
+        raise FileNotFoundError(f"--resume_from_checkpoint latest: no intact checkpoint in {output_dir}")
     path = Path(name)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"--resume_from_checkpoint {name}: not a complete checkpoint (no {STATE_FILE})")
+    reason = damage(path)
+    if reason:
+        raise FileNotFoundError(f"--resume_from_checkpoint {name}: damaged ({reason})")
     return path
 
 
+def leave_timeline(resumed: Path) -> list[Path]:
+    """Resuming from `resumed`: the checkpoints after it belong to an abandoned timeline. They are renamed
+    abandoned-checkpoint-<step> (kept, never averaged or pruned); returns the new names."""
+    step = int(CHECKPOINT.match(resumed.name).group(1))
+    moved = []
+    for path in checkpoints(resumed.parent):
+        if int(CHECKPOINT.match(path.name).group(1)) > step:
+            target = path.with_name(f"abandoned-{path.name}")
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(path, target)
+            moved.append(target)
+    return moved
+
+
 def save_checkpoint(accelerator, output_dir: str | Path, step: int, state: dict, keep: int) -> Path:
-    """Every process calls this. Writes checkpoint-<step> atomically and keeps the newest `keep` checkpoints."""
+    """Every process calls this. Writes checkpoint-<step> atomically and durably, and keeps the newest `keep`."""
     output_dir = Path(output_dir)
     final = output_dir / f"checkpoint-{step}"
     temporary = output_dir / f".incomplete-checkpoint-{step}"
     if accelerator.is_main_process:
-        shutil.rmtree(temporary, ignore_errors=True)  # left by a run killed while saving
+        for stale in output_dir.glob(".incomplete-checkpoint-*"):  # left by runs killed while saving
+            shutil.rmtree(stale)
         temporary.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(temporary))
+    fault_point(f"save-{step}")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        files = {}
+        for file in sorted(temporary.rglob("*")):  # sharded states are folders of files
+            _fsync(file)
+            if file.is_file():
+                files[str(file.relative_to(temporary))] = {"bytes": file.stat().st_size, "sha256": _sha256(file)}
         with open(temporary / STATE_FILE, "w") as file:
-            json.dump({"step": step, **state, "kernels": KERNELS.state_dict()}, file, indent=1)
+            json.dump({"step": step, **state, "kernels": KERNELS.state_dict(), "files": files}, file, indent=1)
             file.flush()
             os.fsync(file.fileno())
+        _fsync(temporary)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(temporary, final)
+        _fsync(output_dir)
         for old in checkpoints(output_dir)[:-keep] if keep > 0 else []:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
@@ -74,15 +147,34 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, state: dict,
 
 
 def load_checkpoint(accelerator, path: Path) -> dict:
-    """Restores model, optimizer, schedule, RNG states and kernel choices; returns trainer_state.json."""
+    """Restores model, optimizer, RNG states and kernel choices; returns trainer_state.json (the step, the run's
+    state as saved)."""
+    reason = damage(path)
+    if reason:
+        raise ValueError(f"{path} is damaged: {reason}")
     accelerator.load_state(str(path))
     state = json.loads((path / STATE_FILE).read_text())
+    state.pop("files", None)
     kernels = state.pop("kernels", None)
     if kernels and KERNELS.load_state_dict(kernels):
         KERNELS.freeze()
     elif kernels and kernels["chosen"]:
         accelerator.print(f"the checkpoint's kernels were measured on {kernels['cpu']}: measuring them again here")
     return state
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's or a folder's entries to the disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def share_kernel_choices() -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import datasets
 
+from vaswani_hf.text import read_lines
+
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "default"
 SPLITS = ("train", "validation", "test")
 
@@ -51,7 +53,7 @@ def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str) -
         path = Path(f"{prefix}.{lang}")
         if not path.is_file():
             raise FileNotFoundError(f"--{split}_file {prefix}: expected JSON lines or aligned {path}, not found")
-        sides.append(path.read_text(encoding="utf-8").splitlines())
+        sides.append(read_lines(path))
     if len(sides[0]) != len(sides[1]):
         raise ValueError(f"--{split}_file {prefix}: {len(sides[0])} {source_lang} lines but {len(sides[1])} {target_lang} lines")
     return list(zip(*sides))

@@ -20,130 +20,49 @@ tokens of the whole optimizer step; checkpoints averaged at the end; beam 4 with
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast, set_seed
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, HfArgumentParser
+from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from training.arguments import DataArguments, RecipeArguments, check_arguments, parse_arguments  # noqa: E402
 from training.averaging import average_checkpoints  # noqa: E402
 from training.batching import padding_fraction, token_batches  # noqa: E402
 from training.budget import TimeBudget, crossed  # noqa: E402
 from training.checkpoints import (  # noqa: E402
+    STATE_FILE,
     WEIGHTS_FILE,
     checkpoints,
+    leave_timeline,
     load_checkpoint,
     resolve_checkpoint,
     save_checkpoint,
     share_kernel_choices,
+    verified,
 )
 from training.data import load_pairs  # noqa: E402
 from training.evaluation import score, translate  # noqa: E402
+from training.faults import fault_point  # noqa: E402
 from training.hub import write_output_folder  # noqa: E402
 from training.loss import label_smoothed_nll  # noqa: E402
 from training.schedule import inverse_sqrt_lr, paper_optimizer  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
-from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, keep_freed_memory  # noqa: E402
+from vaswani_hf import VaswaniForConditionalGeneration, keep_freed_memory  # noqa: E402
 from vaswani_hf.kernels import KERNELS  # noqa: E402
 from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
 
-PRESETS = Path(__file__).resolve().parent / "presets"
-
-
-@dataclass
-class DataArguments:
-    dataset_name: str | None = field(default=None, metadata={"help": "A Hub dataset with a translation column."})
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration, e.g. de-en."})
-    train_file: str | None = field(default=None, metadata={"help": "JSON lines, or a prefix of aligned PREFIX.<lang> files."})
-    validation_file: str | None = field(default=None, metadata={"help": "As train_file."})
-    test_file: str | None = field(default=None, metadata={"help": "As train_file."})
-    source_lang: str = field(default="en")
-    target_lang: str = field(default="de")
-    max_length: int = field(default=256, metadata={"help": "Training pairs longer than this (in tokens) are skipped."})
-
-
-@dataclass
-class ModelArguments:
-    vocab_size: int = field(default=37000, metadata={"help": "Size of the joint BPE vocabulary (§5.1)."})
-    d_model: int = 512
-    d_ff: int = 2048
-    num_heads: int = 8
-    num_layers: int = 6
-    dropout: float = field(default=0.1, metadata={"help": "P_drop (§5.4)."})
-    position_embedding: str = "sinusoidal"
-    normalize_before: bool = field(default=False, metadata={"help": "Pre-LN: a deviation from the paper."})
-
-    def config(self, tokenizer) -> VaswaniConfig:
-        """The model's configuration, with the vocabulary and special tokens of the trained `tokenizer`."""
-        return VaswaniConfig(
-            vocab_size=len(tokenizer), d_model=self.d_model, d_ff=self.d_ff, num_heads=self.num_heads,
-            num_layers=self.num_layers, dropout=self.dropout, position_embedding=self.position_embedding,
-            normalize_before=self.normalize_before, pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.bos_token_id,
-        )
-
-
-@dataclass
-class RecipeArguments:
-    preset: str | None = field(default=None, metadata={"help": f"A recipe file in training/presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}."})
-    output_dir: str = field(default="outputs/run")
-    seed: int = 1
-    max_steps: int = field(default=100000, metadata={"help": "Optimizer steps (§5.2: 100k for base)."})
-    max_train_minutes: float | None = field(default=None, metadata={
-        "help": "A wall-clock budget: stop after it, and fit the schedule, checkpoints and evaluations to the steps "
-                "the machine is measured to make in it (training/budget.py; not the paper's)."})
-    warmup_share: float = field(default=0.04, metadata={
-        "help": "With a budget: warmup over this share of the expected steps (paper: 4k of 100k)."})
-    cooldown_share: float = field(default=0.0, metadata={
-        "help": "With a budget: a linear decay to zero over this last share of the expected steps."})
-    average_share: float = field(default=0.3, metadata={
-        "help": "With a budget and no --save_steps/--save_minutes: the averaged checkpoints span its last share."})
-    evaluations: int = field(default=0, metadata={
-        "help": "With a budget: validation this many times, evenly spaced inside it (instead of --eval_steps)."})
-    max_tokens: int = field(default=4096, metadata={"help": "Padded tokens per batch and process."})
-    tokens_per_step: int = field(default=25000, metadata={"help": "Tokens per optimizer step, reached by accumulation."})
-    warmup_steps: int = 4000
-    lr_scale: float = field(default=1.0, metadata={"help": "Multiplies the §5.3 learning rate curve."})
-    label_smoothing: float = field(default=0.1, metadata={"help": "ε_ls (§5.4)."})
-    mixed_precision: str = field(default="auto", metadata={"help": "auto (bf16/fp16 on GPUs, fp32 on CPU), no, fp16, bf16."})
-    logging_steps: int = 10
-    eval_steps: int = field(default=5000, metadata={"help": "Validation loss and BLEU every N steps (0: never)."})
-    eval_max_sentences: int = field(default=500, metadata={"help": "Validation sentences decoded for BLEU."})
-    save_steps: int = field(default=0, metadata={"help": "A checkpoint every N steps (0: off)."})
-    save_minutes: float = field(default=0, metadata={"help": "A checkpoint every N minutes (0: off)."})
-    average_checkpoints: int = field(default=5, metadata={"help": "The final model averages the last K checkpoints."})
-    num_beams: int = 4
-    length_penalty_alpha: float = field(default=0.6, metadata={"help": "GNMT α (§6.1)."})
-    alpha_candidates: list[float] | None = field(default=None, metadata={
-        "help": "GNMT α values to try on the whole validation set after training; the best replaces "
-                "--length_penalty_alpha for the test set and the saved model (§6.1: α was chosen on the development set)."})
-    resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint folder, or latest."})
-    push_to_hub: bool = False
-    hub_model_id: str | None = None
-    hub_private_repo: bool = False
-
-
-def parse_arguments() -> tuple[DataArguments, ModelArguments, RecipeArguments]:
-    parser = HfArgumentParser((DataArguments, ModelArguments, RecipeArguments))
-    preset = parser.parse_args_into_dataclasses(return_remaining_strings=True)[2].preset
-    if preset:
-        path = PRESETS / f"{preset}.json"
-        if not path.is_file():
-            raise SystemExit(f"--preset {preset}: no {path}; presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}")
-        parser.set_defaults(**{k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")})
-    return parser.parse_args_into_dataclasses()
-
-
-NOT_RECIPE = ("push_to_hub", "hub_model_id", "hub_private_repo", "resume_from_checkpoint", "output_dir")
+NOT_RECIPE = ("push_to_hub", "hub_model_id", "hub_private_repo", "resume_from_checkpoint", "output_dir",
+              "overwrite_output_dir")
 # The paper's recipe values (§5, §6.1) that a run may change; sizes are choices, not deviations.
 PAPER_RECIPE = {"tokens_per_step": 25000, "warmup_steps": 4000, "lr_scale": 1.0, "label_smoothing": 0.1,
                 "num_beams": 4, "length_penalty_alpha": 0.6}
@@ -218,11 +137,19 @@ def main():
     data_args, model_args, args = parse_arguments()
     output_dir = Path(args.output_dir)
     use_gpu = torch.cuda.is_available()
+    check_arguments(data_args, model_args, args, use_gpu)
     mixed_precision = args.mixed_precision
     if mixed_precision == "auto":
         mixed_precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if use_gpu else "no"
     accelerator = Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision, log_with="tensorboard",
                               project_dir=str(output_dir))
+    resumed = check_output_dir(output_dir, args, asdict(model_args), accelerator.print)  # every process reads
+    accelerator.wait_for_everyone()  # before anyone writes there
+    if accelerator.is_main_process and resumed:
+        for path in leave_timeline(resumed):
+            accelerator.print(f"{path.name}: after {resumed.name}, so no longer part of this run")
+    elif accelerator.is_main_process and args.overwrite_output_dir:
+        shutil.rmtree(output_dir, ignore_errors=True)
     if not use_gpu:  # share the cores this process may use among the processes; keep freed memory (allocator.py)
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // accelerator.num_processes))
         keep_freed_memory()
@@ -230,12 +157,16 @@ def main():
     say = accelerator.print
 
     # Data and the joint BPE: trained once by the main process, read by every process.
-    pairs = load_pairs(data_args.source_lang, data_args.target_lang, data_args.dataset_name,
-                       data_args.dataset_config_name,
-                       {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file})
+    try:
+        pairs = load_pairs(data_args.source_lang, data_args.target_lang, data_args.dataset_name,
+                           data_args.dataset_config_name,
+                           {"train": data_args.train_file, "validation": data_args.validation_file,
+                            "test": data_args.test_file})
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
     if "train" not in pairs:
-        raise SystemExit("no training data: give --dataset_name or --train_file (or neither, for the embedded data)")
-    if accelerator.is_main_process and not (output_dir / "tokenizer.json").is_file():
+        raise SystemExit("error: no training data: give --dataset_name or --train_file (or neither, for the embedded data)")
+    if accelerator.is_main_process and not resumed:
         tokenizer = train_joint_bpe((side for pair in pairs["train"] for side in pair), model_args.vocab_size)
         tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()
@@ -257,7 +188,6 @@ def main():
             raise SystemExit(str(error)) from None
     optimizer, scheduler = paper_optimizer(model, config.d_model, args.warmup_steps, args.lr_scale, budget=budget)
     model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)  # stepped once per optimizer step, by us
 
     # §5.1 batching: every process builds the same batch list; an optimizer step takes
     # accumulation × processes consecutive batches, this process every num_processes-th of them.
@@ -273,13 +203,13 @@ def main():
         f"{accumulation} accumulated batch(es) of <= {args.max_tokens} tokens per step, "
         f"padding {padding_fraction(first_epoch, source_lengths, target_lengths):.1%}")
 
-    state = {"history": [], "elapsed_seconds": 0.0}
+    state = {"history": [], "elapsed_seconds": 0.0, "model": asdict(model_args)}
     step = 0
-    if args.resume_from_checkpoint:
-        path = resolve_checkpoint(output_dir, args.resume_from_checkpoint)
-        state = load_checkpoint(accelerator, path)
+    if resumed:
+        state = load_checkpoint(accelerator, resumed)
         step = state.pop("step")
-        say(f"resumed from {path} at step {step}")
+        scheduler.load_state_dict({**state.pop("scheduler"), "lr_lambdas": [None]})  # JSON, not a pickle
+        say(f"resumed from {resumed} at step {step}")
     hyperparameters = {**asdict(data_args), **asdict(model_args), **asdict(args)}
     accelerator.init_trackers("vaswani", config={k: str(v) if isinstance(v, list) else v for k, v in hyperparameters.items()})
 
@@ -324,6 +254,7 @@ def main():
                 accelerator.backward(loss_sum * world / step_tokens)
             step_loss += loss_sum.detach()
         learning_rate = scheduler.get_last_lr()[0]
+        fault_point(f"step-{step + 1}")
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -366,21 +297,26 @@ def main():
             save_now = crossed(previous, elapsed, budget.save_interval())
         if save_now:
             state["elapsed_seconds"] = elapsed
-            save_checkpoint(accelerator, output_dir, step, state, keep=max(args.average_checkpoints, 1))
+            state["scheduler"] = scheduler_state(scheduler)
+            save_checkpoint(accelerator, output_dir, step, state, keep=args.average_checkpoints)
             last_save = elapsed
     progress.close()
 
     # The final model: the average of the last K checkpoints (§6.1), the current weights among them.
     state["elapsed_seconds"] = time.time() - start_time
+    state["scheduler"] = scheduler_state(scheduler)
     if not checkpoints(output_dir) or checkpoints(output_dir)[-1].name != f"checkpoint-{step}":
-        save_checkpoint(accelerator, output_dir, step, state, keep=max(args.average_checkpoints, 1))
+        save_checkpoint(accelerator, output_dir, step, state, keep=args.average_checkpoints)
     if accelerator.is_main_process:
-        averaged = checkpoints(output_dir)[-args.average_checkpoints:]
+        averaged = verified(checkpoints(output_dir), say, only=(WEIGHTS_FILE,))[-args.average_checkpoints:]
+        if not averaged:
+            raise SystemExit(f"error: every checkpoint in {output_dir} is damaged: nothing to average")
         final = VaswaniForConditionalGeneration(config)
         missing, unexpected = final.load_state_dict(average_checkpoints([p / WEIGHTS_FILE for p in averaged]), strict=False)
         if unexpected or set(missing) - set(final.all_tied_weights_keys):  # only tied copies may be absent
             raise RuntimeError(f"averaged checkpoints do not fit the model: missing {missing}, unexpected {unexpected}")
         final.tie_weights()
+        fault_point("average")
         final.to(accelerator.device)
         metrics = {"train_steps": step, "train_minutes": state["elapsed_seconds"] / 60,
                    "averaged_checkpoints": [p.name for p in averaged], "history": state["history"]}
@@ -417,6 +353,38 @@ def main():
             say(f"pushed to {url}")
     accelerator.wait_for_everyone()
     accelerator.end_training()
+
+
+def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:
+    """The checkpoint to resume from, intact and of this model; or None for a fresh run, whose folder must be new or
+    empty unless --overwrite_output_dir. Only reads: a refused run has changed nothing."""
+    if not args.resume_from_checkpoint:
+        if output_dir.exists() and not output_dir.is_dir():
+            raise SystemExit(f"error: --output_dir {output_dir} is a file")
+        if output_dir.is_dir() and any(output_dir.iterdir()) and not args.overwrite_output_dir:
+            raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with --resume_from_checkpoint "
+                             "latest, replace it with --overwrite_output_dir, or choose another folder")
+        return None
+    if args.overwrite_output_dir:
+        raise SystemExit("error: --overwrite_output_dir deletes the run that --resume_from_checkpoint resumes: give one")
+    try:
+        path = resolve_checkpoint(output_dir, args.resume_from_checkpoint, say)
+    except FileNotFoundError as error:
+        raise SystemExit(f"error: {error}") from None
+    if path.resolve().parent != output_dir.resolve():
+        raise SystemExit(f"error: --resume_from_checkpoint {path} is not a checkpoint of --output_dir {output_dir}")
+    if not (output_dir / "tokenizer.json").is_file():
+        raise SystemExit(f"error: --output_dir {output_dir} has no tokenizer.json: the run's tokenizer is needed to resume it")
+    saved = json.loads((path / STATE_FILE).read_text()).get("model", model)
+    changed = [f"--{k} {model[k]} (the checkpoint's: {saved.get(k)})" for k in model if saved.get(k) != model[k]]
+    if changed:
+        raise SystemExit(f"error: {path} holds another model: {', '.join(changed)}")
+    return path
+
+
+def scheduler_state(scheduler) -> dict:
+    """The learning-rate schedule's position as JSON (its curve is code, rebuilt from the flags)."""
+    return {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
 
 
 def training_progress(budget, max_steps, step, elapsed, disable):

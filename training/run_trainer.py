@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from training.data import load_pairs  # noqa: E402
 from training.evaluation import score, translate  # noqa: E402
 from training.hub import write_output_folder  # noqa: E402
-from training.run import PRESETS, DataArguments, ModelArguments, dataset_description  # noqa: E402
+from training.arguments import PRESETS, DataArguments, ModelArguments  # noqa: E402
+from training.run import dataset_description  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
 from vaswani_hf import VaswaniForConditionalGeneration  # noqa: E402
 

@@ -67,6 +67,8 @@ def gnmt_beam_search(
     pad, eos, start = config.pad_token_id, config.eos_token_id, config.decoder_start_token_id
     limits = attention_mask.sum(-1) + extra_length if max_new_tokens is None else torch.full(
         (batch_size,), max_new_tokens, device=device)  # (B,)
+    if config.position_embedding == "learned":  # no position beyond the learned ones
+        limits = limits.clamp(max=config.max_position_embeddings)
     max_limit = int(limits.max())
 
     # One encoder row per source: the K beams of a source attend to it together (VaswaniAttention).

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers.utils.logging import disable_progress_bar
 
 from .allocator import keep_freed_memory
 from .gnmt import gnmt_beam_search
 from .kernels import MEASURED_ATTENTION
 from .quantization import quantize_int8
+from .text import decode_utf8, split_lines
 
 
 def load(name_or_path: str, device: str = "auto", int8: bool = False):
@@ -30,8 +32,17 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False):
         device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
     if int8 and device != "cpu":
         raise SystemExit(f"error: int8 runs on the CPU, not on {device}")
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise SystemExit(f"error: --device {device}: not a device (cpu, cuda, cuda:1, ...)") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"error: --device {device}: this machine has no CUDA GPU that torch can use")
     path = Path(name_or_path)
-    if (path.exists() or name_or_path.startswith((".", "/", "~"))) and not (path / "config.json").is_file():
+    # A Hub id is "name" or "owner/name"; a path whose folder exists here is local, and is not sent to the Hub.
+    local = path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or (
+        path.parent != Path(".") and path.parent.is_dir())
+    if local and not (path / "config.json").is_file():
         raise SystemExit(f"error: {name_or_path} is not a model folder (no config.json there)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
@@ -40,6 +51,8 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False):
     except Exception as error:  # transformers raises OSError, ValueError, KeyError, ... for unusable folders
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SystemExit(f"error: cannot load a model from {name_or_path}: {message}") from None
+    if tokenizer.pad_token_id is None:
+        raise SystemExit(f"error: the tokenizer of {name_or_path} has no padding token (is tokenizer_config.json missing?)")
     return (quantize_int8(model) if int8 else model.to(device).eval()), tokenizer
 
 
@@ -70,6 +83,17 @@ def translate(model, tokenizer, sources: list[str], batch_size: int = 64, num_be
     return translations
 
 
+def check_lengths(config, tokenizer, sources: list[str]) -> None:
+    """Learned positions stop at max_position_embeddings: a longer source is a one-line error before any decoding."""
+    if config.position_embedding != "learned":
+        return
+    lengths = [len(ids) for ids in tokenizer(sources)["input_ids"]]
+    for number, length in enumerate(lengths, 1):
+        if length > config.max_position_embeddings:
+            raise SystemExit(f"error: line {number} has {length} tokens; this model's learned positions stop at "
+                             f"{config.max_position_embeddings}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vaswani-translate", description="Translate lines of text (§6.1 decoding).")
     parser.add_argument("--model", required=True, help="A model folder or Hub repository id.")
@@ -85,13 +109,21 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--batch_size and --num_beams must be at least 1")
     if args.input and not Path(args.input).is_file():
         raise SystemExit(f"error: --input {args.input}: no such file")
+    if args.output and (Path(args.output).is_dir() or not Path(args.output).resolve().parent.is_dir()):
+        raise SystemExit(f"error: --output {args.output}: not a file in an existing folder")
+
+    try:
+        data = Path(args.input).read_bytes() if args.input else sys.stdin.buffer.read()
+        sources = split_lines(decode_utf8(data, args.input or "the standard input"))
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
 
     keep_freed_memory()  # the decoding steps reuse the (beams x vocabulary) blocks they free (allocator.py)
+    disable_progress_bar()  # stderr keeps to errors
     model, tokenizer = load(args.model, args.device, args.int8)
-    text = Path(args.input).read_text(encoding="utf-8") if args.input else sys.stdin.read()
-    sources = text.splitlines()
+    check_lengths(model.config, tokenizer, sources)
     translations = translate(model, tokenizer, sources, args.batch_size, args.num_beams, args.alpha)
-    result = "".join(line + "\n" for line in translations)
+    result = "".join(line.replace("\n", " ") + "\n" for line in translations)  # one line for each line read
     if args.output:
         Path(args.output).write_text(result, encoding="utf-8")
     else:

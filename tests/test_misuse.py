@@ -1,0 +1,176 @@
+"""Misuse of training/run.py and vaswani-translate: every wrong flag, file or folder is one line that names it,
+before any work is done and before anything is written."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from training import run
+from training.data import load_pairs
+from vaswani_hf.text import split_lines
+
+TINY = ["--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "2", "--vocab_size", "300"]
+
+
+def refused(monkeypatch, *flags) -> str:
+    """training/run.py's main() with these flags: the one-line error it exits with."""
+    monkeypatch.setattr(sys, "argv", ["run.py", *flags])
+    with pytest.raises(SystemExit) as stop:
+        run.main()
+    message = str(stop.value.code)
+    assert message.startswith("error: ") and "\n" not in message, message
+    return message
+
+
+@pytest.fixture
+def data(tmp_path):
+    """Aligned text files of 3 pairs."""
+    (tmp_path / "p.en").write_text("One.\nTwo.\nThree.\n", encoding="utf-8")
+    (tmp_path / "p.de").write_text("Eins.\nZwei.\nDrei.\n", encoding="utf-8")
+    return ["--train_file", str(tmp_path / "p")]
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--logging_steps", "0"], "--logging_steps 0"),
+    (["--average_checkpoints", "-1"], "--average_checkpoints -1"),
+    (["--warmup_share", "1.5"], "--warmup_share 1.5"),
+    (["--max_train_minutes", "0"], "--max_train_minutes 0"),
+    (["--mixed_precision", "fp16"], "needs a GPU"),
+    (["--mixed_precision", "fp8"], "--mixed_precision fp8"),
+    (["--num_heads", "5"], "num_heads"),
+    (["--alpha_candidates", "0.6", "-1"], "--alpha_candidates"),
+    (["--position_embedding", "learned", "--max_length", "2000"], "--max_length 2000"),
+])
+def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypatch, data, flags, named):
+    if "fp16" in flags and __import__("torch").cuda.is_available():
+        pytest.skip("fp16 is refused only where there is no GPU")
+    out = tmp_path / "out"
+    assert named in refused(monkeypatch, *TINY, *data, "--output_dir", str(out), *flags)
+    assert not out.exists()
+
+
+def test_missing_misaligned_and_non_utf8_data_are_one_line_errors(tmp_path, monkeypatch, data):
+    out = tmp_path / "out"
+    assert "no-such" in refused(monkeypatch, *TINY, "--train_file", str(tmp_path / "no-such"), "--output_dir", str(out))
+    (tmp_path / "q.en").write_text("One.\nTwo.\n")
+    (tmp_path / "q.de").write_text("Eins.\n")
+    assert "2 en lines but 1 de lines" in refused(monkeypatch, *TINY, "--train_file", str(tmp_path / "q"),
+                                                  "--output_dir", str(out))
+    (tmp_path / "r.en").write_bytes("Café.\n".encode("latin-1"))
+    (tmp_path / "r.de").write_text("Kaffee.\n")
+    message = refused(monkeypatch, *TINY, "--train_file", str(tmp_path / "r"), "--output_dir", str(out))
+    assert "r.en is not UTF-8" in message and "line 1" in message
+    assert not (out / "tokenizer.json").exists()
+
+
+def test_a_folder_holding_anything_is_refused_unless_resumed_or_overwritten(tmp_path, monkeypatch, data):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert "--overwrite_output_dir" in refused(monkeypatch, *TINY, *data, "--output_dir", str(out))
+    assert "give one" in refused(monkeypatch, *TINY, *data, "--output_dir", str(out), "--overwrite_output_dir",
+                                 "--resume_from_checkpoint", "latest")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]  # nothing written, nothing deleted
+    (tmp_path / "file").write_text("")
+    assert "is a file" in refused(monkeypatch, *TINY, *data, "--output_dir", str(tmp_path / "file"))
+
+
+def test_resuming_where_there_is_nothing_to_resume_is_refused_before_any_work(tmp_path, monkeypatch, data):
+    out = tmp_path / "out"
+    assert "no intact checkpoint" in refused(monkeypatch, *TINY, *data, "--output_dir", str(out),
+                                             "--resume_from_checkpoint", "latest")
+    assert not out.exists()  # no tokenizer trained into it first
+
+
+# --- lines ------------------------------------------------------------------------------------------------------
+
+def test_lines_split_at_newlines_only():
+    assert split_lines("a\u2028b\x85c\fd\ve\u2029\nf\r\n\ng") == ["a\u2028b\x85c\fd\ve\u2029", "f", "", "g"]
+    assert split_lines("") == [] and split_lines("\n") == [""]
+
+
+def test_aligned_files_stay_aligned_whatever_the_characters(tmp_path):
+    # 4 lines each by `wc -l`; one English line holds U+2028, which str.splitlines() breaks at.
+    (tmp_path / "p.en").write_text("One.\nTwo\u2028still two.\nThree.\nFour.\n", encoding="utf-8")
+    (tmp_path / "p.de").write_text("Eins.\nZwei.\nDrei.\nVier.\n", encoding="utf-8")
+    pairs = load_pairs("en", "de", files={"train": str(tmp_path / "p")})["train"]
+    assert pairs[1] == ("Two\u2028still two.", "Zwei.") and pairs[3] == ("Four.", "Vier.")
+
+
+# --- vaswani-translate --------------------------------------------------------------------------------------------
+
+def cli(*args, stdin: bytes = b"", cwd=None):
+    result = subprocess.run([sys.executable, "-m", "vaswani_hf.translate", *map(str, args)], input=stdin, cwd=cwd,
+                            capture_output=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return result.returncode, result.stdout.decode(), result.stderr.decode().strip()
+
+
+def test_one_output_line_for_each_input_line_whatever_the_characters(translation_folder):
+    code, out, err = cli("--model", translation_folder, "--num_beams", "1",
+                         stdin="A dog\u2028runs.\n\nThe\x85man\fsees\vit.\n".encode())
+    assert code == 0, err
+    lines = out.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == "", out
+
+
+@pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "device cuda", "device bogus",
+                                  "output is a folder", "mistyped relative path"])
+def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, case):
+    args, stdin = ["--model", translation_folder], b"A dog runs.\n"
+    if case == "latin-1 stdin":
+        stdin = "Café.\n".encode("latin-1")
+    if case == "latin-1 file":
+        (tmp_path / "in.txt").write_bytes("A dog.\nCafé.\n".encode("latin-1"))
+        args += ["--input", tmp_path / "in.txt"]
+    if case == "device cuda":
+        if __import__("torch").cuda.is_available():
+            pytest.skip("this machine has a GPU")
+        args += ["--device", "cuda"]
+    if case == "device bogus":
+        args += ["--device", "bogus"]
+    if case == "output is a folder":
+        args += ["--output", tmp_path]
+    if case == "mistyped relative path":
+        (tmp_path / "rel").mkdir()
+        args = ["--model", "rel/nomodel"]
+    code, out, err = cli(*args, stdin=stdin, cwd=tmp_path)
+    assert code != 0 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("error:"), err
+    expected = {"latin-1 stdin": "standard input is not UTF-8 text: byte 0xe9 on line 1",
+                "latin-1 file": "in.txt is not UTF-8 text: byte 0xe9 on line 2", "device cuda": "no CUDA GPU",
+                "device bogus": "--device bogus", "output is a folder": "--output",
+                "mistyped relative path": "rel/nomodel is not a model folder"}
+    assert expected[case] in err, err
+
+
+def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, tmp_path):
+    folder = tmp_path / "learned"
+    shutil.copytree(translation_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(position_embedding="learned", max_position_embeddings=16)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").unlink()  # the weights of a learned-position model of this size
+    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+
+    VaswaniForConditionalGeneration(VaswaniConfig(**{k: v for k, v in config.items() if k not in (
+        "architectures", "auto_map", "transformers_version", "model_type")})).save_pretrained(folder)
+    code, out, err = cli("--model", folder, "--num_beams", "2",
+                         stdin=("A dog runs.\n" + "the man sees the dog " * 10 + "\n").encode())
+    assert code != 0 and out == "" and err.startswith("error: line 2 has") and "stop at 16" in err, err
+    code, out, err = cli("--model", folder, "--num_beams", "2", stdin=b"A dog runs.\n")
+    assert code == 0 and len(out.splitlines()) == 1, err  # decoding stops at the last learned position
+
+
+def test_a_folder_without_tokenizer_config_translates_as_the_complete_one(translation_folder, tmp_path):
+    """tokenizer.json holds the vocabulary, the special tokens and </s> after each source: enough to translate."""
+    folder = tmp_path / "model"
+    shutil.copytree(translation_folder, folder)
+    (folder / "tokenizer_config.json").unlink()
+    sources = b"A dog runs.\nThe old man sees the small dog and the cat.\n"
+    complete, partial = cli("--model", translation_folder, stdin=sources), cli("--model", folder, stdin=sources)
+    assert complete[0] == partial[0] == 0, partial[2]
+    assert partial[1] == complete[1] and len(complete[1].splitlines()) == 2

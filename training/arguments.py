@@ -1,0 +1,146 @@
+"""The flags of training/run.py: data, model and recipe, with presets (training/presets/NAME.json) as defaults
+that any flag overrides, and every value checked before any work starts."""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import HfArgumentParser
+
+from vaswani_hf import VaswaniConfig
+
+PRESETS = Path(__file__).resolve().parent / "presets"
+
+
+@dataclass
+class DataArguments:
+    dataset_name: str | None = field(default=None, metadata={"help": "A Hub dataset with a translation column."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration, e.g. de-en."})
+    train_file: str | None = field(default=None, metadata={"help": "JSON lines, or a prefix of aligned PREFIX.<lang> files."})
+    validation_file: str | None = field(default=None, metadata={"help": "As train_file."})
+    test_file: str | None = field(default=None, metadata={"help": "As train_file."})
+    source_lang: str = field(default="en")
+    target_lang: str = field(default="de")
+    max_length: int = field(default=256, metadata={"help": "Training pairs longer than this (in tokens) are skipped."})
+
+
+@dataclass
+class ModelArguments:
+    vocab_size: int = field(default=37000, metadata={"help": "Size of the joint BPE vocabulary (§5.1)."})
+    d_model: int = 512
+    d_ff: int = 2048
+    num_heads: int = 8
+    num_layers: int = 6
+    dropout: float = field(default=0.1, metadata={"help": "P_drop (§5.4)."})
+    position_embedding: str = "sinusoidal"
+    normalize_before: bool = field(default=False, metadata={"help": "Pre-LN: a deviation from the paper."})
+
+    def config(self, tokenizer) -> VaswaniConfig:
+        """The model's configuration, with the vocabulary and special tokens of the trained `tokenizer`."""
+        return VaswaniConfig(
+            vocab_size=len(tokenizer), d_model=self.d_model, d_ff=self.d_ff, num_heads=self.num_heads,
+            num_layers=self.num_layers, dropout=self.dropout, position_embedding=self.position_embedding,
+            normalize_before=self.normalize_before, pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.bos_token_id,
+        )
+
+
+@dataclass
+class RecipeArguments:
+    preset: str | None = field(default=None, metadata={"help": f"A recipe file in training/presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}."})
+    output_dir: str = field(default="outputs/run")
+    seed: int = 1
+    max_steps: int = field(default=100000, metadata={"help": "Optimizer steps (§5.2: 100k for base)."})
+    max_train_minutes: float | None = field(default=None, metadata={
+        "help": "A wall-clock budget: stop after it, and fit the schedule, checkpoints and evaluations to the steps "
+                "the machine is measured to make in it (training/budget.py; not the paper's)."})
+    warmup_share: float = field(default=0.04, metadata={
+        "help": "With a budget: warmup over this share of the expected steps (paper: 4k of 100k)."})
+    cooldown_share: float = field(default=0.0, metadata={
+        "help": "With a budget: a linear decay to zero over this last share of the expected steps."})
+    average_share: float = field(default=0.3, metadata={
+        "help": "With a budget and no --save_steps/--save_minutes: the averaged checkpoints span its last share."})
+    evaluations: int = field(default=0, metadata={
+        "help": "With a budget: validation this many times, evenly spaced inside it (instead of --eval_steps)."})
+    max_tokens: int = field(default=4096, metadata={"help": "Padded tokens per batch and process."})
+    tokens_per_step: int = field(default=25000, metadata={"help": "Tokens per optimizer step, reached by accumulation."})
+    warmup_steps: int = 4000
+    lr_scale: float = field(default=1.0, metadata={"help": "Multiplies the §5.3 learning rate curve."})
+    label_smoothing: float = field(default=0.1, metadata={"help": "ε_ls (§5.4)."})
+    mixed_precision: str = field(default="auto", metadata={"help": "auto (bf16/fp16 on GPUs, fp32 on CPU), no, fp16, bf16."})
+    logging_steps: int = 10
+    eval_steps: int = field(default=5000, metadata={"help": "Validation loss and BLEU every N steps (0: never)."})
+    eval_max_sentences: int = field(default=500, metadata={"help": "Validation sentences decoded for BLEU."})
+    save_steps: int = field(default=0, metadata={"help": "A checkpoint every N steps (0: off)."})
+    save_minutes: float = field(default=0, metadata={"help": "A checkpoint every N minutes (0: off)."})
+    average_checkpoints: int = field(default=5, metadata={"help": "The final model averages the last K checkpoints."})
+    num_beams: int = 4
+    length_penalty_alpha: float = field(default=0.6, metadata={"help": "GNMT α (§6.1)."})
+    alpha_candidates: list[float] | None = field(default=None, metadata={
+        "help": "GNMT α values to try on the whole validation set after training; the best replaces "
+                "--length_penalty_alpha for the test set and the saved model (§6.1: α was chosen on the development set)."})
+    resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint folder, or latest."})
+    overwrite_output_dir: bool = field(default=False, metadata={
+        "help": "Delete what --output_dir holds and start afresh (without it, a folder that holds anything is refused)."})
+    push_to_hub: bool = False
+    hub_model_id: str | None = None
+    hub_private_repo: bool = False
+
+
+def parse_arguments() -> tuple[DataArguments, ModelArguments, RecipeArguments]:
+    parser = HfArgumentParser((DataArguments, ModelArguments, RecipeArguments))
+    preset = parser.parse_args_into_dataclasses(return_remaining_strings=True)[2].preset
+    if preset:
+        path = PRESETS / f"{preset}.json"
+        if not path.is_file():
+            raise SystemExit(f"--preset {preset}: no {path}; presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}")
+        parser.set_defaults(**{k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")})
+    return parser.parse_args_into_dataclasses()
+
+
+def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: RecipeArguments, gpu: bool) -> None:
+    """Every flag checked before any work: a wrong value is a one-line SystemExit naming the flag."""
+    at_least = {"max_length": (data_args.max_length, 1), "vocab_size": (model_args.vocab_size, 8),
+                "max_steps": (args.max_steps, 1), "max_tokens": (args.max_tokens, 1),
+                "tokens_per_step": (args.tokens_per_step, 1), "warmup_steps": (args.warmup_steps, 1),
+                "logging_steps": (args.logging_steps, 1), "eval_steps": (args.eval_steps, 0),
+                "eval_max_sentences": (args.eval_max_sentences, 1), "save_steps": (args.save_steps, 0),
+                "save_minutes": (args.save_minutes, 0), "average_checkpoints": (args.average_checkpoints, 1),
+                "evaluations": (args.evaluations, 0), "num_beams": (args.num_beams, 1),
+                "length_penalty_alpha": (args.length_penalty_alpha, 0)}
+    for name, (value, low) in at_least.items():
+        if value < low:
+            raise SystemExit(f"error: --{name} {value}: must be at least {low}")
+    for name, value in (("lr_scale", args.lr_scale), ("max_train_minutes", args.max_train_minutes)):
+        if value is not None and not value > 0:
+            raise SystemExit(f"error: --{name} {value}: must be positive")
+    for name in ("label_smoothing", "warmup_share", "cooldown_share", "average_share"):
+        if not 0 <= getattr(args, name) <= 1:
+            raise SystemExit(f"error: --{name} {getattr(args, name)}: must be between 0 and 1")
+    if any(alpha < 0 for alpha in args.alpha_candidates or []):
+        raise SystemExit(f"error: --alpha_candidates {args.alpha_candidates}: α must be at least 0")
+    if args.mixed_precision not in ("auto", "no", "fp16", "bf16"):
+        raise SystemExit(f"error: --mixed_precision {args.mixed_precision}: one of auto, no, fp16, bf16")
+    if args.mixed_precision == "fp16" and not gpu:
+        raise SystemExit("error: --mixed_precision fp16 needs a GPU (float16 autocast is not run on the CPU): "
+                         "use bf16 or no")
+    try:  # the model's own checks (sizes, heads, dropout, positions), with a stand-in for the tokenizer's ids
+        config = model_args.config(_StandInTokenizer(model_args.vocab_size))
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    if model_args.position_embedding == "learned" and data_args.max_length > config.max_position_embeddings:
+        raise SystemExit(f"error: --max_length {data_args.max_length}: learned positions stop at "
+                         f"{config.max_position_embeddings}")
+
+
+class _StandInTokenizer:
+    """The special-token ids of training/tokenizer.py, for checking a configuration before the BPE is trained."""
+
+    pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size

@@ -1,0 +1,14 @@
+"""Fault injection, for the tests of what survives a kill: with VASWANI_FAULT=<point> in the environment, the
+process kills itself with SIGKILL when it reaches that point (no cleanup runs, as with a real kill). Points:
+`step-N` (inside optimizer step N, after the gradients, before the update), `save-N` (checkpoint N written but not
+yet complete), `average` (the checkpoints averaged, the output folder not yet written)."""
+
+import os
+import signal
+
+FAULT = os.environ.get("VASWANI_FAULT")
+
+
+def fault_point(point: str) -> None:
+    if point == FAULT:
+        os.kill(os.getpid(), signal.SIGKILL)

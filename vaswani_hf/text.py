@@ -1,0 +1,31 @@
+"""Lines of text as aligned corpora count them: one per "\\n", as `wc -l` does.
+
+`str.splitlines()` also breaks at U+2028, U+2029, U+0085, form feed and vertical tab, characters that real
+corpora hold inside a sentence: the source and target files would no longer line up, and a translator would
+write more output lines than it read.
+"""
+
+from pathlib import Path
+
+
+def split_lines(text: str) -> list[str]:
+    """The lines of `text`, split at "\\n" only; a "\\r" before it goes too, and a final "\\n" ends the last line."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def decode_utf8(data: bytes, name: str) -> str:
+    """`data` as UTF-8 text; otherwise a one-line ValueError naming `name`, the line and the byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ValueError(f"{name} is not UTF-8 text: byte 0x{data[error.start]:02x} on line {line} "
+                         f"(convert it, e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 file, split as `split_lines` does."""
+    return split_lines(decode_utf8(Path(path).read_bytes(), str(path)))
