@@ -121,13 +121,16 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder(tmp_path):
         files[split].write_text("".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n"
                                         for en, de in data[split][:size]))
     output = tmp_path / "out"
-    run_trainer.main([
+    flags = [
         "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
         "--test_file", str(files["test"]), "--output_dir", str(output), "--vocab_size", "200", "--d_model", "32",
         "--d_ff", "64", "--num_heads", "4", "--num_layers", "2", "--max_steps", "6", "--eval_steps", "3",
         "--save_steps", "3", "--warmup_steps", "2", "--per_device_train_batch_size", "16", "--use_cpu",
         "--generation_max_length", "20", "--disable_tqdm", "true",
-    ])
+    ]
+    run_trainer.main(flags)
+    with pytest.raises(SystemExit, match=f"error: --output_dir {output} is not empty"):  # its tokenizer is not reused
+        run_trainer.main(flags)
     metrics = json.loads((output / "metrics.json").read_text())
     assert metrics["train_steps"] == 6 and metrics["test"]["bleu_signature"].startswith("nrefs:1")
     assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "pipeline_vaswani.py"} <= {
