@@ -54,7 +54,7 @@ def damage(path: Path, only: tuple[str, ...] | None = None) -> str | None:
     if only is None:
         written = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {STATE_FILE}
         if written - files.keys():
-            return f"holds {sorted(written - files.keys())[0]}, which the run did not write"
+            return f"holds {min(written - files.keys())}, which the run did not write"
     for name, expected in files.items():
         if only is not None and name not in only:
             continue

@@ -57,3 +57,17 @@ def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str) -
     if len(sides[0]) != len(sides[1]):
         raise ValueError(f"--{split}_file {prefix}: {len(sides[0])} {source_lang} lines but {len(sides[1])} {target_lang} lines")
     return list(zip(*sides))
+
+
+def load_run_pairs(data_args) -> dict[str, list[tuple[str, str]]]:
+    """The pairs of a training run's data flags (training/arguments.py DataArguments); a missing, misaligned or
+    unreadable file, or no training split, is a one-line SystemExit."""
+    files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
+    try:
+        pairs = load_pairs(data_args.source_lang, data_args.target_lang, data_args.dataset_name,
+                           data_args.dataset_config_name, files)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+    if "train" not in pairs:
+        raise SystemExit("error: no training data: give --dataset_name or --train_file (or neither, for the embedded data)")
+    return pairs

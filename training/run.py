@@ -50,7 +50,7 @@ from training.checkpoints import (  # noqa: E402
     share_kernel_choices,
     verified,
 )
-from training.data import load_pairs  # noqa: E402
+from training.data import load_run_pairs  # noqa: E402
 from training.evaluation import score, translate  # noqa: E402
 from training.faults import fault_point  # noqa: E402
 from training.hub import write_output_folder  # noqa: E402
@@ -157,15 +157,7 @@ def main():
     say = accelerator.print
 
     # Data and the joint BPE: trained once by the main process, read by every process.
-    try:
-        pairs = load_pairs(data_args.source_lang, data_args.target_lang, data_args.dataset_name,
-                           data_args.dataset_config_name,
-                           {"train": data_args.train_file, "validation": data_args.validation_file,
-                            "test": data_args.test_file})
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"error: {error}") from None
-    if "train" not in pairs:
-        raise SystemExit("error: no training data: give --dataset_name or --train_file (or neither, for the embedded data)")
+    pairs = load_run_pairs(data_args)
     if accelerator.is_main_process and not resumed:
         tokenizer = train_joint_bpe((side for pair in pairs["train"] for side in pair), model_args.vocab_size)
         tokenizer.save_pretrained(output_dir)

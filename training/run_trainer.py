@@ -36,7 +36,7 @@ from transformers import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.data import load_pairs  # noqa: E402
+from training.data import load_run_pairs  # noqa: E402
 from training.evaluation import score, translate  # noqa: E402
 from training.hub import write_output_folder  # noqa: E402
 from training.arguments import PRESETS, DataArguments, ModelArguments  # noqa: E402
@@ -113,15 +113,7 @@ def main(argv: list[str] | None = None):
     if not training_args.resume_from_checkpoint and output_dir.is_dir() and any(output_dir.iterdir()):
         raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with --resume_from_checkpoint, "
                          "or choose another folder")
-    try:
-        pairs = load_pairs(data_args.source_lang, data_args.target_lang, data_args.dataset_name,
-                           data_args.dataset_config_name,
-                           {"train": data_args.train_file, "validation": data_args.validation_file,
-                            "test": data_args.test_file})
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"error: {error}") from None
-    if "train" not in pairs:
-        raise SystemExit("error: no training data: give --dataset_name or --train_file (or neither, for the embedded data)")
+    pairs = load_run_pairs(data_args)
     with training_args.main_process_first():  # the main process trains the joint BPE, the others read it
         if not (output_dir / "tokenizer.json").is_file():
             train_joint_bpe((side for pair in pairs["train"] for side in pair), model_args.vocab_size).save_pretrained(output_dir)
