@@ -44,6 +44,7 @@ def data(tmp_path):
     (["--num_heads", "5"], "num_heads"),
     (["--alpha_candidates", "0.6", "-1"], "--alpha_candidates"),
     (["--position_embedding", "learned", "--max_length", "2000"], "--max_length 2000"),
+    (["--preset", "cpu-tiny"], "--preset cpu-tiny"),
 ])
 def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypatch, data, flags, named):
     if "fp16" in flags and __import__("torch").cuda.is_available():

@@ -94,7 +94,7 @@ def parse_arguments() -> tuple[DataArguments, ModelArguments, RecipeArguments]:
     if preset:
         path = PRESETS / f"{preset}.json"
         if not path.is_file():
-            raise SystemExit(f"--preset {preset}: no {path}; presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}")
+            raise SystemExit(f"error: --preset {preset}: no {path}; presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}")
         parser.set_defaults(**{k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")})
     return parser.parse_args_into_dataclasses()
 
