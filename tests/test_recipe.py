@@ -4,7 +4,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from training.averaging import average_checkpoints, average_state_dicts
+from training import averaging
+from training.averaging import average_checkpoints
 from training.loss import label_smoothed_nll
 from training.schedule import inverse_sqrt_lr, paper_optimizer
 
@@ -100,5 +101,39 @@ def test_averaged_checkpoints_are_the_element_wise_mean(tmp_path):
     averaged = average_checkpoints(files)
     torch.testing.assert_close(averaged["w"], torch.stack([c["w"] for c in checkpoints]).mean(0))
     torch.testing.assert_close(averaged["b"], torch.stack([c["b"] for c in checkpoints]).mean(0))
-    with pytest.raises(ValueError, match="different weights"):
-        average_state_dicts([{"w": torch.zeros(1)}, {"v": torch.zeros(1)}])
+    assert averaged["step"].item() == 0  # not floating point: the first checkpoint's
+
+
+def test_averaging_streams_and_names_the_checkpoint_that_does_not_fit(tmp_path, monkeypatch):
+    """One file open at a time (the float64 sum is all it keeps), and a file with other names or shapes is a
+    one-line error naming it."""
+    files = []
+    for k, state in enumerate([{"w": torch.ones(2, 3)}, {"w": torch.zeros(2, 3)}, {"v": torch.ones(2, 3)},
+                               {"w": torch.ones(3, 2)}]):
+        files.append(tmp_path / f"checkpoint-{k}.safetensors")
+        save_file(state, str(files[-1]))
+    open_now, most = 0, 0
+
+    class Counted:
+        def __init__(self, *args, **kwargs):
+            self.inner = real_safe_open(*args, **kwargs)
+
+        def __enter__(self):
+            nonlocal open_now, most
+            open_now, most = open_now + 1, max(most, open_now + 1)
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            nonlocal open_now
+            open_now -= 1
+            return self.inner.__exit__(*exc)
+
+    real_safe_open = averaging.safe_open
+    monkeypatch.setattr(averaging, "safe_open", Counted)
+    averaged = average_checkpoints(files[:2] * 5)
+    torch.testing.assert_close(averaged["w"], torch.full((2, 3), 0.5))
+    assert most == 1
+    with pytest.raises(ValueError, match=r"checkpoint-2.safetensors does not fit .*checkpoint-0.safetensors: it holds other weights \(v, w\)"):
+        average_checkpoints(files[:3])
+    with pytest.raises(ValueError, match=r"checkpoint-3.safetensors does not fit .*: w has shape \(3, 2\), not \(2, 3\)"):
+        average_checkpoints([files[0], files[3]])

@@ -1,32 +1,38 @@
 """§6.1: "For the base models, we used a single model obtained by averaging the last 5 checkpoints, which were
 written at 10-minute intervals. For the big models, we averaged the last 20 checkpoints."
+
+The average streams: a float64 sum (the size of two float32 state dicts) and one tensor of one checkpoint at a
+time, whatever the number of checkpoints.
 """
 
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
-
-
-def average_state_dicts(state_dicts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The element-wise mean, accumulated in float64 and returned in each tensor's own dtype."""
-    if not state_dicts:
-        raise ValueError("average_state_dicts needs at least one state dict")
-    keys = state_dicts[0].keys()
-    for other in state_dicts[1:]:
-        if other.keys() != keys:
-            raise ValueError(f"checkpoints hold different weights: {sorted(set(keys) ^ set(other.keys()))[:5]}")
-    averaged = {}
-    for key in keys:
-        first = state_dicts[0][key]
-        if not first.is_floating_point():
-            averaged[key] = first.clone()
-            continue
-        total = sum(sd[key].to(torch.float64) for sd in state_dicts)
-        averaged[key] = (total / len(state_dicts)).to(first.dtype)
-    return averaged
+from safetensors import safe_open
 
 
 def average_checkpoints(weight_files: list[str | Path]) -> dict[str, torch.Tensor]:
-    """Average the safetensors weight files of several checkpoints."""
-    return average_state_dicts([load_file(str(path)) for path in weight_files])
+    """The element-wise mean of the safetensors files, summed in float64 and returned in each tensor's own dtype
+    (tensors that are not floating point are taken from the first file). Every file must hold the same names with
+    the same shapes: otherwise a one-line ValueError names the file that does not fit."""
+    if not weight_files:
+        raise ValueError("average_checkpoints needs at least one checkpoint")
+    first = Path(weight_files[0])
+    with safe_open(str(first), framework="pt") as file:
+        total = {key: file.get_tensor(key) for key in file.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    dtypes = {key: tensor.dtype for key, tensor in total.items()}
+    total = {key: tensor.to(torch.float64) if tensor.is_floating_point() else tensor for key, tensor in total.items()}
+    for path in weight_files[1:]:
+        with safe_open(str(path), framework="pt") as file:
+            names = set(file.keys())
+            if names != total.keys():
+                difference = sorted(names ^ total.keys())
+                raise ValueError(f"{path} does not fit {first}: it holds other weights ({', '.join(difference[:3])})")
+            for key, summed in total.items():
+                shape = tuple(file.get_slice(key).get_shape())
+                if shape != tuple(summed.shape):
+                    raise ValueError(f"{path} does not fit {first}: {key} has shape {shape}, not {tuple(summed.shape)}")
+                if summed.is_floating_point():
+                    summed += file.get_tensor(key).to(torch.float64)
+    return {key: (summed / len(weight_files)).to(dtypes[key]) if summed.is_floating_point() else summed
+            for key, summed in total.items()}
