@@ -156,8 +156,8 @@ def test_resuming_unpickles_no_object(tmp_path, accelerator):
     for name in ("custom_checkpoint_0.pkl", "scheduler.bin"):
         (tmp_path / "checkpoint-1" / name).write_bytes(pickle.dumps(Payload()))
     assert damage(tmp_path / "checkpoint-1") == "holds custom_checkpoint_0.pkl, which the run did not write"
-    with pytest.raises(ValueError, match="checkpoint-1 is damaged: holds custom_checkpoint_0.pkl"):
-        load_checkpoint(accelerator, tmp_path / "checkpoint-1")
+    with pytest.raises(FileNotFoundError, match="checkpoint-1: damaged .holds custom_checkpoint_0.pkl"):
+        resolve_checkpoint(tmp_path, str(tmp_path / "checkpoint-1"))
     for name in ("custom_checkpoint_0.pkl", "scheduler.bin"):
         (tmp_path / "checkpoint-1" / name).unlink()
     load_checkpoint(accelerator, tmp_path / "checkpoint-1")  # the files the run wrote load without any object

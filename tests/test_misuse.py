@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from training import run
 from training.data import load_pairs
@@ -47,7 +48,7 @@ def data(tmp_path):
     (["--preset", "cpu-tiny"], "--preset cpu-tiny"),
 ])
 def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypatch, data, flags, named):
-    if "fp16" in flags and __import__("torch").cuda.is_available():
+    if "fp16" in flags and torch.cuda.is_available():
         pytest.skip("fp16 is refused only where there is no GPU")
     out = tmp_path / "out"
     assert named in refused(monkeypatch, *TINY, *data, "--output_dir", str(out), *flags)
@@ -128,7 +129,7 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, case
         (tmp_path / "in.txt").write_bytes("A dog.\nCafé.\n".encode("latin-1"))
         args += ["--input", tmp_path / "in.txt"]
     if case == "device cuda":
-        if __import__("torch").cuda.is_available():
+        if torch.cuda.is_available():
             pytest.skip("this machine has a GPU")
         args += ["--device", "cuda"]
     if case == "device bogus":

@@ -147,11 +147,8 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, state: dict,
 
 
 def load_checkpoint(accelerator, path: Path) -> dict:
-    """Restores model, optimizer, RNG states and kernel choices; returns trainer_state.json (the step, the run's
-    state as saved)."""
-    reason = damage(path)
-    if reason:
-        raise ValueError(f"{path} is damaged: {reason}")
+    """Restores model, optimizer, RNG states and kernel choices from a checkpoint that `resolve_checkpoint` found
+    intact; returns trainer_state.json (the step, the run's state as saved)."""
     accelerator.load_state(str(path))
     state = json.loads((path / STATE_FILE).read_text())
     state.pop("files", None)
