@@ -1,0 +1,68 @@
+"""How many of a finished run's checkpoints to average (§6.1), judged on validation: for each window of the last
+K checkpoints, the averaged model's per-token NLL and its beam-4 sacreBLEU at each GNMT α.
+
+    python benchmarks/averaging_window.py RUN_DIR --windows 15,10,5,3,1 --alphas 1.2,1.4
+        [--source ../shared/data/multi30k/valid.en --reference ../shared/data/multi30k/valid.de]
+
+RUN_DIR is a `training/run.py` output folder that still holds its checkpoints (the tokenizer and config come from
+it). Use the validation set, never the test set: this chooses `--average_share` and `--average_checkpoints`.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from transformers import AutoTokenizer  # noqa: E402
+
+from training.averaging import average_checkpoints  # noqa: E402
+from training.batching import encode  # noqa: E402
+from training.checkpoints import WEIGHTS_FILE, checkpoints  # noqa: E402
+from training.evaluation import score, translate, validation_loss  # noqa: E402
+from vaswani_hf import VaswaniForConditionalGeneration  # noqa: E402
+from vaswani_hf.kernels import cpu_name  # noqa: E402
+from vaswani_hf.text import read_lines  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def numbers(text: str, kind=float) -> list:
+    return [kind(item) for item in text.split(",")]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--windows", type=lambda text: numbers(text, int), default=[15, 10, 5, 3, 1])
+    parser.add_argument("--alphas", type=numbers, default=[1.4])
+    parser.add_argument("--source", type=Path, default=DATA / "valid.en")
+    parser.add_argument("--reference", type=Path, default=DATA / "valid.de")
+    args = parser.parse_args()
+    found = checkpoints(args.run_dir)
+    if len(found) < max(args.windows):
+        raise SystemExit(f"{args.run_dir}: {len(found)} checkpoints, fewer than the window {max(args.windows)}")
+    sources, references = read_lines(args.source), read_lines(args.reference)
+    tokenizer = AutoTokenizer.from_pretrained(args.run_dir)
+    model = VaswaniForConditionalGeneration.from_pretrained(args.run_dir).eval()
+    encoded = encode(tokenizer, list(zip(sources, references, strict=True)))
+    print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads; {args.run_dir}: {len(found)} checkpoints")
+    for window in args.windows:
+        start = time.perf_counter()
+        model.load_state_dict(average_checkpoints([path / WEIGHTS_FILE for path in found[-window:]]), strict=False)
+        model.tie_weights()
+        nll = validation_loss(model, *encoded, tokenizer.pad_token_id, 2048, "cpu")
+        bleu = {alpha: score(translate(model, tokenizer, sources, num_beams=4, alpha=alpha), references)["bleu"]
+                for alpha in args.alphas}
+        print(json.dumps({"last": window, "from": found[-window].name, "nll": round(nll, 4),
+                          "bleu": {str(alpha): round(value, 2) for alpha, value in bleu.items()},
+                          "seconds": round(time.perf_counter() - start)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
