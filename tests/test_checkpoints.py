@@ -8,12 +8,15 @@ import pickle
 import pytest
 import torch
 from accelerate import Accelerator
+from safetensors import SafetensorError
 
+from training import checkpoints as checkpoints_module
 from training.checkpoints import (
     checkpoints,
     damage,
     leave_timeline,
     load_checkpoint,
+    load_training_state,
     resolve_checkpoint,
     save_checkpoint,
     verified,
@@ -36,30 +39,30 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, 
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.Adam(model.parameters())
     model, optimizer = accelerator.prepare(model, optimizer)
-    save_checkpoint(accelerator, tmp_path, 1, {"history": [1]}, keep=5)
+    save_checkpoint(accelerator, model, optimizer, tmp_path, 1, {"history": [1]}, keep=5)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
 
-    real_save_state = accelerator.save_state
+    real_save = checkpoints_module.save_training_state
 
-    def save_state_then_die(directory):
-        real_save_state(directory)  # the files are written ...
+    def save_then_die(*args):
+        real_save(*args)  # the files are written ...
         raise Killed  # ... but the process dies before the checkpoint is complete
 
     with torch.no_grad():
         model.weight.add_(1.0)
-    monkeypatch.setattr(accelerator, "save_state", save_state_then_die)
+    monkeypatch.setattr(checkpoints_module, "save_training_state", save_then_die)
     with pytest.raises(Killed):
-        save_checkpoint(accelerator, tmp_path, 2, {"history": [1, 2]}, keep=5)
+        save_checkpoint(accelerator, model, optimizer, tmp_path, 2, {"history": [1, 2]}, keep=5)
     monkeypatch.undo()
 
     assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-1"]
     assert resolve_checkpoint(tmp_path, "latest").name == "checkpoint-1"
-    state = load_checkpoint(accelerator, resolve_checkpoint(tmp_path, "latest"))
+    state = load_checkpoint(accelerator, model, optimizer, resolve_checkpoint(tmp_path, "latest"))
     assert state == {"step": 1, "history": [1]}
     for key, value in model.state_dict().items():
         assert torch.equal(value, saved[key])
 
-    save_checkpoint(accelerator, tmp_path, 2, {"history": [1, 2]}, keep=1)  # the next save cleans up
+    save_checkpoint(accelerator, model, optimizer, tmp_path, 2, {"history": [1, 2]}, keep=1)  # the next save cleans up
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint-2"]
 
 
@@ -81,21 +84,22 @@ def test_a_resumed_run_computes_with_the_kernels_its_checkpoint_recorded(tmp_pat
     layer(torch.randn(40, 6, requires_grad=True)).sum().backward()
     measured = dict(KERNELS.chosen)
     assert len(measured) == 3  # forward, input gradient, weight gradient
-    save_checkpoint(accelerator, tmp_path, 1, {"history": []}, keep=1)
+    save_checkpoint(accelerator, layer, optimizer, tmp_path, 1, {"history": []}, keep=1)
 
     monkeypatch.setattr(KERNELS, "chosen", {key: "not measured here" for key in measured})  # a fresh process
-    state = load_checkpoint(accelerator, tmp_path / "checkpoint-1")
+    state = load_checkpoint(accelerator, layer, optimizer, tmp_path / "checkpoint-1")
     assert KERNELS.chosen == measured and KERNELS.frozen and "kernels" not in state
 
 
 def saved_run(tmp_path, accelerator, steps):
     """Checkpoints of a small model and Adam at the given steps, each with weights that tell the step."""
-    model, optimizer = accelerator.prepare(torch.nn.Linear(3, 2), torch.optim.Adam(torch.nn.Linear(3, 2).parameters()))
+    model = torch.nn.Linear(3, 2)
+    model, optimizer = accelerator.prepare(model, torch.optim.Adam(model.parameters()))
     for step in steps:
         with torch.no_grad():
             model.weight.fill_(step)
-        save_checkpoint(accelerator, tmp_path, step, {"history": list(range(step))}, keep=10)
-    return model
+        save_checkpoint(accelerator, model, optimizer, tmp_path, step, {"history": list(range(step))}, keep=10)
+    return model, optimizer
 
 
 def truncate(path):
@@ -104,18 +108,19 @@ def truncate(path):
 
 
 def test_latest_falls_back_to_the_newest_intact_checkpoint_with_one_warning(tmp_path, accelerator):
-    model = saved_run(tmp_path, accelerator, [2, 4, 6])
+    model, optimizer = saved_run(tmp_path, accelerator, [2, 4, 6])
     truncate(tmp_path / "checkpoint-6" / "model.safetensors")
-    (tmp_path / "checkpoint-4" / "optimizer.bin").write_bytes(b"x" * (tmp_path / "checkpoint-4" / "optimizer.bin").stat().st_size)
+    adam = tmp_path / "checkpoint-4" / "optimizer.safetensors"
+    adam.write_bytes(b"x" * adam.stat().st_size)
     warnings = []
     assert resolve_checkpoint(tmp_path, "latest", warnings.append).name == "checkpoint-2"
     size = (tmp_path / "checkpoint-6" / "model.safetensors").stat().st_size
     assert warnings == [
         (f"warning: checkpoint-6 is damaged (model.safetensors has {size} bytes, {2 * size} were written): "
          "trying the one before it"),
-        ("warning: checkpoint-4 is damaged (optimizer.bin does not hold what was written (SHA-256 differs)): "
+        ("warning: checkpoint-4 is damaged (optimizer.safetensors does not hold what was written (SHA-256 differs)): "
          "trying the one before it")]
-    assert load_checkpoint(accelerator, resolve_checkpoint(tmp_path, "latest", print))["step"] == 2
+    assert load_checkpoint(accelerator, model, optimizer, resolve_checkpoint(tmp_path, "latest", print))["step"] == 2
     assert torch.all(model.weight == 2)
     with pytest.raises(FileNotFoundError, match="checkpoint-6: damaged"):
         resolve_checkpoint(tmp_path, str(tmp_path / "checkpoint-6"))
@@ -144,9 +149,11 @@ def test_a_save_removes_every_incomplete_checkpoint_and_records_every_file(tmp_p
 
 
 def test_resuming_unpickles_no_object(tmp_path, accelerator):
-    """A checkpoint folder is data: a planted pickle beside the files is never run, and Accelerate's own files
-    are read with weights_only=True, which refuses objects."""
-    saved_run(tmp_path, accelerator, [1])
+    """A checkpoint folder is data (safetensors and JSON only): a planted pickle beside the files is never run, and
+    one in place of a file the run wrote is refused as damaged and, read anyway, is not a safetensors file."""
+    model, optimizer = saved_run(tmp_path, accelerator, [1])
+    assert sorted(p.name for p in (tmp_path / "checkpoint-1").iterdir()) == [
+        "model.safetensors", "optimizer.safetensors", "rng_state_0.safetensors", "trainer_state.json"]
     marker = tmp_path / "ran"
 
     class Payload:
@@ -160,20 +167,19 @@ def test_resuming_unpickles_no_object(tmp_path, accelerator):
         resolve_checkpoint(tmp_path, str(tmp_path / "checkpoint-1"))
     for name in ("custom_checkpoint_0.pkl", "scheduler.bin"):
         (tmp_path / "checkpoint-1" / name).unlink()
-    load_checkpoint(accelerator, tmp_path / "checkpoint-1")  # the files the run wrote load without any object
-    # The payload in place of a file Accelerate reads: found damaged; and read anyway, refused by weights_only.
-    torch.save({"state": Payload()}, tmp_path / "checkpoint-1" / "optimizer.bin")
-    assert "optimizer.bin" in damage(tmp_path / "checkpoint-1")
-    with pytest.raises(Exception, match="[Ww]eights only load failed"):
-        accelerator.load_state(str(tmp_path / "checkpoint-1"))
+    load_checkpoint(accelerator, model, optimizer, tmp_path / "checkpoint-1")  # the files the run wrote
+    torch.save({"state": Payload()}, tmp_path / "checkpoint-1" / "optimizer.safetensors")
+    assert "optimizer.safetensors" in damage(tmp_path / "checkpoint-1")
+    with pytest.raises(SafetensorError):
+        load_training_state(accelerator, model, optimizer, tmp_path / "checkpoint-1")
     assert not marker.exists()
 
 
 def test_resuming_from_an_older_checkpoint_moves_its_successors_out_of_the_run(tmp_path, accelerator):
-    saved_run(tmp_path, accelerator, [2, 4, 6])
+    model, optimizer = saved_run(tmp_path, accelerator, [2, 4, 6])
     moved = leave_timeline(tmp_path / "checkpoint-2")
     assert [p.name for p in moved] == ["abandoned-checkpoint-4", "abandoned-checkpoint-6"]
     assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-2"]
-    save_checkpoint(accelerator, tmp_path, 3, {"history": []}, keep=2)  # pruning sees one timeline
+    save_checkpoint(accelerator, model, optimizer, tmp_path, 3, {"history": []}, keep=2)  # one timeline
     assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
     assert (tmp_path / "abandoned-checkpoint-6" / "model.safetensors").is_file()  # kept, not deleted

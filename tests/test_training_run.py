@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CODE_FILES
+from accelerate.commands.config.config_args import ClusterConfig
+from accelerate.utils import DistributedType
+from conftest import CODE_FILES, run_hidden
 from safetensors.torch import load_file
 
 from training.checkpoints import checkpoints
 from training.default_data import generate
 from training.schedule import inverse_sqrt_lr
+from vaswani_hf import VaswaniForConditionalGeneration
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "2", "--vocab_size", "300",
@@ -46,11 +49,13 @@ def small_data(tmp_path_factory):
 SAME_KERNELS = {"VASWANI_KERNELS": "torch,sdpa"}
 
 
-def launch(output_dir, *flags, processes=1, popen=False, env_extra=None, killed=False):
+def launch(output_dir, *flags, processes=1, popen=False, env_extra=None, killed=False, fsdp=False):
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                "--main_process_port", str(random.randint(20000, 40000))]
-    if processes > 1:
+    if fsdp:  # sharded by torch's fully_shard, CPU processes over gloo (training/distributed.py)
+        command += ["--use_fsdp", "--fsdp_version", "2"]
+    elif processes > 1:
         command.append("--multi_gpu")  # on a machine without GPUs: CPU processes over gloo
     command += [str(ROOT / "training" / "run.py"), "--output_dir", str(output_dir), *flags]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -79,14 +84,18 @@ def assert_same_weights(a, b, atol, skip=()):
 
 
 def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_path, small_data):
-    """2 processes x 1 batch per step (DDP over gloo) == 1 process x 2 accumulated batches per step."""
+    """2 processes x 1 batch per step (DDP over gloo) == 1 process x 2 accumulated batches per step, with
+    validation and beam search inside the run (step 2) and at its end."""
     # dropout 0: the processes draw different dropout masks; lr_scale 0.01: a realistic peak of about 9e-4
-    flags = [*TINY, *small_data, "--dropout", "0", "--max_steps", "4", "--average_checkpoints", "1", "--lr_scale", "0.01"]
+    flags = [*TINY, *small_data, "--dropout", "0", "--max_steps", "4", "--average_checkpoints", "1", "--lr_scale", "0.01",
+             "--eval_steps", "2", "--eval_max_sentences", "4"]
     launch(tmp_path / "one", *flags, processes=1, env_extra=SAME_KERNELS)
     launch(tmp_path / "two", *flags, processes=2, env_extra=SAME_KERNELS)
     one, two = history(tmp_path / "one"), history(tmp_path / "two")
     assert [h["tokens"] for h in one] == [h["tokens"] for h in two]
     assert [h["loss"] for h in two] == pytest.approx([h["loss"] for h in one], rel=1e-5)
+    assert [h["validation_loss"] for h in two if "validation_loss" in h] == pytest.approx(
+        [h["validation_loss"] for h in one if "validation_loss" in h], rel=1e-5)
     # The key biases get no gradient in exact arithmetic (softmax ignores the q.b_k added to every score), so
     # Adam (eps 1e-9) turns the rounding noise of their gradient into updates that differ with the summation
     # order. They do not change the model's function: its validation loss and its translations agree.
@@ -94,6 +103,85 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_pat
     metrics_one, metrics_two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))
     assert metrics_two["validation"]["loss"] == pytest.approx(metrics_one["validation"]["loss"], rel=1e-5)
     assert metrics_two["test"]["bleu"] == metrics_one["test"]["bleu"]
+    assert metrics_one["distributed"]["parallelism"] == "none"
+    assert metrics_two["distributed"]["parallelism"] == "DDP" and metrics_two["distributed"]["backend"] == "gloo"
+
+
+def test_fsdp_shards_over_two_processes_and_trains_like_one_process(tmp_path, small_data):
+    """`accelerate launch --use_fsdp --fsdp_version 2` with 2 CPU processes: sharded (not DDP in disguise), equal to
+    1 process with the same global batch, with validation and beam search inside the run and at its end."""
+    flags = [*TINY, *small_data, "--dropout", "0", "--max_steps", "4", "--average_checkpoints", "2",
+             "--save_steps", "2", "--lr_scale", "0.01", "--eval_steps", "2", "--eval_max_sentences", "4"]
+    launch(tmp_path / "one", *flags, processes=1, env_extra=SAME_KERNELS)
+    result = launch(tmp_path / "fsdp", *flags, processes=2, fsdp=True, env_extra=SAME_KERNELS)
+    assert "distributed: parallelism FSDP2, processes 2, backend gloo" in result.stdout + result.stderr
+    one, fsdp = history(tmp_path / "one"), history(tmp_path / "fsdp")
+    assert [h["tokens"] for h in one] == [h["tokens"] for h in fsdp]
+    assert [h["loss"] for h in fsdp] == pytest.approx([h["loss"] for h in one], rel=1e-5)
+    assert [h["validation_loss"] for h in fsdp if "validation_loss" in h] == pytest.approx(
+        [h["validation_loss"] for h in one if "validation_loss" in h], rel=1e-5)
+    assert_same_weights(tmp_path / "one", tmp_path / "fsdp", atol=1e-5, skip=("k_proj.bias",))
+    metrics_one, metrics_fsdp = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "fsdp"))
+    assert metrics_fsdp["distributed"]["parallelism"] == "FSDP2"
+    total = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "fsdp").num_parameters()
+    assert metrics_one["distributed"]["parameters_held_by_the_main_process"] == total
+    held = metrics_fsdp["distributed"]["parameters_held_by_the_main_process"]
+    assert 0.45 * total < held < 0.55 * total  # about half of every tensor
+    assert metrics_fsdp["validation"]["loss"] == pytest.approx(metrics_one["validation"]["loss"], rel=1e-5)
+    assert metrics_fsdp["test"]["bleu"] == metrics_one["test"]["bleu"]
+    # The checkpoints hold the full model, as any run's do: the final folder averaged them.
+    for checkpoint in checkpoints(tmp_path / "fsdp"):
+        assert sorted(p.name for p in checkpoint.iterdir()) == [
+            "model.safetensors", "optimizer.safetensors", "rng_state_0.safetensors", "rng_state_1.safetensors",
+            "trainer_state.json"]
+    # The final folder loads where the package is not installed, and computes what the package computes.
+    out = run_hidden("""
+        import json, sys, torch
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+        assert not type(model).__module__.startswith("vaswani_hf")
+        with torch.no_grad():
+            print(json.dumps(model(input_ids=torch.tensor([[5, 6, 7, 2]]), decoder_input_ids=torch.tensor([[0, 5]])
+                             ).logits.flatten().tolist()))
+        """, tmp_path / "fsdp", env_extra={"HF_MODULES_CACHE": str(tmp_path / "modules")}, cwd=tmp_path)
+    installed = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "fsdp").eval()
+    with torch.no_grad():
+        logits = installed(input_ids=torch.tensor([[5, 6, 7, 2]]), decoder_input_ids=torch.tensor([[0, 5]])).logits
+    torch.testing.assert_close(torch.tensor(json.loads(out)), logits.flatten(), atol=1e-6, rtol=0)
+
+
+def test_an_fsdp_run_killed_in_a_step_and_in_a_save_resumes_to_an_uninterrupted_one(tmp_path, small_data):
+    flags = [*TINY, *small_data, "--dropout", "0.1", "--max_steps", "8", "--save_steps", "2",
+             "--average_checkpoints", "2"]
+    launch(tmp_path / "whole", *flags, processes=2, fsdp=True, env_extra=SAME_KERNELS)
+    run, resume = tmp_path / "killed", ["--resume_from_checkpoint", "latest"]
+    launch(run, *flags, processes=2, fsdp=True, env_extra={**SAME_KERNELS, "VASWANI_FAULT": "step-3"}, killed=True)
+    assert [p.name for p in checkpoints(run)] == ["checkpoint-2"]
+    launch(run, *flags, *resume, processes=2, fsdp=True, env_extra={**SAME_KERNELS, "VASWANI_FAULT": "save-6"},
+           killed=True)
+    assert [p.name for p in checkpoints(run)] == ["checkpoint-2", "checkpoint-4"]
+    launch(run, *flags, *resume, processes=2, fsdp=True, env_extra=SAME_KERNELS)
+    assert [h["loss"] for h in history(run)] == pytest.approx([h["loss"] for h in history(tmp_path / "whole")], rel=1e-6)
+    assert_same_weights(run, tmp_path / "whole", atol=1e-6)
+
+
+def test_an_fsdp_request_that_cannot_be_honoured_is_a_one_line_error(tmp_path, small_data):
+    flags = [*TINY, *small_data, "--max_steps", "2"]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--use_fsdp",
+               "--main_process_port", str(random.randint(20000, 40000))]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    for extra, message in (
+            (["--fsdp_version", "1"], "error: FSDP version 1 was asked for; this run shards with FSDP2: add --fsdp_version 2"),
+            (["--fsdp_version", "2", "--fsdp_offload_params", "true"],
+             "error: FSDP parameter offloading (FSDP_OFFLOAD_PARAMS) is not supported by training/run.py: leave it off"),
+            (["--fsdp_version", "2", "--num_processes", "1"],
+             "error: FSDP with one process shards nothing: launch with --num_processes 2 or more")):
+        result = subprocess.run([*command, *extra, str(ROOT / "training" / "run.py"), "--output_dir",
+                                 str(tmp_path / "run"), *flags], env=env, capture_output=True, text=True, timeout=300,
+                                check=False)
+        assert result.returncode != 0 and message in result.stderr.splitlines(), result.stderr[-2000:]
+        assert result.stderr.count(message) == 1, result.stderr[-2000:]  # said once, not once per process
+        assert not (tmp_path / "run").exists()
 
 
 def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, small_data):
@@ -232,3 +320,13 @@ def test_the_embedded_default_run_learns(tmp_path):
     # warmup ends at warmup_share x 250 (training/budget.py), not at warmup_steps.
     rates = [h["learning_rate"] for h in metrics["history"]]
     assert rates.index(max(rates)) + 1 == round(preset["warmup_share"] * 250) != preset["warmup_steps"]
+
+
+@pytest.mark.parametrize("name", ["ddp_multi_gpu", "fsdp_big", "fsdp_two_nodes"])
+def test_the_accelerate_configs_are_valid_for_the_pinned_accelerate(name):
+    """Read with Accelerate's own schema (unknown keys are refused); the FSDP ones ask for what run.py honours."""
+    config = ClusterConfig.from_yaml_file(str(ROOT / "training" / "accelerate_configs" / f"{name}.yaml"))
+    assert config.num_processes % config.num_machines == 0
+    if config.distributed_type == DistributedType.FSDP:
+        assert config.fsdp_config["fsdp_version"] == 2
+        assert not set(config.fsdp_config) & {"fsdp_offload_params", "fsdp_activation_checkpointing"}

@@ -59,7 +59,7 @@ class RecipeArguments:
         "help": "With a budget: warmup over this share of the expected steps (paper: 4k of 100k)."})
     cooldown_share: float = field(default=0.0, metadata={
         "help": "With a budget: a linear decay to zero over this last share of the expected steps."})
-    average_share: float = field(default=0.3, metadata={
+    average_share: float = field(default=0.1, metadata={
         "help": "With a budget and no --save_steps/--save_minutes: the averaged checkpoints span its last share."})
     evaluations: int = field(default=0, metadata={
         "help": "With a budget: validation this many times, evenly spaced inside it (instead of --eval_steps)."})

@@ -10,6 +10,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from training.checkpoints import WEIGHTS_FILE, checkpoints, verified
+from vaswani_hf import VaswaniForConditionalGeneration
+
 
 def average_checkpoints(weight_files: list[str | Path]) -> dict[str, torch.Tensor]:
     """The element-wise mean of the safetensors files, summed in float64 and returned in each tensor's own dtype
@@ -36,3 +39,16 @@ def average_checkpoints(weight_files: list[str | Path]) -> dict[str, torch.Tenso
                     summed += file.get_tensor(key).to(torch.float64)
     return {key: (summed / len(weight_files)).to(dtypes[key]) if summed.is_floating_point() else summed
             for key, summed in total.items()}
+
+
+def averaged_model(output_dir: Path, config, count: int, say) -> tuple[VaswaniForConditionalGeneration, list[Path]]:
+    """The run's final model: the average of its last `count` intact checkpoints, and those checkpoints."""
+    averaged = verified(checkpoints(output_dir), say, only=(WEIGHTS_FILE,))[-count:]
+    if not averaged:
+        raise SystemExit(f"error: every checkpoint in {output_dir} is damaged: nothing to average")
+    final = VaswaniForConditionalGeneration(config)
+    missing, unexpected = final.load_state_dict(average_checkpoints([p / WEIGHTS_FILE for p in averaged]), strict=False)
+    if unexpected or set(missing) - set(final.all_tied_weights_keys):  # only tied copies may be absent
+        raise RuntimeError(f"averaged checkpoints do not fit the model: missing {missing}, unexpected {unexpected}")
+    final.tie_weights()
+    return final, averaged

@@ -9,6 +9,8 @@ its share, and a resumed run sees the same batches.
 
 import random
 
+import torch
+
 
 def token_batches(source_lengths: list[int], target_lengths: list[int], max_tokens: int, seed: int,
                   epoch: int) -> list[list[int]]:
@@ -39,3 +41,26 @@ def padding_fraction(batches: list[list[int]], source_lengths: list[int], target
             real += sum(lengths[i] for i in batch)
             padded += len(batch) * max(lengths[i] for i in batch)
     return 1 - real / padded if padded else 0.0
+
+
+def encode(tokenizer, pairs, max_length=None):
+    """Token ids of sources and targets; both end with </s>."""
+    sources = tokenizer([s for s, _ in pairs])["input_ids"]
+    targets = tokenizer([t for _, t in pairs])["input_ids"]
+    if max_length:
+        kept = [i for i in range(len(pairs)) if len(sources[i]) <= max_length and len(targets[i]) <= max_length]
+        sources, targets = [sources[i] for i in kept], [targets[i] for i in kept]
+    return sources, targets
+
+
+def collate(indices, sources, targets, pad_id, device):
+    """Right-padded source ids and mask, and labels with -100 at padding (the model shifts them itself)."""
+    source_width = max(len(sources[i]) for i in indices)
+    target_width = max(len(targets[i]) for i in indices)
+    input_ids = torch.full((len(indices), source_width), pad_id)
+    labels = torch.full((len(indices), target_width), -100)
+    for row, i in enumerate(indices):
+        input_ids[row, : len(sources[i])] = torch.tensor(sources[i])
+        labels[row, : len(targets[i])] = torch.tensor(targets[i])
+    return {"input_ids": input_ids.to(device), "attention_mask": input_ids.ne(pad_id).long().to(device),
+            "labels": labels.to(device)}

@@ -1,8 +1,10 @@
 """Checkpoints that survive a kill (§5.2/§6.1: the paper wrote one every 10 minutes and averaged the last few).
 
-A checkpoint is a folder `checkpoint-<step>` holding Accelerate's state (model weights as safetensors,
-optimizer, learning-rate schedule, every process's RNG states) and `trainer_state.json` (the step, the run's
-history, and the CPU kernels the run chose by measurement). It is written under a temporary name and renamed into
+A checkpoint is a folder `checkpoint-<step>` holding the run's whole state as data: the model's full weights
+(`model.safetensors`, gathered from every process whatever the layout: one process, DDP or FSDP), Adam's state
+(`optimizer.safetensors`, its hyperparameters as JSON in the header), each process's random generator states
+(`rng_state_<rank>.safetensors`), and `trainer_state.json` (the step, the run's history, the learning-rate
+schedule, and the CPU kernels the run chose by measurement). It is written under a temporary name and renamed into
 place when complete, so a kill during a save leaves the previous checkpoints untouched and never produces a
 half-written `checkpoint-<step>`.
 
@@ -11,11 +13,9 @@ parameters whose gradient is rounding noise. So a run measures its kernels durin
 then takes the main process's choices and keeps them (`share_kernel_choices`), and a run resumed on a CPU of the
 same name computes with the choices its checkpoint recorded.
 
-A checkpoint is data only: safetensors, JSON, and Accelerate's optimizer and RNG files, which it reads back with
-`torch.load(weights_only=True)`; no object is unpickled (the learning-rate schedule's state is JSON in
-trainer_state.json). Every file is fsynced before the rename, and trainer_state.json records each file's size and
-SHA-256, so a checkpoint damaged later (a full disk, a truncated copy) is found when it is read: `latest` and the
-final averaging skip it with one warning line.
+Nothing is pickled, written or read: safetensors and JSON only. Every file is fsynced before the rename, and
+trainer_state.json records each file's size and SHA-256, so a checkpoint damaged later (a full disk, a truncated
+copy) is found when it is read: `latest` and the final averaging skip it with one warning line.
 """
 
 import hashlib
@@ -25,14 +25,25 @@ import re
 import shutil
 from pathlib import Path
 
+import torch
 from accelerate.utils import broadcast_object_list
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
+from training.distributed import full_state_dict, unwrap
 from training.faults import fault_point
 from vaswani_hf.kernels import KERNELS
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
@@ -113,7 +124,7 @@ def leave_timeline(resumed: Path) -> list[Path]:
     return moved
 
 
-def save_checkpoint(accelerator, output_dir: str | Path, step: int, state: dict, keep: int) -> Path:
+def save_checkpoint(accelerator, model, optimizer, output_dir: str | Path, step: int, state: dict, keep: int) -> Path:
     """Every process calls this. Writes checkpoint-<step> atomically and durably, and keeps the newest `keep`."""
     output_dir = Path(output_dir)
     final = output_dir / f"checkpoint-{step}"
@@ -123,12 +134,12 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, state: dict,
             shutil.rmtree(stale)
         temporary.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(temporary))
+    save_training_state(accelerator, model, optimizer, temporary)
     fault_point(f"save-{step}")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         files = {}
-        for file in sorted(temporary.rglob("*")):  # sharded states are folders of files
+        for file in sorted(temporary.rglob("*")):
             _fsync(file)
             if file.is_file():
                 files[str(file.relative_to(temporary))] = {"bytes": file.stat().st_size, "sha256": _sha256(file)}
@@ -146,10 +157,10 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, state: dict,
     return final
 
 
-def load_checkpoint(accelerator, path: Path) -> dict:
-    """Restores model, optimizer, RNG states and kernel choices from a checkpoint that `resolve_checkpoint` found
-    intact; returns trainer_state.json (the step, the run's state as saved)."""
-    accelerator.load_state(str(path))
+def load_checkpoint(accelerator, model, optimizer, path: Path) -> dict:
+    """Restores model, optimizer, random generators and kernel choices from a checkpoint that `resolve_checkpoint`
+    found intact; returns trainer_state.json (the step, the run's state as saved)."""
+    load_training_state(accelerator, model, optimizer, path)
     state = json.loads((path / STATE_FILE).read_text())
     state.pop("files", None)
     kernels = state.pop("kernels", None)
@@ -158,6 +169,51 @@ def load_checkpoint(accelerator, path: Path) -> dict:
     elif kernels and kernels["chosen"]:
         accelerator.print(f"the checkpoint's kernels were measured on {kernels['cpu']}: measuring them again here")
     return state
+
+
+def save_training_state(accelerator, model, optimizer, folder: Path) -> None:
+    """Every process calls this: the main one writes the full weights and Adam's full state, each its RNG states."""
+    weights = full_state_dict(model)
+    adam = get_optimizer_state_dict(model, _inner(optimizer),
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if accelerator.is_main_process:
+        save_file({name: tensor.contiguous() for name, tensor in weights.items()}, folder / WEIGHTS_FILE,
+                  metadata={"format": "pt"})
+        # Adam's moments and step per parameter as "<parameter name>/<state name>"; its settings as JSON
+        tensors = {f"{name}/{key}": value.contiguous() for name, values in adam["state"].items()
+                   for key, value in values.items()}
+        save_file(tensors, folder / OPTIMIZER_FILE, metadata={"param_groups": json.dumps(adam["param_groups"])})
+    generators = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        generators["cuda"] = torch.cuda.get_rng_state()
+    save_file(generators, folder / f"rng_state_{accelerator.process_index}.safetensors")
+
+
+def load_training_state(accelerator, model, optimizer, folder: Path) -> None:
+    """Every process calls this and reads the full files; each keeps its own shard."""
+    weights = load_file(folder / WEIGHTS_FILE)
+    for copy, source in (getattr(unwrap(model), "all_tied_weights_keys", {}) or {}).items():
+        weights.setdefault(copy, weights[source])
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+    state = {}
+    for key, value in load_file(folder / OPTIMIZER_FILE).items():
+        name, entry = key.rsplit("/", 1)
+        state.setdefault(name, {})[entry] = value
+    with safe_open(str(folder / OPTIMIZER_FILE), framework="pt") as file:
+        groups = json.loads(file.metadata()["param_groups"])
+    for group in groups:
+        group["betas"] = tuple(group["betas"])
+    if state:  # empty before the first update: nothing to restore (the learning rate is the schedule's)
+        set_optimizer_state_dict(model, _inner(optimizer), {"state": state, "param_groups": groups},
+                                 options=StateDictOptions(full_state_dict=True))
+    generators = load_file(folder / f"rng_state_{accelerator.process_index}.safetensors")
+    torch.set_rng_state(generators["cpu"])
+    if "cuda" in generators and torch.cuda.is_available():
+        torch.cuda.set_rng_state(generators["cuda"])
+
+
+def _inner(optimizer):
+    return getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds the torch optimizer
 
 
 def _sha256(path: Path) -> str:

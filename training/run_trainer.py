@@ -36,11 +36,11 @@ from transformers import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from training.arguments import PRESETS, DataArguments, ModelArguments  # noqa: E402
 from training.data import load_run_pairs  # noqa: E402
 from training.evaluation import score, translate  # noqa: E402
 from training.hub import write_output_folder  # noqa: E402
-from training.arguments import PRESETS, DataArguments, ModelArguments  # noqa: E402
-from training.run import dataset_description  # noqa: E402
+from training.recipe import dataset_description  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
 from vaswani_hf import VaswaniForConditionalGeneration  # noqa: E402
 

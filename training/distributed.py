@@ -1,0 +1,150 @@
+"""How a run is spread over processes: one process, data parallel (DDP), or fully sharded (FSDP2).
+
+Accelerate launches the processes and wraps the model for DDP. FSDP, asked for with `accelerate launch --use_fsdp
+--fsdp_version 2` (or a config file), is applied here with torch's own `fully_shard`, on CPU and GPU alike:
+
+- On CPU processes Accelerate 1.15 never turns FSDP on: `AcceleratorState` sets `DistributedType.FSDP` only for
+  GPU-like devices (accelerate/state.py), so a CPU run asked to shard trained with plain DDP, without a word.
+- Its FSDP2 wrapping (`fsdp2_prepare_model` in accelerate/utils/fsdp_utils.py) puts the input embedding and the
+  output projection in one group and leaves the rest to the root. The paper shares one matrix among three modules
+  (§3.4: both embeddings and the pre-softmax projection), so the decoder's embedding would see from the root a
+  parameter the other group owns, which torch >= 2.13 refuses. (That grouping, rebuilt with fully_shard on this
+  model: "ValueError: Parameter 'model.encoder.embed_tokens.weight' is shared with a parameter already managed by
+  another FSDP group.")
+
+So each encoder and decoder layer is one FSDP unit and the root unit holds everything else, the shared embedding
+matrix with all three of its users. Accelerate still prepares the optimizer, the devices and mixed precision.
+Checkpoints and evaluation gather full state dicts (`full_state_dict`), so a sharded run saves the same
+`model.safetensors` as any other.
+"""
+
+import os
+from contextlib import contextmanager
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from vaswani_hf.modeling_vaswani import VaswaniDecoderLayer, VaswaniEncoderLayer
+
+UNSUPPORTED = {  # Accelerate's FSDP settings (environment variables set by `accelerate launch`) we cannot honour
+    "FSDP_OFFLOAD_PARAMS": "parameter offloading",
+    "FSDP_ACTIVATION_CHECKPOINTING": "activation checkpointing",
+}
+# FSDP_CPU_RAM_EFFICIENT_LOADING (on by default in `accelerate launch`) concerns loading pretrained weights in one
+# process; a run here builds its model from the seed in every process, so it has nothing to change.
+
+
+def fsdp_requested() -> bool:
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+
+
+def check_fsdp_request() -> None:
+    """A one-line SystemExit for an FSDP request this run cannot honour, before any work (and before Accelerate,
+    whose FSDP1 plugin fails on CPU processes with a traceback)."""
+    if not fsdp_requested():
+        return
+    version = os.environ.get("FSDP_VERSION", "1")
+    if version != "2":
+        refuse(f"error: FSDP version {version} was asked for; this run shards with FSDP2: add --fsdp_version 2")
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        refuse("error: FSDP with one process shards nothing: launch with --num_processes 2 or more")
+    for variable, what in UNSUPPORTED.items():
+        if os.environ.get(variable, "false").lower() == "true":
+            refuse(f"error: FSDP {what} ({variable}) is not supported by training/run.py: leave it off")
+
+
+def refuse(message: str) -> None:
+    """Every process stops; only the first says why (two processes writing one line at once garble it)."""
+    raise SystemExit(message if os.environ.get("RANK", "0") == "0" else 1)
+
+
+def shard(model: torch.nn.Module, accelerator) -> torch.nn.Module:
+    """fully_shard each encoder and decoder layer, then the root (module docstring); in place."""
+    reshard = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower() != "false"
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision)
+    policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None)
+    model.to(accelerator.device)
+    for module in model.modules():
+        if isinstance(module, VaswaniEncoderLayer | VaswaniDecoderLayer):
+            fully_shard(module, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, reshard_after_forward=reshard, mp_policy=policy)
+    return model
+
+
+def prepare(accelerator, model, make_optimizer):
+    """The model as this run trains it (sharded, DDP-wrapped or plain), and its optimizer and scheduler from
+    `make_optimizer(model)`; under FSDP the optimizer is built over the sharded parameters."""
+    if fsdp_requested():
+        model = shard(model, accelerator)
+        optimizer, scheduler = make_optimizer(model)
+        return model, accelerator.prepare(optimizer), scheduler
+    optimizer, scheduler = make_optimizer(model)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return model, optimizer, scheduler
+
+
+def describe(accelerator) -> dict:
+    """How this run is spread over processes (after `check_fsdp_request`), for the log's first lines and
+    metrics.json."""
+    processes = accelerator.num_processes
+    if fsdp_requested():
+        return {"parallelism": "FSDP2", "processes": processes, "backend": _backend(),
+                "sharding": "torch fully_shard, a unit per encoder and decoder layer and the root (with the shared "
+                            f"embedding): parameters, gradients and Adam states split {processes} ways",
+                "reshard_after_forward": os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower() != "false"}
+    if processes > 1:
+        return {"parallelism": "DDP", "processes": processes, "backend": _backend(),
+                "sharding": "none: every process holds the whole model"}
+    return {"parallelism": "none", "processes": 1, "sharding": "none"}
+
+
+def held_parameters(model) -> int:
+    """The parameters this process holds: its shards under FSDP, all of them otherwise."""
+    return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
+
+
+def _backend() -> str:
+    return torch.distributed.get_backend() if torch.distributed.is_initialized() else "none"
+
+
+@contextmanager
+def gradient_sync(accelerator, model, sync: bool):
+    """Inside: backward passes whose gradients are reduced over the processes only if `sync` (the last batch
+    of an optimizer step); the others accumulate locally."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)
+        yield
+    elif sync:
+        yield
+    else:
+        with accelerator.no_sync(model):
+            yield
+
+
+def full_state_dict(model) -> dict[str, torch.Tensor]:
+    """Every process calls this. The model's complete weights on the CPU, in the main process (the others get an
+    empty dict), without the tied copies (§3.4: one matrix, saved once as transformers saves it)."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    tied = getattr(unwrap(model), "all_tied_weights_keys", {}) or {}
+    return {name: tensor for name, tensor in state.items() if name not in tied}
+
+
+def unwrap(model):
+    """The model inside a DDP wrapper (a sharded model is its own module)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def whole_model(accelerator, model, build):
+    """Every process calls this. For evaluation in the main process: the model itself, or under FSDP a complete
+    copy built by `build()` from the gathered weights (None in the other processes, which go on at once)."""
+    if not isinstance(model, FSDPModule):
+        return unwrap(model) if accelerator.is_main_process else None
+    weights = full_state_dict(model)
+    if not accelerator.is_main_process:
+        return None
+    with torch.random.fork_rng(devices=[]):  # building initializes weights: the run's dropout draws stay its own
+        copy = build()
+    copy.load_state_dict(weights, strict=False)
+    copy.tie_weights()
+    return copy.to(accelerator.device).eval()
