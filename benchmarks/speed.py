@@ -2,7 +2,8 @@
 
 Both models are built from random weights as the paper trains them (ReLU, shared embeddings scaled by
 sqrt(d_model), static sinusoidal positions, post-LN, dropout 0.1) and timed on the same random batches,
-interleaved in one process; CTranslate2 runs the same Marian model, converted, when `ctranslate2` is installed.
+interleaved in one process; CTranslate2 runs our model, exported by `vaswani-export ctranslate2`, when `ctranslate2`
+is installed.
 
     python benchmarks/speed.py                   # both sizes, 2 threads
     python benchmarks/speed.py --sizes small --repeats 3
@@ -16,7 +17,9 @@ Printed per size: medians of
   * peak memory allocated by a training step above the weights and the optimizer state;
   * the same generation with our int8 copy (`vaswani_hf.quantize_int8`, with the measured attention kernel, as
     `vaswani-translate --int8` decodes) against Marian in float32;
-and the ratio ours / Marian; then the CPU model and the kernels our model chose by measurement on it.
+  * our model's greedy and beam-4 speed in CTranslate2, float32 and int8, against ours in torch (the peer column
+    then holds CTranslate2);
+and the ratio ours / peer; then the CPU model and the kernels our model chose by measurement on it.
 """
 
 import argparse
@@ -104,28 +107,25 @@ def peak_training_memory(model: nn.Module, optimizer: torch.optim.Optimizer, sou
     return peak / 2**20
 
 
-def ctranslate2_translator(marian: MarianMTModel, threads: int):
-    """The same Marian weights converted to CTranslate2 (fp32 and int8), or None without the package."""
+def ctranslate2_translators(model: VaswaniForConditionalGeneration, threads: int) -> dict:
+    """Our model exported as `vaswani-export ctranslate2` exports it, float32 and int8 (7-bit weights), each
+    loaded in CTranslate2 with its own compute type; {} without the package."""
     try:
         import ctranslate2
-        from ctranslate2.converters import TransformersConverter
+
+        from vaswani_hf.to_ctranslate2 import VaswaniConverter
     except ImportError:
-        return None
-    class IdsAsTokens(TransformersConverter):
-        """The random model has no tokenizer: its vocabulary is the ids' strings; the converter drops the last
-        entry as Marian's appended <pad>."""
-
-        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
-            vocab = {str(i): i for i in range(marian.config.vocab_size - 1)} | {"<pad>": marian.config.vocab_size - 1}
-            return SimpleNamespace(get_vocab=lambda: vocab, eos_token=str(EOS), unk_token="3")
-
+        return {}
+    vocab = {str(i): i for i in range(model.config.vocab_size)}  # no tokenizer: the ids' strings are the tokens
+    tokens = SimpleNamespace(get_vocab=lambda: vocab, bos_token=str(BOS), eos_token=str(EOS), unk_token="3",
+                             convert_ids_to_tokens=str)
     folder = tempfile.mkdtemp()
-    marian.save_pretrained(f"{folder}/hf")
-    IdsAsTokens(f"{folder}/hf").convert(f"{folder}/ct2", force=True)
-    return {
-        compute: ctranslate2.Translator(f"{folder}/ct2", device="cpu", compute_type=compute, intra_threads=threads)
-        for compute in ("float32", "int8")
-    }
+    translators = {}
+    for compute in ("float32", "int8"):
+        VaswaniConverter(model, tokens).convert(f"{folder}/{compute}", quantization=compute)
+        translators[compute] = ctranslate2.Translator(f"{folder}/{compute}", device="cpu", compute_type=compute,
+                                                      intra_threads=threads)
+    return translators
 
 
 def ct2_generate(translator, source: torch.Tensor, num_beams: int) -> None:
@@ -171,7 +171,7 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
                     engine(prompt, beams)
 
     engine_rounds("ours-int8", lambda prompt, beams: generate(int8, prompt, beams))
-    for compute, translator in (ctranslate2_translator(models["marian"].eval(), threads) or {}).items():
+    for compute, translator in ctranslate2_translators(models["ours"].eval(), threads).items():
         engine_rounds(f"ct2-{compute}", lambda prompt, beams: ct2_generate(translator, prompt, beams))
 
     train_tokens = TRAIN_BATCH * 2 * TRAIN_LENGTH
@@ -194,9 +194,13 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
         marian, int8_speed = (new_tokens / statistics.median(timings[f"{key} {n}"]) for n in ("marian", "ours-int8"))
         print(f"| {title} generate tokens/s, ours int8 (`vaswani-translate --int8`) vs Marian fp32 | {marian:.0f} | "
               f"{int8_speed:.0f} | {int8_speed / marian:.2f}x |")
-    for key in sorted(k for k in timings if "ct2" in k):
-        print(f"| CTranslate2 {key.split()[1][4:]} {'greedy' if key.startswith('beam1') else 'beam-4'} tokens/s "
-              f"| {new_tokens / statistics.median(timings[key]):.0f} | | |")
+    for compute, ours_key in (("float32", "ours"), ("int8", "ours-int8")):
+        for title, key in (("greedy", "beam1"), ("beam-4", "beam4")):
+            if f"{key} ct2-{compute}" not in timings:
+                continue
+            ct2, ours = (new_tokens / statistics.median(timings[f"{key} {n}"]) for n in (f"ct2-{compute}", ours_key))
+            print(f"| {title} tokens/s, our model in CTranslate2 {compute} (`vaswani-export`) vs ours {compute} | "
+                  f"{ct2:.0f} | {ours:.0f} | {ours / ct2:.2f}x |")
 
 
 def main():

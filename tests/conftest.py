@@ -119,21 +119,27 @@ def translation_folder(tmp_path_factory):
 
 def run_hidden(script: str, *args, env_extra=None, cwd=None) -> str:
     """Run `script` in a fresh Python where `import vaswani_hf` fails, offline; returns its stdout."""
+    result = run_without("vaswani_hf", script, *args, env_extra=env_extra, cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def run_without(package: str, script: str, *args, env_extra=None, cwd=None) -> subprocess.CompletedProcess:
+    """Run `script` in a fresh Python where importing `package` fails, offline."""
     prelude = textwrap.dedent(
-        """
+        f"""
         import importlib.abc, sys
 
-        class HideVaswaniHF(importlib.abc.MetaPathFinder):
+        class Hide(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
-                if name == "vaswani_hf" or name.startswith("vaswani_hf."):
-                    raise ModuleNotFoundError(f"{name} is hidden for this test")
+                if name == {package!r} or name.startswith({package + "."!r}):
+                    raise ModuleNotFoundError(f"{{name}} is hidden for this test")
 
-        sys.meta_path.insert(0, HideVaswaniHF())
+        sys.meta_path.insert(0, Hide())
         """
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
-    env.pop("PYTHONPATH", None)
-    result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script), *map(str, args)],
-                            cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    if package == "vaswani_hf":
+        env.pop("PYTHONPATH", None)
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script), *map(str, args)],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)

@@ -1,0 +1,79 @@
+"""`vaswani-export`: a trained model for the engines translation models are deployed with.
+
+    vaswani-export ctranslate2 outputs/run ct2-model --quantization int8   # to_ctranslate2.py
+    vaswani-export onnx outputs/run onnx-model                              # to_onnx.py; onnx_runtime.py decodes
+
+MODEL is a model folder or a Hub repository id. The output folder must not exist. The engines are optional
+dependencies: `pip install "vaswani_hf[export]"`.
+"""
+
+import argparse
+import importlib
+from pathlib import Path
+
+from transformers import AutoConfig
+from transformers.utils.logging import disable_progress_bar
+
+from .translate import load
+
+# CTranslate2's weight types (ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES).
+CTRANSLATE2_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16",
+                             "float32")
+ENGINE_PACKAGES = {"ctranslate2": ("ctranslate2",), "onnx": ("onnx", "onnxscript")}
+
+
+def check_packages(engine: str) -> None:
+    missing = []
+    for name in ENGINE_PACKAGES[engine]:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise SystemExit(f"error: vaswani-export {engine} needs {', '.join(missing)}: "
+                         f"pip install {' '.join(missing)}  (or pip install \"vaswani_hf[export]\")")
+
+
+def check_model_type(name_or_path: str) -> None:
+    """A folder or repository of another kind of model is refused before its weights are read."""
+    try:
+        model_type = AutoConfig.from_pretrained(name_or_path).model_type
+    except (OSError, ValueError, KeyError):  # what load() then says in one line: no config.json, no such repository, ...
+        return
+    if model_type != "vaswani":
+        raise SystemExit(f"error: {name_or_path} holds a {model_type!r} model, not a vaswani_hf one")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="vaswani-export", description="Export a vaswani_hf model to another engine.")
+    engines = parser.add_subparsers(dest="engine", required=True)
+    ct2 = engines.add_parser("ctranslate2", help="a CTranslate2 model folder (model.bin, vocabulary, tokenizer)")
+    ct2.add_argument("--quantization", choices=CTRANSLATE2_QUANTIZATIONS,
+                     help="weight type (default: float32); int8 weights keep to 7 bits, see to_ctranslate2.py")
+    onnx = engines.add_parser("onnx", help="ONNX graphs: encoder, decoder, decoder with past (and config, tokenizer)")
+    for engine in (ct2, onnx):
+        engine.add_argument("model", help="a model folder or Hub repository id")
+        engine.add_argument("output", help="the folder to write (must not exist)")
+    args = parser.parse_args(argv)
+
+    if Path(args.output).exists():
+        raise SystemExit(f"error: {args.output} exists: give a folder that does not")
+    check_packages(args.engine)
+    check_model_type(args.model)
+    disable_progress_bar()
+    model, tokenizer = load(args.model, device="cpu")
+
+    if args.engine == "ctranslate2":
+        from .to_ctranslate2 import export
+
+        export(model, tokenizer, args.output, args.quantization)
+        print(f"wrote {args.output}: ctranslate2.Translator({args.output!r}), tokenizer beside it")
+    else:
+        from .to_onnx import export
+
+        export(model, tokenizer, args.output)
+        print(f"wrote {args.output}: vaswani_hf.onnx_runtime.OnnxSeq2Seq({args.output!r}) decodes with it")
+
+
+if __name__ == "__main__":
+    main()
