@@ -1,0 +1,221 @@
+"""`vaswani-export`: the CTranslate2 and ONNX exports, run by the real `ctranslate2` and `onnxruntime`, against our
+own model on a briefly trained EN-DE model (conftest's `translation_folder`)."""
+
+import ctranslate2
+import pytest
+import torch
+from ctranslate2.converters import TransformersConverter
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, MarianMTModel
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+from conftest import run_without
+from training.default_data import generate
+from vaswani_hf import quantize_int8
+from vaswani_hf.export import main as export_main
+from vaswani_hf.gnmt import gnmt_beam_search
+from vaswani_hf.onnx_runtime import OnnxSeq2Seq
+from vaswani_hf.to_ctranslate2 import export as export_ctranslate2
+from vaswani_hf.translate import translate
+
+PAIRS = generate()["test"][:40]
+
+
+@pytest.fixture(scope="module")
+def trained(translation_folder):
+    return AutoModelForSeq2SeqLM.from_pretrained(translation_folder).eval(), AutoTokenizer.from_pretrained(translation_folder)
+
+
+@pytest.fixture(scope="module")
+def ct2_folders(translation_folder, tmp_path_factory):
+    """The folder exported by the command line, in float32 and int8."""
+    folders = {}
+    for quantization in ("float32", "int8"):
+        folders[quantization] = tmp_path_factory.mktemp("ct2") / quantization
+        export_main(["ctranslate2", str(translation_folder), str(folders[quantization]), "--quantization", quantization])
+    return folders
+
+
+def source_tokens(tokenizer) -> list[list[str]]:
+    return [tokenizer.convert_ids_to_tokens(tokenizer(source)["input_ids"]) for source, _ in PAIRS]
+
+
+def generated_tokens(model, tokenizer, **kwargs) -> tuple[list[list[str]], int]:
+    """`generate()`'s outputs as CTranslate2 gives them (no start token, no EOS), and the length limit it used."""
+    inputs = tokenizer([source for source, _ in PAIRS], padding=True, return_tensors="pt")
+    limit = int(inputs["attention_mask"].sum(-1).max()) + 50  # §6.1, as generate() sets it for this batch
+    with torch.no_grad():
+        output = model.generate(**inputs, max_new_tokens=limit, **kwargs)
+    hypotheses = []
+    for row in output[:, 1:].tolist():
+        row = row[: row.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in row else row
+        hypotheses.append(tokenizer.convert_ids_to_tokens([i for i in row if i != tokenizer.pad_token_id]))
+    return hypotheses, limit
+
+
+def token_log_probs(model, tokenizer) -> torch.Tensor:
+    """log P of every reference token (EOS included), teacher-forced, concatenated over the pairs."""
+    scores = []
+    with torch.no_grad():
+        for source, target in PAIRS:
+            inputs = tokenizer(source, text_target=target, return_tensors="pt")
+            log_probs = model(**inputs).logits.float().log_softmax(-1)[0]
+            scores.append(log_probs.gather(-1, inputs["labels"][0, :, None])[:, 0])
+    return torch.cat(scores)
+
+
+def ct2_log_probs(folder, tokenizer) -> torch.Tensor:
+    targets = [tokenizer.convert_ids_to_tokens(tokenizer(text_target=target)["input_ids"])[:-1] for _, target in PAIRS]
+    results = ctranslate2.Translator(str(folder), device="cpu").score_batch(source_tokens(tokenizer), targets)
+    return torch.cat([torch.tensor(result.log_probs) for result in results])
+
+
+def test_ctranslate2_greedy_translations_equal_ours_token_for_token(trained, ct2_folders):
+    model, tokenizer = trained
+    ours, limit = generated_tokens(model, tokenizer, num_beams=1)
+    translator = ctranslate2.Translator(str(ct2_folders["float32"]), device="cpu")
+    theirs = [result.hypotheses[0] for result in
+              translator.translate_batch(source_tokens(tokenizer), beam_size=1, max_decoding_length=limit)]
+    assert len({" ".join(tokens) for tokens in ours}) > 10  # real, varied translations
+    assert theirs == ours
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_ctranslate2_beam_4_equals_generate_with_the_same_length_penalty(trained, ct2_folders, alpha):
+    """Both divide a hypothesis' log-probability by |Y|^alpha (not the paper's GNMT penalty, gnmt.py)."""
+    model, tokenizer = trained
+    ours, limit = generated_tokens(model, tokenizer, num_beams=4, length_penalty=alpha)
+    translator = ctranslate2.Translator(str(ct2_folders["float32"]), device="cpu")
+    theirs = [result.hypotheses[0] for result in translator.translate_batch(
+        source_tokens(tokenizer), beam_size=4, length_penalty=alpha, max_decoding_length=limit)]
+    assert theirs == ours
+
+
+def test_ctranslate2_scores_every_token_as_ours_does(trained, ct2_folders):
+    model, tokenizer = trained
+    torch.testing.assert_close(ct2_log_probs(ct2_folders["float32"], tokenizer), token_log_probs(model, tokenizer),
+                               atol=1e-4, rtol=0)
+
+
+def test_ctranslate2_int8_errs_no_more_than_twice_our_own_int8(trained, ct2_folders):
+    """Against float32 log-probabilities of the reference tokens. With 8-bit weights, CTranslate2's int8 products
+    saturate on CPUs without VNNI and err about 17 times more than ours (to_ctranslate2.py)."""
+    model, tokenizer = trained
+    reference = token_log_probs(model, tokenizer)
+    ours = (token_log_probs(quantize_int8(model), tokenizer) - reference).abs().mean()
+    theirs = (ct2_log_probs(ct2_folders["int8"], tokenizer) - reference).abs().mean()
+    assert 0 < theirs < 2 * ours, (theirs, ours)
+
+
+def test_exporting_leaves_the_model_untouched(trained, tmp_path):
+    """CTranslate2 quantizes the arrays it is given in place; the export gives it a copy."""
+    model, tokenizer = trained
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    export_ctranslate2(model, tokenizer, tmp_path / "ct2", quantization="int8")
+    assert all(torch.equal(tensor, before[name]) for name, tensor in model.state_dict().items())
+
+
+def test_ctranslate2s_own_converter_finds_our_loader(translation_folder, trained, ct2_folders, tmp_path):
+    _, tokenizer = trained
+    TransformersConverter(str(translation_folder)).convert(str(tmp_path / "ct2"))
+    sources = source_tokens(tokenizer)[:8]
+    translations = [[result.hypotheses[0] for result in ctranslate2.Translator(str(folder)).translate_batch(sources)]
+                    for folder in (tmp_path / "ct2", ct2_folders["float32"])]
+    assert translations[0] == translations[1]
+
+
+def test_the_exported_folder_carries_the_tokenizer(trained, ct2_folders):
+    _, tokenizer = trained
+    copied = AutoTokenizer.from_pretrained(ct2_folders["float32"])
+    assert copied(PAIRS[0][0])["input_ids"] == tokenizer(PAIRS[0][0])["input_ids"]
+
+
+@pytest.mark.parametrize("engine", ["ctranslate2", "onnx"])
+def test_export_refusals_are_one_line(translation_folder, tmp_path, engine):
+    marian = tmp_path / "marian"
+    MarianMTModel(MarianConfig(vocab_size=16, d_model=8, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=8,
+                               decoder_ffn_dim=8, encoder_attention_heads=2, decoder_attention_heads=2,
+                               pad_token_id=0, decoder_start_token_id=0)).save_pretrained(marian)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "taken").mkdir()
+    for arguments, message in (
+            ([str(marian), str(tmp_path / "out")], f"error: {marian} holds a 'marian' model, not a vaswani_hf one"),
+            ([str(tmp_path / "empty"), str(tmp_path / "out")], f"error: {tmp_path / 'empty'} is not a model folder"),
+            ([str(translation_folder), str(tmp_path / "taken")], f"error: {tmp_path / 'taken'} exists: give a folder"),
+    ):
+        with pytest.raises(SystemExit) as error:
+            export_main([engine, *arguments])
+        assert str(error.value).startswith(message) and "\n" not in str(error.value)
+    assert not (tmp_path / "out").exists()
+    assert not any((tmp_path / "taken").iterdir())
+
+
+@pytest.mark.parametrize(("engine", "package"), [("ctranslate2", "ctranslate2"), ("onnx", "onnxscript")])
+def test_a_missing_engine_is_named_with_the_command_that_installs_it(translation_folder, tmp_path, engine, package):
+    result = run_without(package, """
+        import sys
+        from vaswani_hf.export import main
+        main(sys.argv[1:])
+    """, engine, translation_folder, tmp_path / "out")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f'error: vaswani-export {engine} needs {package}: pip install {package}  (or pip install "vaswani_hf[export]")'
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+# --- ONNX ---------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def onnx_model(translation_folder, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("onnx") / "model"
+    export_main(["onnx", str(translation_folder), str(folder)])
+    return OnnxSeq2Seq(folder)
+
+
+def padded_sources(tokenizer):
+    return tokenizer([source for source, _ in PAIRS[:12]], padding=True, return_tensors="pt")
+
+
+def test_onnx_encoder_gives_torchs_output(trained, onnx_model):
+    model, tokenizer = trained
+    inputs = padded_sources(tokenizer)
+    assert not inputs["attention_mask"].all()  # padded rows among them
+    with torch.no_grad():
+        expected = model.get_encoder()(**inputs).last_hidden_state
+    torch.testing.assert_close(onnx_model.get_encoder()(**inputs), expected, atol=1e-4, rtol=0)
+
+
+def test_onnx_decoding_steps_with_the_cache_give_torchs_logits(trained, onnx_model):
+    """Teacher-forced steps: the first through decoder_model.onnx, the next through decoder_with_past_model.onnx."""
+    model, tokenizer = trained
+    inputs = padded_sources(tokenizer)
+    targets = tokenizer(text_target=[target for _, target in PAIRS[:12]], padding=True, return_tensors="pt")["input_ids"]
+    hidden = onnx_model.get_encoder()(**inputs)
+    config = model.config.get_text_config(decoder=True)
+    ours, theirs = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config)), onnx_model.new_cache()
+    tokens = torch.cat([torch.full((targets.shape[0], 1), model.config.decoder_start_token_id), targets], dim=-1)
+    for step in range(6):
+        with torch.no_grad():
+            expected = model(encoder_outputs=(hidden,), attention_mask=inputs["attention_mask"],
+                             decoder_input_ids=tokens[:, step : step + 1], past_key_values=ours, use_cache=True).logits
+        logits = onnx_model(hidden, inputs["attention_mask"], tokens[:, step : step + 1], theirs).logits
+        torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+    assert theirs.get_seq_length() == 6
+
+
+def test_onnx_greedy_loop_equals_generate_with_one_beam(trained, onnx_model):
+    model, tokenizer = trained
+    inputs = padded_sources(tokenizer)
+    with torch.no_grad():
+        expected = model.generate(**inputs, num_beams=1)
+    found = onnx_model.greedy(inputs["input_ids"], inputs["attention_mask"])
+    assert torch.equal(found[:, : expected.shape[1]], expected) and (found[:, expected.shape[1] :] == 0).all()
+
+
+def test_the_papers_beam_search_runs_on_onnx_runtime_as_on_torch(trained, onnx_model):
+    model, tokenizer = trained
+    inputs = padded_sources(tokenizer)
+    expected = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams=4, alpha=0.6)
+    assert torch.equal(gnmt_beam_search(onnx_model, inputs["input_ids"], inputs["attention_mask"], 4, 0.6), expected)
+    sources = [source for source, _ in PAIRS[:4]]
+    assert onnx_model.translate(sources) == translate(model, tokenizer, sources)  # the folder's tokenizer, beam, α

@@ -1,0 +1,109 @@
+"""Decoding with the graphs `vaswani-export onnx` writes (to_onnx.py), in ONNX Runtime.
+
+    from vaswani_hf.onnx_runtime import OnnxSeq2Seq
+
+    model = OnnxSeq2Seq("onnx-model")                       # the exported folder: graphs, config, tokenizer
+    print(model.translate(["A man is riding a bike."]))      # the paper's beam search (gnmt.py), beam 4, α 0.6
+    print(model.translate(["A man is riding a bike."], num_beams=1))   # greedy: generate(num_beams=1)'s tokens
+
+`OnnxSeq2Seq` answers the calls the paper's beam search makes of a model (`get_encoder()`, a forward step with
+transformers' `EncoderDecoderCache`), so `gnmt_beam_search` runs on ONNX Runtime unchanged; `greedy` is the
+greedy loop. The cache holds the graphs' keys and values as torch tensors sharing memory with ONNX Runtime's
+arrays, so that the search can reorder them between beams.
+"""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import onnxruntime
+import torch
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+from .gnmt import gnmt_beam_search
+from .modeling_vaswani import EXTRA_OUTPUT_LENGTH
+
+
+class OnnxSeq2Seq:
+    """The three exported graphs in ONNX Runtime sessions, with the folder's config and tokenizer."""
+
+    def __init__(self, folder, providers: list[str] | None = None, threads: int | None = None):
+        folder = Path(folder)
+        options = onnxruntime.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        providers = providers or ["CPUExecutionProvider"]
+        self.sessions = {name: onnxruntime.InferenceSession(str(folder / f"{name}.onnx"), options, providers=providers)
+                         for name in ("encoder_model", "decoder_model", "decoder_with_past_model")}
+        self.config = AutoConfig.from_pretrained(folder)
+        self.generation_config = GenerationConfig.from_pretrained(folder)
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.layers = self.config.num_decoder_layers
+
+    def get_encoder(self):
+        def encode(input_ids, attention_mask):
+            (hidden,) = self.sessions["encoder_model"].run(None, {"input_ids": input_ids.numpy(),
+                                                                  "attention_mask": attention_mask.long().numpy()})
+            return torch.from_numpy(hidden)
+
+        return encode
+
+    def __call__(self, encoder_outputs, attention_mask, decoder_input_ids, past_key_values, use_cache=True):
+        """One decoding step: the first fills `past_key_values` (self and encoder-decoder attention), later ones
+        take one token per row and grow the self-attention entries. Rows sharing a source (beams) come in
+        consecutive groups, as in `VaswaniAttention`; their source is repeated for the graphs."""
+        group = decoder_input_ids.shape[0] // attention_mask.shape[0]
+        mask = attention_mask.long().repeat_interleave(group, 0).numpy()
+        own, cross = past_key_values.self_attention_cache, past_key_values.cross_attention_cache
+        if past_key_values.get_seq_length() == 0:
+            hidden = encoder_outputs.repeat_interleave(group, 0).numpy()
+            logits, *present = self.sessions["decoder_model"].run(None, {
+                "input_ids": decoder_input_ids.numpy(), "encoder_hidden_states": hidden, "encoder_attention_mask": mask})
+            for i in range(self.layers):
+                keys, values, cross_keys, cross_values = (torch.from_numpy(a) for a in present[4 * i : 4 * i + 4])
+                own.update(keys, values, i)
+                cross.update(cross_keys, cross_values, i)
+                past_key_values.is_updated[i] = True
+        else:
+            feeds = {"input_ids": decoder_input_ids.numpy(), "encoder_attention_mask": mask}
+            for i in range(self.layers):
+                for kind, layer in (("decoder", own.layers[i]), ("encoder", cross.layers[i])):
+                    feeds[f"past_key_values.{i}.{kind}.key"] = layer.keys.contiguous().numpy()
+                    feeds[f"past_key_values.{i}.{kind}.value"] = layer.values.contiguous().numpy()
+            logits, *present = self.sessions["decoder_with_past_model"].run(None, feeds)
+            for i in range(self.layers):
+                own.layers[i].keys, own.layers[i].values = (torch.from_numpy(a) for a in present[2 * i : 2 * i + 2])
+        return SimpleNamespace(logits=torch.from_numpy(logits))
+
+    def new_cache(self) -> EncoderDecoderCache:
+        config = self.config.get_text_config(decoder=True)
+        return EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+
+    def greedy(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int | None = None):
+        """The most probable token at each step until EOS, at most `max_new_tokens` (default: the longest source
+        + 50, as `generate()`); (B, T) ids from the start token, PAD after EOS."""
+        config = self.config
+        limit = max_new_tokens or int(attention_mask.sum(-1).max()) + EXTRA_OUTPUT_LENGTH
+        hidden, cache = self.get_encoder()(input_ids, attention_mask), self.new_cache()
+        tokens = torch.full((input_ids.shape[0], 1), config.decoder_start_token_id)
+        ended = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        for _ in range(limit):
+            logits = self(hidden, attention_mask, tokens[:, -1:], cache).logits[:, -1]
+            chosen = logits.argmax(-1).masked_fill(ended, config.pad_token_id)
+            tokens = torch.cat([tokens, chosen[:, None]], dim=-1)
+            ended |= chosen == config.eos_token_id
+            if ended.all():
+                break
+        return tokens
+
+    def translate(self, sources: list[str], num_beams: int | None = None, alpha: float | None = None) -> list[str]:
+        """Translations of `sources` in one batch: greedy for `num_beams=1`, else the paper's beam search with the
+        folder's beam size and GNMT α (else 4 and 0.6)."""
+        num_beams = num_beams or self.generation_config.num_beams or 4
+        alpha = alpha if alpha is not None else getattr(self.generation_config, "gnmt_alpha", 0.6)
+        inputs = self.tokenizer(sources, padding=True, return_tensors="pt")
+        if num_beams == 1:
+            output = self.greedy(inputs["input_ids"], inputs["attention_mask"])
+        else:
+            output = gnmt_beam_search(self, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha)
+        return self.tokenizer.batch_decode(output, skip_special_tokens=True)
