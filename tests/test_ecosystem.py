@@ -236,7 +236,7 @@ def test_vaswani_translate_is_a_console_script():
 def test_vaswani_translate_reads_stdin_and_files(translation_folder, tmp_path):
     model, tokenizer = load_local(translation_folder)
     lines = [SOURCES[0], "", SOURCES[1]]
-    result = cli("--model", translation_folder, "--batch_size", "2", "--num_beams", "4", "--device", "cpu",
+    result = cli("--model", translation_folder, "--max_tokens", "20", "--num_beams", "4", "--device", "cpu",
                  stdin="\n".join(lines) + "\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [translate(model, tokenizer, [SOURCES[0]])[0], "",
@@ -255,6 +255,80 @@ def test_vaswani_translate_int8_decodes_with_the_int8_copy(translation_folder):
     assert result.stdout.splitlines() == translate(quantize_int8(model), tokenizer, SOURCES)
     result = cli("--model", translation_folder, "--int8", "--device", "cuda", stdin="Hello.\n")
     assert result.returncode != 0 and result.stderr.strip() == "error: int8 runs on the CPU, not on cuda"
+
+
+MANY = [*SOURCES, "", "The old man and the small dog see the children in the garden.", "A dog.", "", "", SOURCES[1]]
+
+
+def test_batches_by_tokens_change_no_translation(translation_folder):
+    """Batches cut by token count, sorted by length inside windows of lines: whatever the cut, the same output."""
+    model, tokenizer = load_local(translation_folder)
+    expected = [translate(model, tokenizer, [source])[0] if source else "" for source in MANY]
+    for flags in (["--max_tokens", "1"], ["--max_tokens", "30", "--window", "3"], ["--window", "1"], []):
+        result = cli("--model", translation_folder, "--quiet", *flags, stdin="\n".join(MANY) + "\n")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split("\n") == [*expected, ""], flags
+
+
+def test_token_batches_hold_at_most_max_tokens_sorted_by_length():
+    from vaswani_hf.translate import token_batches
+
+    lengths = [7, 3, 12, 3, 5, 40, 8, 1]
+    batches = token_batches(lengths, max_tokens=16)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    flat = [lengths[i] for batch in batches for i in batch]
+    assert flat == sorted(lengths)
+    assert all(len(batch) * max(lengths[i] for i in batch) <= 16 or len(batch) == 1 for batch in batches)
+    assert [[lengths[i] for i in batch] for batch in batches] == [[1, 3, 3], [5, 7], [8], [12], [40]]
+
+
+def test_output_streams_as_batches_finish(translation_folder):
+    """With windows of 2 lines, the first two translations arrive while the input is still open."""
+    process = subprocess.Popen([sys.executable, "-m", "vaswani_hf.translate", "--model", str(translation_folder),
+                                "--window", "2", "--quiet"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        process.stdin.write(f"{SOURCES[0]}\n{SOURCES[1]}\n")
+        process.stdin.flush()
+        first_two = [process.stdout.readline(), process.stdout.readline()]  # blocks until they are written
+        process.stdin.write(f"{SOURCES[2]}\n")
+        process.stdin.close()
+        rest = process.stdout.read()
+        assert process.wait(timeout=300) == 0, process.stderr.read()
+    finally:
+        process.kill()
+    model, tokenizer = load_local(translation_folder)
+    assert [line.rstrip("\n") for line in first_two] + rest.splitlines() == translate(model, tokenizer, SOURCES)
+
+
+def test_progress_goes_to_stderr_with_lines_and_tokens_per_second(translation_folder, tmp_path):
+    (tmp_path / "in.txt").write_text("\n".join(MANY) + "\n")
+    result = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt")
+    assert result.returncode == 0 and result.stdout == ""
+    assert f"{len(MANY)}/{len(MANY)}" in result.stderr and "lines" in result.stderr and "tokens/s" in result.stderr
+    assert len((tmp_path / "out.txt").read_text().split("\n")) == len(MANY) + 1
+
+
+def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_folder):
+    from vaswani_hf.gnmt import gnmt_beam_search
+
+    model, tokenizer = load_local(translation_folder)
+    lines = [SOURCES[0], "", SOURCES[2]]
+    result = cli("--model", translation_folder, "--nbest", "3", "--quiet", stdin="\n".join(lines) + "\n")
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(" ||| ") for line in result.stdout.splitlines()]
+    assert [int(index) for index, _, _ in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [text for _, text, _ in rows[3:6]] == ["", "", ""]
+    for index in (0, 2):
+        inputs = tokenizer(lines[index], return_tensors="pt")
+        sequences, scores = gnmt_beam_search(model, inputs["input_ids"], num_beams=4, alpha=0.6,
+                                             num_return_sequences=3, output_scores=True)
+        ours = rows[3 * index : 3 * index + 3]
+        assert [text for _, text, _ in ours] == tokenizer.batch_decode(sequences, skip_special_tokens=True)
+        assert [float(score) for _, _, score in ours] == pytest.approx(scores.tolist(), abs=1e-4)
+        assert ours[0][1] == translate(model, tokenizer, [lines[index]])[0]
+    result = cli("--model", translation_folder, "--nbest", "5", stdin="A dog.\n")
+    assert result.returncode != 0 and result.stderr.strip() == "error: --nbest 5 is more than the beam size 4"
 
 
 @pytest.mark.parametrize("problem", ["missing", "empty", "broken config", "no weights"])

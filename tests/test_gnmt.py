@@ -26,18 +26,23 @@ def sequence_log_prob(model, source, hypothesis):
 
 def brute_force(model, source, vocab, max_length, alpha, min_new_tokens):
     """Score every hypothesis: ended by EOS within max_length tokens (after at least min_new_tokens others), or cut
-    at max_length."""
-    best, best_score = None, float("-inf")
+    at max_length. All of them, best first: [(hypothesis, penalized score)]."""
+    scored = []
     for length in range(1 + min_new_tokens, max_length + 1):
         for prefix in itertools.product([t for t in range(vocab) if t != EOS], repeat=length - 1):
             for last in range(vocab):
                 hypothesis = [*prefix, last]
                 if last != EOS and length < max_length:
                     continue
-                score = sequence_log_prob(model, source, hypothesis) / gnmt_length_penalty(length, alpha)
-                if score > best_score:
-                    best, best_score = hypothesis, score
-    return best
+                scored.append((hypothesis, sequence_log_prob(model, source, hypothesis) / gnmt_length_penalty(length, alpha)))
+    return sorted(scored, key=lambda pair: -pair[1])
+
+
+def hypotheses(found: torch.Tensor) -> list[list[int]]:
+    """Rows without the start token, cut after EOS."""
+    assert (found[:, 0] == BOS).all()
+    rows = [row[1:].tolist() for row in found]
+    return [row[: row.index(EOS) + 1] if EOS in row else row for row in rows]
 
 
 @pytest.mark.parametrize("min_new_tokens", [0, 1])
@@ -45,18 +50,45 @@ def brute_force(model, source, vocab, max_length, alpha, min_new_tokens):
 def test_an_exhaustive_beam_returns_the_brute_force_best(alpha, min_new_tokens):
     vocab, max_length = 5, 3
     for seed in range(4):
-        model = tiny_model(seed=seed, vocab_size=vocab)
-        with torch.no_grad():  # sharpen the random model so that lengths and penalties matter
-            model.lm_head.weight.mul_(4)
+        model = sharpened_model(seed, vocab)
         source = torch.randint(3, vocab, (1, 4), generator=torch.Generator().manual_seed(seed))
-        expected = brute_force(model, source, vocab, max_length, alpha, min_new_tokens)
+        expected = brute_force(model, source, vocab, max_length, alpha, min_new_tokens)[0][0]
         # a beam as wide as every prefix makes the search exhaustive
         found = gnmt_beam_search(model, source, num_beams=vocab ** max_length, alpha=alpha, max_new_tokens=max_length,
                                  min_new_tokens=min_new_tokens)
-        assert found[0, 0] == BOS
-        hypothesis = found[0, 1:].tolist()
-        hypothesis = hypothesis[: hypothesis.index(EOS) + 1] if EOS in hypothesis else hypothesis
-        assert hypothesis == expected, (seed, alpha)
+        assert hypotheses(found) == [expected], (seed, alpha)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_the_n_best_are_the_brute_force_n_best_with_their_scores(alpha):
+    vocab, max_length, n = 5, 3, 4
+    for seed in range(3):
+        model = sharpened_model(seed, vocab)
+        source = torch.randint(3, vocab, (2, 4), generator=torch.Generator().manual_seed(seed))
+        found, scores = gnmt_beam_search(model, source, num_beams=vocab ** max_length, alpha=alpha,
+                                         max_new_tokens=max_length, num_return_sequences=n, output_scores=True)
+        assert found.shape[0] == scores.shape[0] == 2 * n
+        for row in range(2):
+            expected = brute_force(model, source[row : row + 1], vocab, max_length, alpha, 1)[:n]
+            assert hypotheses(found[row * n : (row + 1) * n]) == [hypothesis for hypothesis, _ in expected]
+            torch.testing.assert_close(scores[row * n : (row + 1) * n], torch.tensor([s for _, s in expected]),
+                                       atol=1e-5, rtol=0)
+
+
+def test_the_best_of_the_n_best_is_the_single_best(trained_model):
+    source = random_ids(3, 7, seed=5)
+    best = gnmt_beam_search(trained_model, source)
+    n_best = gnmt_beam_search(trained_model, source, num_return_sequences=4)
+    assert torch.equal(n_best[::4, : best.shape[1]], best) and (n_best[::4, best.shape[1] :] == PAD).all()
+    with pytest.raises(ValueError, match="num_return_sequences must be between 1 and num_beams=4, got 5"):
+        gnmt_beam_search(trained_model, source, num_return_sequences=5)
+
+
+def sharpened_model(seed: int, vocab: int):
+    model = tiny_model(seed=seed, vocab_size=vocab)
+    with torch.no_grad():  # sharpen the random model so that lengths and penalties matter
+        model.lm_head.weight.mul_(4)
+    return model
 
 
 def test_beam_4_is_batched_consistently_and_respects_the_length_limit(trained_model):

@@ -38,6 +38,9 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
     generation.gnmt_alpha = alpha  # read by custom_generate/generate.py
     generation._from_model_config = False  # else from_pretrained drops the entries transformers does not know
     model.save_pretrained(output_dir)
+    # tokenizer.json names its padding token too, so that it alone is a complete tokenizer (tokenizers,
+    # transformers.js, a folder without tokenizer_config.json); padding=True or not, calls pad as they ask.
+    tokenizer.backend_tokenizer.enable_padding(pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
     tokenizer.save_pretrained(output_dir)
     (output_dir / "custom_generate").mkdir(exist_ok=True)
     shutil.copy(Path(vaswani_hf.__file__).parent / "gnmt.py", output_dir / "custom_generate" / "generate.py")

@@ -16,12 +16,13 @@ def split_lines(text: str) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
-def decode_utf8(data: bytes, name: str) -> str:
-    """`data` as UTF-8 text; otherwise a one-line ValueError naming `name`, the line and the byte."""
+def decode_utf8(data: bytes, name: str, first_line: int = 1) -> str:
+    """`data` (whose first line is line `first_line` of `name`) as UTF-8 text; otherwise a one-line ValueError
+    naming `name`, the line and the byte."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
+        line = data.count(b"\n", 0, error.start) + first_line
         raise ValueError(f"{name} is not UTF-8 text: byte 0x{data[error.start]:02x} on line {line} "
                          f"(convert it, e.g. iconv -f latin1 -t utf-8)") from None
 

@@ -2,19 +2,28 @@
 
 Decodes the paper's way (§6.1): beam search with the GNMT length penalty and a limit of source length + 50, with
 the beam size and α the model was saved with (else the paper's 4 and 0.6), using this package's code (no remote
-code runs). One output line per input line, in order;
-an empty line stays empty.
+code runs). Made for large files: lines are read a window at a time, sorted by length inside the window and cut
+into batches of at most `--max_tokens` source tokens (padding included), so memory stays bounded; translations
+are written as their batches finish, in input order, one output line per input line (an empty line stays empty);
+a progress bar on stderr counts lines and tokens/s.
 
-    vaswani-translate --model outputs/run --input sources.txt --output translations.txt --batch_size 32
+    vaswani-translate --model outputs/run --input sources.txt --output translations.txt --max_tokens 4096
     echo "A man is riding a bike." | vaswani-translate --model outputs/run --num_beams 1 --device cpu
     vaswani-translate --model outputs/run --int8 < sources.txt     # int8 linear layers on the CPU (quantization.py)
+    vaswani-translate --model outputs/run --nbest 4 < sources.txt  # "line ||| translation ||| score", 4 per line
 """
 
 import argparse
+import contextlib
+import itertools
 import sys
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
+from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.utils.logging import disable_progress_bar
 
@@ -23,6 +32,9 @@ from .gnmt import gnmt_beam_search
 from .kernels import MEASURED_ATTENTION
 from .quantization import quantize_int8
 from .text import decode_utf8, split_lines
+
+MAX_TOKENS = 4096  # source tokens per batch, padding included
+WINDOW = 2000  # lines read, sorted by length and batched together
 
 
 def load(name_or_path: str, device: str = "auto", int8: bool = False):
@@ -56,42 +68,122 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False):
     return (quantize_int8(model) if int8 else model.to(device).eval()), tokenizer
 
 
+class Translation(NamedTuple):
+    index: int  # of the source
+    hypotheses: list[tuple[str, float]]  # (text, log P / GNMT penalty), best first
+    tokens: int  # of the best hypothesis, EOS included
+
+
+def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices sorted by length, cut so that a batch's rows × its longest length stay within `max_tokens` (a longer
+    source makes a batch of its own)."""
+    batches, batch = [], []
+    for index in sorted(range(len(lengths)), key=lengths.__getitem__):  # each one is the longest of its batch so far
+        if batch and (len(batch) + 1) * lengths[index] > max_tokens:
+            batches.append(batch)
+            batch = []
+        batch.append(index)
+    return [*batches, batch] if batch else batches
+
+
 @torch.no_grad()
-def translate(model, tokenizer, sources: list[str], batch_size: int = 64, num_beams: int | None = None,
-              alpha: float | None = None) -> list[str]:
-    """Translations in the order of `sources`, by the paper's beam search; batches are formed from sources of
-    similar length. The beam size and α default to the model's generation config (`num_beams`, `gnmt_alpha`, as
-    training/run.py saves them), else to the paper's 4 and 0.6."""
+def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOKENS, num_beams: int | None = None,
+                 alpha: float | None = None, nbest: int = 1) -> Iterator[Translation]:
+    """The paper's beam search over `sources`, batch by batch (`token_batches`), yielding each source's `nbest`
+    hypotheses as its batch finishes; blank sources are skipped. The beam size and α default to the model's
+    generation config (`num_beams`, `gnmt_alpha`, as training/run.py saves them), else to the paper's 4 and 0.6."""
     training = model.training
     model.eval()
     num_beams = num_beams or getattr(model.generation_config, "num_beams", None) or 4
     alpha = alpha if alpha is not None else getattr(model.generation_config, "gnmt_alpha", 0.6)
     device = next(model.parameters()).device
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    translations = [""] * len(sources)
+    indices = [i for i, source in enumerate(sources) if source.strip()]
+    encoded = tokenizer([sources[i] for i in indices])["input_ids"] if indices else []
     try:
-        for start in range(0, len(order), batch_size):
-            indices = [i for i in order[start : start + batch_size] if sources[i].strip()]
-            if not indices:
-                continue
-            inputs = tokenizer([sources[i] for i in indices], padding=True, return_tensors="pt").to(device)
-            output = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha)
-            for i, text in zip(indices, tokenizer.batch_decode(output, skip_special_tokens=True)):
-                translations[i] = text
+        for batch in token_batches([len(ids) for ids in encoded], max_tokens):
+            inputs = tokenizer.pad({"input_ids": [encoded[j] for j in batch]}, return_tensors="pt").to(device)
+            sequences, scores = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha,
+                                                 num_return_sequences=nbest, output_scores=True)
+            texts = tokenizer.batch_decode(sequences, skip_special_tokens=True)
+            lengths = sequences[:, 1:].ne(tokenizer.pad_token_id).sum(-1).tolist()
+            for k, j in enumerate(batch):
+                rows = slice(k * nbest, (k + 1) * nbest)
+                yield Translation(indices[j], list(zip(texts[rows], scores[rows].tolist())), lengths[k * nbest])
     finally:
         model.train(training)  # the caller's mode back: a training loop goes on training
-    return translations
 
 
-def check_lengths(config, tokenizer, sources: list[str]) -> None:
-    """Learned positions stop at max_position_embeddings: a longer source is a one-line error before any decoding."""
+def translate(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOKENS, num_beams: int | None = None,
+              alpha: float | None = None) -> list[str]:
+    """The best translation of each source, in order (`translations`); blank sources give empty strings."""
+    result = [""] * len(sources)
+    for translation in translations(model, tokenizer, sources, max_tokens, num_beams, alpha):
+        result[translation.index] = translation.hypotheses[0][0]
+    return result
+
+
+def read_windows(stream: Iterable[bytes], name: str, size: int = WINDOW) -> Iterator[tuple[int, list[str]]]:
+    """(number of the window's first line, its lines), `size` lines at a time from a binary stream, split at
+    newlines only (text.py); a window that is not UTF-8 stops the program with one line naming its line."""
+    first, chunk = 1, []
+    for raw in itertools.chain(stream, [None]):  # binary streams split at b"\n" only; None: the end
+        if raw is not None:
+            chunk.append(raw)
+        if chunk and (len(chunk) == size or raw is None):
+            try:
+                lines = split_lines(decode_utf8(b"".join(chunk), name, first))
+            except ValueError as error:
+                raise SystemExit(f"error: {error}") from None
+            yield first, lines
+            first, chunk = first + size, []
+
+
+def check_lengths(config, tokenizer, sources: list[str], first_line: int = 1) -> None:
+    """Learned positions stop at max_position_embeddings: a longer source is a one-line error before it is decoded."""
     if config.position_embedding != "learned":
         return
-    lengths = [len(ids) for ids in tokenizer(sources)["input_ids"]]
-    for number, length in enumerate(lengths, 1):
+    lengths = [len(ids) for ids in tokenizer(sources)["input_ids"]] if sources else []
+    for number, length in enumerate(lengths, first_line):
         if length > config.max_position_embeddings:
             raise SystemExit(f"error: line {number} has {length} tokens; this model's learned positions stop at "
                              f"{config.max_position_embeddings}")
+
+
+def output_lines(source: str, hypotheses: list[tuple[str, float]] | None, index: int, nbest: int) -> str:
+    """One line for the source, or with --nbest n lines "index ||| translation ||| score" (a blank source: empty
+    translations scored 0). Newlines inside a translation become spaces."""
+    hypotheses = hypotheses or [("", 0.0)] * nbest
+    texts = [text.replace("\n", " ") for text, _ in hypotheses]
+    if nbest == 1:
+        return texts[0] + "\n"
+    return "".join(f"{index} ||| {text} ||| {score:.4f}\n" for text, (_, score) in zip(texts, hypotheses))
+
+
+def count_lines(path: str) -> int:
+    with open(path, "rb") as file:
+        count, last = 0, b"\n"
+        for block in iter(lambda: file.read(1 << 20), b""):
+            count, last = count + block.count(b"\n"), block[-1:]
+    return count + (last != b"\n")
+
+
+def translated_windows(model, tokenizer, windows: Iterable[tuple[int, list[str]]], max_tokens: int, num_beams: int,
+                       alpha: float | None, nbest: int) -> Iterator[tuple[str, int, int]]:
+    """(text to write, the input lines it answers, tokens translated) as batches finish, in input order."""
+    for first_line, window in windows:
+        check_lengths(model.config, tokenizer, window, first_line)
+        finished, written = {}, 0
+        done = translations(model, tokenizer, window, max_tokens, num_beams, alpha, nbest)
+        for translation in itertools.chain(done, [None]):  # None: the window is translated
+            if translation is not None:
+                finished[translation.index] = translation.hypotheses
+            ready = written
+            while ready < len(window) and (ready in finished or not window[ready].strip()):
+                ready += 1
+            text = "".join(output_lines(window[i], finished.pop(i, None), first_line - 1 + i, nbest)
+                           for i in range(written, ready))
+            yield text, ready - written, translation.tokens if translation is not None else 0
+            written = ready
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -99,36 +191,49 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", required=True, help="A model folder or Hub repository id.")
     parser.add_argument("--input", help="A text file, one source per line (default: stdin).")
     parser.add_argument("--output", help="Where the translations go (default: stdout).")
-    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--max_tokens", type=int, default=MAX_TOKENS,
+                        help=f"Source tokens per batch, padding included (default {MAX_TOKENS}).")
     parser.add_argument("--num_beams", type=int, help="Beam size (default: the model's generation config, else 4).")
     parser.add_argument("--alpha", type=float, help="GNMT length penalty α (default: the model's gnmt_alpha, else 0.6).")
+    parser.add_argument("--window", type=int, default=WINDOW,
+                        help=f"Lines read, sorted by length and batched together (default {WINDOW}).")
+    parser.add_argument("--nbest", type=int, default=1,
+                        help="Hypotheses per line, as 'line ||| translation ||| score' (at most the beam size).")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: a GPU if there is one).")
     parser.add_argument("--int8", action="store_true", help="Int8 linear layers on the CPU (faster; a deviation).")
+    parser.add_argument("--quiet", action="store_true", help="No progress bar on stderr.")
     args = parser.parse_args(argv)
-    if args.batch_size < 1 or (args.num_beams is not None and args.num_beams < 1):
-        parser.error("--batch_size and --num_beams must be at least 1")
+    if min(args.max_tokens, args.window, args.nbest, args.num_beams or 1) < 1:
+        parser.error("--max_tokens, --window, --num_beams and --nbest must be at least 1")
     if args.input and not Path(args.input).is_file():
         raise SystemExit(f"error: --input {args.input}: no such file")
     if args.output and (Path(args.output).is_dir() or not Path(args.output).resolve().parent.is_dir()):
         raise SystemExit(f"error: --output {args.output}: not a file in an existing folder")
 
-    try:
-        data = Path(args.input).read_bytes() if args.input else sys.stdin.buffer.read()
-        sources = split_lines(decode_utf8(data, args.input or "the standard input"))
-    except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
-
-    keep_freed_memory()  # the decoding steps reuse the (beams x vocabulary) blocks they free (allocator.py)
-    disable_progress_bar()  # stderr keeps to errors
-    model, tokenizer = load(args.model, args.device, args.int8)
-    check_lengths(model.config, tokenizer, sources)
-    translations = translate(model, tokenizer, sources, args.batch_size, args.num_beams, args.alpha)
-    result = "".join(line.replace("\n", " ") + "\n" for line in translations)  # one line for each line read
-    if args.output:
-        Path(args.output).write_text(result, encoding="utf-8")
-    else:
-        sys.stdout.write(result)
-
+    with contextlib.ExitStack() as files:
+        stream = files.enter_context(open(args.input, "rb")) if args.input else sys.stdin.buffer
+        windows = read_windows(stream, args.input or "the standard input", args.window)
+        first = next(windows, (1, []))  # read before the model loads: a first window that is not UTF-8 stops here
+        keep_freed_memory()  # the decoding steps reuse the (beams x vocabulary) blocks they free (allocator.py)
+        disable_progress_bar()  # transformers' bars; ours counts lines
+        model, tokenizer = load(args.model, args.device, args.int8)
+        num_beams = args.num_beams or getattr(model.generation_config, "num_beams", None) or 4
+        if args.nbest > num_beams:
+            raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
+        check_lengths(model.config, tokenizer, first[1])  # before the progress bar draws itself
+        output = None  # opened at the first line written: a run that fails before leaves no file
+        progress = files.enter_context(tqdm(total=count_lines(args.input) if args.input else None, unit=" lines",
+                                            file=sys.stderr, disable=args.quiet))
+        start, tokens = time.perf_counter(), 0
+        for text, lines, new_tokens in translated_windows(model, tokenizer, itertools.chain([first], windows),
+                                                          args.max_tokens, num_beams, args.alpha, args.nbest):
+            if output is None:
+                output = files.enter_context(open(args.output, "w", encoding="utf-8")) if args.output else sys.stdout
+            output.write(text)
+            output.flush()
+            tokens += new_tokens
+            progress.set_postfix_str(f"{tokens / (time.perf_counter() - start):.0f} tokens/s", refresh=False)
+            progress.update(lines)
 
 if __name__ == "__main__":
     main()
