@@ -186,6 +186,16 @@ def test_decoding_gives_the_same_sequences_and_scores_whichever_kernels_run(kern
 
 # --- packed weights ----------------------------------------------------------------------------------------------
 
+def test_a_weight_fingerprint_samples_inside_the_weight_at_every_size():
+    """The base model's output projection (37000 x 512) is where float32 sample positions ran past the end."""
+    from vaswani_hf.kernels import fingerprint
+
+    for shape in [(1,), (3, 5), (37000, 512), (64,), (65,)]:
+        weight = torch.arange(torch.Size(shape).numel(), dtype=torch.float64).reshape(shape)  # exact indices
+        samples = fingerprint(weight)[2]
+        assert samples[0] == 0 and samples[-1] == weight.numel() - 1 and len(samples) == min(64, weight.numel())
+
+
 def test_packed_weights_are_kept_between_calls_in_eval_mode_and_never_go_stale(kernels):
     model, source = tiny_model(seed=6), random_ids(3, 8, seed=4)
     decode(model, source, "onednn_packed")

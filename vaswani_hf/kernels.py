@@ -188,7 +188,8 @@ def fingerprint(weight: torch.Tensor) -> tuple:
     Adam updates parameters in place without counting a version; it changes every value it updates, so a step
     that moved the weight and left all 64 values alone is not to be expected."""
     flat = weight.detach().reshape(-1)
-    picks = torch.linspace(0, flat.numel() - 1, min(64, flat.numel()), device=flat.device).long()
+    count = min(64, flat.numel())  # in integers: float32 steps overshoot the last index of 37000 x 512 values
+    picks = torch.arange(count, device=flat.device) * (flat.numel() - 1) // max(count - 1, 1)
     return weight._version, weight.data_ptr(), flat[picks].clone()
 
 
