@@ -117,6 +117,15 @@ def translation_folder(tmp_path_factory):
     return folder
 
 
+def save_marian_folder(folder) -> None:
+    """A folder holding a tiny MarianMTModel: another kind of model, for the refusals of our tools."""
+    from transformers import MarianConfig, MarianMTModel
+
+    MarianMTModel(MarianConfig(vocab_size=16, d_model=8, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=8,
+                               decoder_ffn_dim=8, encoder_attention_heads=2, decoder_attention_heads=2,
+                               pad_token_id=0, decoder_start_token_id=0)).save_pretrained(folder)
+
+
 def run_hidden(script: str, *args, env_extra=None, cwd=None) -> str:
     """Run `script` in a fresh Python where `import vaswani_hf` fails, offline; returns its stdout."""
     result = run_without("vaswani_hf", script, *args, env_extra=env_extra, cwd=cwd)

@@ -5,10 +5,10 @@ import ctranslate2
 import pytest
 import torch
 from ctranslate2.converters import TransformersConverter
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, MarianMTModel
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from conftest import run_without
+from conftest import run_without, save_marian_folder
 from training.default_data import generate
 from vaswani_hf import quantize_int8
 from vaswani_hf.export import main as export_main
@@ -132,9 +132,7 @@ def test_the_exported_folder_carries_the_tokenizer(trained, ct2_folders):
 @pytest.mark.parametrize("engine", ["ctranslate2", "onnx"])
 def test_export_refusals_are_one_line(translation_folder, tmp_path, engine):
     marian = tmp_path / "marian"
-    MarianMTModel(MarianConfig(vocab_size=16, d_model=8, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=8,
-                               decoder_ffn_dim=8, encoder_attention_heads=2, decoder_attention_heads=2,
-                               pad_token_id=0, decoder_start_token_id=0)).save_pretrained(marian)
+    save_marian_folder(marian)
     (tmp_path / "empty").mkdir()
     (tmp_path / "taken").mkdir()
     for arguments, message in (

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from conftest import save_marian_folder
 from training import run
 from training.data import load_pairs
 from vaswani_hf.text import split_lines
@@ -120,7 +121,7 @@ def test_one_output_line_for_each_input_line_whatever_the_characters(translation
 
 
 @pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "device cuda", "device bogus",
-                                  "output is a folder", "mistyped relative path"])
+                                  "output is a folder", "output exists", "mistyped relative path", "marian folder"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, case):
     args, stdin = ["--model", translation_folder], b"A dog runs.\n"
     if case == "latin-1 stdin":
@@ -136,17 +137,29 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, case
         args += ["--device", "bogus"]
     if case == "output is a folder":
         args += ["--output", tmp_path]
+    if case == "output exists":
+        (tmp_path / "out.txt").write_text("earlier translations\n")
+        args += ["--output", tmp_path / "out.txt"]
     if case == "mistyped relative path":
         (tmp_path / "rel").mkdir()
         args = ["--model", "rel/nomodel"]
+    if case == "marian folder":
+        save_marian_folder(tmp_path / "marian")
+        args = ["--model", tmp_path / "marian"]
     code, out, err = cli(*args, stdin=stdin, cwd=tmp_path)
     assert code != 0 and out == ""
     assert len(err.splitlines()) == 1 and err.startswith("error:"), err
     expected = {"latin-1 stdin": "standard input is not UTF-8 text: byte 0xe9 on line 1",
                 "latin-1 file": "in.txt is not UTF-8 text: byte 0xe9 on line 2", "device cuda": "no CUDA GPU",
                 "device bogus": "--device bogus", "output is a folder": "--output",
-                "mistyped relative path": "rel/nomodel is not a model folder"}
+                "output exists": "out.txt exists: give --overwrite to replace it",
+                "mistyped relative path": "rel/nomodel is not a model folder",
+                "marian folder": "holds a 'marian' model, not a vaswani_hf one"}
     assert expected[case] in err, err
+    if case == "output exists":
+        assert (tmp_path / "out.txt").read_text() == "earlier translations\n"
+        code, out, err = cli(*args, "--overwrite", "--quiet", stdin=stdin, cwd=tmp_path)
+        assert code == 0 and len((tmp_path / "out.txt").read_text().splitlines()) == 1, err
 
 
 def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, tmp_path):

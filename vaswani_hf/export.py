@@ -11,7 +11,6 @@ import argparse
 import importlib
 from pathlib import Path
 
-from transformers import AutoConfig
 from transformers.utils.logging import disable_progress_bar
 
 from .translate import load
@@ -34,16 +33,6 @@ def check_packages(engine: str) -> None:
                          f"pip install {' '.join(missing)}  (or pip install \"vaswani_hf[export]\")")
 
 
-def check_model_type(name_or_path: str) -> None:
-    """A folder or repository of another kind of model is refused before its weights are read."""
-    try:
-        model_type = AutoConfig.from_pretrained(name_or_path).model_type
-    except (OSError, ValueError, KeyError):  # what load() then says in one line: no config.json, no such repository, ...
-        return
-    if model_type != "vaswani":
-        raise SystemExit(f"error: {name_or_path} holds a {model_type!r} model, not a vaswani_hf one")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vaswani-export", description="Export a vaswani_hf model to another engine.")
     engines = parser.add_subparsers(dest="engine", required=True)
@@ -59,7 +48,6 @@ def main(argv: list[str] | None = None) -> None:
     if Path(args.output).exists():
         raise SystemExit(f"error: {args.output} exists: give a folder that does not")
     check_packages(args.engine)
-    check_model_type(args.model)
     disable_progress_bar()
     model, tokenizer = load(args.model, device="cpu")
 

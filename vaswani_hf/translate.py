@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.utils.logging import disable_progress_bar
 
 from .allocator import keep_freed_memory
@@ -39,7 +39,8 @@ WINDOW = 2000  # lines read, sorted by length and batched together
 
 def load(name_or_path: str, device: str = "auto", int8: bool = False):
     """(model, tokenizer) from a model folder or Hub repository, in eval mode on `device` (with `int8`: the CPU
-    model's int8 copy); a missing or broken model exits with a one-line message."""
+    model's int8 copy); a missing or broken model, or another kind of model, exits with a one-line message before
+    its weights are read."""
     if device == "auto":
         device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
     if int8 and device != "cpu":
@@ -57,6 +58,9 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False):
     if local and not (path / "config.json").is_file():
         raise SystemExit(f"error: {name_or_path} is not a model folder (no config.json there)")
     try:
+        model_type = AutoConfig.from_pretrained(name_or_path).model_type
+        if model_type != "vaswani":
+            raise SystemExit(f"error: {name_or_path} holds a {model_type!r} model, not a vaswani_hf one")
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         # On the CPU, decoding steps take SDPA or the eager product, whichever is measured faster (kernels.py).
         model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation=MEASURED_ATTENTION)
@@ -190,7 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vaswani-translate", description="Translate lines of text (§6.1 decoding).")
     parser.add_argument("--model", required=True, help="A model folder or Hub repository id.")
     parser.add_argument("--input", help="A text file, one source per line (default: stdin).")
-    parser.add_argument("--output", help="Where the translations go (default: stdout).")
+    parser.add_argument("--output", help="Where the translations go (default: stdout); a new file unless --overwrite.")
+    parser.add_argument("--overwrite", action="store_true", help="Replace an existing --output file.")
     parser.add_argument("--max_tokens", type=int, default=MAX_TOKENS,
                         help=f"Source tokens per batch, padding included (default {MAX_TOKENS}).")
     parser.add_argument("--num_beams", type=int, help="Beam size (default: the model's generation config, else 4).")
@@ -209,6 +214,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: --input {args.input}: no such file")
     if args.output and (Path(args.output).is_dir() or not Path(args.output).resolve().parent.is_dir()):
         raise SystemExit(f"error: --output {args.output}: not a file in an existing folder")
+    if args.output and Path(args.output).exists() and not args.overwrite:
+        raise SystemExit(f"error: --output {args.output} exists: give --overwrite to replace it")
 
     with contextlib.ExitStack() as files:
         stream = files.enter_context(open(args.input, "rb")) if args.input else sys.stdin.buffer
