@@ -1,6 +1,8 @@
 """`vaswani-export`: the CTranslate2 and ONNX exports, run by the real `ctranslate2` and `onnxruntime`, against our
 own model on a briefly trained EN-DE model (conftest's `translation_folder`)."""
 
+from pathlib import Path
+
 import ctranslate2
 import pytest
 import torch
@@ -145,6 +147,25 @@ def test_export_refusals_are_one_line(translation_folder, tmp_path, engine):
         assert str(error.value).startswith(message) and "\n" not in str(error.value)
     assert not (tmp_path / "out").exists()
     assert not any((tmp_path / "taken").iterdir())
+
+
+def test_an_export_that_fails_midway_leaves_nothing_under_the_output_name(translation_folder, tmp_path, monkeypatch):
+    from vaswani_hf import to_ctranslate2
+
+    def fail_after_a_file(model, tokenizer, output_dir, quantization=None):
+        Path(output_dir).mkdir()
+        (Path(output_dir) / "model.bin").write_bytes(b"half")
+        raise KeyboardInterrupt  # as a user stopping it
+
+    out = tmp_path / "exports" / "ct2"
+    with monkeypatch.context() as patch:
+        patch.setattr(to_ctranslate2, "export", fail_after_a_file)
+        with pytest.raises(KeyboardInterrupt):
+            export_main(["ctranslate2", str(translation_folder), str(out)])
+    assert not out.exists() and not any(out.parent.iterdir())  # the same command can be given again
+    export_main(["ctranslate2", str(translation_folder), str(out)])
+    assert [path.name for path in out.parent.iterdir()] == ["ct2"]
+    ctranslate2.Translator(str(out))
 
 
 @pytest.mark.parametrize(("engine", "package"), [("ctranslate2", "ctranslate2"), ("onnx", "onnxscript")])

@@ -162,6 +162,23 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, case
         assert code == 0 and len((tmp_path / "out.txt").read_text().splitlines()) == 1, err
 
 
+def test_a_run_that_fails_midway_keeps_the_earlier_output_whole(translation_folder, tmp_path):
+    """--overwrite replaces the file only when every line is translated; what was translated is in .partial."""
+    (tmp_path / "out.txt").write_text("earlier translations\n")
+    (tmp_path / "in.txt").write_bytes(b"A dog runs.\nA caf\xe9.\n")  # the second window is not UTF-8
+    code, out, err = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output",
+                         tmp_path / "out.txt", "--overwrite", "--window", "1", "--num_beams", "1", "--quiet")
+    assert code != 0 and out == "" and len(err.splitlines()) == 1, err
+    assert "in.txt is not UTF-8 text: byte 0xe9 on line 2" in err, err
+    assert (tmp_path / "out.txt").read_text() == "earlier translations\n"
+    assert len((tmp_path / "out.txt.partial").read_text().splitlines()) == 1
+    (tmp_path / "in.txt").write_bytes(b"A dog runs.\nA cat.\n")
+    code, _, err = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output",
+                       tmp_path / "out.txt", "--overwrite", "--window", "1", "--num_beams", "1", "--quiet")
+    assert code == 0 and len((tmp_path / "out.txt").read_text().splitlines()) == 2, err
+    assert not (tmp_path / "out.txt.partial").exists()
+
+
 def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, tmp_path):
     folder = tmp_path / "learned"
     shutil.copytree(translation_folder, folder)

@@ -3,12 +3,16 @@
     vaswani-export ctranslate2 outputs/run ct2-model --quantization int8   # to_ctranslate2.py
     vaswani-export onnx outputs/run onnx-model                              # to_onnx.py; onnx_runtime.py decodes
 
-MODEL is a model folder or a Hub repository id. The output folder must not exist. The engines are optional
-dependencies: `pip install "vaswani_hf[export]"`.
+MODEL is a model folder or a Hub repository id. The output folder must not exist; it is written under a temporary
+name beside it and renamed when complete, so a failed or killed export leaves no half-written model under its name.
+The engines are optional dependencies: `pip install "vaswani_hf[export]"`.
 """
 
 import argparse
 import importlib
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from transformers.utils.logging import disable_progress_bar
@@ -54,13 +58,22 @@ def main(argv: list[str] | None = None) -> None:
     if args.engine == "ctranslate2":
         from .to_ctranslate2 import export
 
-        export(model, tokenizer, args.output, args.quantization)
-        print(f"wrote {args.output}: ctranslate2.Translator({args.output!r}), tokenizer beside it")
+        options = {"quantization": args.quantization}
+        usage = f"ctranslate2.Translator({args.output!r}), tokenizer beside it"
     else:
         from .to_onnx import export
 
-        export(model, tokenizer, args.output)
-        print(f"wrote {args.output}: vaswani_hf.onnx_runtime.OnnxSeq2Seq({args.output!r}) decodes with it")
+        options = {}
+        usage = f"vaswani_hf.onnx_runtime.OnnxSeq2Seq({args.output!r}) decodes with it"
+    output = Path(args.output).resolve()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent)) / "model"
+    try:
+        export(model, tokenizer, partial, **options)
+        os.replace(partial, output)
+    finally:
+        shutil.rmtree(partial.parent)  # ours alone; only a killed export leaves it behind
+    print(f"wrote {args.output}: {usage}")
 
 
 if __name__ == "__main__":

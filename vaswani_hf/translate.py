@@ -16,6 +16,7 @@ a progress bar on stderr counts lines and tokens/s.
 import argparse
 import contextlib
 import itertools
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -194,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vaswani-translate", description="Translate lines of text (§6.1 decoding).")
     parser.add_argument("--model", required=True, help="A model folder or Hub repository id.")
     parser.add_argument("--input", help="A text file, one source per line (default: stdin).")
-    parser.add_argument("--output", help="Where the translations go (default: stdout); a new file unless --overwrite.")
+    parser.add_argument("--output", help="Where the translations go (default: stdout): a new file unless --overwrite, "
+                             "written as OUTPUT.partial and renamed when every line is translated.")
     parser.add_argument("--overwrite", action="store_true", help="Replace an existing --output file.")
     parser.add_argument("--max_tokens", type=int, default=MAX_TOKENS,
                         help=f"Source tokens per batch, padding included (default {MAX_TOKENS}).")
@@ -228,19 +230,24 @@ def main(argv: list[str] | None = None) -> None:
         if args.nbest > num_beams:
             raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
         check_lengths(model.config, tokenizer, first[1])  # before the progress bar draws itself
-        output = None  # opened at the first line written: a run that fails before leaves no file
         progress = files.enter_context(tqdm(total=count_lines(args.input) if args.input else None, unit=" lines",
                                             file=sys.stderr, disable=args.quiet))
+        # Written beside --output and renamed at the end: a run that fails or is killed leaves an earlier file whole,
+        # and what it translated in OUTPUT.partial.
+        partial = f"{args.output}.partial" if args.output else None
+        output = files.enter_context(open(partial, "w", encoding="utf-8")) if args.output else sys.stdout
         start, tokens = time.perf_counter(), 0
         for text, lines, new_tokens in translated_windows(model, tokenizer, itertools.chain([first], windows),
                                                           args.max_tokens, num_beams, args.alpha, args.nbest):
-            if output is None:
-                output = files.enter_context(open(args.output, "w", encoding="utf-8")) if args.output else sys.stdout
             output.write(text)
             output.flush()
             tokens += new_tokens
             progress.set_postfix_str(f"{tokens / (time.perf_counter() - start):.0f} tokens/s", refresh=False)
             progress.update(lines)
+        if args.output:
+            output.close()
+            os.replace(partial, args.output)
+
 
 if __name__ == "__main__":
     main()
