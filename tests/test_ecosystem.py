@@ -2,6 +2,7 @@
 command-line translator and the attention pictures. The model is the session's `translation_folder`: a run's
 output folder for a tiny model with a real joint BPE."""
 
+import io
 import json
 import os
 import shutil
@@ -262,12 +263,18 @@ MANY = [*SOURCES, "", "The old man and the small dog see the children in the gar
 
 def test_batches_by_tokens_change_no_translation(translation_folder):
     """Batches cut by token count, sorted by length inside windows of lines: whatever the cut, the same output."""
+    from vaswani_hf.translate import read_windows, translated_windows
+
     model, tokenizer = load_local(translation_folder)
     expected = [translate(model, tokenizer, [source])[0] if source else "" for source in MANY]
-    for flags in (["--max_tokens", "1"], ["--max_tokens", "30", "--window", "3"], ["--window", "1"], []):
-        result = cli("--model", translation_folder, "--quiet", *flags, stdin="\n".join(MANY) + "\n")
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.split("\n") == [*expected, ""], flags
+    text = "\n".join(MANY) + "\n"
+    for max_tokens, window in ((1, 2000), (30, 3), (4096, 1)):  # what the command line runs, in this process
+        windows = read_windows(io.BytesIO(text.encode()), "the input", window)
+        written = translated_windows(model, tokenizer, windows, max_tokens, num_beams=None, alpha=None, nbest=1)
+        assert "".join(piece for piece, _, _ in written).split("\n") == [*expected, ""], (max_tokens, window)
+    result = cli("--model", translation_folder, "--quiet", stdin=text)  # and the command line, with its defaults
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n") == [*expected, ""]
 
 
 def test_token_batches_hold_at_most_max_tokens_sorted_by_length():
