@@ -2,8 +2,8 @@
 
 Both models are built from random weights as the paper trains them (ReLU, shared embeddings scaled by
 sqrt(d_model), static sinusoidal positions, post-LN, dropout 0.1) and timed on the same random batches,
-interleaved in one process; CTranslate2 runs our model, exported by `vaswani-export ctranslate2`, when `ctranslate2`
-is installed.
+interleaved in one process; CTranslate2 and ONNX Runtime run our model, exported by `vaswani-export`, when the
+`export` extra is installed.
 
     python benchmarks/speed.py                   # both sizes, 2 threads
     python benchmarks/speed.py --sizes small --repeats 3
@@ -17,8 +17,8 @@ Printed per size: medians of
   * peak memory allocated by a training step above the weights and the optimizer state;
   * the same generation with our int8 copy (`vaswani_hf.quantize_int8`, with the measured attention kernel, as
     `vaswani-translate --int8` decodes) against Marian in float32;
-  * our model's greedy and beam-4 speed in CTranslate2, float32 and int8, against ours in torch (the peer column
-    then holds CTranslate2);
+  * our model's greedy and beam-4 speed in CTranslate2, float32 and int8, and its greedy speed in ONNX Runtime
+    (`vaswani-export onnx`, `OnnxSeq2Seq.greedy`), against ours in torch (the peer column then holds the engine);
 and the ratio ours / peer; then the CPU model and the kernels our model chose by measurement on it.
 """
 
@@ -128,6 +128,23 @@ def ctranslate2_translators(model: VaswaniForConditionalGeneration, threads: int
     return translators
 
 
+def onnx_model(model: VaswaniForConditionalGeneration, threads: int):
+    """Our model exported as `vaswani-export onnx` exports it, in ONNX Runtime sessions; None without the packages."""
+    try:
+        from vaswani_hf.onnx_runtime import OnnxSeq2Seq
+        from vaswani_hf.to_onnx import export
+    except ImportError:
+        return None
+    folder = f"{tempfile.mkdtemp()}/onnx"
+    export(model, SimpleNamespace(save_pretrained=lambda _: None), folder)  # ids only: no tokenizer to save
+    return OnnxSeq2Seq(folder, threads=threads)
+
+
+def onnx_greedy(engine, source: torch.Tensor) -> None:
+    output = engine.greedy(source, torch.ones_like(source), max_new_tokens=NEW_TOKENS)
+    assert output.shape[1] == NEW_TOKENS + 1, output.shape
+
+
 def ct2_generate(translator, source: torch.Tensor, num_beams: int) -> None:
     tokens = [[str(i) for i in row] for row in source.tolist()]  # the converted vocabulary is the ids' strings
     translator.translate_batch(tokens, beam_size=num_beams, min_decoding_length=NEW_TOKENS,
@@ -161,10 +178,10 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
 
     # Inference-only engines after the interleaved rounds, one engine at a time: the worker threads of one
     # runtime (fbgemm, CTranslate2) must not sit beside another's timings.
-    def engine_rounds(name: str, engine) -> None:
+    def engine_rounds(name: str, engine, beam_sizes=(1, 4)) -> None:
         for repeat in range(repeats + 1):
             prompt = random_tokens(GENERATE_BATCH, SOURCE_LENGTH, size["vocab_size"], 1000 + repeat)
-            for beams in (1, 4):
+            for beams in beam_sizes:
                 if repeat:  # the first round warms up
                     timed(f"beam{beams} {name}", lambda: engine(prompt, beams))
                 else:
@@ -173,6 +190,9 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
     engine_rounds("ours-int8", lambda prompt, beams: generate(int8, prompt, beams))
     for compute, translator in ctranslate2_translators(models["ours"].eval(), threads).items():
         engine_rounds(f"ct2-{compute}", lambda prompt, beams: ct2_generate(translator, prompt, beams))
+    onnx = onnx_model(models["ours"].eval(), threads)
+    if onnx is not None:
+        engine_rounds("onnx", lambda prompt, _: onnx_greedy(onnx, prompt), beam_sizes=(1,))  # its beam 4 is the paper's
 
     train_tokens = TRAIN_BATCH * 2 * TRAIN_LENGTH
     new_tokens = GENERATE_BATCH * NEW_TOKENS
@@ -201,6 +221,10 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
             ct2, ours = (new_tokens / statistics.median(timings[f"{key} {n}"]) for n in (f"ct2-{compute}", ours_key))
             print(f"| {title} tokens/s, our model in CTranslate2 {compute} (`vaswani-export`) vs ours {compute} | "
                   f"{ct2:.0f} | {ours:.0f} | {ours / ct2:.2f}x |")
+    if "beam1 onnx" in timings:
+        engine, ours = (new_tokens / statistics.median(timings[f"beam1 {n}"]) for n in ("onnx", "ours"))
+        print(f"| greedy tokens/s, our model in ONNX Runtime float32 (`vaswani-export onnx`) vs ours float32 | "
+              f"{engine:.0f} | {ours:.0f} | {ours / engine:.2f}x |")
 
 
 def main():

@@ -12,6 +12,7 @@ greedy loop. The cache holds the graphs' keys and values as torch tensors sharin
 arrays, so that the search can reorder them between beams.
 """
 
+from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,8 +38,12 @@ class OnnxSeq2Seq:
                          for name in ("encoder_model", "decoder_model", "decoder_with_past_model")}
         self.config = AutoConfig.from_pretrained(folder)
         self.generation_config = GenerationConfig.from_pretrained(folder)
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.layers = self.config.num_decoder_layers
+        self.folder, self.layers = folder, self.config.num_decoder_layers
+
+    @cached_property
+    def tokenizer(self):
+        """The folder's tokenizer, read when `translate` first needs it (the ids-level calls do not)."""
+        return AutoTokenizer.from_pretrained(self.folder)
 
     def get_encoder(self):
         def encode(input_ids, attention_mask):
