@@ -195,8 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vaswani-translate", description="Translate lines of text (§6.1 decoding).")
     parser.add_argument("--model", required=True, help="A model folder or Hub repository id.")
     parser.add_argument("--input", help="A text file, one source per line (default: stdin).")
-    parser.add_argument("--output", help="Where the translations go (default: stdout): a new file unless --overwrite, "
-                             "written as OUTPUT.partial and renamed when every line is translated.")
+    parser.add_argument("--output", help="Where the translations go (default: stdout): a new file unless "
+                        "--overwrite, written as OUTPUT.partial and renamed when every line is translated.")
     parser.add_argument("--overwrite", action="store_true", help="Replace an existing --output file.")
     parser.add_argument("--max_tokens", type=int, default=MAX_TOKENS,
                         help=f"Source tokens per batch, padding included (default {MAX_TOKENS}).")
