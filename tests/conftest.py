@@ -17,6 +17,23 @@ PAD, BOS, EOS = 0, 1, 2
 CODE_FILES = {"configuration_vaswani.py", "modeling_vaswani.py", "checks.py", "kernels.py", "decoding.py"}
 
 
+def pytest_configure(config):
+    """With pytest-xdist's `-n N` (pyproject.toml), worker k keeps to one core of its own, and so do the processes
+    it starts (training/run.py shares the cores it may use): the workers never fight over a core."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        if int(count) <= len(cores):
+            os.sched_setaffinity(0, {cores[int(worker.removeprefix("gw"))]})
+            torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked `long` (whole training runs, minutes each) run first, so that parallel workers share them out
+    and finish together rather than one of them starting a long run at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 def tiny_config(**overrides) -> VaswaniConfig:
     """d_model 24, 3 heads of 8, d_ff 36, 2 encoder and 3 decoder layers, vocabulary 53, no dropout."""
     values = dict(

@@ -20,6 +20,7 @@ from vaswani_hf.to_ctranslate2 import export as export_ctranslate2
 from vaswani_hf.translate import translate
 
 PAIRS = generate()["test"][:40]
+pytestmark = pytest.mark.xdist_group("export")  # one worker exports once for all of these (pyproject.toml's -n)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,12 @@ def ct2_folders(translation_folder, tmp_path_factory):
         folders[quantization] = tmp_path_factory.mktemp("ct2") / quantization
         export_main(["ctranslate2", str(translation_folder), str(folders[quantization]), "--quantization", quantization])
     return folders
+
+
+def translator(folder) -> ctranslate2.Translator:
+    """CTranslate2 sets the OpenMP thread count it shares with torch, by default to its own choice: given torch's
+    count, it leaves torch's as it was for the tests that follow."""
+    return ctranslate2.Translator(str(folder), device="cpu", intra_threads=torch.get_num_threads())
 
 
 def source_tokens(tokenizer) -> list[list[str]]:
@@ -67,16 +74,16 @@ def token_log_probs(model, tokenizer) -> torch.Tensor:
 
 def ct2_log_probs(folder, tokenizer) -> torch.Tensor:
     targets = [tokenizer.convert_ids_to_tokens(tokenizer(text_target=target)["input_ids"])[:-1] for _, target in PAIRS]
-    results = ctranslate2.Translator(str(folder), device="cpu").score_batch(source_tokens(tokenizer), targets)
+    results = translator(folder).score_batch(source_tokens(tokenizer), targets)
     return torch.cat([torch.tensor(result.log_probs) for result in results])
 
 
 def test_ctranslate2_greedy_translations_equal_ours_token_for_token(trained, ct2_folders):
     model, tokenizer = trained
     ours, limit = generated_tokens(model, tokenizer, num_beams=1)
-    translator = ctranslate2.Translator(str(ct2_folders["float32"]), device="cpu")
+    engine = translator(ct2_folders["float32"])
     theirs = [result.hypotheses[0] for result in
-              translator.translate_batch(source_tokens(tokenizer), beam_size=1, max_decoding_length=limit)]
+              engine.translate_batch(source_tokens(tokenizer), beam_size=1, max_decoding_length=limit)]
     assert len({" ".join(tokens) for tokens in ours}) > 10  # real, varied translations
     assert theirs == ours
 
@@ -86,8 +93,8 @@ def test_ctranslate2_beam_4_equals_generate_with_the_same_length_penalty(trained
     """Both divide a hypothesis' log-probability by |Y|^alpha (not the paper's GNMT penalty, gnmt.py)."""
     model, tokenizer = trained
     ours, limit = generated_tokens(model, tokenizer, num_beams=4, length_penalty=alpha)
-    translator = ctranslate2.Translator(str(ct2_folders["float32"]), device="cpu")
-    theirs = [result.hypotheses[0] for result in translator.translate_batch(
+    engine = translator(ct2_folders["float32"])
+    theirs = [result.hypotheses[0] for result in engine.translate_batch(
         source_tokens(tokenizer), beam_size=4, length_penalty=alpha, max_decoding_length=limit)]
     assert theirs == ours
 
@@ -120,7 +127,7 @@ def test_ctranslate2s_own_converter_finds_our_loader(translation_folder, trained
     _, tokenizer = trained
     TransformersConverter(str(translation_folder)).convert(str(tmp_path / "ct2"))
     sources = source_tokens(tokenizer)[:8]
-    translations = [[result.hypotheses[0] for result in ctranslate2.Translator(str(folder)).translate_batch(sources)]
+    translations = [[result.hypotheses[0] for result in translator(folder).translate_batch(sources)]
                     for folder in (tmp_path / "ct2", ct2_folders["float32"])]
     assert translations[0] == translations[1]
 
@@ -165,7 +172,7 @@ def test_an_export_that_fails_midway_leaves_nothing_under_the_output_name(transl
     assert not out.exists() and not any(out.parent.iterdir())  # the same command can be given again
     export_main(["ctranslate2", str(translation_folder), str(out)])
     assert [path.name for path in out.parent.iterdir()] == ["ct2"]
-    ctranslate2.Translator(str(out))
+    translator(out)
 
 
 @pytest.mark.parametrize(("engine", "package"), [("ctranslate2", "ctranslate2"), ("onnx", "onnxscript")])
@@ -188,7 +195,7 @@ def test_a_missing_engine_is_named_with_the_command_that_installs_it(translation
 def onnx_model(translation_folder, tmp_path_factory):
     folder = tmp_path_factory.mktemp("onnx") / "model"
     export_main(["onnx", str(translation_folder), str(folder)])
-    return OnnxSeq2Seq(folder)
+    return OnnxSeq2Seq(folder, threads=torch.get_num_threads())  # as many as torch has, not one per core
 
 
 def padded_sources(tokenizer):

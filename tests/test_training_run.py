@@ -3,8 +3,8 @@ atomic checkpoints, the Hub-ready output folder."""
 
 import json
 import os
-import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +23,7 @@ from training.schedule import inverse_sqrt_lr
 from vaswani_hf import VaswaniForConditionalGeneration
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.long  # scheduled first (conftest.py); the longest, the embedded run, comes first here
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "2", "--vocab_size", "300",
         "--max_tokens", "400", "--tokens_per_step", "800", "--warmup_steps", "4", "--eval_steps", "0",
         "--logging_steps", "1", "--seed", "3"]
@@ -49,10 +50,18 @@ def small_data(tmp_path_factory):
 SAME_KERNELS = {"VASWANI_KERNELS": "torch,sdpa"}
 
 
+def free_port() -> int:
+    """A port no other process listens on now (the kernel's choice): runs launched side by side by pytest-xdist's
+    workers do not meet on one."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def launch(output_dir, *flags, processes=1, popen=False, env_extra=None, killed=False, fsdp=False):
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(random.randint(20000, 40000))]
+               "--main_process_port", str(free_port())]
     if fsdp:  # sharded by torch's fully_shard, CPU processes over gloo (training/distributed.py)
         command += ["--use_fsdp", "--fsdp_version", "2"]
     elif processes > 1:
@@ -81,6 +90,24 @@ def assert_same_weights(a, b, atol, skip=()):
     for key in weights_a:
         if not key.endswith(skip):
             torch.testing.assert_close(weights_a[key], weights_b[key], atol=atol, rtol=0, msg=key)
+
+
+def test_the_embedded_default_run_learns(tmp_path):
+    """The main job's recipe on the embedded data, cut to 250 steps (about 3 minutes here): BLEU far above zero."""
+    launch(tmp_path / "main", "--preset", "cpu-small", "--max_train_minutes", "60", "--max_steps", "250",
+           "--eval_steps", "0", "--save_minutes", "0", "--save_steps", "50")  # checkpoints by steps: deterministic
+    metrics = json.loads((tmp_path / "main" / "metrics.json").read_text())
+    assert metrics["test"]["bleu"] > 60, metrics["test"]
+    # The preset chooses GNMT α on the validation set (§6.1) and saves the winner with the model.
+    search = {float(alpha): bleu for alpha, bleu in metrics["alpha_search"].items()}
+    preset = json.loads((ROOT / "training" / "presets" / "cpu-small.json").read_text())
+    assert sorted(search) == sorted(preset["alpha_candidates"])
+    generation = json.loads((tmp_path / "main" / "generation_config.json").read_text())
+    assert search[generation["gnmt_alpha"]] == max(search.values())
+    # The preset fits its schedule to the budget: with 60 minutes and --max_steps 250 the run expects 250 steps, so its
+    # warmup ends at warmup_share x 250 (training/budget.py), not at warmup_steps.
+    rates = [h["learning_rate"] for h in metrics["history"]]
+    assert rates.index(max(rates)) + 1 == round(preset["warmup_share"] * 250) != preset["warmup_steps"]
 
 
 def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_path, small_data):
@@ -168,7 +195,7 @@ def test_an_fsdp_run_killed_in_a_step_and_in_a_save_resumes_to_an_uninterrupted_
 def test_an_fsdp_request_that_cannot_be_honoured_is_a_one_line_error(tmp_path, small_data):
     flags = [*TINY, *small_data, "--max_steps", "2"]
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--use_fsdp",
-               "--main_process_port", str(random.randint(20000, 40000))]
+               "--main_process_port", str(free_port())]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     for extra, message in (
             (["--fsdp_version", "1"], "error: FSDP version 1 was asked for; this run shards with FSDP2: add --fsdp_version 2"),
@@ -302,24 +329,6 @@ def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small
     assert "{{" not in card and f"{metrics['test']['bleu']:.2f}" in card
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation["num_beams"] == 4 and generation["gnmt_alpha"] == 0.6
-
-
-def test_the_embedded_default_run_learns(tmp_path):
-    """The main job's recipe on the embedded data, cut to 250 steps (about 3 minutes here): BLEU far above zero."""
-    launch(tmp_path / "main", "--preset", "cpu-small", "--max_train_minutes", "60", "--max_steps", "250",
-           "--eval_steps", "0", "--save_minutes", "0", "--save_steps", "50")  # checkpoints by steps: deterministic
-    metrics = json.loads((tmp_path / "main" / "metrics.json").read_text())
-    assert metrics["test"]["bleu"] > 60, metrics["test"]
-    # The preset chooses GNMT α on the validation set (§6.1) and saves the winner with the model.
-    search = {float(alpha): bleu for alpha, bleu in metrics["alpha_search"].items()}
-    preset = json.loads((ROOT / "training" / "presets" / "cpu-small.json").read_text())
-    assert sorted(search) == sorted(preset["alpha_candidates"])
-    generation = json.loads((tmp_path / "main" / "generation_config.json").read_text())
-    assert search[generation["gnmt_alpha"]] == max(search.values())
-    # The preset fits its schedule to the budget: with 60 minutes and --max_steps 250 the run expects 250 steps, so its
-    # warmup ends at warmup_share x 250 (training/budget.py), not at warmup_steps.
-    rates = [h["learning_rate"] for h in metrics["history"]]
-    assert rates.index(max(rates)) + 1 == round(preset["warmup_share"] * 250) != preset["warmup_steps"]
 
 
 @pytest.mark.parametrize("name", ["ddp_multi_gpu", "fsdp_big", "fsdp_two_nodes"])
