@@ -1,6 +1,7 @@
 """Shared helpers: tiny models with characteristic dimensions, so that shape mix-ups fail loudly; a fresh Python
 without vaswani_hf for the remote-code tests."""
 
+import io
 import math
 import os
 import subprocess
@@ -141,6 +142,36 @@ def save_marian_folder(folder) -> None:
     MarianMTModel(MarianConfig(vocab_size=16, d_model=8, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=8,
                                decoder_ffn_dim=8, encoder_attention_heads=2, decoder_attention_heads=2,
                                pad_token_id=0, decoder_start_token_id=0)).save_pretrained(folder)
+
+
+def refusal(capfd, main, *args) -> str:
+    """`main(args)` of one of our commands, run in this process: the one-line error it exits with, after nothing at
+    all was written to stdout or stderr (captured at the file descriptors: libraries' logging and bars too).
+    transformers' progress bars, which the commands turn off, are turned back on after."""
+    from transformers.utils.logging import enable_progress_bar, is_progress_bar_enabled
+
+    bars = is_progress_bar_enabled()
+    capfd.readouterr()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            main([str(arg) for arg in args])
+    finally:
+        if bars:
+            enable_progress_bar()
+    assert capfd.readouterr() == ("", "")
+    message = str(stop.value.code)
+    assert message.startswith("error: ") and "\n" not in message, message
+    return message
+
+
+def refused_translation(capfd, monkeypatch, *args, stdin: bytes = b"") -> str:
+    """`refusal` of vaswani-translate reading `stdin`; the allocator setting it makes first (allocator.py), which
+    cannot be undone, stays out of the test process."""
+    from vaswani_hf import translate
+
+    monkeypatch.setattr(translate, "keep_freed_memory", lambda: None)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    return refusal(capfd, translate.main, *args)
 
 
 def run_hidden(script: str, *args, env_extra=None, cwd=None) -> str:

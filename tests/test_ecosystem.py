@@ -16,7 +16,7 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from conftest import CODE_FILES, run_hidden
+from conftest import CODE_FILES, refusal, refused_translation, run_hidden
 from training.evaluation import translate
 from training.hub import push, write_output_folder
 from vaswani_hf import TranslationPipeline, quantize_int8
@@ -249,13 +249,13 @@ def test_vaswani_translate_reads_stdin_and_files(translation_folder, tmp_path):
     assert (tmp_path / "out.txt").read_text().splitlines() == translate(model, tokenizer, SOURCES, num_beams=1)
 
 
-def test_vaswani_translate_int8_decodes_with_the_int8_copy(translation_folder):
+def test_vaswani_translate_int8_decodes_with_the_int8_copy(translation_folder, capfd, monkeypatch):
     model, tokenizer = load_local(translation_folder)
     result = cli("--model", translation_folder, "--int8", stdin="\n".join(SOURCES) + "\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == translate(quantize_int8(model), tokenizer, SOURCES)
-    result = cli("--model", translation_folder, "--int8", "--device", "cuda", stdin="Hello.\n")
-    assert result.returncode != 0 and result.stderr.strip() == "error: int8 runs on the CPU, not on cuda"
+    assert refused_translation(capfd, monkeypatch, "--model", translation_folder, "--int8", "--device", "cuda",
+                               stdin=b"Hello.\n") == "error: int8 runs on the CPU, not on cuda"
 
 
 MANY = [*SOURCES, "", "The old man and the small dog see the children in the garden.", "A dog.", "", "", SOURCES[1]]
@@ -316,7 +316,7 @@ def test_progress_goes_to_stderr_with_lines_and_tokens_per_second(translation_fo
     assert len((tmp_path / "out.txt").read_text().split("\n")) == len(MANY) + 1
 
 
-def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_folder):
+def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_folder, capfd, monkeypatch):
     from vaswani_hf.gnmt import gnmt_beam_search
 
     model, tokenizer = load_local(translation_folder)
@@ -334,12 +334,14 @@ def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_fold
         assert [text for _, text, _ in ours] == tokenizer.batch_decode(sequences, skip_special_tokens=True)
         assert [float(score) for _, _, score in ours] == pytest.approx(scores.tolist(), abs=1e-4)
         assert ours[0][1] == translate(model, tokenizer, [lines[index]])[0]
-    result = cli("--model", translation_folder, "--nbest", "5", stdin="A dog.\n")
-    assert result.returncode != 0 and result.stderr.strip() == "error: --nbest 5 is more than the beam size 4"
+    assert refused_translation(capfd, monkeypatch, "--model", translation_folder, "--nbest", "5",
+                               stdin=b"A dog.\n") == "error: --nbest 5 is more than the beam size 4"
 
 
 @pytest.mark.parametrize("problem", ["missing", "empty", "broken config", "no weights"])
-def test_vaswani_translate_explains_a_bad_model_folder_in_one_line(translation_folder, tmp_path, problem):
+def test_vaswani_translate_explains_a_bad_model_folder_in_one_line(translation_folder, tmp_path, capfd, monkeypatch,
+                                                                  problem):
+    """In this process (conftest.refused_translation): the command's own stderr is tested in test_misuse.py."""
     folder = tmp_path / "model"
     if problem != "missing":
         folder.mkdir()
@@ -349,10 +351,7 @@ def test_vaswani_translate_explains_a_bad_model_folder_in_one_line(translation_f
     if problem == "no weights":
         shutil.copytree(translation_folder, folder, dirs_exist_ok=True)
         (folder / "model.safetensors").unlink()
-    result = cli("--model", folder, stdin="Hello.\n")
-    assert result.returncode != 0
-    message = result.stderr.strip()
-    assert len(message.splitlines()) == 1 and message.startswith("error:") and str(folder) in message, message
+    assert str(folder) in refused_translation(capfd, monkeypatch, "--model", folder, stdin=b"Hello.\n")
 
 
 # --- attention pictures -----------------------------------------------------------------------------------------
@@ -386,15 +385,13 @@ def test_the_visualize_command_writes_one_picture_per_attention(translation_fold
         assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
-def test_the_visualize_command_explains_a_missing_layer_in_one_line(translation_folder, tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "vaswani_hf.visualize", str(translation_folder), "--source", SOURCES[0],
-         "--target", "Hallo.", "--layer", "7", "--output_dir", str(tmp_path / "pictures")],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert result.returncode != 0
-    lines = result.stderr.strip().splitlines()  # transformers' weight-loading progress bar comes first
-    assert lines[-1] == "error: layer 7 does not exist: the model has 2 layers (0..1)"
-    assert "Traceback" not in result.stderr
+def test_the_visualize_command_explains_a_missing_layer_in_one_line(translation_folder, tmp_path, capfd):
+    """In this process (conftest.refusal): the message, and nothing else on stdout or stderr."""
+    from vaswani_hf.visualize import main
+
+    message = refusal(capfd, main, translation_folder, "--source", SOURCES[0], "--target", "Hallo.", "--layer", "7",
+                      "--output_dir", tmp_path / "pictures")
+    assert message == "error: layer 7 does not exist: the model has 2 layers (0..1)"
     assert not (tmp_path / "pictures").exists()
 
 

@@ -10,10 +10,11 @@ import sys
 import pytest
 import torch
 
-from conftest import save_marian_folder
+from conftest import refused_translation, save_marian_folder
 from training import run
 from training.data import load_pairs
 from vaswani_hf.text import split_lines
+from vaswani_hf.translate import load, translate
 
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "2", "--vocab_size", "300"]
 
@@ -121,8 +122,9 @@ def test_one_output_line_for_each_input_line_whatever_the_characters(translation
 
 
 @pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "device cuda", "device bogus",
-                                  "output is a folder", "output exists", "mistyped relative path", "marian folder"])
-def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, case):
+                                  "output is a folder", "mistyped relative path", "marian folder"])
+def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
+    """In this process (conftest.refused_translation); the command itself in the tests below."""
     args, stdin = ["--model", translation_folder], b"A dog runs.\n"
     if case == "latin-1 stdin":
         stdin = "Café.\n".encode("latin-1")
@@ -137,29 +139,30 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, case
         args += ["--device", "bogus"]
     if case == "output is a folder":
         args += ["--output", tmp_path]
-    if case == "output exists":
-        (tmp_path / "out.txt").write_text("earlier translations\n")
-        args += ["--output", tmp_path / "out.txt"]
     if case == "mistyped relative path":
         (tmp_path / "rel").mkdir()
+        monkeypatch.chdir(tmp_path)
         args = ["--model", "rel/nomodel"]
     if case == "marian folder":
         save_marian_folder(tmp_path / "marian")
         args = ["--model", tmp_path / "marian"]
-    code, out, err = cli(*args, stdin=stdin, cwd=tmp_path)
-    assert code != 0 and out == ""
-    assert len(err.splitlines()) == 1 and err.startswith("error:"), err
     expected = {"latin-1 stdin": "standard input is not UTF-8 text: byte 0xe9 on line 1",
                 "latin-1 file": "in.txt is not UTF-8 text: byte 0xe9 on line 2", "device cuda": "no CUDA GPU",
                 "device bogus": "--device bogus", "output is a folder": "--output",
-                "output exists": "out.txt exists: give --overwrite to replace it",
                 "mistyped relative path": "rel/nomodel is not a model folder",
                 "marian folder": "holds a 'marian' model, not a vaswani_hf one"}
-    assert expected[case] in err, err
-    if case == "output exists":
-        assert (tmp_path / "out.txt").read_text() == "earlier translations\n"
-        code, out, err = cli(*args, "--overwrite", "--quiet", stdin=stdin, cwd=tmp_path)
-        assert code == 0 and len((tmp_path / "out.txt").read_text().splitlines()) == 1, err
+    assert expected[case] in refused_translation(capfd, monkeypatch, *args, stdin=stdin)
+
+
+def test_an_existing_output_file_is_kept_unless_overwrite_is_given(translation_folder, tmp_path):
+    """The command: one line on stderr, nothing on stdout, the file untouched; with --overwrite, replaced."""
+    (tmp_path / "out.txt").write_text("earlier translations\n")
+    args = ["--model", translation_folder, "--output", tmp_path / "out.txt"]
+    code, out, err = cli(*args, stdin=b"A dog runs.\n")
+    assert code != 0 and out == "" and err == f"error: --output {tmp_path / 'out.txt'} exists: give --overwrite to replace it"
+    assert (tmp_path / "out.txt").read_text() == "earlier translations\n"
+    code, out, err = cli(*args, "--overwrite", "--quiet", stdin=b"A dog runs.\n")
+    assert code == 0 and len((tmp_path / "out.txt").read_text().splitlines()) == 1, err
 
 
 def test_a_run_that_fails_midway_keeps_the_earlier_output_whole(translation_folder, tmp_path):
@@ -179,7 +182,7 @@ def test_a_run_that_fails_midway_keeps_the_earlier_output_whole(translation_fold
     assert not (tmp_path / "out.txt.partial").exists()
 
 
-def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, tmp_path):
+def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, tmp_path, capfd, monkeypatch):
     folder = tmp_path / "learned"
     shutil.copytree(translation_folder, folder)
     config = json.loads((folder / "config.json").read_text())
@@ -190,19 +193,21 @@ def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, 
 
     VaswaniForConditionalGeneration(VaswaniConfig(**{k: v for k, v in config.items() if k not in (
         "architectures", "auto_map", "transformers_version", "model_type")})).save_pretrained(folder)
-    code, out, err = cli("--model", folder, "--num_beams", "2",
-                         stdin=("A dog runs.\n" + "the man sees the dog " * 10 + "\n").encode())
-    assert code != 0 and out == "" and err.startswith("error: line 2 has") and "stop at 16" in err, err
+    message = refused_translation(capfd, monkeypatch, "--model", folder, "--num_beams", "2",
+                                  stdin=("A dog runs.\n" + "the man sees the dog " * 10 + "\n").encode())
+    assert message.startswith("error: line 2 has") and "stop at 16" in message, message
     code, out, err = cli("--model", folder, "--num_beams", "2", stdin=b"A dog runs.\n")
     assert code == 0 and len(out.splitlines()) == 1, err  # decoding stops at the last learned position
 
 
 def test_a_folder_without_tokenizer_config_translates_as_the_complete_one(translation_folder, tmp_path):
-    """tokenizer.json holds the vocabulary, the special tokens and </s> after each source: enough to translate."""
+    """tokenizer.json holds the vocabulary, the special tokens and </s> after each source: enough to translate.
+    (The command's output equals `translate` on the loaded folder: test_ecosystem.py.)"""
     folder = tmp_path / "model"
     shutil.copytree(translation_folder, folder)
     (folder / "tokenizer_config.json").unlink()
-    sources = b"A dog runs.\nThe old man sees the small dog and the cat.\n"
-    complete, partial = cli("--model", translation_folder, stdin=sources), cli("--model", folder, stdin=sources)
-    assert complete[0] == partial[0] == 0, partial[2]
-    assert partial[1] == complete[1] and len(complete[1].splitlines()) == 2
+    sources = ["A dog runs.", "The old man sees the small dog and the cat."]
+    code, partial, err = cli("--model", folder, stdin="".join(f"{line}\n" for line in sources).encode())
+    assert code == 0, err
+    complete = translate(*load(str(translation_folder), device="cpu"), sources)
+    assert partial.splitlines() == complete and all(complete)

@@ -3,6 +3,7 @@ atomic checkpoints, the Hub-ready output folder."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -80,6 +81,30 @@ def launch(output_dir, *flags, processes=1, popen=False, env_extra=None, killed=
     return result
 
 
+# The runs that several tests compare with, made once (per pytest-xdist worker: each group stays on one worker).
+ONE_PROCESS = [*TINY, "--dropout", "0", "--max_steps", "4", "--average_checkpoints", "2", "--save_steps", "2",
+               "--lr_scale", "0.01", "--eval_steps", "2", "--eval_max_sentences", "4"]
+WHOLE = [*TINY, "--dropout", "0.1", "--max_steps", "8", "--save_steps", "2", "--average_checkpoints", "2"]
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory, small_data):
+    """1 process with the global batch of the 2-process runs. Dropout 0: processes draw different dropout masks;
+    lr_scale 0.01: a realistic peak of about 9e-4. Validation and beam search inside the run (step 2) and at its end."""
+    run = tmp_path_factory.mktemp("one") / "run"
+    launch(run, *ONE_PROCESS, *small_data, env_extra=SAME_KERNELS)
+    return run
+
+
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory, small_data):
+    """An uninterrupted run with dropout, a checkpoint every 2 steps and the last 2 averaged: what the runs that are
+    killed, validated or resumed must equal. Read only (a test that changes it works on a copy)."""
+    run = tmp_path_factory.mktemp("whole") / "run"
+    launch(run, *WHOLE, *small_data, env_extra=SAME_KERNELS)
+    return run
+
+
 def history(output_dir):
     return json.loads((Path(output_dir) / "metrics.json").read_text())["history"]
 
@@ -110,15 +135,12 @@ def test_the_embedded_default_run_learns(tmp_path):
     assert rates.index(max(rates)) + 1 == round(preset["warmup_share"] * 250) != preset["warmup_steps"]
 
 
-def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_path, small_data):
+@pytest.mark.xdist_group("one_process_run")
+def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_path, small_data, one_process_run):
     """2 processes x 1 batch per step (DDP over gloo) == 1 process x 2 accumulated batches per step, with
     validation and beam search inside the run (step 2) and at its end."""
-    # dropout 0: the processes draw different dropout masks; lr_scale 0.01: a realistic peak of about 9e-4
-    flags = [*TINY, *small_data, "--dropout", "0", "--max_steps", "4", "--average_checkpoints", "1", "--lr_scale", "0.01",
-             "--eval_steps", "2", "--eval_max_sentences", "4"]
-    launch(tmp_path / "one", *flags, processes=1, env_extra=SAME_KERNELS)
-    launch(tmp_path / "two", *flags, processes=2, env_extra=SAME_KERNELS)
-    one, two = history(tmp_path / "one"), history(tmp_path / "two")
+    launch(tmp_path / "two", *ONE_PROCESS, *small_data, processes=2, env_extra=SAME_KERNELS)
+    one, two = history(one_process_run), history(tmp_path / "two")
     assert [h["tokens"] for h in one] == [h["tokens"] for h in two]
     assert [h["loss"] for h in two] == pytest.approx([h["loss"] for h in one], rel=1e-5)
     assert [h["validation_loss"] for h in two if "validation_loss" in h] == pytest.approx(
@@ -126,29 +148,27 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_pat
     # The key biases get no gradient in exact arithmetic (softmax ignores the q.b_k added to every score), so
     # Adam (eps 1e-9) turns the rounding noise of their gradient into updates that differ with the summation
     # order. They do not change the model's function: its validation loss and its translations agree.
-    assert_same_weights(tmp_path / "one", tmp_path / "two", atol=1e-5, skip=("k_proj.bias",))
-    metrics_one, metrics_two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))
+    assert_same_weights(one_process_run, tmp_path / "two", atol=1e-5, skip=("k_proj.bias",))
+    metrics_one, metrics_two = (json.loads((d / "metrics.json").read_text()) for d in (one_process_run, tmp_path / "two"))
     assert metrics_two["validation"]["loss"] == pytest.approx(metrics_one["validation"]["loss"], rel=1e-5)
     assert metrics_two["test"]["bleu"] == metrics_one["test"]["bleu"]
     assert metrics_one["distributed"]["parallelism"] == "none"
     assert metrics_two["distributed"]["parallelism"] == "DDP" and metrics_two["distributed"]["backend"] == "gloo"
 
 
-def test_fsdp_shards_over_two_processes_and_trains_like_one_process(tmp_path, small_data):
+@pytest.mark.xdist_group("one_process_run")
+def test_fsdp_shards_over_two_processes_and_trains_like_one_process(tmp_path, small_data, one_process_run):
     """`accelerate launch --use_fsdp --fsdp_version 2` with 2 CPU processes: sharded (not DDP in disguise), equal to
     1 process with the same global batch, with validation and beam search inside the run and at its end."""
-    flags = [*TINY, *small_data, "--dropout", "0", "--max_steps", "4", "--average_checkpoints", "2",
-             "--save_steps", "2", "--lr_scale", "0.01", "--eval_steps", "2", "--eval_max_sentences", "4"]
-    launch(tmp_path / "one", *flags, processes=1, env_extra=SAME_KERNELS)
-    result = launch(tmp_path / "fsdp", *flags, processes=2, fsdp=True, env_extra=SAME_KERNELS)
+    result = launch(tmp_path / "fsdp", *ONE_PROCESS, *small_data, processes=2, fsdp=True, env_extra=SAME_KERNELS)
     assert "distributed: parallelism FSDP2, processes 2, backend gloo" in result.stdout + result.stderr
-    one, fsdp = history(tmp_path / "one"), history(tmp_path / "fsdp")
+    one, fsdp = history(one_process_run), history(tmp_path / "fsdp")
     assert [h["tokens"] for h in one] == [h["tokens"] for h in fsdp]
     assert [h["loss"] for h in fsdp] == pytest.approx([h["loss"] for h in one], rel=1e-5)
     assert [h["validation_loss"] for h in fsdp if "validation_loss" in h] == pytest.approx(
         [h["validation_loss"] for h in one if "validation_loss" in h], rel=1e-5)
-    assert_same_weights(tmp_path / "one", tmp_path / "fsdp", atol=1e-5, skip=("k_proj.bias",))
-    metrics_one, metrics_fsdp = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "fsdp"))
+    assert_same_weights(one_process_run, tmp_path / "fsdp", atol=1e-5, skip=("k_proj.bias",))
+    metrics_one, metrics_fsdp = (json.loads((d / "metrics.json").read_text()) for d in (one_process_run, tmp_path / "fsdp"))
     assert metrics_fsdp["distributed"]["parallelism"] == "FSDP2"
     total = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "fsdp").num_parameters()
     assert metrics_one["distributed"]["parameters_held_by_the_main_process"] == total
@@ -211,16 +231,14 @@ def test_an_fsdp_request_that_cannot_be_honoured_is_a_one_line_error(tmp_path, s
         assert not (tmp_path / "run").exists()
 
 
-def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, small_data):
-    flags = [*TINY, *small_data, "--dropout", "0.1", "--max_steps", "10", "--save_steps", "2",
-             "--average_checkpoints", "1"]
-    launch(tmp_path / "whole", *flags, env_extra=SAME_KERNELS)
-
+@pytest.mark.xdist_group("whole_run")
+def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, small_data, whole_run):
+    flags = [*WHOLE, *small_data]
     killed = tmp_path / "killed"
     process = launch(killed, *flags, popen=True, env_extra=SAME_KERNELS)
     deadline = time.time() + 300
-    while not (killed / "checkpoint-4").is_dir():
-        assert process.poll() is None and time.time() < deadline, "the run ended before its 4th step"
+    while not (killed / "checkpoint-2").is_dir():  # 6 of 8 steps to go: killed well before the end
+        assert process.poll() is None and time.time() < deadline, "the run ended before its 2nd step"
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
@@ -228,15 +246,14 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, smal
 
     result = launch(killed, *flags, "--resume_from_checkpoint", "latest", env_extra=SAME_KERNELS)
     assert "resumed from" in result.stdout + result.stderr
-    assert [h["loss"] for h in history(killed)] == pytest.approx([h["loss"] for h in history(tmp_path / "whole")], rel=1e-6)
-    assert_same_weights(killed, tmp_path / "whole", atol=1e-6)
+    assert [h["loss"] for h in history(killed)] == pytest.approx([h["loss"] for h in history(whole_run)], rel=1e-6)
+    assert_same_weights(killed, whole_run, atol=1e-6)
 
 
+@pytest.mark.xdist_group("whole_run")
 def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_as_an_uninterrupted_run(
-        tmp_path, small_data):
-    flags = [*TINY, *small_data, "--dropout", "0.1", "--max_steps", "8", "--save_steps", "2",
-             "--average_checkpoints", "2"]
-    launch(tmp_path / "whole", *flags, env_extra=SAME_KERNELS)
+        tmp_path, small_data, whole_run):
+    flags = [*WHOLE, *small_data]
     run, resume = tmp_path / "killed", ["--resume_from_checkpoint", "latest"]
 
     launch(run, *flags, env_extra={**SAME_KERNELS, "VASWANI_FAULT": "step-3"}, killed=True)
@@ -249,14 +266,15 @@ def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_
     launch(run, *flags, *resume, env_extra=SAME_KERNELS)
 
     assert not list(run.glob(".incomplete-*"))
-    assert [h["loss"] for h in history(run)] == pytest.approx([h["loss"] for h in history(tmp_path / "whole")], rel=1e-6)
-    assert_same_weights(run, tmp_path / "whole", atol=1e-6)
+    assert [h["loss"] for h in history(run)] == pytest.approx([h["loss"] for h in history(whole_run)], rel=1e-6)
+    assert_same_weights(run, whole_run, atol=1e-6)
 
 
-def test_a_reused_output_folder_is_refused_and_overwriting_starts_afresh(tmp_path, small_data):
-    flags = [*TINY, *small_data, "--max_steps", "4", "--save_steps", "2", "--average_checkpoints", "2"]
+@pytest.mark.xdist_group("whole_run")
+def test_a_reused_output_folder_is_refused_and_overwriting_starts_afresh(tmp_path, small_data, whole_run):
+    flags = [*WHOLE, *small_data]
     run = tmp_path / "run"
-    launch(run, *flags)
+    shutil.copytree(whole_run, run)  # a finished run's folder
     first_weights = (run / "model.safetensors").read_bytes()
     other = [*flags, "--max_steps", "2", "--vocab_size", "200"]
     result = subprocess.run([sys.executable, str(ROOT / "training" / "run.py"), "--output_dir", str(run), *other],
@@ -285,21 +303,22 @@ def test_resuming_from_an_older_checkpoint_leaves_its_successors_out_of_the_run(
     assert (run / "abandoned-checkpoint-4").is_dir() and (run / "abandoned-checkpoint-6").is_dir()
 
 
-def test_validation_during_training_leaves_the_training_as_it_was(tmp_path, small_data):
+@pytest.mark.xdist_group("whole_run")
+def test_validation_during_training_leaves_the_training_as_it_was(tmp_path, small_data, whole_run):
     """Validation (loss and beam search) between steps: the steps after it are those of a run without it, dropout
     included (the model goes back to training mode)."""
-    flags = [*TINY, *small_data, "--dropout", "0.3", "--max_steps", "6", "--average_checkpoints", "1"]
-    launch(tmp_path / "plain", *flags, env_extra=SAME_KERNELS)
-    launch(tmp_path / "validated", *flags, "--eval_steps", "2", "--eval_max_sentences", "4", env_extra=SAME_KERNELS)
+    launch(tmp_path / "validated", *WHOLE, *small_data, "--eval_steps", "2", "--eval_max_sentences", "4",
+           env_extra=SAME_KERNELS)
     validated = history(tmp_path / "validated")
-    assert sum("validation_loss" in h for h in validated) == 3
-    assert [h["loss"] for h in validated] == [h["loss"] for h in history(tmp_path / "plain")]
+    assert sum("validation_loss" in h for h in validated) == 4
+    assert [h["loss"] for h in validated] == [h["loss"] for h in history(whole_run)]
 
 
-def test_without_a_time_budget_the_learning_rate_is_the_papers_curve(tmp_path, small_data):
-    launch(tmp_path / "run", *TINY, *small_data, "--max_steps", "6", "--average_checkpoints", "1", "--lr_scale", "0.5")
-    rates = [h["learning_rate"] for h in history(tmp_path / "run")]
-    assert rates == pytest.approx([inverse_sqrt_lr(k, 32, warmup_steps=4, scale=0.5) for k in range(1, 7)], rel=1e-9)
+@pytest.mark.xdist_group("whole_run")
+def test_without_a_time_budget_the_learning_rate_is_the_papers_curve(whole_run):
+    """Warmup over TINY's 4 steps, then the inverse square root decay (§5.3), with no --lr_scale."""
+    rates = [h["learning_rate"] for h in history(whole_run)]
+    assert rates == pytest.approx([inverse_sqrt_lr(k, 32, warmup_steps=4) for k in range(1, 9)], rel=1e-9)
 
 
 def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small_data):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers.utils.logging import disable_progress_bar
 
 from .translate import load, translate
 
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output_dir", default="attention", help="Where the PNG files go.")
     args = parser.parse_args(argv)
 
+    disable_progress_bar()  # transformers' weight-loading bar: an error is one line
     model, tokenizer = load(args.model, device="cpu")  # one-line errors for missing or broken model folders
     try:
         weights = attention_weights(model, tokenizer, args.source, args.target, args.layer)
