@@ -27,13 +27,17 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-from accelerate import Accelerator
-from accelerate.utils import broadcast, set_seed
-from tqdm.auto import tqdm
-from transformers import AutoTokenizer
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from training.fsdp_request import check_fsdp_request  # noqa: E402
+
+check_fsdp_request()  # before torch and transformers load: a launch that cannot be honoured stops in a moment
+
+import torch  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+from accelerate.utils import broadcast, set_seed  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
 
 from training.arguments import check_arguments, parse_arguments  # noqa: E402
 from training.averaging import averaged_model  # noqa: E402
@@ -50,7 +54,6 @@ from training.checkpoints import (  # noqa: E402
 )
 from training.data import load_run_pairs  # noqa: E402
 from training.distributed import (  # noqa: E402
-    check_fsdp_request,
     describe,
     gradient_sync,
     held_parameters,
@@ -235,13 +238,12 @@ def publish(final, tokenizer, output_dir: Path, metrics: dict, data_args, model_
 
 
 def start_processes(args) -> tuple[Accelerator, dict]:
-    """This process's Accelerator (mixed precision by --mixed_precision; FSDP checked first), how the run is
+    """This process's Accelerator (mixed precision by --mixed_precision; FSDP checked on import), how the run is
     spread over processes (printed first), the cores shared among the processes, and the seed."""
     use_gpu = torch.cuda.is_available()
     mixed_precision = args.mixed_precision
     if mixed_precision == "auto":
         mixed_precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if use_gpu else "no"
-    check_fsdp_request()
     accelerator = Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision, log_with="tensorboard",
                               project_dir=args.output_dir)
     distributed = describe(accelerator)

@@ -1,0 +1,36 @@
+"""What `accelerate launch` asked of FSDP (its environment variables), and the one-line refusal of what a run here
+cannot honour. Standard library only: training/run.py checks before it loads torch and transformers, so a launch
+that cannot be honoured stops in a moment in every process (training/distributed.py does the sharding)."""
+
+import os
+
+UNSUPPORTED = {  # Accelerate's FSDP settings (environment variables set by `accelerate launch`) we cannot honour
+    "FSDP_OFFLOAD_PARAMS": "parameter offloading",
+    "FSDP_ACTIVATION_CHECKPOINTING": "activation checkpointing",
+}
+# FSDP_CPU_RAM_EFFICIENT_LOADING (on by default in `accelerate launch`) concerns loading pretrained weights in one
+# process; a run here builds its model from the seed in every process, so it has nothing to change.
+
+
+def fsdp_requested() -> bool:
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+
+
+def check_fsdp_request() -> None:
+    """A one-line SystemExit for an FSDP request this run cannot honour, before any work (and before Accelerate,
+    whose FSDP1 plugin fails on CPU processes with a traceback)."""
+    if not fsdp_requested():
+        return
+    version = os.environ.get("FSDP_VERSION", "1")
+    if version != "2":
+        refuse(f"error: FSDP version {version} was asked for; this run shards with FSDP2: add --fsdp_version 2")
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        refuse("error: FSDP with one process shards nothing: launch with --num_processes 2 or more")
+    for variable, what in UNSUPPORTED.items():
+        if os.environ.get(variable, "false").lower() == "true":
+            refuse(f"error: FSDP {what} ({variable}) is not supported by training/run.py: leave it off")
+
+
+def refuse(message: str) -> None:
+    """Every process stops; only the first says why (two processes writing one line at once garble it)."""
+    raise SystemExit(message if os.environ.get("RANK", "0") == "0" else 1)
