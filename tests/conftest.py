@@ -30,8 +30,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """Tests marked `long` (whole training runs, minutes each) run first, so that parallel workers share them out
-    and finish together rather than one of them starting a long run at the end."""
+    """Tests marked `long` (training runs; groups that share an export) run first, so that parallel workers share
+    them out and finish together, rather than one of them starting minutes of work at the end."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 

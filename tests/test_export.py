@@ -20,7 +20,8 @@ from vaswani_hf.to_ctranslate2 import export as export_ctranslate2
 from vaswani_hf.translate import translate
 
 PAIRS = generate()["test"][:40]
-pytestmark = pytest.mark.xdist_group("export")  # one worker exports once for all of these (pyproject.toml's -n)
+# One worker exports once for all of these (pyproject.toml's -n), minutes of work: scheduled early (conftest.py).
+pytestmark = [pytest.mark.xdist_group("export"), pytest.mark.long]
 
 
 @pytest.fixture(scope="module")
