@@ -31,12 +31,18 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     """Tests marked `long` (training runs; groups that share an export) run first, so that parallel workers share
-    them out and finish together, rather than one of them starting minutes of work at the end. pytest-xdist queues
-    the next units of work behind each worker's first: behind the longest test, the first of all, quick ones."""
-    long = [item for item in items if item.get_closest_marker("long")]
-    quick = [item for item in items if not item.get_closest_marker("long")]
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    items[:] = long[:1] + quick[:workers] + long[1:] + quick[workers:]
+    them out and finish together, rather than one of them starting minutes of work at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_kept():
+    """Every test leaves torch's thread count as it found it. A library that resets it (CTranslate2's Translator
+    does: test_export.py) would put two threads on a pinned worker's one core and slow every later test of that
+    worker many times over, without failing any."""
+    threads = torch.get_num_threads()
+    yield
+    assert torch.get_num_threads() == threads, f"torch's thread count changed from {threads} to {torch.get_num_threads()}"
 
 
 def tiny_config(**overrides) -> VaswaniConfig:
