@@ -31,7 +31,9 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     """Tests marked `long` (training runs; groups that share an export) run first, so that parallel workers share
-    them out and finish together, rather than one of them starting minutes of work at the end."""
+    them out and finish together, rather than one of them starting minutes of work at the end. (pytest-xdist's
+    loadgroup hands out the `xdist_group`s first, the largest first — all of them long — then single tests in this
+    order.)"""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
