@@ -1,0 +1,122 @@
+"""Where a training step of the 25-minute recipe goes, and whether torch.compile or another way of drawing dropout
+masks would make more steps in the budget.
+
+    python benchmarks/training_step.py [--preset cpu-medium] [--steps 40] [--no-compile]
+
+The preset's model trained as `training/run.py` trains it: token batches of Multi30k's training pairs (joint BPE of
+the preset's size), the paper's label-smoothed loss, Adam; the preset's batches per step. Prints seconds per step
+eager (our measured kernels) and compiled (`torch.compile(dynamic=True)`: plain `nn.Linear`, Inductor), the compile
+time, the eager step's top operators, and dropout's masks drawn four ways at the step's shapes.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from training.arguments import ModelArguments  # noqa: E402
+from training.batching import collate, encode, token_batches  # noqa: E402
+from training.loss import label_smoothed_nll  # noqa: E402
+from training.tokenizer import train_joint_bpe  # noqa: E402
+from vaswani_hf import VaswaniForConditionalGeneration  # noqa: E402
+from vaswani_hf.kernels import cpu_name  # noqa: E402
+from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
+from vaswani_hf.text import read_lines  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def loss(model, batch):
+    """The step's forward as training/run.py's `accumulate_gradients` makes it."""
+    config = model.config
+    decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id, config.decoder_start_token_id)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   decoder_input_ids=decoder_input_ids).logits
+    return label_smoothed_nll(logits, batch["labels"])[0]
+
+
+def train(model, forward, steps, per_step) -> list[float]:
+    """Seconds of each step."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    times = []
+    for step in range(steps):
+        start = time.perf_counter()
+        for batch in per_step[step % len(per_step)]:
+            forward(model, batch).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def dropout_ways(p: float) -> dict:
+    return {
+        "F.dropout (bernoulli_)": lambda x: torch.nn.functional.dropout(x, p, True),
+        "torch.native_dropout": lambda x: torch.native_dropout(x, p, True)[0],
+        "rand_like(x) >= p": lambda x: x * (torch.rand_like(x) >= p) * (1 / (1 - p)),
+        "boolean bernoulli_": lambda x: x * torch.empty_like(x, dtype=torch.bool).bernoulli_(1 - p) * (1 / (1 - p)),
+    }
+
+
+def milliseconds(function, x, repeats=50) -> float:
+    for _ in range(5):
+        function(x)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        function(x)
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="cpu-medium")
+    parser.add_argument("--steps", type=int, default=40, help="Steps timed each way; the first 5 are left out.")
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--no-compile", action="store_true")
+    args = parser.parse_args()
+    preset = json.loads((ROOT / "training" / "presets" / f"{args.preset}.json").read_text())
+    sources, targets = read_lines(args.data / "train.en"), read_lines(args.data / "train.de")
+    tokenizer = train_joint_bpe(sources + targets, preset["vocab_size"])
+    ids = encode(tokenizer, list(zip(sources, targets)))
+    batches = token_batches([len(s) for s in ids[0]], [len(t) for t in ids[1]], preset["max_tokens"], 0, 0)
+    accumulation = max(1, preset["tokens_per_step"] // preset["max_tokens"])
+    per_step = [[collate(b, *ids, tokenizer.pad_token_id, "cpu") for b in batches[i: i + accumulation]]
+                for i in range(0, accumulation * args.steps, accumulation)]
+    sizes = ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "dropout")
+    config = ModelArguments(**{name: preset[name] for name in sizes}).config(tokenizer)
+    print(f"{cpu_name()}, {torch.get_num_threads()} threads; {args.preset}: {accumulation} batch(es) of <= "
+          f"{preset['max_tokens']} tokens a step")
+
+    def model():
+        torch.manual_seed(0)
+        return VaswaniForConditionalGeneration(config).train()
+
+    eager = train(model(), loss, args.steps, per_step)[5:]
+    print(f"eager: {sum(eager) / len(eager):.3f} s a step")
+    if not args.no_compile:
+        compiled = train(model(), torch.compile(loss, dynamic=True), args.steps, per_step)
+        steady = sum(compiled[5:]) / len(compiled[5:])
+        print(f"torch.compile(dynamic=True): {steady:.3f} s a step, "
+              f"{sum(compiled[:5]) - 5 * steady:.0f} s more in the first 5 steps (compiling)")
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        train(model(), loss, 5, per_step)
+    events = sorted(profiler.key_averages(), key=lambda event: -event.self_cpu_time_total)
+    total = sum(event.self_cpu_time_total for event in events)
+    print("eager step, share of CPU time: " + ", ".join(
+        f"{event.key} {event.self_cpu_time_total / total:.1%}" for event in events[:6]))
+
+    x = torch.randn(*per_step[0][0]["input_ids"].shape, preset["d_model"])
+    print(f"dropout masks at {tuple(x.shape)}: " + ", ".join(
+        f"{name} {milliseconds(way, x):.2f} ms" for name, way in dropout_ways(preset["dropout"]).items()))
+
+
+if __name__ == "__main__":
+    main()
