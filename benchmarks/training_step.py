@@ -6,7 +6,7 @@ masks would make more steps in the budget.
 The preset's model trained as `training/run.py` trains it: token batches of Multi30k's training pairs (joint BPE of
 the preset's size), the paper's label-smoothed loss, Adam; the preset's batches per step. Prints seconds per step
 eager (our measured kernels) and compiled (`torch.compile(dynamic=True)`: plain `nn.Linear`, Inductor), the compile
-time, the eager step's top operators, and dropout's masks drawn four ways at the step's shapes.
+time, the eager step's top operators, and dropout's masks drawn four ways at the step's shapes (median of 50).
 """
 
 import argparse
@@ -21,6 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from matmul import seconds  # noqa: E402  (this folder's median timer)
 from training.arguments import ModelArguments  # noqa: E402
 from training.batching import collate, encode, token_batches  # noqa: E402
 from training.loss import label_smoothed_nll  # noqa: E402
@@ -65,15 +66,6 @@ def dropout_ways(p: float) -> dict:
     }
 
 
-def milliseconds(function, x, repeats=50) -> float:
-    for _ in range(5):
-        function(x)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        function(x)
-    return (time.perf_counter() - start) / repeats * 1e3
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="cpu-medium")
@@ -115,7 +107,7 @@ def main():
 
     x = torch.randn(*per_step[0][0]["input_ids"].shape, preset["d_model"])
     print(f"dropout masks at {tuple(x.shape)}: " + ", ".join(
-        f"{name} {milliseconds(way, x):.2f} ms" for name, way in dropout_ways(preset["dropout"]).items()))
+        f"{name} {seconds(lambda way=way: way(x), 50) * 1e3:.2f} ms" for name, way in dropout_ways(preset["dropout"]).items()))
 
 
 if __name__ == "__main__":
