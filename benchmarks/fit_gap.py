@@ -36,7 +36,7 @@ def pairs(split: str) -> list[tuple[str, str]]:
 
 def nll(model, tokenizer, sentence_pairs) -> dict:
     sources, targets = encode(tokenizer, sentence_pairs)
-    per_token = validation_loss(model.eval(), sources, targets, tokenizer.pad_token_id, 2048, "cpu")
+    per_token = validation_loss(model, sources, targets, tokenizer.pad_token_id, 2048, "cpu")
     per_sentence = per_token * sum(map(len, targets)) / len(targets)
     return {"per_token": round(per_token, 4), "per_sentence": round(per_sentence, 2)}
 
@@ -47,6 +47,9 @@ def main():
     parser.add_argument("--peer", type=Path)
     parser.add_argument("--sample", type=int, default=1014, help="Training pairs drawn (seed 0); 1,014 = validation's size.")
     args = parser.parse_args()
+    for folder, needed in [(args.run_dir, "config.json"), (args.peer, "model/config.json"), (args.peer, "tokenizer")]:
+        if folder is not None and not (folder / needed).exists():
+            raise SystemExit(f"error: {folder / needed} not found: is {folder} a finished run's folder?")
     train = random.Random(0).sample(pairs("train"), args.sample)
     valid = pairs("valid")
     models = {"ours": (VaswaniForConditionalGeneration.from_pretrained(args.run_dir),
