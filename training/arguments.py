@@ -32,6 +32,8 @@ class ModelArguments:
     num_heads: int = 8
     num_layers: int = 6
     dropout: float = field(default=0.1, metadata={"help": "P_drop (§5.4)."})
+    attention_dropout: float = field(default=0.0, metadata={"help": "On the attention weights: not the paper's."})
+    activation_dropout: float = field(default=0.0, metadata={"help": "After the feed-forward ReLU: not the paper's."})
     position_embedding: str = "sinusoidal"
     normalize_before: bool = field(default=False, metadata={"help": "Pre-LN: a deviation from the paper."})
 
@@ -39,7 +41,8 @@ class ModelArguments:
         """The model's configuration, with the vocabulary and special tokens of the trained `tokenizer`."""
         return VaswaniConfig(
             vocab_size=len(tokenizer), d_model=self.d_model, d_ff=self.d_ff, num_heads=self.num_heads,
-            num_layers=self.num_layers, dropout=self.dropout, position_embedding=self.position_embedding,
+            num_layers=self.num_layers, dropout=self.dropout, attention_dropout=self.attention_dropout,
+            activation_dropout=self.activation_dropout, position_embedding=self.position_embedding,
             normalize_before=self.normalize_before, pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
             decoder_start_token_id=tokenizer.bos_token_id,
@@ -68,6 +71,8 @@ class RecipeArguments:
     warmup_steps: int = 4000
     lr_scale: float = field(default=1.0, metadata={"help": "Multiplies the §5.3 learning rate curve."})
     label_smoothing: float = field(default=0.1, metadata={"help": "ε_ls (§5.4)."})
+    max_grad_norm: float = field(default=0.0, metadata={
+        "help": "Clip the step's gradient to this global L2 norm (0: no clipping, as in the paper)."})
     mixed_precision: str = field(default="auto", metadata={"help": "auto (bf16/fp16 on GPUs, fp32 on CPU), no, fp16, bf16."})
     logging_steps: int = 10
     eval_steps: int = field(default=5000, metadata={"help": "Validation loss and BLEU every N steps (0: never)."})
@@ -108,7 +113,7 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
                 "eval_max_sentences": (args.eval_max_sentences, 1), "save_steps": (args.save_steps, 0),
                 "save_minutes": (args.save_minutes, 0), "average_checkpoints": (args.average_checkpoints, 1),
                 "evaluations": (args.evaluations, 0), "num_beams": (args.num_beams, 1),
-                "length_penalty_alpha": (args.length_penalty_alpha, 0)}
+                "length_penalty_alpha": (args.length_penalty_alpha, 0), "max_grad_norm": (args.max_grad_norm, 0)}
     for name, (value, low) in at_least.items():
         if value < low:
             raise SystemExit(f"error: --{name} {value}: must be at least {low}")

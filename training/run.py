@@ -155,6 +155,8 @@ def main():
         loss, step_tokens = accumulate_gradients(accelerator, model, inputs, args.label_smoothing)
         learning_rate = scheduler.get_last_lr()[0]
         fault_point(f"step-{step + 1}")
+        if args.max_grad_norm:
+            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
