@@ -84,14 +84,15 @@ def launch(output_dir, *flags, processes=1, popen=False, env_extra=None, killed=
 
 # The runs that several tests compare with, made once (per pytest-xdist worker: each group stays on one worker).
 ONE_PROCESS = [*TINY, "--dropout", "0", "--max_steps", "4", "--average_checkpoints", "2", "--save_steps", "2",
-               "--lr_scale", "0.01", "--eval_steps", "2", "--eval_max_sentences", "4"]
+               "--lr_scale", "0.01", "--eval_steps", "2", "--eval_max_sentences", "4", "--max_grad_norm", "1.0"]
 WHOLE = [*TINY, "--dropout", "0.1", "--max_steps", "8", "--save_steps", "2", "--average_checkpoints", "2"]
 
 
 @pytest.fixture(scope="module")
 def one_process_run(tmp_path_factory, small_data):
     """1 process with the global batch of the 2-process runs. Dropout 0: processes draw different dropout masks;
-    lr_scale 0.01: a realistic peak of about 9e-4. Validation and beam search inside the run (step 2) and at its end."""
+    lr_scale 0.01: a realistic peak of about 9e-4. Validation and beam search inside the run (step 2) and at its end.
+    Gradients clipped to norm 1.0, below their norm at every step: the processes must clip by the global norm."""
     run = tmp_path_factory.mktemp("one") / "run"
     launch(run, *ONE_PROCESS, *small_data, env_extra=SAME_KERNELS)
     return run
@@ -145,6 +146,8 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_pat
     one, two = history(one_process_run), history(tmp_path / "two")
     assert [h["tokens"] for h in one] == [h["tokens"] for h in two]
     assert [h["loss"] for h in two] == pytest.approx([h["loss"] for h in one], rel=1e-5)
+    assert all(h["grad_norm"] > 1.0 for h in one)  # clipping was at work
+    assert [h["grad_norm"] for h in two] == pytest.approx([h["grad_norm"] for h in one], rel=1e-5)
     assert [h["validation_loss"] for h in two if "validation_loss" in h] == pytest.approx(
         [h["validation_loss"] for h in one if "validation_loss" in h], rel=1e-5)
     # The key biases get no gradient in exact arithmetic (softmax ignores the q.b_k added to every score), so
@@ -167,6 +170,7 @@ def test_fsdp_shards_over_two_processes_and_trains_like_one_process(tmp_path, sm
     one, fsdp = history(one_process_run), history(tmp_path / "fsdp")
     assert [h["tokens"] for h in one] == [h["tokens"] for h in fsdp]
     assert [h["loss"] for h in fsdp] == pytest.approx([h["loss"] for h in one], rel=1e-5)
+    assert [h["grad_norm"] for h in fsdp] == pytest.approx([h["grad_norm"] for h in one], rel=1e-5)
     assert [h["validation_loss"] for h in fsdp if "validation_loss" in h] == pytest.approx(
         [h["validation_loss"] for h in one if "validation_loss" in h], rel=1e-5)
     assert_same_weights(one_process_run, tmp_path / "fsdp", atol=1e-5, skip=("k_proj.bias",))
@@ -314,6 +318,20 @@ def test_validation_during_training_leaves_the_training_as_it_was(tmp_path, smal
     validated = history(tmp_path / "validated")
     assert sum("validation_loss" in h for h in validated) == 4
     assert [h["loss"] for h in validated] == [h["loss"] for h in history(whole_run)]
+
+
+@pytest.mark.xdist_group("whole_run")
+def test_max_grad_norm_scales_the_gradient_only_above_the_limit(tmp_path, small_data, whole_run):
+    """--max_grad_norm: a limit above every step's norm leaves the run bit for bit as without clipping (the paper's
+    default); a limit below it changes every step after the first, and each step's norm before clipping is logged."""
+    launch(tmp_path / "loose", *WHOLE, *small_data, "--max_grad_norm", "1e9", env_extra=SAME_KERNELS)
+    assert [h["loss"] for h in history(tmp_path / "loose")] == [h["loss"] for h in history(whole_run)]
+    assert_same_weights(whole_run, tmp_path / "loose", atol=0)
+    launch(tmp_path / "tight", *WHOLE, *small_data, "--max_grad_norm", "0.1", env_extra=SAME_KERNELS)
+    tight, unclipped = history(tmp_path / "tight"), history(whole_run)
+    assert all(h["grad_norm"] > 0.1 for h in tight) and "grad_norm" not in unclipped[0]
+    assert tight[0]["loss"] == unclipped[0]["loss"]
+    assert all(a["loss"] != b["loss"] for a, b in zip(tight[1:], unclipped[1:], strict=True))
 
 
 @pytest.mark.xdist_group("whole_run")

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from training.fsdp_request import fsdp_requested
 from vaswani_hf.modeling_vaswani import VaswaniDecoderLayer, VaswaniEncoderLayer
@@ -90,6 +91,13 @@ def gradient_sync(accelerator, model, sync: bool):
     else:
         with accelerator.no_sync(model):
             yield
+
+
+def clip_gradients(accelerator, model, max_norm: float) -> float:
+    """Scale the step's gradients to a global L2 norm of at most `max_norm`, the norm taken over the whole model
+    (every process's shard under FSDP); returns the norm before scaling."""
+    norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
 
 
 def full_state_dict(model) -> dict[str, torch.Tensor]:

@@ -13,6 +13,8 @@ def recipe_deviations(args: RecipeArguments) -> list[str]:
     """The recipe values of this run that differ from the paper's, for the model card."""
     changed = [f"`{name}={getattr(args, name)}` (paper: {paper})" for name, paper in PAPER_RECIPE.items()
                if getattr(args, name) != paper]
+    if args.max_grad_norm:
+        changed.append(f"gradients clipped to a global L2 norm of {args.max_grad_norm:g} (paper: no clipping)")
     if args.alpha_candidates:
         changed.append(f"GNMT α chosen on the validation set among {args.alpha_candidates}")
     if args.average_checkpoints not in (5, 20):

@@ -54,6 +54,7 @@ from training.checkpoints import (  # noqa: E402
 )
 from training.data import load_run_pairs  # noqa: E402
 from training.distributed import (  # noqa: E402
+    clip_gradients,
     describe,
     gradient_sync,
     held_parameters,
@@ -155,8 +156,9 @@ def main():
         loss, step_tokens = accumulate_gradients(accelerator, model, inputs, args.label_smoothing)
         learning_rate = scheduler.get_last_lr()[0]
         fault_point(f"step-{step + 1}")
+        entry = {"step": step + 1, "loss": loss, "learning_rate": learning_rate, "tokens": step_tokens}
         if args.max_grad_norm:
-            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            entry["grad_norm"] = clip_gradients(accelerator, model, args.max_grad_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -164,7 +166,6 @@ def main():
         if not KERNELS.frozen:  # the first step measured them: the same kernels in every process and after a resume
             share_kernel_choices()
         window_tokens += step_tokens
-        entry = {"step": step, "loss": loss, "learning_rate": learning_rate, "tokens": step_tokens}
         state["history"].append(entry)
         if not budget:
             progress.update(1)
