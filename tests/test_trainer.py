@@ -140,3 +140,4 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder(tmp_path):
     assert args.learning_rate == pytest.approx(2 * 256**-0.5 * 400**-0.5)  # §5.3 peak
     assert (args.adam_beta2, args.adam_epsilon, args.max_grad_norm, args.lr_scheduler_type) == (
         0.98, 1e-9, 0.0, "inverse_sqrt")
+    assert run_trainer.parse_arguments(["--preset", "cpu-medium"])[3].max_grad_norm == 1.0  # the preset's clipping

@@ -52,7 +52,8 @@ PAPER_TRAINER_DEFAULTS = {
     "report_to": "none", "output_dir": "outputs/trainer",
 }
 # Recipe-file keys and their Trainer names.
-PRESET_KEYS = {"warmup_steps": "warmup_steps", "eval_steps": "eval_steps", "seed": "seed", "max_steps": "max_steps"}
+PRESET_KEYS = {"warmup_steps": "warmup_steps", "eval_steps": "eval_steps", "seed": "seed", "max_steps": "max_steps",
+               "max_grad_norm": "max_grad_norm"}
 
 
 @dataclass
