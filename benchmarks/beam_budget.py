@@ -70,8 +70,8 @@ def main():
     models = {name: build(name, size).eval() for name in ("marian", "ours")}
     free_logits = torch.randn(GENERATE_BATCH * BEAMS, 1, size["vocab_size"])
 
-    def free_forward(self, *args, past_key_values=None, **kwargs):
-        return Seq2SeqLMOutput(logits=free_logits.clone(), past_key_values=past_key_values)
+    def free_forward(self, *args, cache=None, **kwargs):
+        return Seq2SeqLMOutput(logits=free_logits.clone(), cache=cache)
 
     timings, faults = {}, {}
     for repeat in range(args.repeats + 1):  # the first round warms up

@@ -1,5 +1,9 @@
 """Bad input gets a one-line ValueError that says what is wrong, not a stack trace from an embedding lookup."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -68,3 +72,17 @@ def test_wrong_ranks_and_types(model):
 
 def test_generate_with_ids_outside_the_vocabulary(model):
     one_line_error(lambda: model.generate(torch.tensor([[5, 1000]]), max_new_tokens=2), "1000")
+
+
+def test_importing_the_model_with_a_transformers_older_than_it_speaks_is_refused_in_one_line(tmp_path):
+    """The model speaks transformers 5.24's `cache`; under 5.23 generate() would pass `past_key_values`. An
+    installed 5.23 is stood in for by its metadata, first on the path."""
+    metadata = tmp_path / "transformers-5.23.0.dist-info" / "METADATA"
+    metadata.parent.mkdir()
+    metadata.write_text("Metadata-Version: 2.1\nName: transformers\nVersion: 5.23.0\n")
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", "import vaswani_hf"], capture_output=True, text=True, timeout=300,
+                            env=environment)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ImportError: vaswani_hf needs transformers>=5.24, found 5.23.0: pip install 'transformers>=5.24,<6'")

@@ -224,7 +224,7 @@ def test_onnx_decoding_steps_with_the_cache_give_torchs_logits(trained, onnx_mod
     for step in range(6):
         with torch.no_grad():
             expected = model(encoder_outputs=(hidden,), attention_mask=inputs["attention_mask"],
-                             decoder_input_ids=tokens[:, step : step + 1], past_key_values=ours, use_cache=True).logits
+                             decoder_input_ids=tokens[:, step : step + 1], cache=ours, use_cache=True).logits
         logits = onnx_model(hidden, inputs["attention_mask"], tokens[:, step : step + 1], theirs).logits
         torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
     assert theirs.get_seq_length() == 6

@@ -93,7 +93,7 @@ def test_sampling_is_reproducible_and_assisted_decoding_matches_greedy(trained_m
 def test_the_cache_is_an_encoder_decoder_cache_with_one_layer_per_decoder_layer(trained_model):
     source, mask = padded_sources()
     out = trained_model.generate(source, attention_mask=mask, return_dict_in_generate=True, **GREEDY)
-    cache = out.past_key_values
+    cache = out.cache
     assert isinstance(cache, EncoderDecoderCache)
     c = trained_model.config
     assert len(cache.self_attention_cache.layers) == len(cache.cross_attention_cache.layers) == c.num_decoder_layers
@@ -171,8 +171,8 @@ def test_beam_search_computes_one_encoder_row_per_source_and_returns_transformer
     assert rows == [3]
     assert torch.equal(shared.sequences, repeated.sequences)
     torch.testing.assert_close(shared.sequences_scores, repeated.sequences_scores)
-    assert shared.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 12
-    assert_same_cache(shared.past_key_values, repeated.past_key_values)
+    assert shared.cache.cross_attention_cache.layers[0].keys.shape[0] == 12
+    assert_same_cache(shared.cache, repeated.cache)
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
@@ -190,7 +190,7 @@ def test_generation_continues_from_the_cache_it_returned(trained_model, num_beam
                                decoder_attention_mask=torch.ones_like(prompt), **decoding)
         then = model.generate(source, attention_mask=mask, decoder_input_ids=first.sequences,
                               decoder_attention_mask=torch.ones_like(first.sequences),
-                              past_key_values=first.past_key_values, max_new_tokens=1, **decoding)
+                              cache=first.cache, max_new_tokens=1, **decoding)
         return first, then
 
     first, then = continued(trained_model)
@@ -201,7 +201,21 @@ def test_generation_continues_from_the_cache_it_returned(trained_model, num_beam
     else:
         at_once = continued(in_repeated_layout(trained_model))[1]
     assert torch.equal(then.sequences, at_once.sequences)
-    assert_same_cache(then.past_key_values, at_once.past_key_values)
+    assert_same_cache(then.cache, at_once.cache)
+
+
+def test_a_cache_passed_under_its_old_name_past_key_values_is_used(trained_model):
+    """transformers 5.24 renamed the cache argument to `cache`; a caller still passing `past_key_values=` decodes as
+    before: the second token from the first's cache has the logits of both tokens decoded at once without one."""
+    source, mask = padded_sources()
+    tokens = random_ids(3, 2, seed=5)
+    tokens[:, 0] = BOS
+    at_once = trained_model(source, attention_mask=mask, decoder_input_ids=tokens, use_cache=False).logits
+    first = trained_model(source, attention_mask=mask, decoder_input_ids=tokens[:, :1], use_cache=True)
+    second = trained_model(source, attention_mask=mask, decoder_input_ids=tokens[:, 1:],
+                           past_key_values=first.cache, use_cache=True)
+    torch.testing.assert_close(second.logits[:, 0], at_once[:, 1])
+    assert second.cache is first.cache and second.cache.get_seq_length() == 2
 
 
 def test_a_static_cache_and_a_compiled_forward_decode_as_the_dynamic_cache(trained_model):
@@ -229,7 +243,7 @@ def test_other_attention_kernels_get_one_encoder_row_per_beam():
     model.set_attn_implementation("vaswani_test_kernel")
     source = random_ids(3, 7, seed=11)
     out = model.generate(source, **BEAM_4, return_dict_in_generate=True)
-    assert out.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 12
+    assert out.cache.cross_attention_cache.layers[0].keys.shape[0] == 12
     encoder_outputs = model.get_encoder()(input_ids=source)
     with pytest.raises(ValueError, match=r"\(eager, sdpa, vaswani_measured attention\) one per group"):
         model(encoder_outputs=encoder_outputs, decoder_input_ids=random_ids(12, 2))

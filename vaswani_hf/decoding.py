@@ -51,13 +51,13 @@ class SharedSourceDecoding:
 
     def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
         shared = self.config._attn_implementation in SHARED_SOURCE_KERNELS
-        cache = kwargs.get("past_key_values")
+        cache = kwargs.get("cache")
         source = inputs if inputs is not None else kwargs.get("input_ids")
         if shared and isinstance(cache, EncoderDecoderCache) and source is not None:
             set_cross_attention_rows(cache, source.shape[0])  # a cache that an earlier generate() returned
         with self.packed_weights():
             output = super().generate(inputs, generation_config=generation_config, **kwargs)
-        cache = output.get("past_key_values") if isinstance(output, ModelOutput) else None
+        cache = output.get("cache") if isinstance(output, ModelOutput) else None
         if shared and isinstance(cache, EncoderDecoderCache) and cache.self_attention_cache.layers:
             set_cross_attention_rows(cache, cache.self_attention_cache.layers[0].keys.shape[0])
         return output
@@ -69,14 +69,14 @@ class SharedSourceDecoding:
         return KERNELS.decoding()
 
     @staticmethod
-    def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+    def _reorder_cache(cache: Cache, beam_idx: torch.LongTensor) -> Cache:
         """Beam search (transformers calls this hook) reorders only the self-attention cache: the beams of a source
         all attend to the same encoder output, so their cross-attention keys and values are equal and stay put."""
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        if isinstance(cache, EncoderDecoderCache):
+            cache.self_attention_cache.reorder_cache(beam_idx)
         else:
-            past_key_values.reorder_cache(beam_idx)
-        return past_key_values
+            cache.reorder_cache(beam_idx)
+        return cache
 
     def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False,
                                       input_ids: torch.LongTensor | None = None, **model_kwargs):

@@ -96,7 +96,7 @@ def gnmt_beam_search(
     for step in range(1, max_limit + 1):  # step = |Y| of the hypotheses made in this iteration
         logits = model(
             encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_input_ids=tokens[:, -1:],
-            past_key_values=cache, use_cache=True,
+            cache=cache, use_cache=True,
         ).logits[:, -1]
         log_probs = logits.float().log_softmax(-1).view(batch_size, num_beams, vocab_size)
         if step <= min_new_tokens:

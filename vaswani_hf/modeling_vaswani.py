@@ -2,7 +2,7 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017, arXiv:1706.03762), as published.
 
 This file travels to the Hub beside the weights: it imports only torch, transformers and its neighbours — the
-configuration, `checks.py` (one-line errors for bad input), `kernels.py` (CPU kernels chosen by measurement) and
+configuration, `checks.py` (one-line errors for bad input and for a transformers older than 5.24), `kernels.py` (CPU kernels chosen by measurement) and
 `decoding.py` (what makes `generate()` faster without changing what it computes).
 
 Shape letters used in comments: B batch, T target (query) length, S source (key) length, h heads,
@@ -44,15 +44,17 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.utils import can_return_tuple, is_torchdynamo_compiling, logging
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .checks import check_mask, check_token_ids
+from .checks import check_mask, check_token_ids, check_transformers_version
 from .configuration_vaswani import VaswaniConfig
 from .decoding import SHARED_SOURCE_KERNELS, SharedSourceDecoding
 from .kernels import MEASURED_ATTENTION, VaswaniLinear, measured_attention
 
 
+check_transformers_version()
 logger = logging.get_logger(__name__)
 
 # §6.1: "We set the maximum output length during inference to input length + 50".
@@ -142,7 +144,7 @@ class VaswaniAttention(nn.Module):
         self,
         hidden_states: torch.Tensor,
         key_value_states: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -150,23 +152,23 @@ class VaswaniAttention(nn.Module):
         query = self.q_proj(hidden_states).view(batch_size, length, -1, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
 
         is_cross = key_value_states is not None
-        is_encoder_decoder_cache = isinstance(past_key_values, EncoderDecoderCache)
+        is_encoder_decoder_cache = isinstance(cache, EncoderDecoderCache)
         if is_cross:
-            cache = past_key_values.cross_attention_cache if is_encoder_decoder_cache else None
+            own_cache = cache.cross_attention_cache if is_encoder_decoder_cache else None
         else:
-            cache = past_key_values.self_attention_cache if is_encoder_decoder_cache else past_key_values
+            own_cache = cache.self_attention_cache if is_encoder_decoder_cache else cache
 
-        if is_cross and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+        if is_cross and own_cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change during decoding: its keys and values are computed once.
-            key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+            key, value = own_cache.layers[self.layer_idx].keys, own_cache.layers[self.layer_idx].values
         else:
             source = key_value_states if is_cross else hidden_states
             key = self.k_proj(source).unflatten(-1, (-1, self.d_k)).transpose(1, 2)  # (B, h, S, d_k)
             value = self.v_proj(source).unflatten(-1, (-1, self.d_v)).transpose(1, 2)  # (B, h, S, d_v)
-            if cache is not None:
-                key, value = cache.update(key, value, self.layer_idx)
+            if own_cache is not None:
+                key, value = own_cache.update(key, value, self.layer_idx)
                 if is_cross:
-                    past_key_values.is_updated[self.layer_idx] = True
+                    cache.is_updated[self.layer_idx] = True
 
         group = batch_size // key.shape[0] if is_cross else 1  # query rows per source row (beams sharing it)
         if group > 1:  # (n·B, h, T, d_k) -> (B, h, n·T, d_k)
@@ -255,14 +257,14 @@ class VaswaniDecoderLayer(VaswaniLayer):
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         use_cache: bool | None = True,
         **kwargs,
     ) -> torch.Tensor:
         residual = hidden_states
         hidden_states, _ = self.self_attn(
             self.sublayer_input(hidden_states, self.self_attn_layer_norm),
-            past_key_values=past_key_values,
+            cache=cache,
             attention_mask=attention_mask,
             **kwargs,
         )
@@ -273,7 +275,7 @@ class VaswaniDecoderLayer(VaswaniLayer):
             hidden_states, _ = self.encoder_attn(
                 self.sublayer_input(hidden_states, self.encoder_attn_layer_norm),
                 key_value_states=encoder_hidden_states,
-                past_key_values=past_key_values,
+                cache=cache,
                 attention_mask=encoder_attention_mask,
                 **kwargs,
             )
@@ -431,21 +433,22 @@ class VaswaniDecoder(VaswaniStack):
 
     @merge_with_config_defaults
     @capture_outputs
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        if use_cache and past_key_values is None:
+        if use_cache and cache is None:
             decoder_config = self.config.get_text_config(decoder=True)
-            past_key_values = EncoderDecoderCache(DynamicCache(config=decoder_config), DynamicCache(config=decoder_config))
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+            cache = EncoderDecoderCache(DynamicCache(config=decoder_config), DynamicCache(config=decoder_config))
+        past_length = cache.get_seq_length() if cache is not None else 0
 
         hidden_states = self.embed(input_ids, inputs_embeds, past_length, name="decoder_input_ids")
         batch_size, length = hidden_states.shape[:2]
@@ -460,16 +463,12 @@ class VaswaniDecoder(VaswaniStack):
                 )
             check_mask(encoder_attention_mask, sources, encoder_hidden_states.shape[1], "attention_mask", "the source")
 
-        self_attention_cache = (
-            past_key_values.self_attention_cache
-            if isinstance(past_key_values, EncoderDecoderCache)
-            else past_key_values
-        )
+        self_attention_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=hidden_states,
             attention_mask=attention_mask,
-            past_key_values=self_attention_cache,
+            cache=self_attention_cache,
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
@@ -484,12 +483,12 @@ class VaswaniDecoder(VaswaniStack):
                 causal_mask,
                 encoder_hidden_states,  # positional, for gradient checkpointing
                 encoder_attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 use_cache=use_cache,
                 **kwargs,
             )
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=self.finish(hidden_states), past_key_values=past_key_values
+            last_hidden_state=self.finish(hidden_states), cache=cache
         )
 
 
@@ -514,6 +513,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
             self.decoder.embed_tokens = value
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -521,7 +521,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -549,14 +549,14 @@ class VaswaniModel(VaswaniPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            cache=decoder_outputs.cache,
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -601,6 +601,7 @@ class VaswaniForConditionalGeneration(SharedSourceDecoding, VaswaniPreTrainedMod
         self.lm_head = value
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -608,7 +609,7 @@ class VaswaniForConditionalGeneration(SharedSourceDecoding, VaswaniPreTrainedMod
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -630,7 +631,7 @@ class VaswaniForConditionalGeneration(SharedSourceDecoding, VaswaniPreTrainedMod
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -641,7 +642,7 @@ class VaswaniForConditionalGeneration(SharedSourceDecoding, VaswaniPreTrainedMod
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            cache=outputs.cache,
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

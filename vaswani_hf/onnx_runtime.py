@@ -53,14 +53,14 @@ class OnnxSeq2Seq:
 
         return encode
 
-    def __call__(self, encoder_outputs, attention_mask, decoder_input_ids, past_key_values, use_cache=True):
-        """One decoding step: the first fills `past_key_values` (self and encoder-decoder attention), later ones
+    def __call__(self, encoder_outputs, attention_mask, decoder_input_ids, cache, use_cache=True):
+        """One decoding step: the first fills `cache` (self and encoder-decoder attention), later ones
         take one token per row and grow the self-attention entries. Rows sharing a source (beams) come in
         consecutive groups, as in `VaswaniAttention`; their source is repeated for the graphs."""
         group = decoder_input_ids.shape[0] // attention_mask.shape[0]
         mask = attention_mask.long().repeat_interleave(group, 0).numpy()
-        own, cross = past_key_values.self_attention_cache, past_key_values.cross_attention_cache
-        if past_key_values.get_seq_length() == 0:
+        own, cross = cache.self_attention_cache, cache.cross_attention_cache
+        if cache.get_seq_length() == 0:
             hidden = encoder_outputs.repeat_interleave(group, 0).numpy()
             logits, *present = self.sessions["decoder_model"].run(None, {
                 "input_ids": decoder_input_ids.numpy(), "encoder_hidden_states": hidden, "encoder_attention_mask": mask})
@@ -68,7 +68,7 @@ class OnnxSeq2Seq:
                 keys, values, cross_keys, cross_values = (torch.from_numpy(a) for a in present[4 * i : 4 * i + 4])
                 own.update(keys, values, i)
                 cross.update(cross_keys, cross_values, i)
-                past_key_values.is_updated[i] = True
+                cache.is_updated[i] = True
         else:
             feeds = {"input_ids": decoder_input_ids.numpy(), "encoder_attention_mask": mask}
             for i in range(self.layers):

@@ -44,7 +44,7 @@ class Decoder(nn.Module):
         config = self.model.config.get_text_config(decoder=True)
         cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
         logits = self.model(encoder_outputs=(encoder_hidden_states,), attention_mask=encoder_attention_mask,
-                            decoder_input_ids=input_ids, past_key_values=cache, use_cache=True).logits
+                            decoder_input_ids=input_ids, cache=cache, use_cache=True).logits
         pairs = zip(cache.self_attention_cache.layers, cache.cross_attention_cache.layers, strict=True)
         return logits, [(own.keys, own.values, cross.keys, cross.values) for own, cross in pairs]
 
@@ -62,7 +62,7 @@ class DecoderWithPast(nn.Module):
         # The decoder reads the encoder output only for its shape once the cross-attention cache is filled.
         placeholder = cross_keys.new_zeros(cross_keys.shape[0], cross_keys.shape[2], self.model.config.d_model)
         logits = self.model(encoder_outputs=(placeholder,), attention_mask=encoder_attention_mask,
-                            decoder_input_ids=input_ids, past_key_values=cache, use_cache=True).logits
+                            decoder_input_ids=input_ids, cache=cache, use_cache=True).logits
         return logits, [(layer.keys, layer.values) for layer in cache.self_attention_cache.layers]
 
 
