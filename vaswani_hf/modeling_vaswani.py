@@ -2,8 +2,9 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017, arXiv:1706.03762), as published.
 
 This file travels to the Hub beside the weights: it imports only torch, transformers and its neighbours — the
-configuration, `checks.py` (one-line errors for bad input and for a transformers older than 5.24), `kernels.py` (CPU kernels chosen by measurement) and
-`decoding.py` (what makes `generate()` faster without changing what it computes).
+configuration, `checks.py` (one-line errors for bad input and for a transformers older than 5.24), `kernels.py`
+(CPU kernels chosen by measurement) and `decoding.py` (what makes `generate()` faster without changing what it
+computes).
 
 Shape letters used in comments: B batch, T target (query) length, S source (key) length, h heads,
 d_k / d_v head widths, D = d_model, V vocabulary.
