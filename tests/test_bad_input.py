@@ -85,4 +85,5 @@ def test_importing_the_model_with_a_transformers_older_than_it_speaks_is_refused
                             env=environment)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
-        "ImportError: vaswani_hf needs transformers>=5.24, found 5.23.0: pip install 'transformers>=5.24,<6'")
+        "ImportError: transformers>=5.24 is required for a normal functioning of this module, but found"
+        " transformers==5.23.0.")

@@ -1,5 +1,7 @@
 """generate(): the paper's defaults, the cache, and equivalences between decoding paths (§6.1)."""
 
+import contextlib
+
 import pytest
 import torch
 from transformers import AttentionInterface, EncoderDecoderCache
@@ -175,11 +177,13 @@ def test_beam_search_computes_one_encoder_row_per_source_and_returns_transformer
     assert_same_cache(shared.cache, repeated.cache)
 
 
+@pytest.mark.parametrize("cache_argument", ["cache", "past_key_values"])
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_generation_continues_from_the_cache_it_returned(trained_model, num_beams):
+def test_generation_continues_from_the_cache_it_returned(trained_model, num_beams, cache_argument):
     """Greedy: 3 tokens, then 1 more from the returned cache, is 4 tokens in one go (tokens, scores, cache), as
     transformers' `test_generate_continue_from_past_key_values` checks. Beam search starts afresh in each call, so
-    its continuation is compared with the same continuation in transformers' repeated layout instead."""
+    its continuation is compared with the same continuation in transformers' repeated layout instead. The cache goes
+    back under transformers 5.24's name `cache` and under the old `past_key_values`, with its warning."""
     source, mask = padded_sources()
     prompt = random_ids(3, 5, seed=4)  # a decoder prompt with its mask, as transformers' check gives them
     prompt[:, 0] = BOS
@@ -188,9 +192,11 @@ def test_generation_continues_from_the_cache_it_returned(trained_model, num_beam
     def continued(model):
         first = model.generate(source, attention_mask=mask, decoder_input_ids=prompt, max_new_tokens=3,
                                decoder_attention_mask=torch.ones_like(prompt), **decoding)
-        then = model.generate(source, attention_mask=mask, decoder_input_ids=first.sequences,
-                              decoder_attention_mask=torch.ones_like(first.sequences),
-                              cache=first.cache, max_new_tokens=1, **decoding)
+        old_name = pytest.warns(FutureWarning, match="`past_key_values` is deprecated")
+        with old_name if cache_argument == "past_key_values" else contextlib.nullcontext():
+            then = model.generate(source, attention_mask=mask, decoder_input_ids=first.sequences,
+                                  decoder_attention_mask=torch.ones_like(first.sequences),
+                                  max_new_tokens=1, **{cache_argument: first.cache}, **decoding)
         return first, then
 
     first, then = continued(trained_model)

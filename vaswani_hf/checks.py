@@ -1,26 +1,11 @@
 # Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
-"""One-line errors for inputs that would otherwise end in a stack trace deep inside torch, and for a transformers
-older than the model speaks.
+"""One-line errors for inputs that would otherwise end in a stack trace deep inside torch.
 
 This file travels to the Hub beside modeling_vaswani.py: it imports only torch and transformers.
 """
 
-from importlib.metadata import version as installed_version
-
 import torch
 from transformers.utils import is_torchdynamo_compiling
-
-# transformers 5.24 renamed the decoding cache, as an argument and as an output field, from `past_key_values` to
-# `cache`; the model speaks the new name (and takes the old one, as transformers' own models do).
-MIN_TRANSFORMERS = (5, 24)
-
-
-def check_transformers_version() -> None:
-    """A one-line error on importing the model (installed, or from the Hub) with a transformers older than it speaks."""
-    found = installed_version("transformers")
-    if tuple(int(part) for part in found.split(".")[:2]) < MIN_TRANSFORMERS:
-        needed = ".".join(map(str, MIN_TRANSFORMERS))
-        raise ImportError(f"vaswani_hf needs transformers>={needed}, found {found}: pip install 'transformers>={needed},<6'")
 
 
 def check_token_ids(ids: torch.Tensor, vocab_size: int, name: str) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import torch
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.utils import ModelOutput
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .kernels import KERNELS, MEASURED_ATTENTION
 
@@ -49,6 +50,8 @@ class SharedSourceDecoding:
     """`generate()` with one encoder row per source and the weights packed for the call; a mixin of
     `VaswaniForConditionalGeneration`, before `GenerationMixin`."""
 
+    # As on transformers' generate(): the old name reaches the code below as `cache`.
+    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
         shared = self.config._attn_implementation in SHARED_SOURCE_KERNELS
         cache = kwargs.get("cache")

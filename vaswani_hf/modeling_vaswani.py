@@ -2,9 +2,8 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017, arXiv:1706.03762), as published.
 
 This file travels to the Hub beside the weights: it imports only torch, transformers and its neighbours — the
-configuration, `checks.py` (one-line errors for bad input and for a transformers older than 5.24), `kernels.py`
-(CPU kernels chosen by measurement) and `decoding.py` (what makes `generate()` faster without changing what it
-computes).
+configuration, `checks.py` (one-line errors for bad input), `kernels.py` (CPU kernels chosen by measurement) and
+`decoding.py` (what makes `generate()` faster without changing what it computes).
 
 Shape letters used in comments: B batch, T target (query) length, S source (key) length, h heads,
 d_k / d_v head widths, D = d_model, V vocabulary.
@@ -48,14 +47,17 @@ from transformers.utils import can_return_tuple, is_torchdynamo_compiling, loggi
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+from transformers.utils.versions import require_version
 
-from .checks import check_mask, check_token_ids, check_transformers_version
+from .checks import check_mask, check_token_ids
 from .configuration_vaswani import VaswaniConfig
 from .decoding import SHARED_SOURCE_KERNELS, SharedSourceDecoding
 from .kernels import MEASURED_ATTENTION, VaswaniLinear, measured_attention
 
 
-check_transformers_version()
+# transformers 5.24 renamed the decoding cache, argument and output field, from `past_key_values` to `cache`: the
+# model speaks the new name (and takes the old one, as transformers' own models do). An older one is refused here.
+require_version("transformers>=5.24")
 logger = logging.get_logger(__name__)
 
 # §6.1: "We set the maximum output length during inference to input length + 50".
