@@ -5,8 +5,9 @@ masks would make more steps in the budget.
 
 The preset's model trained as `training/run.py` trains it: token batches of Multi30k's training pairs (joint BPE of
 the preset's size), the paper's label-smoothed loss, Adam; the preset's batches per step. Prints seconds per step
-eager (our measured kernels) and compiled (`torch.compile(dynamic=True)`: plain `nn.Linear`, Inductor), the compile
-time, the eager step's top operators, and dropout's masks drawn four ways at the step's shapes (median of 50).
+eager (our measured kernels), eager under bfloat16 autocast (`--mixed_precision bf16`: plain `nn.Linear`) and
+compiled (`torch.compile(dynamic=True)`: plain `nn.Linear`, Inductor), the compile time, the eager step's top
+operators, and dropout's masks drawn four ways at the step's shapes (median of 50).
 """
 
 import argparse
@@ -41,6 +42,12 @@ def loss(model, batch):
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    decoder_input_ids=decoder_input_ids).logits
     return label_smoothed_nll(logits, batch["labels"])[0]
+
+
+def bfloat16_autocast(model, batch):
+    """The step's forward as `--mixed_precision bf16` runs it on the CPU (Accelerate's autocast)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return loss(model, batch)
 
 
 def train(model, forward, steps, per_step) -> list[float]:
@@ -92,6 +99,8 @@ def main():
 
     eager = train(model(), loss, args.steps, per_step)[5:]
     print(f"eager: {sum(eager) / len(eager):.3f} s a step")
+    bf16 = train(model(), bfloat16_autocast, args.steps, per_step)[5:]
+    print(f"eager, bfloat16 autocast (--mixed_precision bf16): {sum(bf16) / len(bf16):.3f} s a step")
     if not args.no_compile:
         compiled = train(model(), torch.compile(loss, dynamic=True), args.steps, per_step)
         steady = sum(compiled[5:]) / len(compiled[5:])
