@@ -220,6 +220,8 @@ def test_the_model_card_parses_and_carries_the_runs_numbers(translation_folder):
                     "Evaluation", "Citation", 'pipeline("translation"', "AutoModelForSeq2SeqLM"):
         assert section in text, section
     assert "recipe: 60 steps" in text
+    dropout = json.loads((translation_folder / "config.json").read_text())["dropout"]
+    assert f"dropout P_drop = {dropout:g} and" in text  # the run's, which a preset may set apart from the paper's
 
 
 # --- the command-line translator ------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "architecture": (f"d_model {model.config.d_model}, d_ff {model.config.d_ff}, {model.config.num_heads} heads, "
                          f"{model.config.num_layers} encoder and {model.config.num_decoder_layers} decoder layers, "
                          f"a joint vocabulary of {model.config.vocab_size}"),
+        "dropout": f"{model.config.dropout:g}",
         "deviations": "\n".join(f"- {d}" for d in deviations) or "- none",
         "steps": str(metrics.get("train_steps")),
         "minutes": f"{metrics.get('train_minutes', 0):.1f}",
