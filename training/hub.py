@@ -27,8 +27,8 @@ def architecture_deviations(config) -> list[str]:
 
 
 def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, dataset: str, source_lang: str,
-                        target_lang: str, model_id: str, recipe: dict, deviations: list[str], num_beams: int = 4,
-                        alpha: float = 0.6) -> None:
+                        target_lang: str, model_id: str, recipe: dict, deviations: list[str], label_smoothing: float,
+                        num_beams: int = 4, alpha: float = 0.6) -> None:
     """Weights (safetensors), config with auto_map and custom_pipelines, code files, tokenizer, generation config,
     metrics, the paper's decoding as custom_generate/generate.py, and README.md — the model card with this run's
     numbers."""
@@ -56,6 +56,7 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
                          f"{model.config.num_layers} encoder and {model.config.num_decoder_layers} decoder layers, "
                          f"a joint vocabulary of {model.config.vocab_size}"),
         "dropout": f"{model.config.dropout:g}",
+        "label_smoothing": f"{label_smoothing:g}",
         "deviations": "\n".join(f"- {d}" for d in deviations) or "- none",
         "steps": str(metrics.get("train_steps")),
         "minutes": f"{metrics.get('train_minutes', 0):.1f}",

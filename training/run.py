@@ -230,7 +230,8 @@ def publish(final, tokenizer, output_dir: Path, metrics: dict, data_args, model_
         final, tokenizer, output_dir, metrics, dataset=dataset_description(data_args),
         source_lang=data_args.source_lang, target_lang=data_args.target_lang,
         model_id=args.hub_model_id or output_dir.name, recipe=recipe,
-        deviations=recipe_deviations(args), num_beams=args.num_beams, alpha=args.length_penalty_alpha,
+        deviations=recipe_deviations(args), label_smoothing=args.label_smoothing, num_beams=args.num_beams,
+        alpha=args.length_penalty_alpha,
     )
     say(f"model, tokenizer, metrics and model card in {output_dir}")
     if args.push_to_hub:

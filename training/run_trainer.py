@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None):
             recipe={**asdict(model_args), "lr_scale": recipe.lr_scale, "learning_rate": training_args.learning_rate,
                     "warmup_steps": training_args.warmup_steps, "max_steps": training_args.max_steps,
                     "per_device_train_batch_size": training_args.per_device_train_batch_size},
-            deviations=deviations, num_beams=training_args.generation_num_beams or 4,
+            deviations=deviations, label_smoothing=training_args.label_smoothing_factor,
+            num_beams=training_args.generation_num_beams or 4,
         )
         if training_args.push_to_hub:
             from training.hub import push
