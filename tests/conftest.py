@@ -143,7 +143,8 @@ def translation_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("translator") / "tiny-en-de"
     write_output_folder(model, tokenizer, folder, metrics, dataset="vaswani_hf embedded EN-DE grammar",
                         source_lang="en", target_lang="de", model_id="tiny-en-de", recipe={"d_model": 24},
-                        deviations=["recipe: 60 steps"], label_smoothing=0.0)  # plain cross-entropy
+                        deviations=["recipe: 60 steps"], label_smoothing=0.0,  # plain cross-entropy
+                        batching="batches of 50 sentences")
     return folder
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from training.budget import TimeBudget, budget_lr, crossed
+from training.budget import TimeBudget, budget_lr, crossed, fitted_dropout
 from training.schedule import inverse_sqrt_lr, paper_optimizer
 
 PEAK = 1e-3
@@ -95,3 +95,9 @@ def test_the_optimizer_follows_the_budget_and_without_one_the_paper():
     assert rates[2] == pytest.approx(budget_lr(3, 2 + (1500 - 12.0) / 2.0, PEAK, 0.1))  # 2 s for step 2
     plain, _ = paper_optimizer(torch.nn.Linear(3, 3), d_model=512, warmup_steps=400)
     assert plain.param_groups[0]["lr"] == pytest.approx(inverse_sqrt_lr(1, 512, 400), rel=1e-12)
+
+
+@pytest.mark.parametrize("epochs, p_drop", [(0, 0), (4, 0), (10, 0), (15, 0.025), (20, 0.05), (29, 0.095), (30, 0.1),
+                                            (300, 0.1)])
+def test_dropout_fitted_to_the_run_is_none_up_to_e0_linear_to_p_drop_at_e1_and_p_drop_beyond(epochs, p_drop):
+    assert fitted_dropout(epochs, 0.1, (10, 30)) == pytest.approx(p_drop, abs=1e-15)

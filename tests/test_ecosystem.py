@@ -103,7 +103,7 @@ def test_the_decoding_a_run_chose_survives_loading(translation_folder, tmp_path)
     loaded model decodes with by default."""
     model, tokenizer = load_local(translation_folder)
     write_output_folder(model, tokenizer, tmp_path / "chosen", {}, dataset="d", source_lang="en", target_lang="de",
-                        model_id="m", recipe={}, deviations=[], label_smoothing=0.1, num_beams=3,
+                        model_id="m", recipe={}, deviations=[], label_smoothing=0.1, batching="b", num_beams=3,
                         alpha=1.4)
     loaded, tokenizer = load_local(tmp_path / "chosen")
     assert loaded.generation_config.num_beams == 3 and loaded.generation_config.gnmt_alpha == 1.4
@@ -221,9 +221,10 @@ def test_the_model_card_parses_and_carries_the_runs_numbers(translation_folder):
                     "Evaluation", "Citation", 'pipeline("translation"', "AutoModelForSeq2SeqLM"):
         assert section in text, section
     assert "recipe: 60 steps" in text
-    # the run's dropout and label smoothing (the fixture trains with neither), not the paper's 0.1 and 0.1
+    # the run's own recipe, not the paper's: batches of sentences, no dropout or label smoothing, no averaging
     dropout = json.loads((translation_folder / "config.json").read_text())["dropout"]
-    assert f"dropout P_drop = {dropout:g} and label smoothing ε_ls = 0, the last" in text
+    assert (f"batches of 50 sentences, Adam(0.9, 0.98, 1e-9) with the warmup / inverse-square-root schedule, "
+            f"dropout P_drop = {dropout:g} and label smoothing ε_ls = 0; the final weights, not averaged.") in " ".join(text.split())
 
 
 # --- the command-line translator ------------------------------------------------------------------------------

@@ -48,6 +48,8 @@ def data(tmp_path):
     (["--max_grad_norm", "-1"], "--max_grad_norm -1"),
     (["--attention_dropout", "1.5"], "attention_dropout"),
     (["--alpha_candidates", "0.6", "-1"], "--alpha_candidates"),
+    (["--dropout_epochs", "30", "10"], "--dropout_epochs [30.0, 10.0]"),
+    (["--dropout_epochs", "10"], "--dropout_epochs [10.0]"),
     (["--position_embedding", "learned", "--max_length", "2000"], "--max_length 2000"),
     (["--preset", "cpu-tiny"], "--preset cpu-tiny"),
 ])

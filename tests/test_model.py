@@ -204,6 +204,23 @@ def test_dropout_is_active_in_training_only():
 
 
 @torch.no_grad()
+def test_a_dropout_set_in_the_config_after_building_drops_as_one_built_with_it():
+    """training/run.py fits P_drop to the run by setting config.dropout: every dropout of §5.4 (embeddings, sub-layers)
+    must then draw as in a model built with that P_drop, and none at 0."""
+    source, target = random_ids(2, 6), decoder_inputs(2, 4)
+    built = tiny_model(seed=1, dropout=0.3).train()
+    changed = tiny_model(seed=1, dropout=0.0).train()
+    changed.config.dropout = 0.3
+    for model in (built, changed):
+        torch.manual_seed(5)
+        model.logits = model(input_ids=source, decoder_input_ids=target).logits
+    assert torch.equal(built.logits, changed.logits)
+    changed.config.dropout = 0.0
+    assert torch.equal(changed(input_ids=source, decoder_input_ids=target).logits,
+                       changed.eval()(input_ids=source, decoder_input_ids=target).logits)
+
+
+@torch.no_grad()
 def test_the_forward_compiles_as_one_graph(model):
     """`_can_compile_fullgraph = True`: torch.compile(fullgraph=True) traces the whole forward, checks included."""
     source, target = random_ids(2, 6), decoder_inputs(2, 4)

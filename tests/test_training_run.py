@@ -342,6 +342,20 @@ def test_without_a_time_budget_the_learning_rate_is_the_papers_curve(whole_run):
     assert rates == pytest.approx([32**-0.5 * min(k**-0.5, k * 4**-1.5) for k in range(1, 9)], rel=1e-9)
 
 
+def test_dropout_fitted_to_a_run_too_short_for_it_trains_as_no_dropout_and_the_card_says_so(tmp_path, small_data):
+    """--dropout_epochs 1000 2000 with --dropout 0.1: a 4-step run is expected to make far fewer than 1,000 epochs, so
+    its P_drop is fitted to 0 (training/budget.py): the run is a run with --dropout 0, bit for bit, and its config and
+    model card say 0 and why."""
+    flags = [*TINY, *small_data, "--max_steps", "4", "--max_train_minutes", "60"]
+    launch(tmp_path / "fitted", *flags, "--dropout", "0.1", "--dropout_epochs", "1000", "2000", env_extra=SAME_KERNELS)
+    launch(tmp_path / "none", *flags, "--dropout", "0", env_extra=SAME_KERNELS)
+    assert [h["loss"] for h in history(tmp_path / "fitted")] == [h["loss"] for h in history(tmp_path / "none")]
+    assert_same_weights(tmp_path / "fitted", tmp_path / "none", atol=0)
+    assert json.loads((tmp_path / "fitted" / "config.json").read_text())["dropout"] == 0
+    card = " ".join((tmp_path / "fitted" / "README.md").read_text().split())
+    assert "dropout P_drop = 0 and" in card and "P_drop fitted to the epochs" in card
+
+
 def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small_data):
     """--push_to_hub with huggingface_hub's upload captured (tests/upload_capture): the files it would send."""
     token = "hf_vaswaniTestToken0123456789abcdef"

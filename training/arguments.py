@@ -66,6 +66,9 @@ class RecipeArguments:
         "help": "With a budget and no --save_steps/--save_minutes: the averaged checkpoints span its last share."})
     evaluations: int = field(default=0, metadata={
         "help": "With a budget: validation this many times, evenly spaced inside it (instead of --eval_steps)."})
+    dropout_epochs: list[float] | None = field(default=None, metadata={
+        "help": "E0 E1: fit P_drop to the epochs the run is expected to make (with a budget as measured, else by "
+                "--max_steps): none up to E0, rising linearly to --dropout at E1 (training/budget.py; not the paper's)."})
     max_tokens: int = field(default=4096, metadata={"help": "Padded tokens per batch and process."})
     tokens_per_step: int = field(default=25000, metadata={"help": "Tokens per optimizer step, reached by accumulation."})
     warmup_steps: int = 4000
@@ -123,6 +126,9 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     for name in ("label_smoothing", "warmup_share", "cooldown_share", "average_share"):
         if not 0 <= getattr(args, name) <= 1:
             raise SystemExit(f"error: --{name} {getattr(args, name)}: must be between 0 and 1")
+    epochs = args.dropout_epochs
+    if epochs is not None and not (len(epochs) == 2 and 0 <= epochs[0] < epochs[1]):
+        raise SystemExit(f"error: --dropout_epochs {epochs}: two epoch counts E0 E1 with 0 <= E0 < E1")
     if any(alpha < 0 for alpha in args.alpha_candidates or []):
         raise SystemExit(f"error: --alpha_candidates {args.alpha_candidates}: α must be at least 0")
     if args.mixed_precision not in ("auto", "no", "fp16", "bf16"):

@@ -9,9 +9,11 @@ run the machine is expected to make, estimated from the measured step time and r
   `--lr_scale`): a linear warmup over `warmup_share` of the expected steps, then the decay in 1/sqrt(step);
   `cooldown_share` > 0 adds a linear decay to zero over the last share of the expected steps;
 - the averaged checkpoints (§6.1) are spread evenly over the last `average_share` of the budget;
-- validation runs `evaluations` times, evenly spaced inside the run.
+- validation runs `evaluations` times, evenly spaced inside the run;
+- with `dropout_epochs` (E0, E1), P_drop is fitted to the epochs the run is expected to make (`fitted_dropout`).
 
-Without a budget none of this applies and the recipe is the paper's, in steps.
+Without a budget none of this applies and the recipe is the paper's, in steps; `dropout_epochs`, if given, then
+fits P_drop to the epochs of --max_steps.
 """
 
 import math
@@ -26,6 +28,14 @@ def budget_lr(step: int, expected_steps: float, peak: float, warmup_share: float
     if cooldown_share > 0:
         rate *= min(1.0, max(0.0, (expected_steps - step) / (cooldown_share * expected_steps)))
     return rate
+
+
+def fitted_dropout(expected_epochs: float, p_drop: float, epochs: tuple[float, float]) -> float:
+    """P_drop for a run expected to make `expected_epochs` passes over its training data: none up to `epochs[0]`
+    (a short run underfits, and dropout slows it further), rising linearly to `p_drop` at `epochs[1]` and beyond
+    (a long run overfits without it)."""
+    start, full = epochs
+    return p_drop * min(1.0, max(0.0, (expected_epochs - start) / (full - start)))
 
 
 def crossed(previous: float, now: float, interval: float) -> bool:

@@ -28,10 +28,11 @@ def architecture_deviations(config) -> list[str]:
 
 def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, dataset: str, source_lang: str,
                         target_lang: str, model_id: str, recipe: dict, deviations: list[str], label_smoothing: float,
-                        num_beams: int = 4, alpha: float = 0.6) -> None:
+                        batching: str, num_beams: int = 4, alpha: float = 0.6) -> None:
     """Weights (safetensors), config with auto_map and custom_pipelines, code files, tokenizer, generation config,
     metrics, the paper's decoding as custom_generate/generate.py, and README.md — the model card with this run's
-    numbers."""
+    numbers. The card states the run's own recipe: its `batching` (how batches were made), its label smoothing, the
+    dropout of its config and the checkpoints `metrics` says were averaged."""
     generation = model.generation_config
     generation.num_beams = num_beams
     generation.early_stopping = True
@@ -46,6 +47,7 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
     shutil.copy(Path(vaswani_hf.__file__).parent / "gnmt.py", output_dir / "custom_generate" / "generate.py")
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     deviations = architecture_deviations(model.config) + deviations
+    averaged = len(metrics.get("averaged_checkpoints", []))
     values = {
         "source_lang": source_lang,
         "target_lang": target_lang,
@@ -55,12 +57,13 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "architecture": (f"d_model {model.config.d_model}, d_ff {model.config.d_ff}, {model.config.num_heads} heads, "
                          f"{model.config.num_layers} encoder and {model.config.num_decoder_layers} decoder layers, "
                          f"a joint vocabulary of {model.config.vocab_size}"),
-        "dropout": f"{model.config.dropout:g}",
+        "batching": batching,
+        "dropout": f"{model.config.dropout:.3g}",
         "label_smoothing": f"{label_smoothing:g}",
         "deviations": "\n".join(f"- {d}" for d in deviations) or "- none",
         "steps": str(metrics.get("train_steps")),
         "minutes": f"{metrics.get('train_minutes', 0):.1f}",
-        "averaged": str(len(metrics.get("averaged_checkpoints", [])) or 1),
+        "averaging": f"the last {averaged} checkpoints averaged" if averaged > 1 else "the final weights, not averaged",
         "recipe": json.dumps(recipe, indent=1),
         "num_beams": str(num_beams),
         "alpha": str(alpha),

@@ -42,7 +42,7 @@ from transformers import AutoTokenizer  # noqa: E402
 from training.arguments import check_arguments, parse_arguments  # noqa: E402
 from training.averaging import averaged_model  # noqa: E402
 from training.batching import collate, encode, padding_fraction, token_batches  # noqa: E402
-from training.budget import TimeBudget, crossed  # noqa: E402
+from training.budget import TimeBudget, crossed, fitted_dropout  # noqa: E402
 from training.checkpoints import (  # noqa: E402
     STATE_FILE,
     checkpoints,
@@ -147,6 +147,9 @@ def main():
             if step == 1:
                 state["first_step_seconds"] = elapsed
             budget.estimate(step, elapsed, state.get("first_step_seconds", 0.0))
+        if args.dropout_epochs:  # P_drop fitted to the run's expected length; config.json keeps the last value
+            expected_epochs = (budget.expected if budget else args.max_steps) / steps_per_epoch
+            config.dropout = fitted_dropout(expected_epochs, model_args.dropout, args.dropout_epochs)
         if epoch != step // steps_per_epoch:
             epoch = step // steps_per_epoch
             batches = token_batches(source_lengths, target_lengths, args.max_tokens, args.seed, epoch)
@@ -230,8 +233,9 @@ def publish(final, tokenizer, output_dir: Path, metrics: dict, data_args, model_
         final, tokenizer, output_dir, metrics, dataset=dataset_description(data_args),
         source_lang=data_args.source_lang, target_lang=data_args.target_lang,
         model_id=args.hub_model_id or output_dir.name, recipe=recipe,
-        deviations=recipe_deviations(args), label_smoothing=args.label_smoothing, num_beams=args.num_beams,
-        alpha=args.length_penalty_alpha,
+        deviations=recipe_deviations(args), label_smoothing=args.label_smoothing,
+        batching=f"batches grouped by length and counted in tokens, {args.tokens_per_step} per step",
+        num_beams=args.num_beams, alpha=args.length_penalty_alpha,
     )
     say(f"model, tokenizer, metrics and model card in {output_dir}")
     if args.push_to_hub:

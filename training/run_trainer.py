@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None):
                     "warmup_steps": training_args.warmup_steps, "max_steps": training_args.max_steps,
                     "per_device_train_batch_size": training_args.per_device_train_batch_size},
             deviations=deviations, label_smoothing=training_args.label_smoothing_factor,
+            batching=f"batches of {training_args.per_device_train_batch_size} sentences per process",
             num_beams=training_args.generation_num_beams or 4,
         )
         if training_args.push_to_hub:

@@ -204,9 +204,8 @@ class VaswaniLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: VaswaniConfig):
         super().__init__()
+        self.config = config  # P_drop is read from it at every call, as the embeddings read it: one value to change
         self.normalize_before = config.normalize_before
-        self.dropout = config.dropout
-        self.activation_dropout = config.activation_dropout
         self.fc1 = VaswaniLinear(config.d_model, config.d_ff)
         self.fc2 = VaswaniLinear(config.d_ff, config.d_model)
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
@@ -216,14 +215,14 @@ class VaswaniLayer(GradientCheckpointingLayer):
 
     def add_and_norm(self, residual: torch.Tensor, output: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
         """§5.4: dropout on the sub-layer output before it is added to the input and normalized."""
-        hidden_states = residual + nn.functional.dropout(output, p=self.dropout, training=self.training)
+        hidden_states = residual + nn.functional.dropout(output, p=self.config.dropout, training=self.training)
         return hidden_states if self.normalize_before else norm(hidden_states)
 
     def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """§3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, as a residual sub-layer."""
         residual = hidden_states
         hidden_states = nn.functional.relu(self.fc1(self.sublayer_input(hidden_states, self.final_layer_norm)))
-        hidden_states = nn.functional.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.config.activation_dropout, training=self.training)
         return self.add_and_norm(residual, self.fc2(hidden_states), self.final_layer_norm)
 
 
