@@ -224,7 +224,8 @@ def test_the_model_card_parses_and_carries_the_runs_numbers(translation_folder):
     # the run's own recipe, not the paper's: batches of sentences, no dropout or label smoothing, no averaging
     dropout = json.loads((translation_folder / "config.json").read_text())["dropout"]
     assert (f"batches of 50 sentences, Adam(0.9, 0.98, 1e-9) with the warmup / inverse-square-root schedule, "
-            f"dropout P_drop = {dropout:g} and label smoothing ε_ls = 0; the final weights, not averaged.") in " ".join(text.split())
+            f"dropout P_drop = {dropout:g} and label smoothing ε_ls = 0; the final weights, not averaged."
+            ) in " ".join(text.split())
 
 
 # --- the command-line translator ------------------------------------------------------------------------------
