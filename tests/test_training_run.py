@@ -17,7 +17,9 @@ from accelerate.commands.config.config_args import ClusterConfig
 from accelerate.utils import DistributedType
 from conftest import CODE_FILES, run_hidden
 from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
+from training.batching import encode, token_batches
 from training.checkpoints import checkpoints
 from training.default_data import generate
 from vaswani_hf import VaswaniForConditionalGeneration
@@ -342,18 +344,23 @@ def test_without_a_time_budget_the_learning_rate_is_the_papers_curve(whole_run):
     assert rates == pytest.approx([32**-0.5 * min(k**-0.5, k * 4**-1.5) for k in range(1, 9)], rel=1e-9)
 
 
-def test_dropout_fitted_to_a_run_too_short_for_it_trains_as_no_dropout_and_the_card_says_so(tmp_path, small_data):
-    """--dropout_epochs 1000 2000 with --dropout 0.1: a 4-step run is expected to make far fewer than 1,000 epochs, so
-    its P_drop is fitted to 0 (training/budget.py): the run is a run with --dropout 0, bit for bit, and its config and
-    model card say 0 and why."""
-    flags = [*TINY, *small_data, "--max_steps", "4", "--max_train_minutes", "60"]
-    launch(tmp_path / "fitted", *flags, "--dropout", "0.1", "--dropout_epochs", "1000", "2000", env_extra=SAME_KERNELS)
-    launch(tmp_path / "none", *flags, "--dropout", "0", env_extra=SAME_KERNELS)
-    assert [h["loss"] for h in history(tmp_path / "fitted")] == [h["loss"] for h in history(tmp_path / "none")]
-    assert_same_weights(tmp_path / "fitted", tmp_path / "none", atol=0)
-    assert json.loads((tmp_path / "fitted" / "config.json").read_text())["dropout"] == 0
+def test_dropout_fitted_to_half_way_up_its_ramp_trains_as_that_dropout_and_the_card_says_so(tmp_path, small_data):
+    """--dropout 0.1 --dropout_epochs 0 E1, with E1 twice the epochs that --max_steps 4 make: P_drop is fitted to 0.05
+    (training/budget.py), and the run is a run with --dropout 0.05, bit for bit; its config and model card say 0.05.
+    The epoch, in steps, is counted here from the run's own tokenizer and the §5.1 batches (TINY: 2 batches a step)."""
+    flags = [*TINY, *small_data, "--max_steps", "4", "--max_train_minutes", "60"]  # the budget expects max_steps
+    launch(tmp_path / "constant", *flags, "--dropout", "0.05", env_extra=SAME_KERNELS)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "constant")
+    rows = [json.loads(line)["translation"] for line in Path(small_data[1]).read_text().splitlines()]
+    sources, targets = encode(tokenizer, [(r["en"], r["de"]) for r in rows], 256)
+    steps_per_epoch = len(token_batches([len(x) for x in sources], [len(x) for x in targets], 400, 3, 0)) // 2
+    launch(tmp_path / "fitted", *flags, "--dropout", "0.1", "--dropout_epochs", "0", repr(8 / steps_per_epoch),
+           env_extra=SAME_KERNELS)
+    assert [h["loss"] for h in history(tmp_path / "fitted")] == [h["loss"] for h in history(tmp_path / "constant")]
+    assert_same_weights(tmp_path / "fitted", tmp_path / "constant", atol=0)
+    assert json.loads((tmp_path / "fitted" / "config.json").read_text())["dropout"] == 0.05
     card = " ".join((tmp_path / "fitted" / "README.md").read_text().split())
-    assert "dropout P_drop = 0 and" in card and "P_drop fitted to the epochs" in card
+    assert "dropout P_drop = 0.05 and" in card and "P_drop fitted to the epochs" in card
 
 
 def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small_data):
