@@ -1,10 +1,12 @@
 """Where a training step of the 25-minute recipe goes, and whether torch.compile or another way of drawing dropout
 masks would make more steps in the budget.
 
-    python benchmarks/training_step.py [--preset cpu-medium] [--steps 40] [--no-compile]
+    python benchmarks/training_step.py [--preset cpu-medium] [--steps 40] [--dropout P] [--no-compile]
 
 The preset's model trained as `training/run.py` trains it: token batches of Multi30k's training pairs (joint BPE of
-the preset's size), the paper's label-smoothed loss, Adam; the preset's batches per step. Prints seconds per step
+the preset's size), the paper's label-smoothed loss, the run's Adam (`paper_optimizer`: fused where torch has it),
+the preset's gradient clipping and batches per step. P_drop is the preset's `dropout` unless `--dropout` gives the
+value a run fits (`--dropout_epochs`: none in a run of under 10 epochs). Prints seconds per step
 eager (our measured kernels), eager under bfloat16 autocast (`--mixed_precision bf16`: plain `nn.Linear`) and
 compiled (`torch.compile(dynamic=True)`: plain `nn.Linear`, Inductor), the compile time, the eager step's top
 operators, and dropout's masks drawn four ways at the step's shapes (median of 50).
@@ -26,6 +28,7 @@ from matmul import seconds  # noqa: E402  (this folder's median timer)
 from training.arguments import ModelArguments  # noqa: E402
 from training.batching import collate, encode, token_batches  # noqa: E402
 from training.loss import label_smoothed_nll  # noqa: E402
+from training.schedule import paper_optimizer  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
 from vaswani_hf import VaswaniForConditionalGeneration  # noqa: E402
 from vaswani_hf.kernels import cpu_name  # noqa: E402
@@ -50,14 +53,16 @@ def bfloat16_autocast(model, batch):
         return loss(model, batch)
 
 
-def train(model, forward, steps, per_step) -> list[float]:
+def train(model, forward, steps, per_step, max_grad_norm: float) -> list[float]:
     """Seconds of each step."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    optimizer, _ = paper_optimizer(model, model.config.d_model, warmup_steps=400)
     times = []
     for step in range(steps):
         start = time.perf_counter()
         for batch in per_step[step % len(per_step)]:
             forward(model, batch).backward()
+        if max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
@@ -78,6 +83,7 @@ def main():
     parser.add_argument("--preset", default="cpu-medium")
     parser.add_argument("--steps", type=int, default=40, help="Steps timed each way; the first 5 are left out.")
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--dropout", type=float, help="P_drop (default: the preset's).")
     parser.add_argument("--no-compile", action="store_true")
     args = parser.parse_args()
     preset = json.loads((ROOT / "training" / "presets" / f"{args.preset}.json").read_text())
@@ -89,34 +95,39 @@ def main():
     per_step = [[collate(b, *ids, tokenizer.pad_token_id, "cpu") for b in batches[i: i + accumulation]]
                 for i in range(0, accumulation * args.steps, accumulation)]
     sizes = ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "dropout")
+    if args.dropout is not None:
+        preset["dropout"] = args.dropout
     config = ModelArguments(**{name: preset[name] for name in sizes}).config(tokenizer)
+    clip = preset.get("max_grad_norm", 0.0)
     print(f"{cpu_name()}, {torch.get_num_threads()} threads; {args.preset}: {accumulation} batch(es) of <= "
-          f"{preset['max_tokens']} tokens a step")
+          f"{preset['max_tokens']} tokens a step, P_drop {config.dropout:g}, gradients clipped at {clip or 'none'}")
 
     def model():
         torch.manual_seed(0)
         return VaswaniForConditionalGeneration(config).train()
 
-    eager = train(model(), loss, args.steps, per_step)[5:]
+    eager = train(model(), loss, args.steps, per_step, clip)[5:]
     print(f"eager: {sum(eager) / len(eager):.3f} s a step")
-    bf16 = train(model(), bfloat16_autocast, args.steps, per_step)[5:]
+    bf16 = train(model(), bfloat16_autocast, args.steps, per_step, clip)[5:]
     print(f"eager, bfloat16 autocast (--mixed_precision bf16): {sum(bf16) / len(bf16):.3f} s a step")
     if not args.no_compile:
-        compiled = train(model(), torch.compile(loss, dynamic=True), args.steps, per_step)
+        compiled = train(model(), torch.compile(loss, dynamic=True), args.steps, per_step, clip)
         steady = sum(compiled[5:]) / len(compiled[5:])
         print(f"torch.compile(dynamic=True): {steady:.3f} s a step, "
               f"{sum(compiled[:5]) - 5 * steady:.0f} s more in the first 5 steps (compiling)")
 
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
-        train(model(), loss, 5, per_step)
+        train(model(), loss, 5, per_step, clip)
     events = sorted(profiler.key_averages(), key=lambda event: -event.self_cpu_time_total)
     total = sum(event.self_cpu_time_total for event in events)
     print("eager step, share of CPU time: " + ", ".join(
         f"{event.key} {event.self_cpu_time_total / total:.1%}" for event in events[:6]))
 
-    x = torch.randn(*per_step[0][0]["input_ids"].shape, preset["d_model"])
-    print(f"dropout masks at {tuple(x.shape)}: " + ", ".join(
-        f"{name} {seconds(lambda way=way: way(x), 50) * 1e3:.2f} ms" for name, way in dropout_ways(preset["dropout"]).items()))
+    if config.dropout:
+        x = torch.randn(*per_step[0][0]["input_ids"].shape, preset["d_model"])
+        print(f"dropout masks at {tuple(x.shape)}: " + ", ".join(
+            f"{name} {seconds(lambda way=way: way(x), 50) * 1e3:.2f} ms"
+            for name, way in dropout_ways(config.dropout).items()))
 
 
 if __name__ == "__main__":
