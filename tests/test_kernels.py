@@ -17,7 +17,7 @@ from conftest import random_ids, tiny_model
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from vaswani_hf import modeling_vaswani
-from vaswani_hf.kernels import KERNELS, LINEAR_KERNELS, Kernels, VaswaniLinear, fastest
+from vaswani_hf.kernels import KERNELS, Kernels, VaswaniLinear, fastest
 
 
 @pytest.fixture
@@ -30,9 +30,9 @@ def kernels(monkeypatch):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("kernel", ["torch", "onednn"])
-def test_each_training_kernel_computes_the_formula_and_its_gradients(kernels, kernel, bias):
-    kernels.force(kernel)
+@pytest.mark.parametrize("forced", [["torch"], ["onednn"], ["onednn_swapped", "torch"]])  # swapped: weight gradients
+def test_each_training_kernel_computes_the_formula_and_its_gradients(kernels, forced, bias):
+    kernels.force(*forced)
     torch.manual_seed(0)
     layer = VaswaniLinear(24, 40, bias=bias)
     x = torch.randn(7, 5, 24).transpose(0, 1).requires_grad_()  # (5, 7, 24), not contiguous
@@ -46,11 +46,12 @@ def test_each_training_kernel_computes_the_formula_and_its_gradients(kernels, ke
     torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(x.grad.double(), g64 @ w64, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(layer.weight.grad.double(), g64.flatten(0, 1).T @ x64.flatten(0, 1), rtol=1e-5, atol=1e-5)
+    assert layer.weight.grad.is_contiguous()
     if bias:
         torch.testing.assert_close(layer.bias.grad.double(), g64.sum((0, 1)), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kernel", LINEAR_KERNELS)
+@pytest.mark.parametrize("kernel", ["torch", "onednn", "onednn_packed"])
 def test_each_decoding_kernel_computes_the_formula(kernels, kernel):
     kernels.force(kernel)
     torch.manual_seed(0)
@@ -162,7 +163,7 @@ def training_gradients(kernel: str | None) -> dict[str, torch.Tensor]:
 
 def test_a_training_step_has_the_same_gradients_whichever_kernel_runs(kernels):
     plain = training_gradients("torch")
-    for kernel in ("onednn", None):  # None: chosen by measurement
+    for kernel in ("onednn", "onednn_swapped", None):  # swapped: weight gradients only; None: chosen by measurement
         other = training_gradients(kernel)
         assert other.keys() == plain.keys()
         for name in plain:

@@ -9,9 +9,11 @@ briefly and the fastest is kept for the rest of the process, as cuDNN's benchmar
 
 * `VaswaniLinear`: `nn.Linear` whose float32 CPU products choose among torch's own (`F.linear`, MKL), oneDNN, and —
   inside a decoding block (`decoding()`, entered by `generate()` and the GNMT search) — oneDNN with the weight
-  reordered once into its blocked layout. Shape classes: the kind of product (forward, input gradient, weight
-  gradient, forward without gradient, forward without gradient inside a decoding block), the weight's shape, and
-  the number of tokens (input rows) rounded up to a power of two.
+  reordered once into its blocked layout; for the weight gradient, also oneDNN with the operands swapped (oneDNN
+  copies a transposed first operand into rows: swapped, it copies the layer's input instead of its output
+  gradient, the smaller of the two when the layer widens). Shape classes: the kind of product (forward, input
+  gradient, weight gradient, forward without gradient, forward without gradient inside a decoding block), the
+  weight's shape, and the number of tokens (input rows) rounded up to a power of two.
 * `measured_attention(eager)`: transformers' SDPA kernel, except without gradient on the CPU (encoding and decoding
   steps), where SDPA or the eager product is chosen the same way: torch's CPU SDPA has a fixed cost per call that
   a decoding step's few query rows may not repay. The model registers it as an attention kernel of its own name,
@@ -46,7 +48,7 @@ from transformers.utils import is_torchdynamo_compiling
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 MEASURED_ATTENTION = "vaswani_measured"  # the name the model registers `measured_attention` under
-LINEAR_KERNELS = ("torch", "onednn", "onednn_packed")
+LINEAR_KERNELS = ("torch", "onednn", "onednn_packed", "onednn_swapped")
 ATTENTION_KERNELS = ("eager", "sdpa")
 KERNEL_NAMES = LINEAR_KERNELS + ATTENTION_KERNELS
 
@@ -206,15 +208,22 @@ def onednn_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None =
 
 
 def product(name: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """a @ b^T + bias with the kernel `name` ("onednn_packed": `b` is the packed weight)."""
-    return nn.functional.linear(a, b, bias) if name == "torch" else onednn_product(a, b, bias)
+    """a @ b^T + bias with the kernel `name` ("onednn_packed": `b` is the packed weight; "onednn_swapped", without
+    bias: (b @ a^T)^T, its transpose copied into rows as the others return it)."""
+    if name == "torch":
+        return nn.functional.linear(a, b, bias)
+    if name == "onednn_swapped":
+        return onednn_product(b, a).t().contiguous()
+    return onednn_product(a, b, bias)
 
 
 def measured_product(kind: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, weight_shape: torch.Size,
                      tokens: int, packed: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
     """a @ b^T + bias with the kernel chosen for this kind of product, the layer's weight shape and its number of
-    tokens (input rows, rounded up to a power of two). `packed` offers the packed weight as a third candidate."""
-    names = LINEAR_KERNELS if packed is not None else LINEAR_KERNELS[:2]
+    tokens (input rows, rounded up to a power of two). `packed` offers the packed weight as a candidate; a weight
+    gradient also has the swapped operands."""
+    names = ("torch", "onednn", *(["onednn_packed"] if packed is not None else []),
+             *(["onednn_swapped"] if kind == "grad_weight" else []))
 
     def run(name: str) -> torch.Tensor:
         return product(name, a, packed() if name == "onednn_packed" else b, bias)
