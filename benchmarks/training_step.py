@@ -2,6 +2,7 @@
 masks would make more steps in the budget.
 
     python benchmarks/training_step.py [--preset cpu-medium] [--steps 40] [--dropout P] [--no-compile]
+                                       [--kernels onednn onednn_swapped,onednn ""]
 
 The preset's model trained as `training/run.py` trains it: token batches of Multi30k's training pairs (joint BPE of
 the preset's size), the paper's label-smoothed loss, the run's Adam (`paper_optimizer`: fused where torch has it),
@@ -9,7 +10,9 @@ the preset's gradient clipping and batches per step. P_drop is the preset's `dro
 value a run fits (`--dropout_epochs`: none in a run of under 10 epochs). Prints seconds per step
 eager (our measured kernels), eager under bfloat16 autocast (`--mixed_precision bf16`: plain `nn.Linear`) and
 compiled (`torch.compile(dynamic=True)`: plain `nn.Linear`, Inductor), the compile time, the eager step's top
-operators, and dropout's masks drawn four ways at the step's shapes (median of 50).
+operators, and dropout's masks drawn four ways at the step's shapes (median of 50). `--kernels` also times the eager
+step with each set of kernels forced (`VASWANI_KERNELS` names; "" chooses by measurement) on one model, in 6 rounds of
+10 steps each way, interleaved so that a machine's drift falls on all alike.
 """
 
 import argparse
@@ -31,7 +34,7 @@ from training.loss import label_smoothed_nll  # noqa: E402
 from training.schedule import paper_optimizer  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
 from vaswani_hf import VaswaniForConditionalGeneration  # noqa: E402
-from vaswani_hf.kernels import cpu_name  # noqa: E402
+from vaswani_hf.kernels import KERNELS, cpu_name  # noqa: E402
 from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
 from vaswani_hf.text import read_lines  # noqa: E402
 
@@ -85,6 +88,7 @@ def main():
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--dropout", type=float, help="P_drop (default: the preset's).")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--kernels", nargs="+", metavar="NAMES", help="Kernel sets to compare on the eager step.")
     args = parser.parse_args()
     preset = json.loads((ROOT / "training" / "presets" / f"{args.preset}.json").read_text())
     sources, targets = read_lines(args.data / "train.en"), read_lines(args.data / "train.de")
@@ -115,6 +119,18 @@ def main():
         steady = sum(compiled[5:]) / len(compiled[5:])
         print(f"torch.compile(dynamic=True): {steady:.3f} s a step, "
               f"{sum(compiled[:5]) - 5 * steady:.0f} s more in the first 5 steps (compiling)")
+
+    if args.kernels:
+        shared, rounds = model(), {names: [] for names in args.kernels}
+        for round_ in range(6):
+            for names in args.kernels:
+                KERNELS.force(names)
+                rotated = per_step[round_:] + per_step[:round_]
+                rounds[names].append(sum(train(shared, loss, 12, rotated, clip)[2:]) / 10)
+        KERNELS.force()
+        print("eager, kernels forced, 6 rounds of 10 steps interleaved: " + "; ".join(
+            f"{names or 'chosen by measurement'} {sum(times) / 6:.3f} s a step ({' '.join(f'{t:.3f}' for t in times)})"
+            for names, times in rounds.items()))
 
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
         train(model(), loss, 5, per_step, clip)
