@@ -34,14 +34,21 @@ def seconds(function, repeats: int) -> float:
     return statistics.median(times)
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
+    return value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=21)
-    parser.add_argument("--d_model", type=int, default=512)
-    parser.add_argument("--d_ff", type=int, default=2048)
-    parser.add_argument("--vocab", type=int, default=37000)
-    parser.add_argument("--rows", type=int, default=2048, help="Tokens of a training batch.")
+    parser.add_argument("--threads", type=positive, default=2)
+    parser.add_argument("--repeats", type=positive, default=21)
+    parser.add_argument("--d_model", type=positive, default=512)
+    parser.add_argument("--d_ff", type=positive, default=2048)
+    parser.add_argument("--vocab", type=positive, default=37000)
+    parser.add_argument("--rows", type=positive, default=2048, help="Tokens of a training batch.")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     shapes = {"attention projection": (args.d_model, args.d_model), "FFN in": (args.d_model, args.d_ff),

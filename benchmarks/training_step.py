@@ -8,7 +8,7 @@ The preset's model trained as `training/run.py` trains it: token batches of Mult
 the preset's size), the paper's label-smoothed loss, the run's Adam (`paper_optimizer`: fused where torch has it),
 the preset's gradient clipping and batches per step. P_drop is the preset's `dropout` unless `--dropout` gives the
 value a run fits (`--dropout_epochs`: none in a run of under 10 epochs). Prints seconds per step
-eager (our measured kernels), eager under bfloat16 autocast (`--mixed_precision bf16`: plain `nn.Linear`) and
+eager (our measured kernels, after an untimed pass that measures them), eager under bfloat16 autocast (`--mixed_precision bf16`: plain `nn.Linear`) and
 compiled (`torch.compile(dynamic=True)`: plain `nn.Linear`, Inductor), the compile time, the eager step's top
 operators, and dropout's masks drawn four ways at the step's shapes (median of 50). `--kernels` also times the eager
 step with each set of kernels forced (`VASWANI_KERNELS` names; "" chooses by measurement) on one model, in 6 rounds of
@@ -34,7 +34,7 @@ from training.loss import label_smoothed_nll  # noqa: E402
 from training.schedule import paper_optimizer  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
 from vaswani_hf import VaswaniForConditionalGeneration  # noqa: E402
-from vaswani_hf.kernels import KERNELS, cpu_name  # noqa: E402
+from vaswani_hf.kernels import KERNELS, cpu_name, parse_kernel_names  # noqa: E402
 from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
 from vaswani_hf.text import read_lines  # noqa: E402
 
@@ -81,14 +81,39 @@ def dropout_ways(p: float) -> dict:
     }
 
 
+def kernel_set(text: str) -> str:
+    """A `--kernels` set, checked before any work: comma-separated `VASWANI_KERNELS` names, or "" for measurement."""
+    try:
+        parse_kernel_names(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def steps(text: str) -> int:
+    value = int(text)
+    if value < 6:
+        raise argparse.ArgumentTypeError(f"the first 5 steps are left out: give at least 6, not {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"P_drop must be in [0, 1), not {text}")
+    return value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="cpu-medium")
-    parser.add_argument("--steps", type=int, default=40, help="Steps timed each way; the first 5 are left out.")
+    parser.add_argument("--preset", default="cpu-medium",
+                        choices=sorted(path.stem for path in (ROOT / "training" / "presets").glob("*.json")))
+    parser.add_argument("--steps", type=steps, default=40, help="Steps timed each way; the first 5 are left out.")
     parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--dropout", type=float, help="P_drop (default: the preset's).")
+    parser.add_argument("--dropout", type=probability, help="P_drop (default: the preset's).")
     parser.add_argument("--no-compile", action="store_true")
-    parser.add_argument("--kernels", nargs="+", metavar="NAMES", help="Kernel sets to compare on the eager step.")
+    parser.add_argument("--kernels", nargs="+", type=kernel_set, metavar="NAMES",
+                        help="Kernel sets to compare on the eager step.")
     args = parser.parse_args()
     preset = json.loads((ROOT / "training" / "presets" / f"{args.preset}.json").read_text())
     sources, targets = read_lines(args.data / "train.en"), read_lines(args.data / "train.de")
@@ -110,6 +135,8 @@ def main():
         torch.manual_seed(0)
         return VaswaniForConditionalGeneration(config).train()
 
+    # An untimed pass first: the kernels of every shape class these batches meet are measured once, there.
+    train(model(), loss, len(per_step), per_step, clip)
     eager = train(model(), loss, args.steps, per_step, clip)[5:]
     print(f"eager: {sum(eager) / len(eager):.3f} s a step")
     bf16 = train(model(), bfloat16_autocast, args.steps, per_step, clip)[5:]
@@ -126,7 +153,8 @@ def main():
             for names in args.kernels:
                 KERNELS.force(names)
                 rotated = per_step[round_:] + per_step[:round_]
-                rounds[names].append(sum(train(shared, loss, 12, rotated, clip)[2:]) / 10)
+                times = train(shared, loss, 12, rotated, clip)[2:]
+                rounds[names].append(sum(times) / len(times))
         KERNELS.force()
         print("eager, kernels forced, 6 rounds of 10 steps interleaved: " + "; ".join(
             f"{names or 'chosen by measurement'} {sum(times) / 6:.3f} s a step ({' '.join(f'{t:.3f}' for t in times)})"

@@ -17,7 +17,7 @@ from conftest import random_ids, tiny_model
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from vaswani_hf import modeling_vaswani
-from vaswani_hf.kernels import KERNELS, Kernels, VaswaniLinear, fastest
+from vaswani_hf.kernels import KERNELS, Kernels, VaswaniLinear, fastest, product
 
 
 @pytest.fixture
@@ -49,6 +49,18 @@ def test_each_training_kernel_computes_the_formula_and_its_gradients(kernels, fo
     assert layer.weight.grad.is_contiguous()
     if bias:
         torch.testing.assert_close(layer.bias.grad.double(), g64.sum((0, 1)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("kernel", ["torch", "onednn", "onednn_swapped"])
+def test_each_product_of_transposed_operands_computes_the_formula(kernel, bias):
+    """A weight gradient's operands: (out, N) and (in, N) views of row-major (N, out) and (N, in) tensors."""
+    torch.manual_seed(0)
+    grad_output, input, b = torch.randn(9, 40), torch.randn(9, 24), torch.randn(24) if bias else None
+    y = product(kernel, grad_output.t(), input.t(), b)
+    expected = grad_output.double().T @ input.double() + (b.double() if bias else 0)
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
+    assert y.is_contiguous()
 
 
 @pytest.mark.parametrize("kernel", ["torch", "onednn", "onednn_packed"])

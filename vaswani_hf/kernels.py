@@ -208,22 +208,23 @@ def onednn_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None =
 
 
 def product(name: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """a @ b^T + bias with the kernel `name` ("onednn_packed": `b` is the packed weight; "onednn_swapped", without
-    bias: (b @ a^T)^T, its transpose copied into rows as the others return it)."""
+    """a @ b^T + bias with the kernel `name` ("onednn_packed": `b` is the packed weight; "onednn_swapped":
+    (b @ a^T)^T, copied into rows as the others return it)."""
     if name == "torch":
         return nn.functional.linear(a, b, bias)
     if name == "onednn_swapped":
-        return onednn_product(b, a).t().contiguous()
+        swapped = onednn_product(b, a).t().contiguous()
+        return swapped if bias is None else swapped + bias
     return onednn_product(a, b, bias)
 
 
 def measured_product(kind: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, weight_shape: torch.Size,
-                     tokens: int, packed: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
+                     tokens: int, packed: Callable[[], torch.Tensor] | None = None,
+                     swapped: bool = False) -> torch.Tensor:
     """a @ b^T + bias with the kernel chosen for this kind of product, the layer's weight shape and its number of
-    tokens (input rows, rounded up to a power of two). `packed` offers the packed weight as a candidate; a weight
-    gradient also has the swapped operands."""
-    names = ("torch", "onednn", *(["onednn_packed"] if packed is not None else []),
-             *(["onednn_swapped"] if kind == "grad_weight" else []))
+    tokens (input rows, rounded up to a power of two). `packed` offers the packed weight as a candidate, `swapped`
+    the operands swapped."""
+    names = LINEAR_KERNELS[:2] + (("onednn_packed",) if packed is not None else ()) + (("onednn_swapped",) * swapped)
 
     def run(name: str) -> torch.Tensor:
         return product(name, a, packed() if name == "onednn_packed" else b, bias)
@@ -266,7 +267,8 @@ class MeasuredLinearFunction(torch.autograd.Function):
             grad_input = grad_input.view(input.shape)
         if ctx.needs_input_grad[1]:  # (out, N) @ (N, in)
             grad_weight = measured_product(
-                "grad_weight", grad_output.t(), input.reshape(-1, input.shape[-1]).t(), None, weight.shape, tokens
+                "grad_weight", grad_output.t(), input.reshape(-1, input.shape[-1]).t(), None, weight.shape, tokens,
+                swapped=True,
             )
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad_output.sum(0)
