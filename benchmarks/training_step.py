@@ -7,12 +7,13 @@ masks would make more steps in the budget.
 The preset's model trained as `training/run.py` trains it: token batches of Multi30k's training pairs (joint BPE of
 the preset's size), the paper's label-smoothed loss, the run's Adam (`paper_optimizer`: fused where torch has it),
 the preset's gradient clipping and batches per step. P_drop is the preset's `dropout` unless `--dropout` gives the
-value a run fits (`--dropout_epochs`: none in a run of under 10 epochs). Prints seconds per step
-eager (our measured kernels, after an untimed pass that measures them), eager under bfloat16 autocast (`--mixed_precision bf16`: plain `nn.Linear`) and
-compiled (`torch.compile(dynamic=True)`: plain `nn.Linear`, Inductor), the compile time, the eager step's top
-operators, and dropout's masks drawn four ways at the step's shapes (median of 50). `--kernels` also times the eager
-step with each set of kernels forced (`VASWANI_KERNELS` names; "" chooses by measurement) on one model, in 6 rounds of
-10 steps each way, interleaved so that a machine's drift falls on all alike.
+value a run fits (`--dropout_epochs`: none in a run of under 10 epochs). Prints seconds per step, the first 5 left
+out: eager (our measured kernels, after an untimed pass that measures them), eager under bfloat16 autocast
+(`--mixed_precision bf16`: plain `nn.Linear`) and compiled (`torch.compile(dynamic=True)`: plain `nn.Linear`,
+Inductor), the compile time, the eager step's top operators, and dropout's masks drawn four ways at the step's shapes
+(median of 50). `--kernels` also times the eager step with each set of kernels forced (`VASWANI_KERNELS` names; ""
+chooses by measurement) on one model, in 6 rounds of 10 steps each way, interleaved so that a machine's drift falls on
+all alike.
 """
 
 import argparse
@@ -39,6 +40,8 @@ from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
 from vaswani_hf.text import read_lines  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
+SKIPPED = 5  # steps left out of each timing: the allocator and caches settle
+ROUNDS, ROUND_STEPS = 6, 10  # --kernels: rounds, and the steps timed in each (after 2 untimed)
 
 
 def loss(model, batch):
@@ -90,10 +93,11 @@ def kernel_set(text: str) -> str:
     return text
 
 
-def steps(text: str) -> int:
+def step_count(text: str) -> int:
     value = int(text)
-    if value < 6:
-        raise argparse.ArgumentTypeError(f"the first 5 steps are left out: give at least 6, not {text}")
+    if value <= SKIPPED:
+        raise argparse.ArgumentTypeError(f"the first {SKIPPED} steps are left out: give at least {SKIPPED + 1}, "
+                                         f"not {text}")
     return value
 
 
@@ -108,7 +112,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="cpu-medium",
                         choices=sorted(path.stem for path in (ROOT / "training" / "presets").glob("*.json")))
-    parser.add_argument("--steps", type=steps, default=40, help="Steps timed each way; the first 5 are left out.")
+    parser.add_argument("--steps", type=step_count, default=40, help="Steps timed each way; the first 5 are left out.")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--dropout", type=probability, help="P_drop (default: the preset's).")
     parser.add_argument("--no-compile", action="store_true")
@@ -137,28 +141,28 @@ def main():
 
     # An untimed pass first: the kernels of every shape class these batches meet are measured once, there.
     train(model(), loss, len(per_step), per_step, clip)
-    eager = train(model(), loss, args.steps, per_step, clip)[5:]
+    eager = train(model(), loss, args.steps, per_step, clip)[SKIPPED:]
     print(f"eager: {sum(eager) / len(eager):.3f} s a step")
-    bf16 = train(model(), bfloat16_autocast, args.steps, per_step, clip)[5:]
+    bf16 = train(model(), bfloat16_autocast, args.steps, per_step, clip)[SKIPPED:]
     print(f"eager, bfloat16 autocast (--mixed_precision bf16): {sum(bf16) / len(bf16):.3f} s a step")
     if not args.no_compile:
         compiled = train(model(), torch.compile(loss, dynamic=True), args.steps, per_step, clip)
-        steady = sum(compiled[5:]) / len(compiled[5:])
+        steady = sum(compiled[SKIPPED:]) / len(compiled[SKIPPED:])
         print(f"torch.compile(dynamic=True): {steady:.3f} s a step, "
-              f"{sum(compiled[:5]) - 5 * steady:.0f} s more in the first 5 steps (compiling)")
+              f"{sum(compiled[:SKIPPED]) - SKIPPED * steady:.0f} s more in the first {SKIPPED} steps (compiling)")
 
     if args.kernels:
         shared, rounds = model(), {names: [] for names in args.kernels}
-        for round_ in range(6):
+        for round_ in range(ROUNDS):
             for names in args.kernels:
                 KERNELS.force(names)
                 rotated = per_step[round_:] + per_step[:round_]
-                times = train(shared, loss, 12, rotated, clip)[2:]
-                rounds[names].append(sum(times) / len(times))
+                times = train(shared, loss, ROUND_STEPS + 2, rotated, clip)[2:]
+                rounds[names].append(sum(times) / ROUND_STEPS)
         KERNELS.force()
-        print("eager, kernels forced, 6 rounds of 10 steps interleaved: " + "; ".join(
-            f"{names or 'chosen by measurement'} {sum(times) / 6:.3f} s a step ({' '.join(f'{t:.3f}' for t in times)})"
-            for names, times in rounds.items()))
+        print(f"eager, kernels forced, {ROUNDS} rounds of {ROUND_STEPS} steps interleaved: " + "; ".join(
+            f"{names or 'chosen by measurement'} {sum(means) / ROUNDS:.3f} s a step "
+            f"({' '.join(f'{mean:.3f}' for mean in means)})" for names, means in rounds.items()))
 
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
         train(model(), loss, 5, per_step, clip)

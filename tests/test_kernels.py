@@ -45,7 +45,8 @@ def test_each_training_kernel_computes_the_formula_and_its_gradients(kernels, fo
     expected = x64 @ w64.T + (layer.bias.detach().double() if bias else 0)
     torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(x.grad.double(), g64 @ w64, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(layer.weight.grad.double(), g64.flatten(0, 1).T @ x64.flatten(0, 1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.weight.grad.double(), g64.flatten(0, 1).T @ x64.flatten(0, 1),
+                               rtol=1e-5, atol=1e-5)
     assert layer.weight.grad.is_contiguous()
     if bias:
         torch.testing.assert_close(layer.bias.grad.double(), g64.sum((0, 1)), rtol=1e-5, atol=1e-5)

@@ -224,7 +224,8 @@ def measured_product(kind: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Te
     """a @ b^T + bias with the kernel chosen for this kind of product, the layer's weight shape and its number of
     tokens (input rows, rounded up to a power of two). `packed` offers the packed weight as a candidate, `swapped`
     the operands swapped."""
-    names = LINEAR_KERNELS[:2] + (("onednn_packed",) if packed is not None else ()) + (("onednn_swapped",) * swapped)
+    names = (LINEAR_KERNELS[:2] + (("onednn_packed",) if packed is not None else ())
+             + (("onednn_swapped",) if swapped else ()))
 
     def run(name: str) -> torch.Tensor:
         return product(name, a, packed() if name == "onednn_packed" else b, bias)
