@@ -45,6 +45,7 @@ def data(tmp_path):
     (["--mixed_precision", "fp16"], "needs a GPU"),
     (["--mixed_precision", "fp8"], "--mixed_precision fp8"),
     (["--num_heads", "5"], "num_heads"),
+    (["--num_decoder_layers", "0"], "num_decoder_layers"),
     (["--max_grad_norm", "-1"], "--max_grad_norm -1"),
     (["--attention_dropout", "1.5"], "attention_dropout"),
     (["--alpha_candidates", "0.6", "-1"], "--alpha_candidates"),

@@ -30,7 +30,8 @@ class ModelArguments:
     d_model: int = 512
     d_ff: int = 2048
     num_heads: int = 8
-    num_layers: int = 6
+    num_layers: int = field(default=6, metadata={"help": "N (§3.1): encoder layers, and decoder layers unless given."})
+    num_decoder_layers: int | None = field(default=None, metadata={"help": "Decoder layers (default: --num_layers)."})
     dropout: float = field(default=0.1, metadata={"help": "P_drop (§5.4)."})
     attention_dropout: float = field(default=0.0, metadata={"help": "On the attention weights: not the paper's."})
     activation_dropout: float = field(default=0.0, metadata={"help": "After the feed-forward ReLU: not the paper's."})
@@ -41,11 +42,11 @@ class ModelArguments:
         """The model's configuration, with the vocabulary and special tokens of the trained `tokenizer`."""
         return VaswaniConfig(
             vocab_size=len(tokenizer), d_model=self.d_model, d_ff=self.d_ff, num_heads=self.num_heads,
-            num_layers=self.num_layers, dropout=self.dropout, attention_dropout=self.attention_dropout,
-            activation_dropout=self.activation_dropout, position_embedding=self.position_embedding,
-            normalize_before=self.normalize_before, pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.bos_token_id,
+            num_layers=self.num_layers, num_decoder_layers=self.num_decoder_layers, dropout=self.dropout,
+            attention_dropout=self.attention_dropout, activation_dropout=self.activation_dropout,
+            position_embedding=self.position_embedding, normalize_before=self.normalize_before,
+            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id,
         )
 
 
