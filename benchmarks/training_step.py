@@ -130,7 +130,8 @@ def main():
     sizes = ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "dropout")
     if args.dropout is not None:
         preset["dropout"] = args.dropout
-    config = ModelArguments(**{name: preset[name] for name in sizes}).config(tokenizer)
+    depth = {"num_decoder_layers": preset.get("num_decoder_layers")}  # a preset's decoder of another depth, if any
+    config = ModelArguments(**{name: preset[name] for name in sizes}, **depth).config(tokenizer)
     clip = preset.get("max_grad_norm", 0.0)
     print(f"{cpu_name()}, {torch.get_num_threads()} threads; {args.preset}: {accumulation} batch(es) of <= "
           f"{preset['max_tokens']} tokens a step, P_drop {config.dropout:g}, gradients clipped at {clip or 'none'}")
