@@ -17,6 +17,7 @@ all alike.
 """
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -112,7 +113,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="cpu-medium",
                         choices=sorted(path.stem for path in (ROOT / "training" / "presets").glob("*.json")))
-    parser.add_argument("--steps", type=step_count, default=40, help="Steps timed each way; the first 5 are left out.")
+    parser.add_argument("--steps", type=step_count, default=40,
+                        help=f"Steps timed each way; the first {SKIPPED} are left out.")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--dropout", type=probability, help="P_drop (default: the preset's).")
     parser.add_argument("--no-compile", action="store_true")
@@ -127,11 +129,10 @@ def main():
     accumulation = max(1, preset["tokens_per_step"] // preset["max_tokens"])
     per_step = [[collate(b, *ids, tokenizer.pad_token_id, "cpu") for b in batches[i: i + accumulation]]
                 for i in range(0, accumulation * args.steps, accumulation)]
-    sizes = ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "dropout")
     if args.dropout is not None:
         preset["dropout"] = args.dropout
-    depth = {"num_decoder_layers": preset.get("num_decoder_layers")}  # a preset's decoder of another depth, if any
-    config = ModelArguments(**{name: preset[name] for name in sizes}, **depth).config(tokenizer)
+    model_fields = {field.name for field in dataclasses.fields(ModelArguments)}  # the model's part of the preset
+    config = ModelArguments(**{k: v for k, v in preset.items() if k in model_fields}).config(tokenizer)
     clip = preset.get("max_grad_norm", 0.0)
     print(f"{cpu_name()}, {torch.get_num_threads()} threads; {args.preset}: {accumulation} batch(es) of <= "
           f"{preset['max_tokens']} tokens a step, P_drop {config.dropout:g}, gradients clipped at {clip or 'none'}")
