@@ -7,7 +7,8 @@
 Runs `training/run.py` with the preset, then the peer (`../shared/baselines/train_marian.py`: d_model 256, 3+3
 layers, BPE 8k, beam 4), one after the other with the same training budget on the same CPU, and prints each one's
 steps, validation (all 1,014 sentences) and test2016 sacreBLEU and chrF, and the CPU. Both decode with beam 4: ours
-with the GNMT α its run chose on the validation set, the peer with transformers' length penalty 0.6. The folders
+with the preset's GNMT α (`cpu-medium`: 1.4, chosen on validation; with `-- --alpha_candidates A B ...` the α the run
+chooses on the validation set), the peer with transformers' length penalty 0.6. The folders
 and a `comparison.json` stay in --output_dir. `--no_test` leaves test2016 out of both (for making choices);
 `--skip_peer` runs ours only.
 """
@@ -42,7 +43,9 @@ def ours(args, out: Path, extra: list[str]) -> dict:
     run(["accelerate", "launch", "--num_processes", "1", "training/run.py", "--preset", args.preset, *data,
          "--max_train_minutes", str(args.minutes), "--output_dir", str(out), *extra], out.with_suffix(".log"))
     metrics = json.loads((out / "metrics.json").read_text())
-    row = {"steps": metrics["train_steps"], "valid": metrics["validation"], "alpha": metrics.get("alpha_search")}
+    alpha = json.loads((out / "generation_config.json").read_text())["gnmt_alpha"]
+    row = {"steps": metrics["train_steps"], "valid": metrics["validation"], "alpha": alpha,
+           "alpha_search": metrics.get("alpha_search")}
     if "test" in metrics:
         row["test2016"] = metrics["test"]
     return row
