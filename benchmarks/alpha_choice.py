@@ -75,6 +75,13 @@ def paired_bootstrap(decoded: dict[float, list[str]], best: float, references: l
     return {name: result.p_value for name, result in zip(results["System"], results["BLEU"]) if name != str(best)}
 
 
+def alpha_list(text: str) -> list[float]:
+    alphas = numbers(text)
+    if any(alpha < 0 for alpha in alphas):
+        raise argparse.ArgumentTypeError(f"α must be at least 0, not {text}")
+    return alphas
+
+
 def positive(text: str) -> int:
     if int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
@@ -93,14 +100,22 @@ def candidates(run: Path) -> list[float]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", type=Path, nargs="+")
-    parser.add_argument("--alphas", type=numbers, help="The α to compare (default: the candidates each run had).")
+    parser.add_argument("--alphas", type=alpha_list, help="The α to compare (default: the candidates each run had).")
     parser.add_argument("--splits", type=positive, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--source", type=Path, default=DATA / "valid.en")
     parser.add_argument("--reference", type=Path, default=DATA / "valid.de")
     args = parser.parse_args()
+    for run in args.run_dirs:  # every input checked before the first decoding
+        if not (run / "config.json").is_file():
+            raise SystemExit(f"{run}: not a training/run.py output folder (no config.json)")
     alphas = {run: args.alphas or candidates(run) for run in args.run_dirs}
-    sources, references = read_lines(args.source), read_lines(args.reference)
+    try:
+        sources, references = read_lines(args.source), read_lines(args.reference)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+    if len(sources) != len(references):
+        raise SystemExit(f"{args.source} has {len(sources)} lines but {args.reference} has {len(references)}")
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads; {len(references)} sentences, {args.splits} splits")
     for run in args.run_dirs:
         tokenizer = AutoTokenizer.from_pretrained(run)

@@ -1,10 +1,12 @@
-"""benchmarks/alpha_choice.py: corpus BLEU from per-sentence statistics against sacreBLEU's own corpus score, and the
-split halves on hypotheses whose better α is known (the references themselves)."""
+"""benchmarks/alpha_choice.py: corpus BLEU from per-sentence statistics against sacreBLEU's own corpus score; the split
+halves: α chosen on one half scored on the other (against sacreBLEU on the same split), and on hypotheses whose better
+α is known (the references themselves)."""
 
 import random
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU
 
@@ -45,3 +47,21 @@ def test_split_halves_choose_the_clearly_better_alpha():
     result = split_halves(statistics, splits=20, seed=0)
     assert result["halves_agree"] == 1.0
     assert result["held_out_bleu"]["chosen"] == result["held_out_bleu"]["1.4"] == 100.0
+
+
+def test_alpha_chosen_on_one_half_is_scored_on_the_other():
+    """One split, scored again with sacreBLEU's corpus score: each half's choice is scored on the other half."""
+    decoded = {1.0: degraded(0.3, 4), 1.4: degraded(0.3, 5)}  # alike in quality, unlike sentence by sentence
+    statistics = {alpha: sentence_statistics(hypotheses, REFERENCES) for alpha, hypotheses in decoded.items()}
+    result = split_halves(statistics, splits=1, seed=0)
+    order = np.random.default_rng(0).permutation(len(REFERENCES))  # the split the function draws from its seed
+    halves = order[: len(order) // 2], order[len(order) // 2:]
+
+    def bleu(alpha, half):
+        return BLEU().corpus_score([decoded[alpha][i] for i in half], [[REFERENCES[i] for i in half]]).score
+
+    choices = [max(decoded, key=lambda alpha, half=half: bleu(alpha, half)) for half in halves]
+    assert choices[0] != choices[1]  # the halves disagree here, so scoring a choice on its own half would differ
+    assert result["halves_agree"] == 0.0
+    expected = (bleu(choices[0], halves[1]) + bleu(choices[1], halves[0])) / 2
+    assert result["held_out_bleu"]["chosen"] == pytest.approx(expected, abs=0.006)  # reported to 2 decimals
