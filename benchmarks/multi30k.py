@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from training.arguments import read_preset  # noqa: E402
 from vaswani_hf.kernels import cpu_name  # noqa: E402
 
 PEER = ROOT.parent / "shared" / "baselines" / "train_marian.py"
@@ -60,9 +61,15 @@ def peer(args, out: Path) -> dict:
             "test2016": results["eval"]["test2016_beam4"]}
 
 
+def positive_minutes(text: str) -> float:
+    if not float(text) > 0:
+        raise argparse.ArgumentTypeError(f"a training budget must be positive, not {text}")
+    return float(text)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=25)
+    parser.add_argument("--minutes", type=positive_minutes, default=25)
     parser.add_argument("--preset", default="cpu-medium")
     parser.add_argument("--data", type=Path, default=DATA, help="A folder with train, valid and test2016 .en/.de files.")
     parser.add_argument("--peer", type=Path, default=PEER)
@@ -71,6 +78,7 @@ def main():
     parser.add_argument("--skip_peer", action="store_true")
     args, extra = parser.parse_known_args()
     extra = [flag for flag in extra if flag != "--"]
+    read_preset(args.preset)  # an unknown preset: one line, before any folder or process
     for name in ("train", "valid", "test2016"):
         if not (args.data / f"{name}.en").is_file():
             raise SystemExit(f"--data {args.data}: no {name}.en")

@@ -1,5 +1,5 @@
-"""Misuse of training/run.py and vaswani-translate: every wrong flag, file or folder is one line that names it,
-before any work is done and before anything is written."""
+"""Misuse of training/run.py, training/run_trainer.py, benchmarks/multi30k.py and vaswani-translate: every wrong flag,
+file or folder is one line that names it, before any work is done and before anything is written."""
 
 import json
 import os
@@ -11,10 +11,13 @@ import pytest
 import torch
 
 from conftest import refused_translation, save_marian_folder
-from training import run
+from training import run, run_trainer
 from training.data import load_pairs
 from vaswani_hf.text import split_lines
 from vaswani_hf.translate import load, translate
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import multi30k  # noqa: E402  (benchmarks/multi30k.py)
 
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "2", "--vocab_size", "300"]
 
@@ -60,6 +63,36 @@ def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypat
     out = tmp_path / "out"
     assert named in refused(monkeypatch, *TINY, *data, "--output_dir", str(out), *flags)
     assert not out.exists()
+
+
+def test_run_trainer_refuses_an_unknown_preset_in_one_line():
+    with pytest.raises(SystemExit) as stop:
+        run_trainer.parse_arguments(["--preset", "cpu-tiny", "--output_dir", "unused"])
+    message = str(stop.value.code)
+    assert message.startswith("error: --preset cpu-tiny") and "cpu-medium" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--preset", "cpu-tiny"], "--preset cpu-tiny"),
+    (["--minutes", "0"], "--minutes"),
+    (["--minutes", "-5"], "--minutes"),
+    (["--minutes", "nan"], "--minutes"),
+])
+def test_the_side_by_side_refuses_a_wrong_flag_in_one_line_before_any_folder_or_run(tmp_path, monkeypatch, capsys,
+                                                                                   flags, named):
+    for split in ("train", "valid", "test2016"):
+        (tmp_path / f"{split}.en").write_text("One.\n")
+    started = []
+    monkeypatch.setattr(multi30k, "run", lambda command, log: started.append(command))
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["multi30k.py", "--data", str(tmp_path), "--skip_peer", "--output_dir", str(out),
+                                      *flags])
+    with pytest.raises(SystemExit) as stop:
+        multi30k.main()
+    # argparse prints its error (after the usage) and exits 2; the script's own checks exit with the line itself
+    message = stop.value.code if isinstance(stop.value.code, str) else capsys.readouterr().err.strip().splitlines()[-1]
+    assert named in message and "\n" not in message, message
+    assert not out.exists() and not started
 
 
 def test_missing_misaligned_and_non_utf8_data_are_one_line_errors(tmp_path, monkeypatch, data):

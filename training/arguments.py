@@ -97,14 +97,19 @@ class RecipeArguments:
     hub_private_repo: bool = False
 
 
+def read_preset(name: str) -> dict:
+    """training/presets/NAME.json without its comments; an unknown name is a one-line SystemExit listing the presets."""
+    path = PRESETS / f"{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"error: --preset {name}: no {path}; presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}")
+    return {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("_")}
+
+
 def parse_arguments() -> tuple[DataArguments, ModelArguments, RecipeArguments]:
     parser = HfArgumentParser((DataArguments, ModelArguments, RecipeArguments))
     preset = parser.parse_args_into_dataclasses(return_remaining_strings=True)[2].preset
     if preset:
-        path = PRESETS / f"{preset}.json"
-        if not path.is_file():
-            raise SystemExit(f"error: --preset {preset}: no {path}; presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}")
-        parser.set_defaults(**{k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")})
+        parser.set_defaults(**read_preset(preset))
     return parser.parse_args_into_dataclasses()
 
 

@@ -19,7 +19,6 @@ penalty is |Y|^α, for the validation BLEU; no checkpoint averaging. The test se
 paper's way (beam 4, GNMT length penalty, custom_generate/generate.py), as in run.py.
 """
 
-import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ from transformers import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.arguments import PRESETS, DataArguments, ModelArguments  # noqa: E402
+from training.arguments import DataArguments, ModelArguments, read_preset  # noqa: E402
 from training.data import load_run_pairs  # noqa: E402
 from training.evaluation import score, translate  # noqa: E402
 from training.hub import write_output_folder  # noqa: E402
@@ -70,10 +69,7 @@ def parse_arguments(argv: list[str] | None = None):
     parser.set_defaults(**PAPER_TRAINER_DEFAULTS)
     preset = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)[2].preset
     if preset:
-        path = PRESETS / f"{preset}.json"
-        if not path.is_file():
-            raise SystemExit(f"--preset {preset}: no {path}; presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}")
-        values = json.loads(path.read_text())
+        values = read_preset(preset)
         model_keys = {f for f in ModelArguments.__dataclass_fields__} | {"lr_scale"}
         parser.set_defaults(**{k: v for k, v in values.items() if k in model_keys},
                             **{PRESET_KEYS[k]: v for k, v in values.items() if k in PRESET_KEYS})
