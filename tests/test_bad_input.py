@@ -74,6 +74,27 @@ def test_generate_with_ids_outside_the_vocabulary(model):
     one_line_error(lambda: model.generate(torch.tensor([[5, 1000]]), max_new_tokens=2), "1000")
 
 
+def test_generate_reads_the_ids_values_once_per_sequence_start_not_at_every_step(model, monkeypatch):
+    """Reading the least and greatest id makes the host wait for a GPU: once for the source and once for the decoder's
+    first step, however many tokens follow (the later steps feed back the model's own choices)."""
+    from vaswani_hf import modeling_vaswani
+
+    reads = []
+    check = modeling_vaswani.check_token_ids
+
+    def counted(ids, *args, **kwargs):
+        if kwargs.get("values", True):
+            reads.append(tuple(ids.shape))
+        return check(ids, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_vaswani, "check_token_ids", counted)
+    for new_tokens in (3, 9):
+        reads.clear()
+        output = model.generate(random_ids(2, 5), num_beams=1, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+        assert output.shape[1] == new_tokens + 1
+        assert reads == [(2, 5), (2, 1)], reads
+
+
 def test_importing_the_model_with_a_transformers_older_than_it_speaks_is_refused_in_one_line(tmp_path):
     """The model speaks transformers 5.24's `cache`; under 5.23 generate() would pass `past_key_values`. An
     installed 5.23 is stood in for by its metadata, first on the path."""

@@ -8,16 +8,18 @@ import torch
 from transformers.utils import is_torchdynamo_compiling
 
 
-def check_token_ids(ids: torch.Tensor, vocab_size: int, name: str) -> None:
-    """One-line errors for token ids that an embedding lookup would turn into a stack trace."""
+def check_token_ids(ids: torch.Tensor, vocab_size: int, name: str, values: bool = True) -> None:
+    """One-line errors for token ids that an embedding lookup would turn into a stack trace. The shape and dtype
+    are checked always; the values (`values=True`) by reading their least and greatest to the host, which on a GPU
+    waits for the device: done where a sequence begins, not at every decoding step."""
     if ids.dim() != 2:
         raise ValueError(f"{name} must have shape (batch, length), got shape {tuple(ids.shape)}")
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise ValueError(f"{name} is empty (shape {tuple(ids.shape)}): give at least one token per sequence")
     if ids.dtype.is_floating_point:
         raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
-    if not is_torchdynamo_compiling():
-        low, high = int(ids.min()), int(ids.max())
+    if values and not is_torchdynamo_compiling():
+        low, high = (int(value) for value in torch.stack(torch.aminmax(ids)).tolist())  # one wait, not two
         if low < 0 or high >= vocab_size:
             raise ValueError(
                 f"{name} must be token ids in [0, {vocab_size}), got values from {low} to {high}"

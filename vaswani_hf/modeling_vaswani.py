@@ -364,7 +364,9 @@ class VaswaniStack(VaswaniPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"Give exactly one of {name} and the matching inputs_embeds")
         if inputs_embeds is None:
-            check_token_ids(input_ids, self.config.vocab_size, name)
+            # Values are checked where a sequence begins: later decoding steps feed back the model's own choices.
+            begins = isinstance(past_length, int) and past_length == 0  # a static cache's length is a tensor
+            check_token_ids(input_ids, self.config.vocab_size, name, values=begins)
             inputs_embeds = self.embed_tokens(input_ids)
         elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.d_model or inputs_embeds.shape[1] == 0:
             raise ValueError(

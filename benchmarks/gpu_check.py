@@ -1,0 +1,464 @@
+"""The GPU path, checked end to end by one command, made ready before a GPU is at hand (README, "GPUs").
+
+    python benchmarks/gpu_check.py --output_dir runs/gpu-check          # on a GPU: the base model, about 5 minutes
+    python benchmarks/gpu_check.py --tiny --output_dir runs/gpu-tiny    # on a CPU: tiny sizes, the same code (tests)
+
+Five parts; each runs even when another fails:
+
+1. speed: a training step (forward, cross-entropy, backward, fused Adam) of ours and of MarianMTModel at the same
+   size, interleaved, in bf16 autocast and in float32 (TF32 allowed): tokens/s and peak memory above the weights
+   and Adam's state (benchmarks/speed.py's models and step);
+2. decoding: greedy and beam-4 `generate()` of both, and the paper's GNMT search (ours), exactly the same number
+   of new tokens each, float32 (TF32 allowed): tokens/s;
+3. synchronisations: the host waits for the GPU (`torch.cuda.set_sync_debug_mode`) in one decoding step (a forward
+   of one token with a filled cache), and per new token in greedy, beam-4 and GNMT decoding (from two lengths);
+4. training: `accelerate launch --num_processes 1 training/run.py --preset base` on the embedded grammar's pairs,
+   at the default mixed precision, with a checkpoint halfway; then the same command resumed from that checkpoint.
+   The loss must fall, and the resumed run's losses must follow the first run's;
+5. remote code: the trained folder loaded by the translation pipeline in a fresh Python where vaswani_hf cannot be
+   imported (`trust_remote_code=True`); its translations must equal `vaswani-translate`'s (the package's loader and
+   search) sentence for sentence.
+
+Writes gpu_check.json (every figure, the device, the versions, each target and whether it was met) and gpu_check.md
+(the table) to --output_dir, after every part. Exits 1 if a part failed or a check of parts 4-5 did not hold; a
+missed speed target is a finding, reported, not a failure.
+"""
+
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # vaswani_hf and training/ without installing the package (the GPU machine's way)
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from speed import SIZES, build, generate, paper_adam, peak_memory, random_tokens, train_step  # noqa: E402
+
+from training.default_data import generate as grammar_pairs  # noqa: E402
+from vaswani_hf.gnmt import gnmt_beam_search  # noqa: E402
+from vaswani_hf.kernels import cpu_name  # noqa: E402
+
+
+# What each part runs on: the paper's base model on a GPU; tiny sizes on a CPU, so the tests run every line.
+SHAPES = {
+    "gpu": {"size": SIZES["base"], "train": (128, 32), "generate": (64, 32), "new_tokens": 32, "repeats": 10,
+            "steps": 200, "pairs": (30000, 200, 200), "warmup_steps": 400, "lr_scale": 1.0, "model_flags": []},
+    "tiny": {"size": {"d_model": 32, "num_layers": 2, "num_heads": 4, "d_ff": 64, "vocab_size": 300},
+             "train": (8, 12), "generate": (4, 10), "new_tokens": 6, "repeats": 2, "steps": 40,
+             "pairs": (2000, 8, 8), "warmup_steps": 10, "lr_scale": 0.1,
+             "model_flags": ["--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "2",
+                             "--vocab_size", "300", "--max_tokens", "400", "--tokens_per_step", "800"]},
+}
+# Issue "GPUs proven": ours / Marian on one GPU, side by side.
+TARGETS = {"training tokens/s, bf16": 1.1, "greedy tokens/s": 1.0, "beam-4 tokens/s": 1.0}
+LOSS_FALLS = 1.0  # nats: the last tenth of the steps' mean loss at least this far below the first tenth's
+RESUMED_TOLERANCE = 0.02  # relative: a GPU's kernels need not add in the same order twice
+SENTENCES = 16  # translated by part 5
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output_dir", required=True, help="a new or empty folder")
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes, on any device (the tests' way)")
+    parser.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS))
+    args = parser.parse_args(argv)
+    output_dir = Path(args.output_dir)
+    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+        raise SystemExit(f"error: --output_dir {output_dir} is not a new or empty folder")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and not args.tiny:
+        raise SystemExit("error: no CUDA GPU here: add --tiny to run the check's code at tiny sizes on the CPU")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is downloaded, here or in the processes it starts
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # float32 as GPUs train it
+
+    shape = SHAPES["tiny" if args.tiny else "gpu"]
+    report = {"date": datetime.date.today().isoformat(), "device": device_name(device), "versions": versions(),
+              "shape": {k: v for k, v in shape.items() if k != "model_flags"}, "errors": {}}
+    for name in args.parts:
+        start = time.perf_counter()
+        try:
+            report[name] = PARTS[name](device, shape, output_dir)
+        except Exception:  # noqa: BLE001 — every part runs; what broke is reported in full
+            report["errors"][name] = traceback.format_exc()
+            print(report["errors"][name], file=sys.stderr)
+        report.setdefault("seconds", {})[name] = round(time.perf_counter() - start, 1)
+        print(f"gpu_check: {name} {'FAILED' if name in report['errors'] else 'done'} in "
+              f"{report['seconds'][name]:.0f} s", flush=True)
+        release(device)
+        write(report, output_dir)
+    print((output_dir / "gpu_check.md").read_text())
+    return 1 if report["errors"] or not all(report["checks"].values()) else 0
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+
+
+def versions() -> dict:
+    import accelerate
+
+    found = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+             "accelerate": accelerate.__version__}
+    if torch.cuda.is_available():
+        found["cuda"] = torch.version.cuda
+    return found
+
+
+def release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def models(device: torch.device, size: dict) -> dict:
+    return {name: build(name, size).to(device) for name in ("marian", "ours")}
+
+
+def interleaved(device: torch.device, repeats: int, calls: dict) -> dict:
+    """{key: median seconds} of `calls` ({key: fn}), one call of each per round, the order reversed every other
+    round; a first round warms up and is dropped."""
+    times = {key: [] for key in calls}
+    for repeat in range(repeats + 1):
+        for key, call in list(calls.items())[:: 1 if repeat % 2 else -1]:
+            synchronize(device)
+            start = time.perf_counter()
+            call()
+            synchronize(device)
+            if repeat:
+                times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
+def speed(device: torch.device, shape: dict, output_dir: Path) -> dict:
+    """Part 1: training steps of both models, bf16 autocast and float32 (TF32)."""
+    size, (batch, length) = shape["size"], shape["train"]
+    both = models(device, size)
+    optimizers = {name: paper_adam(model) for name, model in both.items()}
+    source = random_tokens(batch, length, size["vocab_size"], 10).to(device)
+    target = random_tokens(batch, length, size["vocab_size"], 11).to(device)
+    precisions = {"bf16": torch.bfloat16, "fp32": None}
+    calls = {(name, precision): (lambda n=name, d=dtype: train_step(both[n].train(), optimizers[n], source, target, d))
+             for precision, dtype in precisions.items() for name in both}
+    seconds = interleaved(device, shape["repeats"], calls)
+    tokens = 2 * batch * length  # source and target
+    result = {"batch": f"{batch} pairs of {length} + {length} tokens", "parameters": {
+        name: model.num_parameters() for name, model in both.items()}}
+    for (name, precision), value in seconds.items():
+        result.setdefault(precision, {})[name] = {
+            "tokens_per_second": tokens / value,
+            "peak_mib": peak_memory(lambda n=name, d=precisions[precision]: train_step(
+                both[n].train(), optimizers[n], source, target, d))}
+    result["fused_attention"] = {name: fused_attention(model, source, target) for name, model in both.items()}
+    return result
+
+
+def fused_attention(model, source: torch.Tensor, target: torch.Tensor) -> str:
+    """Whether a bf16 training forward with padded sources runs with SDPA's fused kernels alone (flash or
+    memory-efficient attention), or would fall back to its unfused math kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    mask = torch.ones_like(source)
+    mask[: len(mask) // 2, -3:] = 0  # half the sources end in padding
+    try:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]), torch.autocast(
+                source.device.type, dtype=torch.bfloat16):
+            model.train()(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits.sum().backward()
+    except RuntimeError as error:
+        return f"no: {str(error).strip().splitlines()[0][:200]}"
+    finally:
+        model.zero_grad(set_to_none=True)
+    return "yes"
+
+
+def decoding(device: torch.device, shape: dict, output_dir: Path) -> dict:
+    """Part 2: greedy and beam-4 `generate()` of both models, and the GNMT search of ours, float32 (TF32)."""
+    size, (batch, length), new_tokens = shape["size"], shape["generate"], shape["new_tokens"]
+    both = {name: model.eval() for name, model in models(device, size).items()}
+    source = random_tokens(batch, length, size["vocab_size"], 1000).to(device)
+    calls = {(name, beams): (lambda n=name, k=beams: generate(both[n], source, k, new_tokens))
+             for beams in (1, 4) for name in both}
+    calls[("ours", "gnmt")] = lambda: gnmt(both["ours"], source, new_tokens)
+    seconds = interleaved(device, shape["repeats"], calls)
+    result = {"batch": f"{batch} sources of {length} tokens, {new_tokens} new tokens each"}
+    for (name, kind), value in seconds.items():
+        result.setdefault({1: "greedy", 4: "beam4"}.get(kind, kind), {})[name] = {
+            "tokens_per_second": batch * new_tokens / value}
+    return result
+
+
+@torch.no_grad()
+def gnmt(model, source: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """The paper's beam search (beam 4, α 0.6) made to run exactly `new_tokens` steps: no EOS before the last."""
+    output = gnmt_beam_search(model, source, torch.ones_like(source), 4, 0.6, max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens)
+    assert output.shape[1] == new_tokens + 1, output.shape
+    return output
+
+
+def count_syncs(device: torch.device, call) -> int | None:
+    """How many times `call()` makes the host wait for the GPU, as torch's sync debug mode reports them; None on
+    a CPU."""
+    if device.type != "cuda":
+        call()
+        return None
+    synchronize(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(warning.message) for warning in caught)
+
+
+@torch.no_grad()
+def one_decoding_step(model, source: torch.Tensor):
+    """A call that runs one decoding step of `model`: one token in, with the cache of the steps before filled."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    mask = torch.ones_like(source)
+    encoder_outputs = model.get_encoder()(input_ids=source, attention_mask=mask)
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    start = torch.full((source.shape[0], 1), model.config.decoder_start_token_id, device=source.device)
+    for _ in range(2):  # the first step fills the cross-attention cache, the second the self-attention's further
+        logits = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=start, cache=cache,
+                       use_cache=True).logits
+    next_token = logits[:, -1:].argmax(-1)
+    return lambda: model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=next_token,
+                         cache=cache, use_cache=True)
+
+
+def synchronisations(device: torch.device, shape: dict, output_dir: Path) -> dict:
+    """Part 3: host synchronisations in one decoding step, and per new token of each decoding."""
+    size, (batch, length), new_tokens = shape["size"], shape["generate"], shape["new_tokens"]
+    both = {name: model.eval() for name, model in models(device, size).items()}
+    source = random_tokens(batch, length, size["vocab_size"], 1001).to(device)
+    result = {"decoding step": {name: count_syncs(device, one_decoding_step(model, source))
+                                for name, model in both.items()}}
+    decodings = {"greedy": lambda model, n: generate(model, source, 1, n),
+                 "beam4": lambda model, n: generate(model, source, 4, n),
+                 "gnmt": lambda model, n: gnmt(model, source, n)}
+    for kind, decode in decodings.items():
+        for name, model in both.items():
+            if kind == "gnmt" and name != "ours":
+                continue
+            short, long = (count_syncs(device, lambda t=tokens: decode(model, t)) for tokens in (new_tokens, 2 * new_tokens))
+            per_token = None if short is None else (long - short) / new_tokens
+            result.setdefault(f"{kind} per new token", {})[name] = per_token
+            result.setdefault(f"{kind}, whole call of {new_tokens} tokens", {})[name] = short
+    return result
+
+
+def launch(run: Path, flags: list[str], timeout: int) -> dict:
+    """`accelerate launch --num_processes 1 training/run.py ...`, as a user runs it; its log and wall time."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+               "--dynamo_backend", "no", str(ROOT / "training" / "run.py"), "--output_dir", str(run), *flags]
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    log = run.parent / f"{run.name}-{'resumed' if '--resume_from_checkpoint' in flags else 'first'}.log"
+    log.write_text(result.stdout + result.stderr)
+    if result.returncode:
+        raise RuntimeError(f"training/run.py failed ({log}):\n{(result.stdout + result.stderr)[-3000:]}")
+    return {"seconds": time.perf_counter() - start,
+            "metrics": json.loads((run / "metrics.json").read_text())}
+
+
+def write_pairs(folder: Path, sizes: tuple[int, int, int]) -> list[str]:
+    """The embedded grammar's pairs as aligned text files (PREFIX.en, PREFIX.de); run.py's data flags for them."""
+    folder.mkdir(parents=True)
+    flags = []
+    for (split, pairs), size in zip(grammar_pairs().items(), sizes):
+        for side, lang in enumerate(("en", "de")):
+            (folder / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs[:size]))
+        flags += [f"--{split}_file", str(folder / split)]
+    return flags
+
+
+def training(device: torch.device, shape: dict, output_dir: Path) -> dict:
+    """Part 4: train with training/run.py, then resume from the halfway checkpoint; compare the two loss curves."""
+    steps = shape["steps"]
+    # --warmup_steps: the §5.3 curve reaches a peak of the paper's order within the check's few hundred steps.
+    flags = ["--preset", "base", *shape["model_flags"], *write_pairs(output_dir / "data", shape["pairs"]),
+             "--max_steps", str(steps), "--save_steps", str(steps // 2), "--save_minutes", "0", "--eval_steps", "0",
+             "--warmup_steps", str(shape["warmup_steps"]), "--lr_scale", str(shape["lr_scale"])]
+    run, timeout = output_dir / "run", 300
+    first = launch(run, flags, timeout)
+    resumed = launch(run, [*flags, "--resume_from_checkpoint", str(run / f"checkpoint-{steps // 2}")], timeout)
+    losses = [entry["loss"] for entry in first["metrics"]["history"]]
+    again = [entry["loss"] for entry in resumed["metrics"]["history"]]
+    tenth = max(1, steps // 10)
+    difference = max(abs(a - b) / a for a, b in zip(losses[steps // 2:], again[steps // 2:]))
+    tokens = sum(entry["tokens"] for entry in first["metrics"]["history"])
+    return {
+        "steps": steps, "resumed_at": steps // 2,
+        "mixed_precision": first["metrics"]["distributed"].get("mixed_precision"),
+        "first_loss": statistics.mean(losses[:tenth]), "last_loss": statistics.mean(losses[-tenth:]),
+        "resumed_last_loss": statistics.mean(again[-tenth:]), "resumed_max_relative_difference": difference,
+        "resumed_identical": losses == again, "target_tokens_per_step": tokens / steps,
+        "train_minutes": first["metrics"]["train_minutes"], "test_bleu": first["metrics"]["test"]["bleu"],
+        "resumed_test_bleu": resumed["metrics"]["test"]["bleu"],
+        "launch_seconds": [round(first["seconds"], 1), round(resumed["seconds"], 1)],
+        "sources": [line for line in (output_dir / "data" / "test.en").read_text().splitlines()[:SENTENCES]],
+    }
+
+
+# Run by `python -c` in a fresh process: vaswani_hf cannot be imported there, so the folder's own code must run.
+REMOTE = textwrap.dedent(
+    """
+    import importlib.abc, json, sys
+
+    class Hide(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "vaswani_hf" or name.startswith("vaswani_hf."):
+                raise ModuleNotFoundError(f"{name} is hidden: the model folder's own code must run")
+
+    sys.meta_path.insert(0, Hide())
+    from transformers import pipeline
+
+    folder, device, sources = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    translate = pipeline("translation", model=folder, trust_remote_code=True, device=device)
+    print(json.dumps([out["translation_text"] for out in translate(sources, batch_size=1)]))
+    """
+)
+
+
+def remote(device: torch.device, shape: dict, output_dir: Path) -> dict:
+    """Part 5: the trained folder translated by remote code in a fresh Python, against vaswani-translate's search."""
+    from vaswani_hf.translate import load, translate
+
+    folder = output_dir / "run"
+    sources = (output_dir / "data" / "test.en").read_text().splitlines()[:SENTENCES]
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH" or str(ROOT) not in value}
+    result = subprocess.run([sys.executable, "-c", REMOTE, str(folder), device.type, json.dumps(sources)],
+                            capture_output=True, text=True, timeout=300, cwd=output_dir, env=env)
+    if result.returncode:
+        raise RuntimeError(f"the fresh process failed:\n{result.stderr[-3000:]}")
+    remote_translations = json.loads(result.stdout.strip().splitlines()[-1])
+    model, tokenizer = load(str(folder), device.type)
+    ours = translate(model, tokenizer, sources, max_tokens=1)  # one sentence per batch, as the pipeline's batch_size=1
+    return {"sentences": len(sources), "equal": sum(a == b for a, b in zip(remote_translations, ours)),
+            "examples": [{"source": s, "translation": t} for s, t in list(zip(sources, remote_translations))[:3]]}
+
+
+PARTS = {"speed": speed, "decoding": decoding, "syncs": synchronisations, "training": training, "remote": remote}
+
+
+def checks(report: dict) -> dict:
+    """The checks whose failure fails the command: they hold on any device."""
+    found = {}
+    if "training" in report:
+        training = report["training"]
+        found["loss falls"] = training["last_loss"] < training["first_loss"] - LOSS_FALLS
+        found["resumed run follows the first"] = training["resumed_max_relative_difference"] <= RESUMED_TOLERANCE
+    if "remote" in report:
+        found["remote code translates as vaswani-translate"] = report["remote"]["equal"] == report["remote"]["sentences"]
+    return found
+
+
+def ratio(report: dict, part: str, kind: str, key: str = "tokens_per_second") -> float | None:
+    try:
+        return report[part][kind]["ours"][key] / report[part][kind]["marian"][key]
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def targets(report: dict) -> dict:
+    """The issue's targets on a GPU, each with its value and whether it was met (None: not measured)."""
+    found = {name: {"ours / marian": value, "target": f">= {TARGETS[name]}",
+                    "met": None if value is None else value >= TARGETS[name]}
+             for name, value in (("training tokens/s, bf16", ratio(report, "speed", "bf16")),
+                                 ("greedy tokens/s", ratio(report, "decoding", "greedy")),
+                                 ("beam-4 tokens/s", ratio(report, "decoding", "beam4")))}
+    for precision in ("bf16", "fp32"):
+        value = ratio(report, "speed", precision, "peak_mib")
+        found[f"training peak memory, {precision}"] = {"ours / marian": value, "target": "<= 1",
+                                                       "met": None if value is None else value <= 1}
+    steps = report.get("syncs", {}).get("decoding step", {})
+    if steps.get("ours") is not None:
+        found["host synchronisations per decoding step"] = {
+            "ours": steps["ours"], "marian": steps["marian"], "target": "<= Marian's",
+            "met": steps["ours"] <= steps["marian"]}
+    return found
+
+
+def write(report: dict, output_dir: Path) -> None:
+    report["checks"], report["targets"] = checks(report), targets(report)
+    (output_dir / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
+    (output_dir / "gpu_check.md").write_text(markdown(report))
+
+
+def markdown(report: dict) -> str:
+    """One table of ours against Marian, then the training run, the remote-code check and any failure."""
+    versions = ", ".join(f"{name} {version}" for name, version in report["versions"].items())
+    lines = [f"**{report['device']}**, {report['date']}; {versions}", "",
+             "| measure | MarianMTModel | ours | ours / Marian |", "|---|---:|---:|---:|"]
+
+    def row(title: str, part: str, kind: str, key: str = "tokens_per_second", digits: int = 0) -> None:
+        values = report.get(part, {}).get(kind, {})
+        if "ours" not in values:
+            return
+        marian = values.get("marian", {}).get(key) if isinstance(values.get("marian"), dict) else None
+        ours = values["ours"][key]
+        shown = f"{marian:.{digits}f}" if marian is not None else "–"
+        quotient = f"{ours / marian:.2f}x" if marian else "–"
+        lines.append(f"| {title} | {shown} | {ours:.{digits}f} | {quotient} |")
+
+    row("training tokens/s, bf16 autocast", "speed", "bf16")
+    row("training tokens/s, float32 (TF32)", "speed", "fp32")
+    row("training peak memory (MiB), bf16", "speed", "bf16", "peak_mib")
+    row("training peak memory (MiB), float32", "speed", "fp32", "peak_mib")
+    row("greedy generate() tokens/s", "decoding", "greedy")
+    row("beam-4 generate() tokens/s", "decoding", "beam4")
+    row("GNMT beam-4 search tokens/s (ours)", "decoding", "gnmt")
+    for kind, counts in report.get("syncs", {}).items():
+        marian, ours = counts.get("marian"), counts.get("ours")
+        if ours is not None:
+            lines.append(f"| host synchronisations, {kind} | {'–' if marian is None else f'{marian:g}'} | {ours:g} | |")
+    for name, fused in report.get("speed", {}).get("fused_attention", {}).items():
+        lines.append(f"\n{name}: SDPA's fused kernels alone (no math fallback), bf16, padded sources: {fused}")
+    for part in ("speed", "decoding"):
+        if part in report:
+            lines.append(f"\n{part}: {report[part]['batch']}, median of {report['shape']['repeats']} interleaved rounds")
+    if "training" in report:
+        t = report["training"]
+        lines.append(
+            f"\ntraining/run.py --preset base, {t['steps']} steps of {t['target_tokens_per_step']:.0f} target tokens "
+            f"({t['mixed_precision']}): loss {t['first_loss']:.3f} -> {t['last_loss']:.3f} in "
+            f"{t['train_minutes']:.1f} min, test sacreBLEU {t['test_bleu']:.1f}; resumed at step {t['resumed_at']}: "
+            f"last loss {t['resumed_last_loss']:.3f}, at most {t['resumed_max_relative_difference']:.2%} from the "
+            f"first run's ({'identical' if t['resumed_identical'] else 'not identical'})")
+    if "remote" in report:
+        r = report["remote"]
+        lines.append(f"\nremote code in a fresh process (pipeline, trust_remote_code=True): {r['equal']} of "
+                     f"{r['sentences']} translations equal vaswani-translate's")
+    lines.append("\nchecks: " + (", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in report["checks"].items()) or "none"))
+    lines.append("targets: " + ", ".join(
+        f"{k} {'met' if v['met'] else 'missed' if v['met'] is False else 'not measured'}"
+        for k, v in report["targets"].items()))
+    for part, error in report["errors"].items():
+        lines.append(f"\n{part} FAILED: {error.strip().splitlines()[-1]}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
