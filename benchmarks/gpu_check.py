@@ -25,7 +25,6 @@ missed speed target is a finding, reported, not a failure.
 """
 
 import argparse
-import contextlib
 import datetime
 import gc
 import json
@@ -261,7 +260,8 @@ def synchronisations(device: torch.device, shape: dict, output_dir: Path) -> dic
         for name, model in both.items():
             if kind == "gnmt" and name != "ours":
                 continue
-            short, long = (count_syncs(device, lambda t=tokens: decode(model, t)) for tokens in (new_tokens, 2 * new_tokens))
+            short, long = (count_syncs(device, lambda t=tokens: decode(model, t))
+                           for tokens in (new_tokens, 2 * new_tokens))
             per_token = None if short is None else (long - short) / new_tokens
             result.setdefault(f"{kind} per new token", {})[name] = per_token
             result.setdefault(f"{kind}, whole call of {new_tokens} tokens", {})[name] = short
@@ -371,7 +371,8 @@ def checks(report: dict) -> dict:
         found["loss falls"] = training["last_loss"] < training["first_loss"] - LOSS_FALLS
         found["resumed run follows the first"] = training["resumed_max_relative_difference"] <= RESUMED_TOLERANCE
     if "remote" in report:
-        found["remote code translates as vaswani-translate"] = report["remote"]["equal"] == report["remote"]["sentences"]
+        remote = report["remote"]
+        found["remote code translates as vaswani-translate"] = remote["equal"] == remote["sentences"]
     return found
 
 
@@ -433,12 +434,14 @@ def markdown(report: dict) -> str:
     for kind, counts in report.get("syncs", {}).items():
         marian, ours = counts.get("marian"), counts.get("ours")
         if ours is not None:
-            lines.append(f"| host synchronisations, {kind} | {'–' if marian is None else f'{marian:g}'} | {ours:g} | |")
+            shown = "–" if marian is None else f"{marian:g}"
+            lines.append(f"| host synchronisations, {kind} | {shown} | {ours:g} | |")
     for name, fused in report.get("speed", {}).get("fused_attention", {}).items():
         lines.append(f"\n{name}: SDPA's fused kernels alone (no math fallback), bf16, padded sources: {fused}")
     for part in ("speed", "decoding"):
         if part in report:
-            lines.append(f"\n{part}: {report[part]['batch']}, median of {report['shape']['repeats']} interleaved rounds")
+            rounds = report["shape"]["repeats"]
+            lines.append(f"\n{part}: {report[part]['batch']}, median of {rounds} interleaved rounds")
     if "training" in report:
         t = report["training"]
         lines.append(
@@ -451,7 +454,8 @@ def markdown(report: dict) -> str:
         r = report["remote"]
         lines.append(f"\nremote code in a fresh process (pipeline, trust_remote_code=True): {r['equal']} of "
                      f"{r['sentences']} translations equal vaswani-translate's")
-    lines.append("\nchecks: " + (", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in report["checks"].items()) or "none"))
+    held = ", ".join(f"{name} {'yes' if value else 'NO'}" for name, value in report["checks"].items())
+    lines.append(f"\nchecks: {held or 'none'}")
     lines.append("targets: " + ", ".join(
         f"{k} {'met' if v['met'] else 'missed' if v['met'] is False else 'not measured'}"
         for k, v in report["targets"].items()))

@@ -67,10 +67,14 @@ def random_tokens(batch: int, length: int, vocab_size: int, seed: int) -> torch.
     return torch.randint(3, vocab_size, (batch, length), generator=generator)
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, source: torch.Tensor, target: torch.Tensor) -> None:
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, source: torch.Tensor, target: torch.Tensor,
+               autocast: torch.dtype | None = None) -> None:
+    """Forward (under autocast to `autocast`, if given), the cross-entropy, backward and an Adam step."""
     decoder_input_ids = torch.cat([torch.full_like(target[:, :1], BOS), target[:, :-1]], dim=1)
-    logits = model(input_ids=source, attention_mask=torch.ones_like(source), decoder_input_ids=decoder_input_ids).logits
-    loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+    with torch.autocast(source.device.type, dtype=autocast, enabled=autocast is not None):
+        logits = model(input_ids=source, attention_mask=torch.ones_like(source),
+                       decoder_input_ids=decoder_input_ids).logits
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -82,22 +86,29 @@ def paper_adam(model: nn.Module) -> torch.optim.Optimizer:
 
 
 @torch.no_grad()
-def generate(model: nn.Module, source: torch.Tensor, num_beams: int) -> None:
-    """Exactly NEW_TOKENS tokens: a generation config without EOS. (`min_new_tokens` would add a logits processor
+def generate(model: nn.Module, source: torch.Tensor, num_beams: int, new_tokens: int = NEW_TOKENS) -> None:
+    """Exactly `new_tokens` tokens: a generation config without EOS. (`min_new_tokens` would add a logits processor
     whose torch.where over beams x vocabulary costs about a fifth of a base-size int8 beam-4 call, in both models.)"""
-    config = GenerationConfig(num_beams=num_beams, do_sample=False, max_new_tokens=NEW_TOKENS, early_stopping=True,
+    config = GenerationConfig(num_beams=num_beams, do_sample=False, max_new_tokens=new_tokens, early_stopping=True,
                               length_penalty=1.0, eos_token_id=None, pad_token_id=PAD, bos_token_id=BOS,
                               decoder_start_token_id=BOS)
     output = model.generate(input_ids=source, attention_mask=torch.ones_like(source), generation_config=config)
-    assert output.shape[1] == NEW_TOKENS + 1, output.shape
+    assert output.shape[1] == new_tokens + 1, output.shape
 
 
-def peak_training_memory(model: nn.Module, optimizer: torch.optim.Optimizer, source: torch.Tensor,
-                         target: torch.Tensor) -> float:
-    """MiB: the high-water mark of the memory allocated by one training step above what was allocated before it
-    (weights and Adam state), from the allocation events of torch's profiler."""
+def peak_memory(run) -> float:
+    """MiB: the high-water mark of the memory allocated by `run()` above what was allocated before it (weights and
+    Adam state, for a training step): on a GPU from torch's allocator statistics, on the CPU from the allocation
+    events of torch's profiler."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        run()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
-        train_step(model, optimizer, source, target)
+        run()
     events = sorted((e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"),
                     key=lambda e: e.start_ns())
     in_use = peak = 0
@@ -196,7 +207,7 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
 
     train_tokens = TRAIN_BATCH * 2 * TRAIN_LENGTH
     new_tokens = GENERATE_BATCH * NEW_TOKENS
-    memory = {name: peak_training_memory(model.train(), optimizers[name], source, target)
+    memory = {name: peak_memory(lambda: train_step(model.train(), optimizers[name], source, target))
               for name, model in models.items()}
     print(f"\n**{label}**: d_model {size['d_model']}, {size['num_layers']}+{size['num_layers']} layers, "
           f"{size['num_heads']} heads, d_ff {size['d_ff']}, vocabulary {size['vocab_size']}; "

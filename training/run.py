@@ -254,7 +254,7 @@ def start_processes(args) -> tuple[Accelerator, dict]:
         mixed_precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if use_gpu else "no"
     accelerator = Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision, log_with="tensorboard",
                               project_dir=args.output_dir)
-    distributed = describe(accelerator)
+    distributed = {**describe(accelerator), "device": accelerator.device.type, "mixed_precision": mixed_precision}
     accelerator.print("distributed: " + ", ".join(f"{key} {value}" for key, value in distributed.items()))
     if not use_gpu:  # share the cores this process may use among the processes; keep freed memory (allocator.py)
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // accelerator.num_processes))

@@ -1,0 +1,56 @@
+"""benchmarks/gpu_check.py, the GPU check, run at tiny sizes on the CPU: every line a GPU will run, before one is at
+hand; and its checks, which must fail when the property they name breaks."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gpu_check import checks  # noqa: E402
+
+
+@pytest.mark.long
+def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
+    """Two launches of training/run.py, a resume, a fresh process without vaswani_hf, both models side by side."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "VASWANI_KERNELS": "torch,sdpa"}  # the same kernels in every process: the resumed run is the same run
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--output_dir",
+                             str(tmp_path / "check")], capture_output=True, text=True, env=env, timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "check" / "gpu_check.json").read_text())
+    assert report["errors"] == {}
+    assert report["checks"] == {"loss falls": True, "resumed run follows the first": True,
+                                "remote code translates as vaswani-translate": True}
+    assert report["training"]["resumed_identical"] and report["training"]["mixed_precision"] == "no"
+    assert report["remote"]["equal"] == report["remote"]["sentences"] == 8
+    for part, kinds in (("speed", ("bf16", "fp32")), ("decoding", ("greedy", "beam4"))):
+        for kind in kinds:
+            assert all(report[part][kind][name]["tokens_per_second"] > 0 for name in ("ours", "marian"))
+    assert report["decoding"]["gnmt"]["ours"]["tokens_per_second"] > 0
+    assert report["speed"]["fused_attention"] == {"marian": "yes", "ours": "yes"}
+    assert report["syncs"]["decoding step"] == {"marian": None, "ours": None}  # counted on a GPU only
+    table = (tmp_path / "check" / "gpu_check.md").read_text()
+    assert "| training tokens/s, bf16 autocast |" in table and table in result.stdout
+
+
+def passing_report() -> dict:
+    return {"training": {"first_loss": 6.0, "last_loss": 2.5, "resumed_max_relative_difference": 0.0},
+            "remote": {"sentences": 16, "equal": 16}}
+
+
+@pytest.mark.parametrize("broken, failed", [
+    ({"training": {"first_loss": 6.0, "last_loss": 5.5, "resumed_max_relative_difference": 0.0}}, "loss falls"),
+    ({"training": {"first_loss": 6.0, "last_loss": 2.5, "resumed_max_relative_difference": 0.05}},
+     "resumed run follows the first"),
+    ({"remote": {"sentences": 16, "equal": 15}}, "remote code translates as vaswani-translate"),
+])
+def test_each_check_fails_when_its_property_breaks(broken, failed):
+    assert all(checks(passing_report()).values())
+    found = checks({**passing_report(), **broken})
+    assert [name for name, held in found.items() if not held] == [failed]
