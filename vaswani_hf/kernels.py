@@ -242,7 +242,7 @@ def measured_products_apply(*tensors: torch.Tensor) -> bool:
     autocast, torch.compile and export."""
     return (
         ONEDNN
-        and all(tensor.device.type == "cpu" and tensor.dtype == torch.float32 for tensor in tensors)
+        and all(tensor.is_cpu and tensor.dtype == torch.float32 for tensor in tensors)
         and not torch.is_autocast_enabled("cpu")
         and not is_torchdynamo_compiling()
     )
@@ -280,7 +280,9 @@ class VaswaniLinear(nn.Linear):
     """`nn.Linear` whose float32 CPU products run in the kernel measured fastest for their shape on this machine."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self.training:
+        if not input.is_cpu:  # a GPU: torch's own layer, and no Python beyond this test on every call
+            return super().forward(input)
+        if self.training and KERNELS.packed:
             KERNELS.packed.pop(self, None)  # training changes the weights: a packed copy would go stale
         if not measured_products_apply(input, self.weight):
             return super().forward(input)
