@@ -3,7 +3,7 @@
     python benchmarks/gpu_check.py --output_dir runs/gpu-check          # on a GPU: the base model, about 5 minutes
     python benchmarks/gpu_check.py --tiny --output_dir runs/gpu-tiny    # on a CPU: tiny sizes, the same code (tests)
 
-Five parts; each runs even when another fails:
+Six parts; each runs even when another fails:
 
 1. speed: a training step (forward, cross-entropy, backward, fused Adam) of ours and of MarianMTModel at the same
    size, interleaved, in bf16 autocast and in float32 (TF32 allowed): tokens/s and peak memory above the weights
@@ -17,7 +17,9 @@ Five parts; each runs even when another fails:
    The loss must fall, and the resumed run's losses must follow the first run's;
 5. remote code: the trained folder loaded by the translation pipeline in a fresh Python where vaswani_hf cannot be
    imported (`trust_remote_code=True`); its translations must equal `vaswani-translate`'s (the package's loader and
-   search) sentence for sentence.
+   search) sentence for sentence;
+6. transforms: what a GPU transform of ours could gain in bf16 training, beside parts 1's eager models: the token
+   ids' values left unread (no host wait in the forward), and `torch.compile` (compile time reported).
 
 Writes gpu_check.json (every figure, the device, the versions, each target and whether it was met) and gpu_check.md
 (the table) to --output_dir, after every part. Exits 1 if a part failed or a check of parts 4-5 did not hold; a
@@ -25,6 +27,7 @@ missed speed target is a finding, reported, not a failure.
 """
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -53,7 +56,7 @@ from vaswani_hf.kernels import cpu_name  # noqa: E402
 # What each part runs on: the paper's base model on a GPU; tiny sizes on a CPU, so the tests run every line.
 SHAPES = {
     "gpu": {"size": SIZES["base"], "train": (128, 32), "generate": (64, 32), "new_tokens": 32, "repeats": 10,
-            "steps": 200, "pairs": (30000, 200, 200), "warmup_steps": 400, "lr_scale": 1.0, "model_flags": []},
+            "steps": 200, "pairs": (30000, 200, 200), "warmup_steps": 400, "lr_scale": 0.6, "model_flags": []},
     "tiny": {"size": {"d_model": 32, "num_layers": 2, "num_heads": 4, "d_ff": 64, "vocab_size": 300},
              "train": (8, 12), "generate": (4, 10), "new_tokens": 6, "repeats": 2, "steps": 40,
              "pairs": (2000, 8, 8), "warmup_steps": 10, "lr_scale": 0.1,
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output_dir", required=True, help="a new or empty folder")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes, on any device (the tests' way)")
-    parser.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS))
+    parser.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS),
+                        help="some of the parts (remote translates what training wrote: give both)")
     args = parser.parse_args(argv)
     output_dir = Path(args.output_dir)
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # float32 as GPUs train it
 
     shape = SHAPES["tiny" if args.tiny else "gpu"]
-    report = {"date": datetime.date.today().isoformat(), "device": device_name(device), "versions": versions(),
+    report = {"date": datetime.date.today().isoformat(), "device": device_name(device), "host": cpu_name(),
+              "versions": versions(),
               "shape": {k: v for k, v in shape.items() if k != "model_flags"}, "errors": {}}
     for name in args.parts:
         start = time.perf_counter()
@@ -297,7 +302,8 @@ def write_pairs(folder: Path, sizes: tuple[int, int, int]) -> list[str]:
 def training(device: torch.device, shape: dict, output_dir: Path) -> dict:
     """Part 4: train with training/run.py, then resume from the halfway checkpoint; compare the two loss curves."""
     steps = shape["steps"]
-    # --warmup_steps: the §5.3 curve reaches a peak of the paper's order within the check's few hundred steps.
+    # --warmup_steps, --lr_scale: the §5.3 curve nears the paper's peak (7e-4 for base) within the check's few hundred
+    # steps; faster, this post-LN model's loss jumped up at step 150 (8e-4) on an H100.
     flags = ["--preset", "base", *shape["model_flags"], *write_pairs(output_dir / "data", shape["pairs"]),
              "--max_steps", str(steps), "--save_steps", str(steps // 2), "--save_minutes", "0", "--eval_steps", "0",
              "--warmup_steps", str(shape["warmup_steps"]), "--lr_scale", str(shape["lr_scale"])]
@@ -360,7 +366,52 @@ def remote(device: torch.device, shape: dict, output_dir: Path) -> dict:
             "examples": [{"source": s, "translation": t} for s, t in list(zip(sources, remote_translations))[:3]]}
 
 
-PARTS = {"speed": speed, "decoding": decoding, "syncs": synchronisations, "training": training, "remote": remote}
+@contextlib.contextmanager
+def ids_unread():
+    """Inside: the model checks token ids' shapes but never reads their values (no host wait in its forward)."""
+    from vaswani_hf import modeling_vaswani
+
+    check = modeling_vaswani.check_token_ids
+    modeling_vaswani.check_token_ids = lambda ids, *args, **kwargs: check(ids, *args, **{**kwargs, "values": False})
+    try:
+        yield
+    finally:
+        modeling_vaswani.check_token_ids = check
+
+
+def transforms(device: torch.device, shape: dict, output_dir: Path) -> dict:
+    """Part 6: what a GPU transform of ours could gain in a bf16 training step, beside eager ours and Marian: the ids'
+    values left unread, and torch.compile (inductor's default mode on a GPU; AOTAutograd alone on a CPU, where
+    --tiny only shows that the model compiles)."""
+    size, (batch, length) = shape["size"], shape["train"]
+    both = models(device, size)
+    optimizers = {name: paper_adam(model) for name, model in both.items()}
+    compiled = torch.compile(both["ours"], backend="inductor" if device.type == "cuda" else "aot_eager")
+    source = random_tokens(batch, length, size["vocab_size"], 20).to(device)
+    target = random_tokens(batch, length, size["vocab_size"], 21).to(device)
+
+    def step(model, optimizer):
+        return lambda: train_step(model.train(), optimizer, source, target, torch.bfloat16)
+
+    def unread():
+        with ids_unread():
+            step(both["ours"], optimizers["ours"])()
+
+    start = time.perf_counter()
+    step(compiled, optimizers["ours"])()
+    synchronize(device)
+    compile_seconds = time.perf_counter() - start
+    calls = {"marian": step(both["marian"], optimizers["marian"]), "ours": step(both["ours"], optimizers["ours"]),
+             "ours, ids unread": unread, "ours, torch.compile": step(compiled, optimizers["ours"])}
+    seconds = interleaved(device, shape["repeats"], calls)
+    from torch._dynamo.utils import counters
+
+    return {"bf16": {key: {"tokens_per_second": 2 * batch * length / value} for key, value in seconds.items()},
+            "compile_seconds": compile_seconds, "graph_breaks": sum(counters["graph_break"].values())}
+
+
+PARTS = {"speed": speed, "decoding": decoding, "syncs": synchronisations, "training": training, "remote": remote,
+         "transforms": transforms}
 
 
 def checks(report: dict) -> dict:
@@ -411,7 +462,7 @@ def write(report: dict, output_dir: Path) -> None:
 def markdown(report: dict) -> str:
     """One table of ours against Marian, then the training run, the remote-code check and any failure."""
     versions = ", ".join(f"{name} {version}" for name, version in report["versions"].items())
-    lines = [f"**{report['device']}**, {report['date']}; {versions}", "",
+    lines = [f"**{report['device']}**, {report['date']}; host {report['host']}; {versions}", "",
              "| measure | MarianMTModel | ours | ours / Marian |", "|---|---:|---:|---:|"]
 
     def row(title: str, part: str, kind: str, key: str = "tokens_per_second", digits: int = 0) -> None:
@@ -436,6 +487,14 @@ def markdown(report: dict) -> str:
         if ours is not None:
             shown = "–" if marian is None else f"{marian:g}"
             lines.append(f"| host synchronisations, {kind} | {shown} | {ours:g} | |")
+    variants = report.get("transforms", {}).get("bf16", {})
+    for variant in ("ours, ids unread", "ours, torch.compile"):
+        if variant in variants:
+            marian, ours = variants["marian"]["tokens_per_second"], variants[variant]["tokens_per_second"]
+            lines.append(f"| training tokens/s, bf16, {variant} | {marian:.0f} | {ours:.0f} | {ours / marian:.2f}x |")
+    if variants:
+        lines.append(f"\ntorch.compile: {report['transforms']['compile_seconds']:.0f} s to compile, "
+                     f"{report['transforms']['graph_breaks']} graph breaks")
     for name, fused in report.get("speed", {}).get("fused_attention", {}).items():
         lines.append(f"\n{name}: SDPA's fused kernels alone (no math fallback), bf16, padded sources: {fused}")
     for part in ("speed", "decoding"):

@@ -35,6 +35,8 @@ def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
     assert report["decoding"]["gnmt"]["ours"]["tokens_per_second"] > 0
     assert report["speed"]["fused_attention"] == {"marian": "yes", "ours": "yes"}
     assert report["syncs"]["decoding step"] == {"marian": None, "ours": None}  # counted on a GPU only
+    assert report["transforms"]["graph_breaks"] == 0
+    assert set(report["transforms"]["bf16"]) == {"marian", "ours", "ours, ids unread", "ours, torch.compile"}
     table = (tmp_path / "check" / "gpu_check.md").read_text()
     assert "| training tokens/s, bf16 autocast |" in table and table in result.stdout
 
