@@ -15,7 +15,7 @@ from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 
 PAD, BOS, EOS = 0, 1, 2
 # The code a saved model carries (save_pretrained copies the modeling file and what it imports).
-CODE_FILES = {"configuration_vaswani.py", "modeling_vaswani.py", "checks.py", "kernels.py", "decoding.py"}
+CODE_FILES = {"configuration_vaswani.py", "modeling_vaswani.py", "checks.py"}
 
 
 def pytest_configure(config):

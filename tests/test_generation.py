@@ -10,6 +10,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_outputs import BaseModelOutput
 
 from conftest import BOS, EOS, PAD, random_ids, tiny_model
+from vaswani_hf import fast_cpu
+from vaswani_hf.kernels import KERNELS
 
 
 def padded_sources():
@@ -159,17 +161,27 @@ def in_repeated_layout(model):
     return copy
 
 
-def test_beam_search_computes_one_encoder_row_per_source_and_returns_transformers_layout(trained_model):
+@pytest.fixture
+def sharing_model(trained_model, monkeypatch):
+    """A copy of the trained model transformed by `fast_cpu` (beams share their source's encoder row in generate()),
+    with torch's products and SDPA forced: only the layout differs from the plain model's."""
+    import copy
+
+    monkeypatch.setattr(KERNELS, "forced", ("torch", "sdpa"))
+    return fast_cpu(copy.deepcopy(trained_model))
+
+
+def test_beam_search_computes_one_encoder_row_per_source_and_returns_transformers_layout(sharing_model):
     """Within generate() the cross-attention keys and values are computed once per source (3 rows, not 12); the
     beams, scores and the returned cache are those of transformers' repeated layout, one row per sequence."""
     source, mask = padded_sources()
     decoding = {**BEAM_4, "num_return_sequences": 2, "return_dict_in_generate": True, "output_scores": True}
     rows = []
-    hook = trained_model.model.decoder.layers[0].encoder_attn.k_proj.register_forward_hook(
+    hook = sharing_model.model.decoder.layers[0].encoder_attn.k_proj.register_forward_hook(
         lambda module, args, output: rows.append(args[0].shape[0]))
-    shared = trained_model.generate(source, attention_mask=mask, **decoding)
+    shared = sharing_model.generate(source, attention_mask=mask, **decoding)
     hook.remove()
-    repeated = in_repeated_layout(trained_model).generate(source, attention_mask=mask, **decoding)
+    repeated = in_repeated_layout(sharing_model).generate(source, attention_mask=mask, **decoding)
     assert rows == [3]
     assert torch.equal(shared.sequences, repeated.sequences)
     torch.testing.assert_close(shared.sequences_scores, repeated.sequences_scores)
@@ -179,7 +191,7 @@ def test_beam_search_computes_one_encoder_row_per_source_and_returns_transformer
 
 @pytest.mark.parametrize("cache_argument", ["cache", "past_key_values"])
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_generation_continues_from_the_cache_it_returned(trained_model, num_beams, cache_argument):
+def test_generation_continues_from_the_cache_it_returned(sharing_model, num_beams, cache_argument):
     """Greedy: 3 tokens, then 1 more from the returned cache, is 4 tokens in one go (tokens, scores, cache), as
     transformers' `test_generate_continue_from_past_key_values` checks. Beam search starts afresh in each call, so
     its continuation is compared with the same continuation in transformers' repeated layout instead. The cache goes
@@ -199,13 +211,13 @@ def test_generation_continues_from_the_cache_it_returned(trained_model, num_beam
                                   max_new_tokens=1, **{cache_argument: first.cache}, **decoding)
         return first, then
 
-    first, then = continued(trained_model)
+    first, then = continued(sharing_model)
     if num_beams == 1:
-        at_once = trained_model.generate(source, attention_mask=mask, decoder_input_ids=prompt, max_new_tokens=4,
+        at_once = sharing_model.generate(source, attention_mask=mask, decoder_input_ids=prompt, max_new_tokens=4,
                                          decoder_attention_mask=torch.ones_like(prompt), **decoding)
         torch.testing.assert_close(torch.stack(first.logits + then.logits), torch.stack(at_once.logits))
     else:
-        at_once = continued(in_repeated_layout(trained_model))[1]
+        at_once = continued(in_repeated_layout(sharing_model))[1]
     assert torch.equal(then.sequences, at_once.sequences)
     assert_same_cache(then.cache, at_once.cache)
 
@@ -242,10 +254,10 @@ def test_a_static_cache_and_a_compiled_forward_decode_as_the_dynamic_cache(train
 
 def test_other_attention_kernels_get_one_encoder_row_per_beam():
     """Kernels whose masks may not broadcast over a block of beams' queries (flash attention's varlen path; here a
-    registered kernel) get transformers' repeated rows in generate(), and a one-line error when called directly
-    with shared rows."""
+    registered kernel) get transformers' repeated rows in generate() of a transformed model, and a one-line error
+    when called directly with shared rows."""
     AttentionInterface.register("vaswani_test_kernel", sdpa_attention_forward)
-    model = tiny_model(seed=2)
+    model = fast_cpu(tiny_model(seed=2))
     model.set_attn_implementation("vaswani_test_kernel")
     source = random_ids(3, 7, seed=11)
     out = model.generate(source, **BEAM_4, return_dict_in_generate=True)

@@ -1,7 +1,8 @@
-"""The CPU kernels chosen by measurement (vaswani_hf/kernels.py): every candidate computes the formula and its
-gradients; the chooser keeps the faster of two kernels of known cost; whatever it chooses, training and decoding
-give what the plain path gives; packed weights are used only while valid; the attention kernel the user names is
-the one that runs; freed memory kept for reuse."""
+"""The CPU kernels chosen by measurement (vaswani_hf/kernels.py), which `fast_cpu(model)` applies to a model object:
+every candidate computes the formula and its gradients; the chooser keeps the faster of two kernels of known cost;
+whatever it chooses, training and decoding give what the plain path gives; packed weights are used only while valid;
+the plain model never touches them; the attention kernel the user names is the one that runs; freed memory kept for
+reuse."""
 
 import json
 import os
@@ -16,8 +17,8 @@ import torch
 from conftest import random_ids, tiny_model
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from vaswani_hf import modeling_vaswani
-from vaswani_hf.kernels import KERNELS, Kernels, VaswaniLinear, fastest, product
+from vaswani_hf import fast_cpu, modeling_vaswani
+from vaswani_hf.kernels import KERNELS, MEASURED_ATTENTION, Kernels, VaswaniLinear, fastest, product
 
 
 @pytest.fixture
@@ -155,7 +156,8 @@ def test_forcing_an_unknown_kernel_is_a_one_line_error():
 def test_the_environment_variable_forces_the_kernels_of_a_fresh_process():
     probe = ("from conftest import tiny_model, random_ids\n"
              "from vaswani_hf.kernels import KERNELS\n"
-             "model = tiny_model()\n"
+             "from vaswani_hf import fast_cpu\n"
+             "model = fast_cpu(tiny_model())\n"
              "model.generate(random_ids(2, 5), max_new_tokens=3)\n"
              "model.train()(input_ids=random_ids(2, 5), labels=random_ids(2, 4)).loss.backward()\n"
              "print(KERNELS.forced, KERNELS.chosen)\n")
@@ -165,11 +167,44 @@ def test_the_environment_variable_forces_the_kernels_of_a_fresh_process():
     assert result.stdout.split("\n")[0] == "('torch', 'eager') {}"  # nothing measured: every choice was forced
 
 
+# --- the transform ------------------------------------------------------------------------------------------------
+
+def test_the_plain_model_runs_torchs_layers_and_never_measures(kernels):
+    """What travels to the Hub: nn.Linear and transformers' SDPA; nothing measured, nothing packed."""
+    model, source = tiny_model(seed=8), random_ids(3, 8, seed=6)
+    assert {type(module) for module in model.modules() if isinstance(module, torch.nn.Linear)} == {torch.nn.Linear}
+    model.generate(source, num_beams=4, max_new_tokens=4)
+    model.train()(input_ids=source, labels=source).loss.backward()
+    assert kernels.chosen == {} and len(kernels.packed) == 0 and "generate" not in vars(model)
+
+
+def test_fast_cpu_changes_the_kernels_not_the_weights_and_twice_is_once(kernels):
+    model = tiny_model(seed=8)
+    weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    linear = sum(isinstance(module, torch.nn.Linear) for module in model.modules())
+    assert fast_cpu(fast_cpu(model)) is model
+    assert sum(type(module) is VaswaniLinear for module in model.modules()) == linear
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in model.state_dict().items())
+    assert model.generate.__self__ is model and model._inner_generate.__func__ is type(model).generate
+
+
+def test_a_deep_copy_of_a_transformed_model_decodes_with_its_own_weights(kernels):
+    """quantize_int8 deep-copies: the copy's generate() must run the copy, not the original."""
+    import copy
+
+    model, source = fast_cpu(tiny_model(seed=8)), random_ids(3, 8, seed=6)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.lm_head.weight.mul_(-1)  # the copy now prefers other tokens
+    assert not torch.equal(twin.generate(source, max_new_tokens=4), model.generate(source, max_new_tokens=4))
+    assert twin.generate.__self__ is twin and twin._inner_generate.__self__ is twin
+
+
 # --- whatever is chosen, the model computes the same ---------------------------------------------------------------
 
 def training_gradients(kernel: str | None) -> dict[str, torch.Tensor]:
     KERNELS.force(*([kernel] if kernel else []))
-    model = tiny_model(seed=4).train()
+    model = fast_cpu(tiny_model(seed=4)).train()
     model(input_ids=random_ids(4, 9, seed=1), labels=random_ids(4, 6, seed=2)).loss.backward()
     return {name: parameter.grad for name, parameter in model.named_parameters()}
 
@@ -190,7 +225,7 @@ def decode(model, source, *kernels, **kwargs):
 
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_decoding_gives_the_same_sequences_and_scores_whichever_kernels_run(kernels, num_beams):
-    model, source = tiny_model(seed=5), random_ids(3, 8, seed=3)
+    model, source = fast_cpu(tiny_model(seed=5)), random_ids(3, 8, seed=3)
     plain = decode(model, source, "torch", "sdpa", num_beams=num_beams)
     for forced in [("onednn", "eager"), ("onednn_packed", "eager"), ("onednn_packed", "sdpa"), ()]:
         other = decode(model, source, *forced, num_beams=num_beams)
@@ -211,7 +246,7 @@ def test_a_weight_fingerprint_samples_inside_the_weight_at_every_size():
 
 
 def test_packed_weights_are_kept_between_calls_in_eval_mode_and_never_go_stale(kernels):
-    model, source = tiny_model(seed=6), random_ids(3, 8, seed=4)
+    model, source = fast_cpu(tiny_model(seed=6)), random_ids(3, 8, seed=4)
     decode(model, source, "onednn_packed")
     kept = kernels.packed[model.lm_head][3]
     decode(model, source, "onednn_packed")
@@ -231,7 +266,7 @@ def test_packed_weights_are_kept_between_calls_in_eval_mode_and_never_go_stale(k
 def test_a_fused_adam_step_between_two_calls_in_eval_mode_is_seen(kernels):
     """torch's fused Adam changes the weights in place without counting a version: a kept packed copy must not
     survive it, even with the model left in eval mode (no training forward to free the copies)."""
-    model, source = tiny_model(seed=6), random_ids(3, 8, seed=4)
+    model, source = fast_cpu(tiny_model(seed=6)), random_ids(3, 8, seed=4)
     model.eval()
     decode(model, source, "onednn_packed")
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05, fused=True)
@@ -246,7 +281,7 @@ def test_a_fused_adam_step_between_two_calls_in_eval_mode_is_seen(kernels):
 
 
 def test_a_training_forward_frees_the_packed_weights_and_a_generate_in_training_mode_keeps_none(kernels):
-    model, source = tiny_model(seed=6), random_ids(3, 8, seed=4)
+    model, source = fast_cpu(tiny_model(seed=6)), random_ids(3, 8, seed=4)
     decode(model, source, "onednn_packed")
     linear_layers = [module for module in model.modules() if isinstance(module, VaswaniLinear)]
     assert all(module in kernels.packed for module in linear_layers)
@@ -290,7 +325,8 @@ def test_the_measured_attention_kernel_gives_what_sdpa_gives(kernels):
     model, source = tiny_model(seed=7), random_ids(3, 8, seed=5)
     assert model.config._attn_implementation == "sdpa"  # transformers' default
     sdpa = decode(model, source, num_beams=4)
-    model.set_attn_implementation(modeling_vaswani.MEASURED_ATTENTION)
+    fast_cpu(model)
+    assert model.config._attn_implementation == MEASURED_ATTENTION
     measured = decode(model, source, num_beams=4)
     assert "attention" in kernels.summary()  # SDPA measured against the eager product at the decoding steps' shapes
     assert torch.equal(measured.sequences, sdpa.sequences)

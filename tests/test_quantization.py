@@ -6,13 +6,13 @@ from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from conftest import random_ids, tiny_model
-from vaswani_hf import quantize_int8
+from vaswani_hf import fast_cpu, quantize_int8
+from vaswani_hf.kernels import VaswaniLinear
 from vaswani_hf.quantization import Int8Linear, full_range_activations
-from vaswani_hf.modeling_vaswani import VaswaniLinear
 
 
 def test_the_int8_copy_quantizes_every_linear_layer_and_leaves_the_model_alone():
-    model = tiny_model().train()
+    model = fast_cpu(tiny_model()).train()  # as vaswani-translate --int8 quantizes it
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     linear_names = {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     quantized = quantize_int8(model)

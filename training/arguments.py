@@ -78,6 +78,8 @@ class RecipeArguments:
     max_grad_norm: float = field(default=0.0, metadata={
         "help": "Clip the step's gradient to this global L2 norm (0: no clipping, as in the paper)."})
     mixed_precision: str = field(default="auto", metadata={"help": "auto (bf16/fp16 on GPUs, fp32 on CPU), no, fp16, bf16."})
+    fast_cpu: bool = field(default=True, metadata={
+        "help": "On a CPU, kernels chosen by measurement (vaswani_hf.fast_cpu); --no_fast_cpu: torch's own."})
     logging_steps: int = 10
     eval_steps: int = field(default=5000, metadata={"help": "Validation loss and BLEU every N steps (0: never)."})
     eval_max_sentences: int = field(default=500, metadata={"help": "Validation sentences decoded for BLEU."})

@@ -69,7 +69,7 @@ from training.loss import label_smoothed_nll  # noqa: E402
 from training.recipe import NOT_RECIPE, dataset_description, recipe_deviations  # noqa: E402
 from training.schedule import inverse_sqrt_lr, paper_optimizer  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
-from vaswani_hf import VaswaniForConditionalGeneration, keep_freed_memory  # noqa: E402
+from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory  # noqa: E402
 from vaswani_hf.kernels import KERNELS  # noqa: E402
 from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
 
@@ -94,7 +94,9 @@ def main():
     validation = encode(tokenizer, pairs["validation"]) if "validation" in pairs else None
 
     config = model_args.config(tokenizer)
-    model = VaswaniForConditionalGeneration(config)
+    # On a CPU, kernels chosen by measurement (vaswani_hf.fast_cpu) for the model and every copy evaluated.
+    speed = fast_cpu if args.fast_cpu and accelerator.device.type == "cpu" else (lambda model: model)
+    model = speed(VaswaniForConditionalGeneration(config))
     budget = time_budget(args, config.d_model)
     model, optimizer, scheduler = prepare(
         accelerator, model, lambda m: paper_optimizer(m, config.d_model, args.warmup_steps, args.lr_scale, budget=budget))
@@ -188,7 +190,7 @@ def main():
         else:
             evaluate_now = args.eval_steps and step % args.eval_steps == 0
         if validation and evaluate_now:
-            evaluated = whole_model(accelerator, model, lambda: VaswaniForConditionalGeneration(config))
+            evaluated = whole_model(accelerator, model, lambda: speed(VaswaniForConditionalGeneration(config)))
             if accelerator.is_main_process:
                 metrics = evaluate_model(evaluated, tokenizer, pairs["validation"], validation, args)
                 entry.update({f"validation_{k}": v for k, v in metrics.items()})
@@ -215,6 +217,7 @@ def main():
         save_checkpoint(accelerator, model, optimizer, output_dir, step, state, keep=args.average_checkpoints)
     if accelerator.is_main_process:
         final, averaged = averaged_model(output_dir, config, args.average_checkpoints, say)
+        speed(final)
         fault_point("average")
         final.to(accelerator.device)
         metrics = {"train_steps": step, "train_minutes": state["elapsed_seconds"] / 60, "distributed": distributed,

@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .allocator import keep_freed_memory
 from .configuration_vaswani import VaswaniConfig
+from .fast_cpu import fast_cpu
 from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
 from .pipeline_vaswani import TranslationPipeline
 from .quantization import quantize_int8
@@ -29,4 +30,4 @@ def register() -> None:
 
 register()
 
-__all__ = ["TranslationPipeline", "keep_freed_memory", "quantize_int8", "VaswaniConfig", "VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel", "register"]
+__all__ = ["TranslationPipeline", "fast_cpu", "keep_freed_memory", "quantize_int8", "VaswaniConfig", "VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel", "register"]

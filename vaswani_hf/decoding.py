@@ -1,30 +1,30 @@
 # Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
-"""What makes `generate()` faster without changing what it computes, kept out of the model file.
+"""`generate()` with one encoder row per source and the weights packed for the call: part of `fast_cpu(model)`.
 
 * Beams share their source's encoder row. transformers repeats every input once per beam; here the encoder output
   and the source mask stay one row per source, and the decoder's encoder-decoder attention computes each source's
   keys and values once and lets its beams attend to them as one block of queries (`VaswaniAttention`): a quarter of
   the cross-attention projections and cache at beam 4. Only with attention kernels whose masks broadcast over such a
-  block (`SHARED_SOURCE_KERNELS`); flash attention's varlen path would unpad a block of beams' queries by the source
-  mask, so other kernels get transformers' repeated rows. What `generate()` returns and takes keeps transformers'
-  layout: a returned cache has one cross-attention row per sequence, and a cache passed back in is read either way.
+  block (`SHARED_SOURCE_KERNELS`); other kernels get transformers' repeated rows. What `generate()` returns and takes
+  keeps transformers' layout: a returned cache has one cross-attention row per sequence, and a cache passed back in
+  is read either way.
 * A decoding block (`kernels.KERNELS.decoding()`) around the call: the weights cannot change during it, so the
   linear layers may multiply by copies reordered once into oneDNN's layout, where that is measured faster.
 
-This file travels to the Hub beside modeling_vaswani.py: it imports only torch, transformers and its neighbours.
+`share_source_rows(model)` binds this to one model object, around whatever `generate` it has (the class's, or a
+saved folder's `custom_generate` under `trust_remote_code=True`), and overrides transformers' two hooks on that
+object only. A model not transformed is left as transformers made it.
 """
 
-import contextlib
+import types
 
 import torch
 from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
 from transformers.utils import ModelOutput
-from transformers.utils.deprecation import deprecate_kwarg
 
-from .kernels import KERNELS, MEASURED_ATTENTION
-
-
-SHARED_SOURCE_KERNELS = ("eager", "sdpa", MEASURED_ATTENTION)
+from .kernels import KERNELS
+from .modeling_vaswani import SHARED_SOURCE_KERNELS
 
 
 def cross_attention_rows(cache: EncoderDecoderCache) -> int | None:
@@ -46,50 +46,59 @@ def set_cross_attention_rows(cache: EncoderDecoderCache, rows: int) -> None:
             layer.keys, layer.values = (tensor[:: current // rows].contiguous() for tensor in (layer.keys, layer.values))
 
 
-class SharedSourceDecoding:
-    """`generate()` with one encoder row per source and the weights packed for the call; a mixin of
-    `VaswaniForConditionalGeneration`, before `GenerationMixin`."""
+def share_source_rows(model) -> None:
+    """Bind shared-source decoding and the decoding block to `model`, in place (methods of the object, so that a deep
+    copy of it is bound to the copy)."""
+    if "_expand_inputs_for_generation" in vars(model):
+        return  # bound already
+    model._inner_generate = model.generate  # the class's generate(), or a folder's custom generate (bound)
+    model.generate = types.MethodType(_generate, model)
+    model.packed_weights = types.MethodType(_packed_weights, model)  # the GNMT search (gnmt.py) enters it too
+    model._expand_inputs_for_generation = types.MethodType(_expand_inputs_for_generation, model)
+    model._reorder_cache = _reorder_cache
 
-    # As on transformers' generate(): the old name reaches the code below as `cache`.
-    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
-    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
-        shared = self.config._attn_implementation in SHARED_SOURCE_KERNELS
-        cache = kwargs.get("cache")
-        source = inputs if inputs is not None else kwargs.get("input_ids")
-        if shared and isinstance(cache, EncoderDecoderCache) and source is not None:
-            set_cross_attention_rows(cache, source.shape[0])  # a cache that an earlier generate() returned
-        with self.packed_weights():
-            output = super().generate(inputs, generation_config=generation_config, **kwargs)
-        cache = output.get("cache") if isinstance(output, ModelOutput) else None
-        if shared and isinstance(cache, EncoderDecoderCache) and cache.self_attention_cache.layers:
-            set_cross_attention_rows(cache, cache.self_attention_cache.layers[0].keys.shape[0])
-        return output
 
-    def packed_weights(self) -> contextlib.AbstractContextManager:
-        """A decoding loop, in which linear layers may multiply by weights reordered once (`kernels.py`). `generate()`
-        enters it, and so does the GNMT search (`gnmt.py`), which `generate` of a model loaded with
-        `trust_remote_code=True` calls directly."""
-        return KERNELS.decoding()
+def _generate(self, *args, **kwargs):
+    """The model's own generate() inside a decoding block, a returned cache given transformers' layout."""
+    shared = self.config._attn_implementation in SHARED_SOURCE_KERNELS
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    source = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+    if shared and isinstance(cache, EncoderDecoderCache) and source is not None:
+        set_cross_attention_rows(cache, source.shape[0])  # a cache that an earlier generate() returned
+    with KERNELS.decoding():
+        output = self._inner_generate(*args, **kwargs)
+    cache = output.get("cache") if isinstance(output, ModelOutput) else None
+    if shared and isinstance(cache, EncoderDecoderCache) and cache.self_attention_cache.layers:
+        set_cross_attention_rows(cache, cache.self_attention_cache.layers[0].keys.shape[0])
+    return output
 
-    @staticmethod
-    def _reorder_cache(cache: Cache, beam_idx: torch.LongTensor) -> Cache:
-        """Beam search (transformers calls this hook) reorders only the self-attention cache: the beams of a source
-        all attend to the same encoder output, so their cross-attention keys and values are equal and stay put."""
-        if isinstance(cache, EncoderDecoderCache):
-            cache.self_attention_cache.reorder_cache(beam_idx)
-        else:
-            cache.reorder_cache(beam_idx)
-        return cache
 
-    def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False,
-                                      input_ids: torch.LongTensor | None = None, **model_kwargs):
-        """transformers repeats every input once per beam (or returned sequence); the encoder output and the source
-        mask stay one row per source here. The encoder outputs that `generate(return_dict_in_generate=True)` returns
-        therefore have one row per source too."""
-        if self.config._attn_implementation not in SHARED_SOURCE_KERNELS:
-            return super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
-        shared = {key: model_kwargs.pop(key) for key in ("encoder_outputs", "attention_mask") if key in model_kwargs}
-        if is_encoder_decoder and shared.get("encoder_outputs") is None:
-            raise ValueError("If `is_encoder_decoder` is True, make sure that `encoder_outputs` is defined.")
-        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, False, input_ids, **model_kwargs)
-        return input_ids, {**model_kwargs, **shared}
+def _packed_weights(self):
+    """A decoding loop, in which linear layers may multiply by weights reordered once (kernels.py)."""
+    return KERNELS.decoding()
+
+
+def _reorder_cache(cache: Cache, beam_idx: torch.LongTensor) -> Cache:
+    """Beam search (transformers calls this hook) reorders only the self-attention cache: the beams of a source all
+    attend to the same encoder output, so their cross-attention keys and values are equal and stay put."""
+    if isinstance(cache, EncoderDecoderCache):
+        cache.self_attention_cache.reorder_cache(beam_idx)
+    else:
+        cache.reorder_cache(beam_idx)
+    return cache
+
+
+def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False,
+                                  input_ids: torch.LongTensor | None = None, **model_kwargs):
+    """transformers repeats every input once per beam (or returned sequence); the encoder output and the source mask
+    stay one row per source here. The encoder outputs that `generate(return_dict_in_generate=True)` returns
+    therefore have one row per source too."""
+    if self.config._attn_implementation not in SHARED_SOURCE_KERNELS:
+        return GenerationMixin._expand_inputs_for_generation(self, expand_size, is_encoder_decoder, input_ids,
+                                                             **model_kwargs)
+    shared = {key: model_kwargs.pop(key) for key in ("encoder_outputs", "attention_mask") if key in model_kwargs}
+    if is_encoder_decoder and shared.get("encoder_outputs") is None:
+        raise ValueError("If `is_encoder_decoder` is True, make sure that `encoder_outputs` is defined.")
+    input_ids, model_kwargs = GenerationMixin._expand_inputs_for_generation(self, expand_size, False, input_ids,
+                                                                            **model_kwargs)
+    return input_ids, {**model_kwargs, **shared}

@@ -16,16 +16,17 @@ briefly and the fastest is kept for the rest of the process, as cuDNN's benchmar
   weight's shape, and the number of tokens (input rows) rounded up to a power of two.
 * `measured_attention(eager)`: transformers' SDPA kernel, except without gradient on the CPU (encoding and decoding
   steps), where SDPA or the eager product is chosen the same way: torch's CPU SDPA has a fixed cost per call that
-  a decoding step's few query rows may not repay. The model registers it as an attention kernel of its own name,
-  `attn_implementation="vaswani_measured"` (what `vaswani-translate` loads models with); transformers' default,
-  "sdpa", and "eager" run those kernels and nothing else.
+  a decoding step's few query rows may not repay. `fast_cpu` registers it as an attention kernel of its own name,
+  `attn_implementation="vaswani_measured"`; transformers' default, "sdpa", and "eager" run those kernels and
+  nothing else.
 
 What was chosen, the packed weights and the forced kernels live in one object, `KERNELS`. The environment variable
 `VASWANI_KERNELS` (read at import; comma-separated names from `KERNEL_NAMES`), or `KERNELS.force(...)`, forces
 kernels by name, for debugging and benchmarks: a forced name is taken wherever it is a candidate. Everywhere else
 (GPU, half precision, autocast, torch.compile and export) the layers are `nn.Linear` and the attention is SDPA.
 
-This file travels to the Hub beside modeling_vaswani.py: it imports only torch and transformers.
+A model uses these only once `vaswani_hf.fast_cpu(model)` has transformed it (fast_cpu.py); the model files, which
+travel to the Hub, do not import this one.
 """
 
 import contextlib
@@ -47,7 +48,7 @@ from transformers.utils import is_torchdynamo_compiling
 # oneDNN's linear operator (the one torch.compile uses for CPU linear layers); absent from some torch builds.
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
-MEASURED_ATTENTION = "vaswani_measured"  # the name the model registers `measured_attention` under
+MEASURED_ATTENTION = "vaswani_measured"  # the name `fast_cpu` registers `measured_attention` under
 LINEAR_KERNELS = ("torch", "onednn", "onednn_packed", "onednn_swapped")
 ATTENTION_KERNELS = ("eager", "sdpa")
 KERNEL_NAMES = LINEAR_KERNELS + ATTENTION_KERNELS

@@ -2,8 +2,9 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017, arXiv:1706.03762), as published.
 
 This file travels to the Hub beside the weights: it imports only torch, transformers and its neighbours — the
-configuration, `checks.py` (one-line errors for bad input), `kernels.py` (CPU kernels chosen by measurement) and
-`decoding.py` (what makes `generate()` faster without changing what it computes).
+configuration and `checks.py` (one-line errors for bad input). Its layers are torch's and transformers' own, as in
+Marian. Speed on a CPU is an explicit transform of a model object, `vaswani_hf.fast_cpu(model)` (`fast_cpu.py`, not a
+Hub file), which `vaswani-translate` and `training/run.py` apply on a CPU.
 
 Shape letters used in comments: B batch, T target (query) length, S source (key) length, h heads,
 d_k / d_v head widths, D = d_model, V vocabulary.
@@ -18,6 +19,8 @@ Deviations from the paper — this is the one list. By default there are none in
     with `trust_remote_code=True`.
   * Inference in int8: `vaswani_hf.quantize_int8(model)` (`quantization.py`; `vaswani-translate --int8`) returns a
     copy whose linear layers compute in int8 on the CPU; the paper decodes in float32 (off by default).
+  * CPU kernels: `vaswani_hf.fast_cpu(model)` makes a model's float32 CPU products run in kernels chosen by
+    measurement (`fast_cpu.py`): the same products, rounded differently (on by default in our tools, on a CPU).
 """
 
 import math
@@ -29,12 +32,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import (
-    ALL_MASK_ATTENTION_FUNCTIONS,
-    create_bidirectional_mask,
-    create_causal_mask,
-    sdpa_mask,
-)
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -51,8 +49,6 @@ from transformers.utils.versions import require_version
 
 from .checks import check_mask, check_token_ids
 from .configuration_vaswani import VaswaniConfig
-from .decoding import SHARED_SOURCE_KERNELS, SharedSourceDecoding
-from .kernels import MEASURED_ATTENTION, VaswaniLinear, measured_attention
 
 
 # transformers 5.24 renamed the decoding cache, argument and output field, from `past_key_values` to `cache`: the
@@ -62,6 +58,9 @@ logger = logging.get_logger(__name__)
 
 # §6.1: "We set the maximum output length during inference to input length + 50".
 EXTRA_OUTPUT_LENGTH = 50
+# The attention kernels whose masks broadcast over a block of query rows: beams sharing one encoder row attend to it
+# as one block (`VaswaniAttention`). "vaswani_measured" is the kernel `vaswani_hf.fast_cpu` registers.
+SHARED_SOURCE_KERNELS = ("eager", "sdpa", "vaswani_measured")
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -108,19 +107,13 @@ def eager_attention_forward(
     return output, weights
 
 
-# An attention kernel of its own name, `attn_implementation="vaswani_measured"` (vaswani-translate's): SDPA, or on the
-# CPU without gradient whichever of SDPA and the eager product is measured faster for the shape (kernels.py).
-ALL_ATTENTION_FUNCTIONS.register(MEASURED_ATTENTION, measured_attention(eager_attention_forward))
-ALL_MASK_ATTENTION_FUNCTIONS.register(MEASURED_ATTENTION, sdpa_mask)
-
 
 class VaswaniAttention(nn.Module):
     """§3.2.2 Multi-Head Attention: Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
     Used three ways (§3.2.3): encoder self-attention, masked decoder self-attention (`is_causal=True`), and
     encoder-decoder attention (`key_value_states` = encoder output). The projections carry biases, as in the
-    authors' code. The kernel is chosen by transformers' attention interface ("sdpa" by default, "eager",
-    "vaswani_measured", ...).
+    authors' code. The kernel is chosen by transformers' attention interface ("sdpa" by default, "eager", ...).
 
     Encoder-decoder attention takes an encoder output of fewer rows than the queries when each group of n
     consecutive query rows shares one source (n beams, laid out as `repeat_interleave` lays them out): the keys and
@@ -138,10 +131,10 @@ class VaswaniAttention(nn.Module):
         self.dropout = config.attention_dropout
         self.is_causal = is_causal  # read by the SDPA interface: encoder and cross attention must say False
         self.layer_idx = layer_idx
-        self.q_proj = VaswaniLinear(config.d_model, config.num_heads * config.d_k)
-        self.k_proj = VaswaniLinear(config.d_model, config.num_heads * config.d_k)
-        self.v_proj = VaswaniLinear(config.d_model, config.num_heads * config.d_v)
-        self.out_proj = VaswaniLinear(config.num_heads * config.d_v, config.d_model)
+        self.q_proj = nn.Linear(config.d_model, config.num_heads * config.d_k)
+        self.k_proj = nn.Linear(config.d_model, config.num_heads * config.d_k)
+        self.v_proj = nn.Linear(config.d_model, config.num_heads * config.d_v)
+        self.out_proj = nn.Linear(config.num_heads * config.d_v, config.d_model)
 
     def forward(
         self,
@@ -206,8 +199,8 @@ class VaswaniLayer(GradientCheckpointingLayer):
         super().__init__()
         self.config = config  # P_drop is read from it at every call, as the embeddings read it: one value to change
         self.normalize_before = config.normalize_before
-        self.fc1 = VaswaniLinear(config.d_model, config.d_ff)
-        self.fc2 = VaswaniLinear(config.d_ff, config.d_model)
+        self.fc1 = nn.Linear(config.d_model, config.d_ff)
+        self.fc2 = nn.Linear(config.d_ff, config.d_model)
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def sublayer_input(self, hidden_states: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
@@ -570,7 +563,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         )
 
 
-class VaswaniForConditionalGeneration(SharedSourceDecoding, VaswaniPreTrainedModel, GenerationMixin):
+class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     """The Transformer with its pre-softmax projection (§3.4): logits = h E^T, no output bias.
 
     `labels` give a cross-entropy loss averaged over the non-pad target tokens (-100 and PAD are ignored), or
@@ -586,7 +579,7 @@ class VaswaniForConditionalGeneration(SharedSourceDecoding, VaswaniPreTrainedMod
     def __init__(self, config: VaswaniConfig):
         super().__init__(config)
         self.model = VaswaniModel(config)
-        self.lm_head = VaswaniLinear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
         # §6.1: beam search with a beam size of 4, terminating early when possible.
         self.generation_config.num_beams = 4
@@ -699,7 +692,7 @@ class VaswaniForConditionalGeneration(SharedSourceDecoding, VaswaniPreTrainedMod
             mask = kwargs.get("attention_mask")
             source_length = int(mask.sum(-1).max()) if mask is not None and mask.dim() == 2 else source.shape[-1]
             kwargs["max_new_tokens"] = source_length + EXTRA_OUTPUT_LENGTH
-        return super().generate(inputs, generation_config=generation_config, **kwargs)  # SharedSourceDecoding's
+        return super().generate(inputs, generation_config=generation_config, **kwargs)
 
 
 __all__ = ["VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel"]

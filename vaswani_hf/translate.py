@@ -11,6 +11,9 @@ a progress bar on stderr counts lines and tokens/s.
     echo "A man is riding a bike." | vaswani-translate --model outputs/run --num_beams 1 --device cpu
     vaswani-translate --model outputs/run --int8 < sources.txt     # int8 linear layers on the CPU (quantization.py)
     vaswani-translate --model outputs/run --nbest 4 < sources.txt  # "line ||| translation ||| score", 4 per line
+
+On a CPU the model is transformed by `vaswani_hf.fast_cpu` (kernels chosen by measurement); `--no_fast_cpu` decodes
+with torch's and transformers' own kernels, as the model files are written.
 """
 
 import argparse
@@ -29,8 +32,8 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.utils.logging import disable_progress_bar
 
 from .allocator import keep_freed_memory
+from .fast_cpu import fast_cpu
 from .gnmt import gnmt_beam_search
-from .kernels import MEASURED_ATTENTION
 from .quantization import quantize_int8
 from .text import decode_utf8, split_lines
 
@@ -38,10 +41,10 @@ MAX_TOKENS = 4096  # source tokens per batch, padding included
 WINDOW = 2000  # lines read, sorted by length and batched together
 
 
-def load(name_or_path: str, device: str = "auto", int8: bool = False):
+def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool = True):
     """(model, tokenizer) from a model folder or Hub repository, in eval mode on `device` (with `int8`: the CPU
-    model's int8 copy); a missing or broken model, or another kind of model, exits with a one-line message before
-    its weights are read."""
+    model's int8 copy; on a CPU with `fast`: transformed by `fast_cpu`); a missing or broken model, or another kind
+    of model, exits with a one-line message before its weights are read."""
     if device == "auto":
         device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
     if int8 and device != "cpu":
@@ -63,13 +66,14 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False):
         if model_type != "vaswani":
             raise SystemExit(f"error: {name_or_path} holds a {model_type!r} model, not a vaswani_hf one")
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        # On the CPU, decoding steps take SDPA or the eager product, whichever is measured faster (kernels.py).
-        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path, attn_implementation=MEASURED_ATTENTION)
+        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
     except Exception as error:  # transformers raises OSError, ValueError, KeyError, ... for unusable folders
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SystemExit(f"error: cannot load a model from {name_or_path}: {message}") from None
     if tokenizer.pad_token_id is None:
         raise SystemExit(f"error: the tokenizer of {name_or_path} has no padding token (is tokenizer_config.json missing?)")
+    if fast and kind == "cpu":
+        fast_cpu(model)
     return (quantize_int8(model) if int8 else model.to(device).eval()), tokenizer
 
 
@@ -208,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="Hypotheses per line, as 'line ||| translation ||| score' (at most the beam size).")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: a GPU if there is one).")
     parser.add_argument("--int8", action="store_true", help="Int8 linear layers on the CPU (faster; a deviation).")
+    parser.add_argument("--no_fast_cpu", action="store_true",
+                        help="On a CPU, torch's own kernels instead of those chosen by measurement (vaswani_hf.fast_cpu).")
     parser.add_argument("--quiet", action="store_true", help="No progress bar on stderr.")
     args = parser.parse_args(argv)
     if min(args.max_tokens, args.window, args.nbest, args.num_beams or 1) < 1:
@@ -225,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         first = next(windows, (1, []))  # read before the model loads: a first window that is not UTF-8 stops here
         keep_freed_memory()  # the decoding steps reuse the (beams x vocabulary) blocks they free (allocator.py)
         disable_progress_bar()  # transformers' bars; ours counts lines
-        model, tokenizer = load(args.model, args.device, args.int8)
+        model, tokenizer = load(args.model, args.device, args.int8, fast=not args.no_fast_cpu)
         num_beams = args.num_beams or getattr(model.generation_config, "num_beams", None) or 4
         if args.nbest > num_beams:
             raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
