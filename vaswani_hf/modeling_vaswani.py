@@ -107,7 +107,6 @@ def eager_attention_forward(
     return output, weights
 
 
-
 class VaswaniAttention(nn.Module):
     """§3.2.2 Multi-Head Attention: Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
