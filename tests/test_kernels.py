@@ -200,6 +200,17 @@ def test_a_deep_copy_of_a_transformed_model_decodes_with_its_own_weights(kernels
     assert twin.generate.__self__ is twin and twin._inner_generate.__self__ is twin
 
 
+def test_the_translator_transforms_its_model_on_a_cpu_unless_told_not_to(translation_folder):
+    from vaswani_hf.translate import load
+
+    fast, _ = load(str(translation_folder), "cpu")
+    plain, _ = load(str(translation_folder), "cpu", fast=False)  # vaswani-translate --no_fast_cpu
+    linear = torch.nn.Linear
+    assert {type(module) for module in fast.modules() if isinstance(module, linear)} == {VaswaniLinear}
+    assert {type(module) for module in plain.modules() if isinstance(module, linear)} == {linear}
+    assert (fast.config._attn_implementation, plain.config._attn_implementation) == (MEASURED_ATTENTION, "sdpa")
+
+
 # --- whatever is chosen, the model computes the same ---------------------------------------------------------------
 
 def training_gradients(kernel: str | None) -> dict[str, torch.Tensor]:
