@@ -15,7 +15,7 @@ from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 
 PAD, BOS, EOS = 0, 1, 2
 # The code a saved model carries (save_pretrained copies the modeling file and what it imports).
-CODE_FILES = {"configuration_vaswani.py", "modeling_vaswani.py", "checks.py"}
+CODE_FILES = {"configuration_vaswani.py", "modeling_vaswani.py", "checks.py", "gnmt.py"}
 
 
 def pytest_configure(config):
@@ -115,7 +115,7 @@ def trained_model():
 
 @pytest.fixture(scope="session")
 def translation_folder(tmp_path_factory):
-    """A run's output folder as training/run.py writes it (weights, code, tokenizer, custom generate, metrics,
+    """A run's output folder as training/run.py writes it (weights, code, tokenizer, generation config, metrics,
     model card), for a tiny model trained for a few seconds on the embedded EN-DE pairs with its own joint BPE."""
     from training.default_data import generate
     from training.evaluation import score, translate

@@ -17,6 +17,7 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from conftest import CODE_FILES, refusal, refused_translation, run_hidden
+from training.default_data import generate as generate_default_data
 from training.evaluation import translate
 from training.hub import push, write_output_folder
 from vaswani_hf import TranslationPipeline, quantize_int8
@@ -71,7 +72,8 @@ def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_fold
 
 
 def test_the_pipeline_loads_from_the_folder_without_the_package(translation_folder, tmp_path):
-    """With trust_remote_code the folder's custom generate runs: the paper's decoding (GNMT, beam 4)."""
+    """With trust_remote_code the folder's own code runs: the paper's decoding (GNMT, beam 4), as generation_config.json
+    asks."""
     model, tokenizer = load_local(translation_folder)
     expected = [translate(model, tokenizer, [s])[0] for s in SOURCES]
     out = run_hidden(
@@ -98,16 +100,40 @@ def test_the_folder_declares_its_pipeline_and_code(translation_folder):
         assert (translation_folder / name).is_file(), name
 
 
-def test_the_decoding_a_run_chose_survives_loading(translation_folder, tmp_path):
-    """The beam size and GNMT α saved with the model (run.py chooses α on the validation set) are the ones the
-    loaded model decodes with by default."""
+def test_one_decoding_however_the_folder_is_loaded(translation_folder, tmp_path):
+    """The beam size and GNMT α a run saved (run.py chooses α on the validation set) are what generation_config.json
+    asks for, and every way of loading the folder decodes with them: the installed class's generate(), the pipeline,
+    vaswani-translate, and the folder's own code under trust_remote_code without the package."""
     model, tokenizer = load_local(translation_folder)
-    write_output_folder(model, tokenizer, tmp_path / "chosen", {}, dataset="d", source_lang="en", target_lang="de",
-                        model_id="m", recipe={}, deviations=[], label_smoothing=0.1, batching="b", num_beams=3,
-                        alpha=1.4)
-    loaded, tokenizer = load_local(tmp_path / "chosen")
-    assert loaded.generation_config.num_beams == 3 and loaded.generation_config.gnmt_alpha == 1.4
-    assert translate(loaded, tokenizer, SOURCES) == translate(loaded, tokenizer, SOURCES, num_beams=3, alpha=1.4)
+    chosen = tmp_path / "chosen"
+    write_output_folder(model, tokenizer, chosen, {}, dataset="d", source_lang="en", target_lang="de", model_id="m",
+                        recipe={}, deviations=[], label_smoothing=0.1, batching="b", num_beams=3, alpha=1.4)
+    model, tokenizer = load_local(chosen)
+    assert (model.generation_config.num_beams, model.generation_config.gnmt_alpha) == (3, 1.4)
+    sources = [source for source, _ in generate_default_data()["test"][:12]]
+    inputs = tokenizer(sources, return_tensors="pt", padding=True)
+    direct = tokenizer.batch_decode(model.generate(**inputs), skip_special_tokens=True)
+    assert direct == translate(model, tokenizer, sources, num_beams=3, alpha=1.4)  # the paper's search
+    transformers_beam = model.generate(**inputs, length_penalty=1.4)  # transformers' penalty |Y|^α: not the same
+    assert direct != tokenizer.batch_decode(transformers_beam, skip_special_tokens=True)
+    assert [r["translation_text"] for r in TranslationPipeline(model=model, tokenizer=tokenizer)(sources)] == direct
+    result = cli("--model", chosen, "--no_fast_cpu", stdin="\n".join(sources) + "\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == direct
+    out = run_hidden(
+        """
+        import json, sys
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        model = AutoModelForSeq2SeqLM.from_pretrained(sys.argv[1], trust_remote_code=True)
+        tokenizer = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)  # no prompt
+        inputs = tokenizer(json.loads(sys.argv[2]), return_tensors="pt", padding=True)
+        direct = tokenizer.batch_decode(model.generate(**inputs), skip_special_tokens=True)
+        translator = pipeline("translation", model=sys.argv[1], trust_remote_code=True)
+        print(json.dumps([direct, [r["translation_text"] for r in translator(json.loads(sys.argv[2]))]]))
+        """,
+        chosen, json.dumps(sources), env_extra={"HF_MODULES_CACHE": str(tmp_path / "modules")},
+    )
+    assert json.loads(out.splitlines()[-1]) == [direct, direct]
 
 
 def uploaded_files(folder: Path, ignore_patterns) -> set[str]:
@@ -118,7 +144,7 @@ def uploaded_files(folder: Path, ignore_patterns) -> set[str]:
 
 
 EXPECTED_UPLOAD = CODE_FILES | {"model.safetensors", "config.json", "generation_config.json", "pipeline_vaswani.py",
-                                "tokenizer.json", "tokenizer_config.json", "README.md", "custom_generate/generate.py"}
+                                "tokenizer.json", "tokenizer_config.json", "README.md"}
 
 
 def test_push_uploads_a_complete_repository_and_never_the_token(translation_folder, tmp_path, monkeypatch, caplog,

@@ -11,6 +11,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from conftest import BOS, EOS, PAD, random_ids, tiny_model
 from vaswani_hf import fast_cpu
+from vaswani_hf.gnmt import gnmt_beam_search
 from vaswani_hf.kernels import KERNELS
 
 
@@ -60,19 +61,46 @@ def test_decoding_paths_make_real_choices(trained_model):
     assert all(len(set(h)) > 3 for h in hypotheses)
 
 
-def test_a_fresh_model_generates_the_papers_way_with_no_arguments():
+def test_a_model_from_a_bare_config_decodes_with_transformers_defaults():
+    """As every transformers model: greedy, at most 20 new tokens (transformers' global defaults), nothing of ours."""
     model = tiny_model()
     config = model.generation_config
-    assert (config.num_beams, config.early_stopping) == (4, True)
+    assert (config.num_beams, getattr(config, "gnmt_alpha", None)) == (None, None)
     assert (config.decoder_start_token_id, config.pad_token_id, config.eos_token_id) == (BOS, PAD, EOS)
     source = random_ids(2, 6)
-    out = model.generate(source)
-    assert (out[:, 0] == BOS).all()
-    assert torch.equal(out, model.generate(source, num_beams=4, early_stopping=True, max_new_tokens=6 + 50))
+    never_ends = {"bad_words_ids": [[EOS]]}
+    out = model.generate(source, **never_ends)
+    assert out.shape[1] == 1 + 20 and (out[:, 0] == BOS).all()
+    assert torch.equal(out, model.generate(source, num_beams=1, do_sample=False, max_new_tokens=20, **never_ends))
 
 
-def test_output_length_is_source_length_plus_50_unless_set():
+def test_a_generation_config_with_gnmt_alpha_decodes_the_papers_way():
+    """`gnmt_alpha` in the generation config (as training/run.py saves it) makes generate() the GNMT search, beam
+    size and α from the config, source length + 50; a call may set them, or ask for transformers' decodings."""
     model = tiny_model()
+    source, mask = padded_sources()
+    model.generation_config.num_beams, model.generation_config.gnmt_alpha = 3, 1.4
+    paper = gnmt_beam_search(model, source, mask, num_beams=3, alpha=1.4)
+    assert torch.equal(model.generate(source, attention_mask=mask), paper)
+    echoes = {"early_stopping": True, "pad_token_id": PAD, "output_scores": False}  # as pipelines pass them
+    assert torch.equal(model.generate(input_ids=source, attention_mask=mask, **echoes), paper)
+    assert torch.equal(model.generate(source, attention_mask=mask, num_beams=2, gnmt_alpha=0.2),
+                       gnmt_beam_search(model, source, mask, num_beams=2, alpha=0.2))
+    two = model.generate(source, attention_mask=mask, num_return_sequences=2, max_new_tokens=4)
+    assert torch.equal(two, gnmt_beam_search(model, source, mask, 3, 1.4, max_new_tokens=4, num_return_sequences=2))
+    # Settings the search does not offer: transformers' decoding of them.
+    greedy = model.generate(source, attention_mask=mask, num_beams=1, max_new_tokens=9)
+    assert torch.equal(greedy, tiny_model().generate(source, attention_mask=mask, max_new_tokens=9))
+    transformers_beam = model.generate(source, attention_mask=mask, length_penalty=0.5, max_new_tokens=9)
+    assert torch.equal(transformers_beam, tiny_model().generate(source, attention_mask=mask, num_beams=3,
+                                                                length_penalty=0.5, max_new_tokens=9))
+    # A bare config asks for the paper's search in the call.
+    assert torch.equal(tiny_model().generate(source, attention_mask=mask, num_beams=3, gnmt_alpha=1.4), paper)
+
+
+def test_the_papers_output_length_is_source_length_plus_50_unless_set():
+    model = tiny_model()
+    model.generation_config.gnmt_alpha = 0.6
     source, mask = padded_sources()  # longest source: 7 tokens
     never_ends = {"num_beams": 1, "bad_words_ids": [[EOS]]}
     assert model.generate(source, attention_mask=mask, **never_ends).shape[1] == 1 + 7 + 50
@@ -222,6 +250,21 @@ def test_generation_continues_from_the_cache_it_returned(sharing_model, num_beam
     assert_same_cache(then.cache, at_once.cache)
 
 
+def test_a_plain_model_continues_from_its_cache_with_its_default_decoding(trained_model):
+    """transformers' `test_generate_continue_from_past_key_values` as it runs: no decoding arguments (the model's
+    defaults: greedy), 3 tokens and then 1 more from the returned cache give the tokens and logits of 4 at once. The
+    decoder's mask goes with the tokens: how transformers tells an encoder-decoder's cached tokens from new ones."""
+    source, mask = padded_sources()
+    dictionary = {"return_dict_in_generate": True, "output_logits": True, "eos_token_id": -1}
+    at_once = trained_model.generate(source, attention_mask=mask, max_new_tokens=4, **dictionary)
+    first = trained_model.generate(source, attention_mask=mask, max_new_tokens=3, **dictionary)
+    then = trained_model.generate(source, attention_mask=mask, decoder_input_ids=first.sequences, cache=first.cache,
+                                  decoder_attention_mask=torch.ones_like(first.sequences), max_new_tokens=1,
+                                  **dictionary)
+    assert torch.equal(then.sequences, at_once.sequences)
+    torch.testing.assert_close(torch.stack(first.logits + then.logits), torch.stack(at_once.logits))
+
+
 def test_a_cache_passed_under_its_old_name_past_key_values_is_used(trained_model):
     """transformers 5.24 renamed the cache argument to `cache`; a caller still passing `past_key_values=` decodes as
     before: the second token from the first's cache has the logits of both tokens decoded at once without one."""
@@ -236,20 +279,29 @@ def test_a_cache_passed_under_its_old_name_past_key_values_is_used(trained_model
     assert second.cache is first.cache and second.cache.get_seq_length() == 2
 
 
-def test_a_static_cache_and_a_compiled_forward_decode_as_the_dynamic_cache(trained_model):
-    """transformers compiles the forward of greedy decoding with a static cache (`CompileConfig`, here on the CPU
-    too), as its `test_generate_compile_model_forward_fullgraph` checks; the tokens are the dynamic cache's."""
+def test_a_compiled_forward_with_a_static_cache_decodes_as_the_dynamic_cache_and_never_recompiles(trained_model):
+    """What transformers' `test_generate_compile_model_forward_fullgraph` and
+    `test_static_cache_no_recompile_with_smaller_length` check, here: with a static cache, generate() compiles the
+    decoding step whole (fullgraph: a graph break raises), its tokens are the dynamic cache's for two different
+    input sets, and the second input set and then a shorter output reuse the compiled step. (A source of another
+    length is another shape of the cross-attention cache: with `dynamic=False`, a new graph, as for any model.)"""
     from transformers import CompileConfig
 
     source, mask = padded_sources()
+    other, other_mask = random_ids(3, 7, seed=21), torch.ones(3, 7, dtype=torch.long)
     compile_config = CompileConfig(fullgraph=True, dynamic=False)
     compile_config._compile_all_devices = True  # transformers compiles on accelerators only, unless told
     model = tiny_model(seed=1).eval()
     model.load_state_dict(trained_model.state_dict())
-    static = model.generate(source, attention_mask=mask, **GREEDY, cache_implementation="static",
-                            compile_config=compile_config)
-    assert "_compiled_call" in vars(model)  # transformers compiled the forward (fullgraph: no graph break)
-    assert torch.equal(static, trained_model.generate(source, attention_mask=mask, **GREEDY))
+    static = {"cache_implementation": "static", "compile_config": compile_config}
+    first = model.generate(source, attention_mask=mask, **GREEDY, **static)
+    assert "_compiled_call" in vars(model)  # transformers compiled the forward
+    assert torch.equal(first, trained_model.generate(source, attention_mask=mask, **GREEDY))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        again = model.generate(other, attention_mask=other_mask, **GREEDY, **static)
+        shorter = model.generate(source, attention_mask=mask, num_beams=1, max_new_tokens=6, **static)
+    assert torch.equal(again, trained_model.generate(other, attention_mask=other_mask, **GREEDY))
+    assert torch.equal(shorter, trained_model.generate(source, attention_mask=mask, num_beams=1, max_new_tokens=6))
 
 
 def test_other_attention_kernels_get_one_encoder_row_per_beam():

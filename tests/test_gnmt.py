@@ -108,29 +108,24 @@ def test_beam_4_is_batched_consistently_and_respects_the_length_limit(trained_mo
     assert (out[1, 1 + 4 + 50 :] == PAD).all() and (out[1, 1 : 1 + 4 + 50] != PAD).any()
 
 
-def test_a_saved_model_with_custom_generate_decodes_the_papers_way(tmp_path, trained_model):
-    """The output folder of training/run.py ships gnmt.py as custom_generate/generate.py: `generate()` of the
-    model loaded with trust_remote_code is the GNMT beam search; other decodings go to transformers."""
-    import shutil
-
-    import vaswani_hf
+def test_a_saved_model_decodes_the_papers_way_however_it_is_loaded(tmp_path):
+    """A generation config with `gnmt_alpha` (as training/run.py saves it): `generate()` of the loaded model is the
+    GNMT beam search; other decodings go to transformers. (The folder's own code, loaded with trust_remote_code
+    where the package is not installed: tests/test_ecosystem.py.)"""
     from transformers import AutoModelForSeq2SeqLM
 
-    trained_model.generation_config.gnmt_alpha = 0.6
-    trained_model.save_pretrained(tmp_path)
-    (tmp_path / "custom_generate").mkdir()
-    shutil.copy(vaswani_hf.gnmt.__file__, tmp_path / "custom_generate" / "generate.py")
-    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    saved = tiny_model(seed=3)
+    saved.generation_config.num_beams, saved.generation_config.gnmt_alpha = 4, 0.6
+    saved.generation_config._from_model_config = False  # else loading drops gnmt_alpha (training/hub.py does this too)
+    saved.save_pretrained(tmp_path)
     source = random_ids(3, 7, seed=12)
     mask = torch.ones_like(source)
-    expected = gnmt_beam_search(trained_model, source, attention_mask=mask, num_beams=4, alpha=0.6)
+    expected = gnmt_beam_search(saved, source, attention_mask=mask, num_beams=4, alpha=0.6)
+    greedy = tiny_model(seed=3).generate(source, attention_mask=mask, max_new_tokens=9)
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     assert torch.equal(model.generate(input_ids=source, attention_mask=mask), expected)
     assert torch.equal(model.generate(source, attention_mask=mask), expected)
-    assert torch.equal(model.generate(source, attention_mask=mask, trust_remote_code=True), expected)
-    greedy = trained_model.generate(source, attention_mask=mask, num_beams=1, max_new_tokens=9)
     assert torch.equal(model.generate(input_ids=source, attention_mask=mask, num_beams=1, max_new_tokens=9), greedy)
-    assert torch.equal(trained_model.generate(input_ids=source, attention_mask=mask, custom_generate=str(tmp_path),
-                                              trust_remote_code=True), expected)
 
     # Transformed by fast_cpu, the folder's search runs inside a decoding block (it may reorder the weights once).
     from vaswani_hf import fast_cpu

@@ -135,7 +135,7 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder(tmp_path):
     assert metrics["train_steps"] == 6 and metrics["test"]["bleu_signature"].startswith("nrefs:1")
     assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "pipeline_vaswani.py"} <= {
         p.name for p in output.iterdir()}
-    assert (output / "custom_generate" / "generate.py").is_file()
+    assert json.loads((output / "generation_config.json").read_text())["gnmt_alpha"] == 0.6
     args = run_trainer.parse_arguments(["--d_model", "256", "--warmup_steps", "400", "--lr_scale", "2"])[3]
     assert args.learning_rate == pytest.approx(2 * 256**-0.5 * 400**-0.5)  # §5.3 peak
     assert (args.adam_beta2, args.adam_epsilon, args.max_grad_norm, args.lr_scheduler_type) == (

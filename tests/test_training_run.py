@@ -374,15 +374,14 @@ def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small
     upload = json.loads((tmp_path / "upload.json").read_text())
     assert upload["repo_id"] == "org/tiny"
     assert CODE_FILES | {"model.safetensors", "config.json", "generation_config.json", "pipeline_vaswani.py",
-                         "tokenizer.json", "tokenizer_config.json", "README.md", "custom_generate/generate.py",
-                         "metrics.json"} <= set(upload["files"])
+                         "tokenizer.json", "tokenizer_config.json", "README.md", "metrics.json"} <= set(upload["files"])
     assert not any(f.startswith(("checkpoint-", "vaswani/")) for f in upload["files"])
     assert "pushed to https://huggingface.co/org/tiny" in result.stdout + result.stderr
     assert token not in result.stdout + result.stderr
     assert not any(token.encode() in p.read_bytes() for p in out.rglob("*") if p.is_file())
     names = {p.name for p in out.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "metrics.json",
-            "README.md", "modeling_vaswani.py", "configuration_vaswani.py", "custom_generate"} <= names
+            "README.md", "modeling_vaswani.py", "configuration_vaswani.py", "gnmt.py"} <= names
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-4"]
     assert metrics["test"]["bleu_signature"].startswith("nrefs:1|case:mixed")

@@ -1,10 +1,8 @@
 """The run's output folder as a Hub model repository, and the upload."""
 
 import json
-import shutil
 from pathlib import Path
 
-import vaswani_hf
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_CARD = ROOT / "model_card.md"
@@ -29,22 +27,20 @@ def architecture_deviations(config) -> list[str]:
 def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, dataset: str, source_lang: str,
                         target_lang: str, model_id: str, recipe: dict, deviations: list[str], label_smoothing: float,
                         batching: str, num_beams: int = 4, alpha: float = 0.6) -> None:
-    """Weights (safetensors), config with auto_map and custom_pipelines, code files, tokenizer, generation config,
-    metrics, the paper's decoding as custom_generate/generate.py, and README.md — the model card with this run's
+    """Weights (safetensors), config with auto_map and custom_pipelines, code files, tokenizer, the generation config
+    of the paper's decoding (beam size and GNMT α), metrics, and README.md — the model card with this run's
     numbers. The card states the run's own recipe: its `batching` (how batches were made), its label smoothing, the
     dropout of its config and the checkpoints `metrics` says were averaged."""
     generation = model.generation_config
     generation.num_beams = num_beams
     generation.early_stopping = True
-    generation.gnmt_alpha = alpha  # read by custom_generate/generate.py
+    generation.gnmt_alpha = alpha  # generate() then runs the paper's search (gnmt.py)
     generation._from_model_config = False  # else from_pretrained drops the entries transformers does not know
     model.save_pretrained(output_dir)
     # tokenizer.json names its padding token too, so that it alone is a complete tokenizer (tokenizers,
     # transformers.js, a folder without tokenizer_config.json); padding=True or not, calls pad as they ask.
     tokenizer.backend_tokenizer.enable_padding(pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
     tokenizer.save_pretrained(output_dir)
-    (output_dir / "custom_generate").mkdir(exist_ok=True)
-    shutil.copy(Path(vaswani_hf.__file__).parent / "gnmt.py", output_dir / "custom_generate" / "generate.py")
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     deviations = architecture_deviations(model.config) + deviations
     averaged = len(metrics.get("averaged_checkpoints", []))

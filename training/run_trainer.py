@@ -16,7 +16,7 @@ Differences from training/run.py, by the Trainer's design: batches are counted i
 (`per_device_train_batch_size`), not tokens; the Trainer's label smoothing gives every token ε/V (the paper: the
 gold token 1 - ε, the others ε/(V-1)); `predict_with_generate` decodes with transformers' beam search, whose length
 penalty is |Y|^α, for the validation BLEU; no checkpoint averaging. The test set and the saved folder decode the
-paper's way (beam 4, GNMT length penalty, custom_generate/generate.py), as in run.py.
+paper's way (beam 4, GNMT length penalty, saved in generation_config.json), as in run.py.
 """
 
 import sys

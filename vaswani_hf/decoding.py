@@ -11,8 +11,8 @@
 * A decoding block (`kernels.KERNELS.decoding()`) around the call: the weights cannot change during it, so the
   linear layers may multiply by copies reordered once into oneDNN's layout, where that is measured faster.
 
-`share_source_rows(model)` binds this to one model object, around whatever `generate` it has (the class's, or a
-saved folder's `custom_generate` under `trust_remote_code=True`), and overrides transformers' two hooks on that
+`share_source_rows(model)` binds this to one model object, around whatever `generate` it has (the installed
+class's, or a folder's own code under `trust_remote_code=True`), and overrides transformers' two hooks on that
 object only. A model not transformed is left as transformers made it.
 """
 
@@ -51,9 +51,9 @@ def share_source_rows(model) -> None:
     copy of it is bound to the copy)."""
     if "_expand_inputs_for_generation" in vars(model):
         return  # bound already
-    model._inner_generate = model.generate  # the class's generate(), or a folder's custom generate (bound)
+    model._inner_generate = model.generate  # the class's generate() (bound): transformers' or the paper's search
     model.generate = types.MethodType(_generate, model)
-    model.packed_weights = types.MethodType(_packed_weights, model)  # the GNMT search (gnmt.py) enters it too
+    model.packed_weights = types.MethodType(_packed_weights, model)  # vaswani-translate's search enters it too
     model._expand_inputs_for_generation = types.MethodType(_expand_inputs_for_generation, model)
     model._reorder_cache = _reorder_cache
 

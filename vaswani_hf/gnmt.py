@@ -13,15 +13,22 @@ translation of a non-empty source is never the answer, but a briefly trained mod
 of probability 1e-3 beats a 25-token translation with log P < -18 at α = 0.6). The paper does not address it;
 `min_new_tokens=0` allows empty outputs.
 
-This file travels to the Hub beside the model: it imports only torch and transformers.
+`paper_decoding` is what `VaswaniForConditionalGeneration.generate()` runs: this search where the generation
+config asks for it (`gnmt_alpha`, which training/run.py saves beside `num_beams`) and the call asks for nothing it
+does not offer, else transformers' `generate()`. This file travels to the Hub beside the model: it imports only
+torch and transformers.
 """
 
-import contextlib
-import functools
+import copy
 
 import torch
 
+from transformers import GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+
+# §6.1: "We set the maximum output length during inference to input length + 50".
+EXTRA_OUTPUT_LENGTH = 50
 
 
 def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | torch.Tensor:
@@ -29,20 +36,7 @@ def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | tor
     return ((5 + length) / 6) ** alpha
 
 
-def with_packed_weights(search):
-    """The whole search in one decoding block, where the model offers one (`packed_weights`: vaswani_hf's linear
-    layers may then multiply by weights reordered once, where that is measured faster)."""
-
-    @functools.wraps(search)
-    def packed_search(model, *args, **kwargs):
-        with getattr(model, "packed_weights", contextlib.nullcontext)():
-            return search(model, *args, **kwargs)
-
-    return packed_search
-
-
 @torch.no_grad()
-@with_packed_weights
 def gnmt_beam_search(
     model,
     input_ids: torch.LongTensor,
@@ -50,7 +44,7 @@ def gnmt_beam_search(
     num_beams: int = 4,
     alpha: float = 0.6,
     max_new_tokens: int | None = None,
-    extra_length: int = 50,
+    extra_length: int = EXTRA_OUTPUT_LENGTH,
     min_new_tokens: int = 1,
     num_return_sequences: int = 1,
     output_scores: bool = False,
@@ -139,35 +133,46 @@ def gnmt_beam_search(
     return (sequences, finished_scores.flatten()) if output_scores else sequences
 
 
-# trust_remote_code is among them: a caller may pass it to `generate` of a model loaded with it (the search is then
-# already the loaded remote code).
-PAPER_SEARCH_ARGUMENTS = {"input_ids", "inputs", "attention_mask", "num_beams", "max_new_tokens", "min_new_tokens",
-                          "num_return_sequences", "alpha", "trust_remote_code"}
-# Arguments that callers such as pipelines pass with the values the search uses anyway.
-CONFIG_ECHOES = ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "early_stopping")
+# What the search reads of a generation config. Any other setting asked for — given to the call (other than None or
+# False), or saved different from transformers' default (sampling, logits processors, output dicts, max_length,
+# length_penalty, ...) — or any other input makes the call transformers' generate().
+SEARCH_SETTINGS = ("num_beams", "gnmt_alpha", "max_new_tokens", "min_new_tokens", "num_return_sequences",
+                   "early_stopping", "use_cache", "transformers_version")
+TOKEN_SETTINGS = ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id")  # must be the model's
 
 
-def generate(*args, model, **kwargs):
-    """`model.generate` of a saved model that ships this file as `custom_generate/generate.py` (loaded with
-    `trust_remote_code=True`, or called with `generate(custom_generate=folder)`): the paper's beam search when the
-    call asks for beam search and nothing this search does not offer; anything else (greedy, sampling, logits
-    processors, output dicts, ...) goes to transformers' `generate`. The beam size and α come from the call or
-    the generation config (`num_beams`, `gnmt_alpha`)."""
-    given = {key: value for key, value in kwargs.items() if value is not None}
-    if args:
-        given.setdefault("inputs", args[0])
-    config = model.generation_config
-    for key in CONFIG_ECHOES:
-        if key in given and given[key] == getattr(model.config, key, getattr(config, key, None)):
-            del given[key]
-    num_beams = given.get("num_beams") or config.num_beams or 1
-    if set(given) - PAPER_SEARCH_ARGUMENTS or len(args) > 1 or num_beams == 1:
-        given.pop("alpha", None)
-        return type(model).generate(model, **given)
-    input_ids = given.get("input_ids", given.get("inputs"))
-    alpha = given.get("alpha", getattr(config, "gnmt_alpha", 0.6))
-    min_new_tokens = given.get("min_new_tokens", config.min_new_tokens)
-    return gnmt_beam_search(model, input_ids, given.get("attention_mask"), num_beams, alpha,
-                            given.get("max_new_tokens") or config.max_new_tokens,
-                            min_new_tokens=1 if min_new_tokens is None else min_new_tokens,
-                            num_return_sequences=given.get("num_return_sequences") or config.num_return_sequences or 1)
+def paper_decoding(model, generate, inputs=None, generation_config=None, **kwargs):
+    """`model.generate(inputs, generation_config, **kwargs)`, where `generate` is transformers' own.
+
+    A generation config (the model's, or the one given on top of the model's) or a call with `gnmt_alpha` asks for
+    the paper's decoding (§6.1): with `num_beams` > 1 this GNMT search, source length + 50 tokens unless
+    `max_new_tokens` says otherwise; with settings the search does not offer, transformers' decoding of them, at most
+    source length + 50 tokens unless the call sets a length. Without `gnmt_alpha`, transformers' decoding unchanged.
+    """
+    config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
+    if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
+        config.update(**model.generation_config.to_dict(), defaults_only=True, allow_custom_entries=True)
+    alpha = kwargs.pop("gnmt_alpha", getattr(config, "gnmt_alpha", None))
+    inputs_of_call = config.update(**kwargs)
+    if alpha is None:
+        return generate(inputs, generation_config=generation_config, **kwargs)
+    source = inputs if inputs is not None else inputs_of_call.get("input_ids")
+    mask = inputs_of_call.get("attention_mask")
+    defaults = GenerationConfig._get_default_generation_params()
+    saved = {key for key, value in config.to_diff_dict().items()
+             if value is not None and value is not False and value != defaults.get(key)}
+    given = {key for key, value in kwargs.items()
+             if key not in inputs_of_call and value is not None and value is not False}
+    other_settings = {key for key in saved | given if key not in SEARCH_SETTINGS + TOKEN_SETTINGS and key[0] != "_"}
+    foreign_tokens = [key for key in TOKEN_SETTINGS if getattr(config, key) not in (None, getattr(model.config, key))]
+    other_inputs = {key for key, value in inputs_of_call.items() if value is not None} - {"input_ids", "attention_mask"}
+    searchable = (torch.is_tensor(source) and source.dim() == 2 and (config.num_beams or 1) > 1
+                  and not (other_settings or foreign_tokens or other_inputs))
+    if searchable:
+        return gnmt_beam_search(model, source, mask, config.num_beams, alpha, config.max_new_tokens,
+                                min_new_tokens=1 if config.min_new_tokens is None else config.min_new_tokens,
+                                num_return_sequences=config.num_return_sequences or 1)
+    if torch.is_tensor(source) and config.max_new_tokens is None and config.max_length is None:
+        source_length = int(mask.sum(-1).max()) if torch.is_tensor(mask) and mask.dim() == 2 else source.shape[-1]
+        kwargs["max_new_tokens"] = source_length + EXTRA_OUTPUT_LENGTH
+    return generate(inputs, generation_config=generation_config, **kwargs)

@@ -2,9 +2,10 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017, arXiv:1706.03762), as published.
 
 This file travels to the Hub beside the weights: it imports only torch, transformers and its neighbours — the
-configuration and `checks.py` (one-line errors for bad input). Its layers are torch's and transformers' own, as in
-Marian. Speed on a CPU is an explicit transform of a model object, `vaswani_hf.fast_cpu(model)` (`fast_cpu.py`, not a
-Hub file), which `vaswani-translate` and `training/run.py` apply on a CPU.
+configuration, `checks.py` (one-line errors for bad input) and `gnmt.py` (the paper's beam search). Its layers are
+torch's and transformers' own, as in Marian. Speed on a CPU is an explicit transform of a model object,
+`vaswani_hf.fast_cpu(model)` (`fast_cpu.py`, not a Hub file), which `vaswani-translate` and `training/run.py` apply
+on a CPU.
 
 Shape letters used in comments: B batch, T target (query) length, S source (key) length, h heads,
 d_k / d_v head widths, D = d_model, V vocabulary.
@@ -13,10 +14,10 @@ Deviations from the paper — this is the one list. By default there are none in
   * `normalize_before=True` switches to pre-LN with a final LayerNorm per stack (off by default).
   * `tie_word_embeddings=False` unties the source embedding, target embedding and output projection (off by default).
   * `attention_dropout` / `activation_dropout` exist as options; they are 0 by default, as in the authors' code.
-  * Decoding: this class's `generate()` is transformers' beam search (beam 4, early stopping, source length + 50),
-    whose length penalty divides by |Y|^alpha. The paper's GNMT penalty ((5 + |Y|) / 6)^alpha is in `gnmt.py`;
-    `training/run.py` ships it as `custom_generate/generate.py`, the default `generate()` of a saved model loaded
-    with `trust_remote_code=True`.
+  * Decoding: a model built from a bare config decodes as every transformers model does (greedy, the library's
+    defaults). A saved model's `generation_config.json` asks for the paper's (`training/run.py` writes beam 4 and
+    the run's `gnmt_alpha`), and `generate()` then runs the GNMT search of `gnmt.py`, whose length penalty
+    ((5 + |Y|) / 6)^alpha is the paper's; transformers' `length_penalty` divides by |Y|^alpha instead.
   * Inference in int8: `vaswani_hf.quantize_int8(model)` (`quantization.py`; `vaswani-translate --int8`) returns a
     copy whose linear layers compute in int8 on the CPU; the paper decodes in float32 (off by default).
   * CPU kernels: `vaswani_hf.fast_cpu(model)` makes a model's float32 CPU products run in kernels chosen by
@@ -49,6 +50,7 @@ from transformers.utils.versions import require_version
 
 from .checks import check_mask, check_token_ids
 from .configuration_vaswani import VaswaniConfig
+from .gnmt import paper_decoding
 
 
 # transformers 5.24 renamed the decoding cache, argument and output field, from `past_key_values` to `cache`: the
@@ -56,8 +58,6 @@ from .configuration_vaswani import VaswaniConfig
 require_version("transformers>=5.24")
 logger = logging.get_logger(__name__)
 
-# §6.1: "We set the maximum output length during inference to input length + 50".
-EXTRA_OUTPUT_LENGTH = 50
 # The attention kernels whose masks broadcast over a block of query rows: beams sharing one encoder row attend to it
 # as one block (`VaswaniAttention`). "vaswani_measured" is the kernel `vaswani_hf.fast_cpu` registers.
 SHARED_SOURCE_KERNELS = ("eager", "sdpa", "vaswani_measured")
@@ -580,9 +580,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         self.model = VaswaniModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
-        # §6.1: beam search with a beam size of 4, terminating early when possible.
-        self.generation_config.num_beams = 4
-        self.generation_config.early_stopping = True
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
@@ -671,27 +668,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
-        """`GenerationMixin.generate` with the paper's output length (§6.1): when the call sets no length
-        (no `max_length`, `max_new_tokens` or `generation_config`), at most source length + 50 tokens.
-
-        The source length is the longest source of the batch. The saved generation config carries the rest of
-        §6.1 that transformers can express: beam size 4 with early termination. transformers' `length_penalty`
-        divides by |Y|^alpha, not by the paper's GNMT penalty ((5 + |Y|) / 6)^alpha, so it is left at its default.
-        """
-        source = inputs if inputs is not None else kwargs.get("input_ids")
-        if (
-            generation_config is None
-            and source is not None
-            and source.dim() == 2
-            and kwargs.get("max_length") is None
-            and kwargs.get("max_new_tokens") is None
-            and self.generation_config.max_new_tokens is None
-            and self.generation_config.max_length is None
-        ):
-            mask = kwargs.get("attention_mask")
-            source_length = int(mask.sum(-1).max()) if mask is not None and mask.dim() == 2 else source.shape[-1]
-            kwargs["max_new_tokens"] = source_length + EXTRA_OUTPUT_LENGTH
-        return super().generate(inputs, generation_config=generation_config, **kwargs)
+        """transformers' `generate()`; where the generation config asks for the paper's decoding (§6.1, `gnmt_alpha`,
+        as `training/run.py` saves it), beam search with the GNMT length penalty (`gnmt.paper_decoding`)."""
+        return paper_decoding(self, super().generate, inputs, generation_config, **kwargs)
 
 
 __all__ = ["VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel"]

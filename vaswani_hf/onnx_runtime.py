@@ -21,8 +21,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from .gnmt import gnmt_beam_search
-from .modeling_vaswani import EXTRA_OUTPUT_LENGTH
+from .gnmt import EXTRA_OUTPUT_LENGTH, gnmt_beam_search
 
 
 class OnnxSeq2Seq:

@@ -29,7 +29,8 @@ from ctranslate2.converters.transformers import BartLoader, register_loader
 from ctranslate2.specs import transformer_spec
 from ctranslate2.specs.model_spec import NumpyVariable, Variable, visit_spec
 
-from .modeling_vaswani import EXTRA_OUTPUT_LENGTH, sinusoidal_position_encoding
+from .gnmt import EXTRA_OUTPUT_LENGTH
+from .modeling_vaswani import sinusoidal_position_encoding
 
 # CTranslate2 truncates inputs to 1024 tokens (`max_input_length`); §6.1 lets outputs run 50 longer.
 POSITIONS = 1024 + EXTRA_OUTPUT_LENGTH

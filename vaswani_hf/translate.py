@@ -111,8 +111,9 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
     try:
         for batch in token_batches([len(ids) for ids in encoded], max_tokens):
             inputs = tokenizer.pad({"input_ids": [encoded[j] for j in batch]}, return_tensors="pt").to(device)
-            sequences, scores = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha,
-                                                 num_return_sequences=nbest, output_scores=True)
+            with getattr(model, "packed_weights", contextlib.nullcontext)():  # fast_cpu's decoding block, if any
+                sequences, scores = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams,
+                                                     alpha, num_return_sequences=nbest, output_scores=True)
             texts = tokenizer.batch_decode(sequences, skip_special_tokens=True)
             lengths = sequences[:, 1:].ne(tokenizer.pad_token_id).sum(-1).tolist()
             for k, j in enumerate(batch):
