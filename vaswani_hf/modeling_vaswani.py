@@ -168,19 +168,10 @@ class VaswaniAttention(nn.Module):
         group = batch_size // key.shape[0] if is_cross else 1  # query rows per source row (beams sharing it)
         if group > 1:  # (n·B, h, T, d_k) -> (B, h, n·T, d_k)
             query = query.unflatten(0, (-1, group)).transpose(1, 2).flatten(2, 3)
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        output, weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.dropout if self.training else 0.0,
-            scaling=self.scaling,
-            **kwargs,
-        )
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                                              eager_attention_forward)
+        output, weights = attention_interface(self, query, key, value, attention_mask, scaling=self.scaling,
+                                              dropout=self.dropout if self.training else 0.0, **kwargs)
         if group > 1 and weights is not None:  # (B, h, n·T, S) -> (n·B, h, T, S)
             weights = weights.unflatten(2, (group, length)).transpose(1, 2).flatten(0, 1)
         output = output.reshape(batch_size, length, -1).contiguous()  # (B, T, h * d_v); (B, n·T, ...) is (n·B, T, ...)
@@ -256,23 +247,15 @@ class VaswaniDecoderLayer(VaswaniLayer):
         **kwargs,
     ) -> torch.Tensor:
         residual = hidden_states
-        hidden_states, _ = self.self_attn(
-            self.sublayer_input(hidden_states, self.self_attn_layer_norm),
-            cache=cache,
-            attention_mask=attention_mask,
-            **kwargs,
-        )
+        hidden_states, _ = self.self_attn(self.sublayer_input(hidden_states, self.self_attn_layer_norm), cache=cache,
+                                          attention_mask=attention_mask, **kwargs)
         hidden_states = self.add_and_norm(residual, hidden_states, self.self_attn_layer_norm)
 
         if encoder_hidden_states is not None:
             residual = hidden_states
-            hidden_states, _ = self.encoder_attn(
-                self.sublayer_input(hidden_states, self.encoder_attn_layer_norm),
-                key_value_states=encoder_hidden_states,
-                cache=cache,
-                attention_mask=encoder_attention_mask,
-                **kwargs,
-            )
+            hidden_states, _ = self.encoder_attn(self.sublayer_input(hidden_states, self.encoder_attn_layer_norm),
+                                                 key_value_states=encoder_hidden_states, cache=cache,
+                                                 attention_mask=encoder_attention_mask, **kwargs)
             hidden_states = self.add_and_norm(residual, hidden_states, self.encoder_attn_layer_norm)
 
         return self.feed_forward(hidden_states)
@@ -320,12 +303,6 @@ class VaswaniPreTrainedModel(PreTrainedModel):
                 decoder.embed_tokens, embeddings.weight.shape[0], mean_resizing=mean_resizing
             )
         return embeddings
-
-    @property
-    def dummy_inputs(self):
-        pad = self.config.pad_token_id
-        input_ids = torch.tensor([[4, 6, 10, 5, 2], [4, 8, 12, 2, pad]], device=self.device)
-        return {"input_ids": input_ids, "attention_mask": input_ids.ne(pad), "decoder_input_ids": input_ids}
 
 
 class VaswaniStack(VaswaniPreTrainedModel):
@@ -460,32 +437,17 @@ class VaswaniDecoder(VaswaniStack):
             check_mask(encoder_attention_mask, sources, encoder_hidden_states.shape[1], "attention_mask", "the source")
 
         self_attention_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-        causal_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=hidden_states,
-            attention_mask=attention_mask,
-            cache=self_attention_cache,
-        )
+        causal_mask = create_causal_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask,
+                                         cache=self_attention_cache)
+        # Beams sharing a source attend to it as one query block: a padding mask, the same for every query.
         encoder_attention_mask = create_bidirectional_mask(
-            config=self.config,
-            # Beams sharing a source attend to it as one query block: a padding mask, the same for every query.
-            inputs_embeds=hidden_states[:, :1] if shared_source else hidden_states,
-            attention_mask=encoder_attention_mask,
-            encoder_hidden_states=encoder_hidden_states,
+            config=self.config, inputs_embeds=hidden_states[:, :1] if shared_source else hidden_states,
+            attention_mask=encoder_attention_mask, encoder_hidden_states=encoder_hidden_states,
         )
-        for layer in self.layers:
-            hidden_states = layer(
-                hidden_states,
-                causal_mask,
-                encoder_hidden_states,  # positional, for gradient checkpointing
-                encoder_attention_mask=encoder_attention_mask,
-                cache=cache,
-                use_cache=use_cache,
-                **kwargs,
-            )
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=self.finish(hidden_states), cache=cache
-        )
+        for layer in self.layers:  # encoder_hidden_states positional, for gradient checkpointing
+            hidden_states = layer(hidden_states, causal_mask, encoder_hidden_states,
+                                  encoder_attention_mask=encoder_attention_mask, cache=cache, use_cache=use_cache, **kwargs)
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=self.finish(hidden_states), cache=cache)
 
 
 class VaswaniModel(VaswaniPreTrainedModel):
@@ -524,31 +486,19 @@ class VaswaniModel(VaswaniPreTrainedModel):
         **kwargs,
     ) -> Seq2SeqModelOutput:
         r"""
-        input_ids (`torch.LongTensor` of shape `(batch_size, source_length)`): source token ids.
-        attention_mask (`torch.Tensor` of shape `(batch_size, source_length)`): 1 for source tokens, 0 for padding.
-        decoder_input_ids (`torch.LongTensor` of shape `(batch_size, target_length)`): target ids shifted right,
-            starting with `config.decoder_start_token_id` (see `shift_tokens_right`).
-        decoder_attention_mask: 1 for target tokens, 0 for padding; the causal mask is always applied.
+        input_ids, attention_mask (`(batch_size, source_length)`): source token ids; 1 for tokens, 0 for padding.
+        decoder_input_ids (`(batch_size, target_length)`): target ids shifted right, starting with
+            `config.decoder_start_token_id` (`shift_tokens_right`); decoder_attention_mask: 1 for tokens, 0 for padding.
         """
         if encoder_outputs is None:
-            encoder_outputs = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
-            )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(
-                last_hidden_state=encoder_outputs[0],
-                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
-                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
-            )
+            encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                                           **kwargs)
+        elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple: (last_hidden_state, hidden_states, attentions)
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
         decoder_outputs = self.decoder(
-            input_ids=decoder_input_ids,
-            attention_mask=decoder_attention_mask,
-            encoder_hidden_states=encoder_outputs.last_hidden_state,
-            encoder_attention_mask=attention_mask,
-            cache=cache,
-            inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
+            input_ids=decoder_input_ids, attention_mask=decoder_attention_mask, inputs_embeds=decoder_inputs_embeds,
+            encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
+            cache=cache, use_cache=use_cache, **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -581,18 +531,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Embedding):
-        self.model.set_input_embeddings(value)
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear):
-        self.lm_head = value
-
     @can_return_tuple
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -619,30 +557,14 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs: Seq2SeqModelOutput = self.model(
-            input_ids,
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask,
-            encoder_outputs=encoder_outputs,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
+            input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, encoder_outputs=encoder_outputs,
+            decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_attention_mask,
+            decoder_inputs_embeds=decoder_inputs_embeds, cache=cache, use_cache=use_cache, **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
         loss = None if labels is None else self.seq2seq_loss(logits, labels, num_items_in_batch)
-        return Seq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            cache=outputs.cache,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-        )
+        # The model's outputs, with the logits in place of its last hidden state.
+        return Seq2SeqLMOutput(loss=loss, logits=logits, **{k: v for k, v in outputs.items() if k != "last_hidden_state"})
 
     def seq2seq_loss(
         self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
