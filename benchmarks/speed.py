@@ -11,6 +11,7 @@ interleaved in one process; CTranslate2 and ONNX Runtime run our model, exported
     python benchmarks/speed.py --sizes small --repeats 3
     python benchmarks/speed.py --keep-freed-memory  # glibc keeps freed memory for reuse (allocator.py), both models
     python benchmarks/speed.py --kernels torch,sdpa  # force our kernels instead of measuring (vaswani_hf/kernels.py)
+    python benchmarks/speed.py --ablate          # also fast_cpu without each of its decoding mechanisms: what each gains
 
 Printed per size: medians of
   * training tokens/s: forward + backward + Adam step on 64 pairs of 32 source + 32 target tokens
@@ -21,7 +22,9 @@ Printed per size: medians of
     `vaswani-translate --int8` decodes) against Marian in float32;
   * our model's greedy and beam-4 speed in CTranslate2, float32 and int8, and its greedy speed in ONNX Runtime
     (`vaswani-export onnx`, `OnnxSeq2Seq.greedy`), against ours in torch (the peer column then holds the engine);
-and the ratio ours / peer; then the CPU model and the kernels our model chose by measurement on it.
+and the ratio ours / peer; then the CPU model and the kernels our model chose by measurement on it. With `--ablate`,
+the gain of each of fast_cpu's decoding mechanisms: fast_cpu's tokens/s over those of fast_cpu without beams sharing
+their source's encoder row (decoding.py), and without the decoding block in which weights are packed (kernels.py).
 """
 
 import argparse
@@ -164,8 +167,22 @@ def ct2_generate(translator, source: torch.Tensor, num_beams: int) -> None:
                                max_decoding_length=NEW_TOKENS, length_penalty=1.0)
 
 
-def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
+def without(mechanism: str, model: nn.Module) -> nn.Module:
+    """A `fast_cpu` model with one decoding mechanism undone (for --ablate)."""
+    if mechanism == "shared rows":  # transformers' hooks again: one encoder row per beam
+        del model._expand_inputs_for_generation, model._reorder_cache
+    else:  # the class's generate(), outside a decoding block: no packed weights
+        model.generate = model._inner_generate
+    return model
+
+
+MECHANISMS = ("shared rows", "packed weights")
+
+
+def run_size(label: str, size: dict, repeats: int, threads: int, ablate: bool = False) -> None:
     models = {"marian": build("marian", size), "plain": build("ours", size), "ours": fast_cpu(build("ours", size))}
+    if ablate:
+        models.update({f"ours without {m}": without(m, fast_cpu(build("ours", size))) for m in MECHANISMS})
     int8 = quantize_int8(fast_cpu(build("ours", size)))  # as `vaswani-translate --int8` decodes
     optimizers = {name: paper_adam(model) for name, model in models.items()}
     timings = {}
@@ -181,7 +198,8 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
         prompt = random_tokens(GENERATE_BATCH, SOURCE_LENGTH, size["vocab_size"], 1000 + repeat)
         for name, model in list(models.items())[:: 1 if repeat % 2 else -1]:  # each goes first in turn
             model.train()
-            timed(f"train {name}", lambda: train_step(model, optimizers[name], source, target))
+            if not name.startswith("ours without"):  # their training is fast_cpu's
+                timed(f"train {name}", lambda: train_step(model, optimizers[name], source, target))
             model.eval()
             for beams in (1, 4):
                 timed(f"beam{beams} {name}", lambda: generate(model, prompt, beams))
@@ -209,7 +227,7 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
     train_tokens = TRAIN_BATCH * 2 * TRAIN_LENGTH
     new_tokens = GENERATE_BATCH * NEW_TOKENS
     memory = {name: peak_memory(lambda: train_step(model.train(), optimizers[name], source, target))
-              for name, model in models.items()}
+              for name, model in models.items() if not name.startswith("ours without")}
     print(f"\n**{label}**: d_model {size['d_model']}, {size['num_layers']}+{size['num_layers']} layers, "
           f"{size['num_heads']} heads, d_ff {size['d_ff']}, vocabulary {size['vocab_size']}; "
           f"{threads} threads, median of {repeats}\n")
@@ -233,6 +251,12 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
             ct2, ours = (new_tokens / statistics.median(timings[f"{key} {n}"]) for n in (f"ct2-{compute}", ours_key))
             print(f"| {title} tokens/s, our model in CTranslate2 {compute} (`vaswani-export`) vs ours {compute} | "
                   f"{ct2:.0f} | {ours:.0f} | {ours / ct2:.2f}x |")
+    for mechanism in MECHANISMS if ablate else ():
+        for title, key in (("greedy", "beam1"), ("beam-4", "beam4")):
+            ours, undone = (new_tokens / statistics.median(timings[f"{key} {n}"])
+                            for n in ("ours", f"ours without {mechanism}"))
+            print(f"| {title} tokens/s, fast_cpu vs fast_cpu without {mechanism} | {undone:.0f} | {ours:.0f} | "
+                  f"{ours / undone:.2f}x |")
     if "beam1 onnx" in timings:
         engine, ours = (new_tokens / statistics.median(timings[f"beam1 {n}"]) for n in ("onnx", "ours"))
         print(f"| greedy tokens/s, our model in ONNX Runtime float32 (`vaswani-export onnx`) vs ours float32 | "
@@ -245,6 +269,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kernels", default="", help="comma-separated kernel names to force (VASWANI_KERNELS)")
+    parser.add_argument("--ablate", action="store_true", help="also fast_cpu without each decoding mechanism")
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="vaswani_hf.keep_freed_memory() for the whole process, as vaswani-translate and training run")
     args = parser.parse_args()
@@ -255,7 +280,7 @@ def main():
         KERNELS.force(*args.kernels.split(","))
     print(f"CPU: {cpu_name()}, {args.threads} threads")
     for label in args.sizes:
-        run_size(label, SIZES[label], args.repeats, args.threads)
+        run_size(label, SIZES[label], args.repeats, args.threads, args.ablate)
     print(f"\nKernels of our model (shape classes per kind of product): {KERNELS.summary()}"
           + (f"; forced: {', '.join(KERNELS.forced)}" if KERNELS.forced else ""))
 
