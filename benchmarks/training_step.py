@@ -2,18 +2,15 @@
 masks would make more steps in the budget.
 
     python benchmarks/training_step.py [--preset cpu-medium] [--steps 40] [--dropout P] [--no-compile]
-                                       [--kernels onednn onednn_swapped,onednn ""]
 
 The preset's model trained as `training/run.py` trains it: token batches of Multi30k's training pairs (joint BPE of
 the preset's size), the paper's label-smoothed loss, the run's Adam (`paper_optimizer`: fused where torch has it),
 the preset's gradient clipping and batches per step. P_drop is the preset's `dropout` unless `--dropout` gives the
 value a run fits (`--dropout_epochs`: none in a run of under 10 epochs). Prints seconds per step, the first 5 left
-out: eager (our measured kernels, after an untimed pass that measures them), eager under bfloat16 autocast
+out: eager (torch's kernels: training products are never chosen by timing, vaswani_hf/kernels.py), eager under bfloat16 autocast
 (`--mixed_precision bf16`: plain `nn.Linear`) and compiled (`torch.compile(dynamic=True)`: plain `nn.Linear`,
 Inductor), the compile time, the eager step's top operators, and dropout's masks drawn four ways at the step's shapes
-(median of 50). `--kernels` also times the eager step with each set of kernels forced (`VASWANI_KERNELS` names; ""
-chooses by measurement) on one model, in 6 rounds of 10 steps each way, interleaved so that a machine's drift falls on
-all alike.
+(median of 50).
 """
 
 import argparse
@@ -36,13 +33,12 @@ from training.loss import label_smoothed_nll  # noqa: E402
 from training.schedule import paper_optimizer  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu  # noqa: E402
-from vaswani_hf.kernels import KERNELS, cpu_name, parse_kernel_names  # noqa: E402
+from vaswani_hf.kernels import cpu_name  # noqa: E402
 from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
 from vaswani_hf.text import read_lines  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 SKIPPED = 5  # steps left out of each timing: the allocator and caches settle
-ROUNDS, ROUND_STEPS = 6, 10  # --kernels: rounds, and the steps timed in each (after 2 untimed)
 
 
 def loss(model, batch):
@@ -85,15 +81,6 @@ def dropout_ways(p: float) -> dict:
     }
 
 
-def kernel_set(text: str) -> str:
-    """A `--kernels` set, checked before any work: comma-separated `VASWANI_KERNELS` names, or "" for measurement."""
-    try:
-        parse_kernel_names(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
-
-
 def step_count(text: str) -> int:
     value = int(text)
     if value <= SKIPPED:
@@ -118,8 +105,6 @@ def main():
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--dropout", type=probability, help="P_drop (default: the preset's).")
     parser.add_argument("--no-compile", action="store_true")
-    parser.add_argument("--kernels", nargs="+", type=kernel_set, metavar="NAMES",
-                        help="Kernel sets to compare on the eager step.")
     args = parser.parse_args()
     preset = json.loads((ROOT / "training" / "presets" / f"{args.preset}.json").read_text())
     sources, targets = read_lines(args.data / "train.en"), read_lines(args.data / "train.de")
@@ -141,8 +126,7 @@ def main():
         torch.manual_seed(0)
         return fast_cpu(VaswaniForConditionalGeneration(config)).train()  # as training/run.py trains on a CPU
 
-    # An untimed pass first: the kernels of every shape class these batches meet are measured once, there.
-    train(model(), loss, len(per_step), per_step, clip)
+    train(model(), loss, len(per_step), per_step, clip)  # an untimed pass first: allocator and caches warm
     eager = train(model(), loss, args.steps, per_step, clip)[SKIPPED:]
     print(f"eager: {sum(eager) / len(eager):.3f} s a step")
     bf16 = train(model(), bfloat16_autocast, args.steps, per_step, clip)[SKIPPED:]
@@ -152,19 +136,6 @@ def main():
         steady = sum(compiled[SKIPPED:]) / len(compiled[SKIPPED:])
         print(f"torch.compile(dynamic=True): {steady:.3f} s a step, "
               f"{sum(compiled[:SKIPPED]) - SKIPPED * steady:.0f} s more in the first {SKIPPED} steps (compiling)")
-
-    if args.kernels:
-        shared, rounds = model(), {names: [] for names in args.kernels}
-        for round_ in range(ROUNDS):
-            for names in args.kernels:
-                KERNELS.force(names)
-                rotated = per_step[round_:] + per_step[:round_]
-                times = train(shared, loss, ROUND_STEPS + 2, rotated, clip)[2:]
-                rounds[names].append(sum(times) / ROUND_STEPS)
-        KERNELS.force()
-        print(f"eager, kernels forced, {ROUNDS} rounds of {ROUND_STEPS} steps interleaved: " + "; ".join(
-            f"{names or 'chosen by measurement'} {sum(means) / ROUNDS:.3f} s a step "
-            f"({' '.join(f'{mean:.3f}' for mean in means)})" for names, means in rounds.items()))
 
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
         train(model(), loss, 5, per_step, clip)

@@ -46,12 +46,6 @@ def small_data(tmp_path_factory):
             "--test_file", str(files["test"])]
 
 
-# Two separate runs compared parameter by parameter compute with the same kernels, as with the same seed: kernels
-# chosen by timing may differ from run to run, and their rounding, amplified by Adam in parameters whose gradient is
-# rounding noise, is not what these tests are about (a resumed run keeps its own choices: test_checkpoints.py).
-SAME_KERNELS = {"VASWANI_KERNELS": "torch,sdpa"}
-
-
 def free_port() -> int:
     """A port no other process listens on now (the kernel's choice): runs launched side by side by pytest-xdist's
     workers do not meet on one."""
@@ -96,7 +90,7 @@ def one_process_run(tmp_path_factory, small_data):
     lr_scale 0.01: a realistic peak of about 9e-4. Validation and beam search inside the run (step 2) and at its end.
     Gradients clipped to norm 1.0, below their norm at every step: the processes must clip by the global norm."""
     run = tmp_path_factory.mktemp("one") / "run"
-    launch(run, *ONE_PROCESS, *small_data, env_extra=SAME_KERNELS)
+    launch(run, *ONE_PROCESS, *small_data)
     return run
 
 
@@ -105,7 +99,7 @@ def whole_run(tmp_path_factory, small_data):
     """An uninterrupted run with dropout, a checkpoint every 2 steps and the last 2 averaged: what the runs that are
     killed, validated or resumed must equal. Read only (a test that changes it works on a copy)."""
     run = tmp_path_factory.mktemp("whole") / "run"
-    launch(run, *WHOLE, *small_data, env_extra=SAME_KERNELS)
+    launch(run, *WHOLE, *small_data)
     return run
 
 
@@ -144,7 +138,7 @@ def test_the_embedded_default_run_learns(tmp_path):
 def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_path, small_data, one_process_run):
     """2 processes x 1 batch per step (DDP over gloo) == 1 process x 2 accumulated batches per step, with
     validation and beam search inside the run (step 2) and at its end."""
-    launch(tmp_path / "two", *ONE_PROCESS, *small_data, processes=2, env_extra=SAME_KERNELS)
+    launch(tmp_path / "two", *ONE_PROCESS, *small_data, processes=2)
     one, two = history(one_process_run), history(tmp_path / "two")
     assert [h["tokens"] for h in one] == [h["tokens"] for h in two]
     assert [h["loss"] for h in two] == pytest.approx([h["loss"] for h in one], rel=1e-5)
@@ -167,7 +161,7 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_pat
 def test_fsdp_shards_over_two_processes_and_trains_like_one_process(tmp_path, small_data, one_process_run):
     """`accelerate launch --use_fsdp --fsdp_version 2` with 2 CPU processes: sharded (not DDP in disguise), equal to
     1 process with the same global batch, with validation and beam search inside the run and at its end."""
-    result = launch(tmp_path / "fsdp", *ONE_PROCESS, *small_data, processes=2, fsdp=True, env_extra=SAME_KERNELS)
+    result = launch(tmp_path / "fsdp", *ONE_PROCESS, *small_data, processes=2, fsdp=True)
     assert "distributed: parallelism FSDP2, processes 2, backend gloo" in result.stdout + result.stderr
     one, fsdp = history(one_process_run), history(tmp_path / "fsdp")
     assert [h["tokens"] for h in one] == [h["tokens"] for h in fsdp]
@@ -208,14 +202,14 @@ def test_fsdp_shards_over_two_processes_and_trains_like_one_process(tmp_path, sm
 def test_an_fsdp_run_killed_in_a_step_and_in_a_save_resumes_to_an_uninterrupted_one(tmp_path, small_data):
     flags = [*TINY, *small_data, "--dropout", "0.1", "--max_steps", "8", "--save_steps", "2",
              "--average_checkpoints", "2"]
-    launch(tmp_path / "whole", *flags, processes=2, fsdp=True, env_extra=SAME_KERNELS)
+    launch(tmp_path / "whole", *flags, processes=2, fsdp=True)
     run, resume = tmp_path / "killed", ["--resume_from_checkpoint", "latest"]
-    launch(run, *flags, processes=2, fsdp=True, env_extra={**SAME_KERNELS, "VASWANI_FAULT": "step-3"}, killed=True)
+    launch(run, *flags, processes=2, fsdp=True, env_extra={"VASWANI_FAULT": "step-3"}, killed=True)
     assert [p.name for p in checkpoints(run)] == ["checkpoint-2"]
-    launch(run, *flags, *resume, processes=2, fsdp=True, env_extra={**SAME_KERNELS, "VASWANI_FAULT": "save-6"},
+    launch(run, *flags, *resume, processes=2, fsdp=True, env_extra={"VASWANI_FAULT": "save-6"},
            killed=True)
     assert [p.name for p in checkpoints(run)] == ["checkpoint-2", "checkpoint-4"]
-    launch(run, *flags, *resume, processes=2, fsdp=True, env_extra=SAME_KERNELS)
+    launch(run, *flags, *resume, processes=2, fsdp=True)
     assert [h["loss"] for h in history(run)] == pytest.approx([h["loss"] for h in history(tmp_path / "whole")], rel=1e-6)
     assert_same_weights(run, tmp_path / "whole", atol=1e-6)
 
@@ -243,7 +237,7 @@ def test_an_fsdp_request_that_cannot_be_honoured_is_a_one_line_error(tmp_path, s
 def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, small_data, whole_run):
     flags = [*WHOLE, *small_data]
     killed = tmp_path / "killed"
-    process = launch(killed, *flags, popen=True, env_extra=SAME_KERNELS)
+    process = launch(killed, *flags, popen=True)
     deadline = time.time() + 300
     while not (killed / "checkpoint-2").is_dir():  # 6 of 8 steps to go: killed well before the end
         assert process.poll() is None and time.time() < deadline, "the run ended before its 2nd step"
@@ -252,7 +246,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, smal
     process.wait()
     assert not (killed / "metrics.json").exists()
 
-    result = launch(killed, *flags, "--resume_from_checkpoint", "latest", env_extra=SAME_KERNELS)
+    result = launch(killed, *flags, "--resume_from_checkpoint", "latest")
     assert "resumed from" in result.stdout + result.stderr
     assert [h["loss"] for h in history(killed)] == pytest.approx([h["loss"] for h in history(whole_run)], rel=1e-6)
     assert_same_weights(killed, whole_run, atol=1e-6)
@@ -264,14 +258,14 @@ def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_
     flags = [*WHOLE, *small_data]
     run, resume = tmp_path / "killed", ["--resume_from_checkpoint", "latest"]
 
-    launch(run, *flags, env_extra={**SAME_KERNELS, "VASWANI_FAULT": "step-3"}, killed=True)
+    launch(run, *flags, env_extra={"VASWANI_FAULT": "step-3"}, killed=True)
     assert [p.name for p in checkpoints(run)] == ["checkpoint-2"]
-    launch(run, *flags, *resume, env_extra={**SAME_KERNELS, "VASWANI_FAULT": "save-6"}, killed=True)
+    launch(run, *flags, *resume, env_extra={"VASWANI_FAULT": "save-6"}, killed=True)
     assert [p.name for p in checkpoints(run)] == ["checkpoint-2", "checkpoint-4"]
     assert (run / ".incomplete-checkpoint-6" / "model.safetensors").is_file()
-    launch(run, *flags, *resume, env_extra={**SAME_KERNELS, "VASWANI_FAULT": "average"}, killed=True)
+    launch(run, *flags, *resume, env_extra={"VASWANI_FAULT": "average"}, killed=True)
     assert [p.name for p in checkpoints(run)] == ["checkpoint-6", "checkpoint-8"] and not (run / "model.safetensors").exists()
-    launch(run, *flags, *resume, env_extra=SAME_KERNELS)
+    launch(run, *flags, *resume)
 
     assert not list(run.glob(".incomplete-*"))
     assert [h["loss"] for h in history(run)] == pytest.approx([h["loss"] for h in history(whole_run)], rel=1e-6)
@@ -312,11 +306,44 @@ def test_resuming_from_an_older_checkpoint_leaves_its_successors_out_of_the_run(
 
 
 @pytest.mark.xdist_group("whole_run")
+def test_the_same_command_gives_the_same_weights_on_a_quiet_and_a_busy_machine(tmp_path, small_data, whole_run):
+    """The whole run's command again, beside a process that keeps a core busy, with no kernel pinned: the same files
+    of weights, byte for byte (CPU kernels chosen by timing never compute a training step: vaswani_hf/kernels.py)."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        launch(tmp_path / "busy", *WHOLE, *small_data)
+    finally:
+        busy.kill()
+        busy.wait()
+    for name in ("model.safetensors", "checkpoint-8/model.safetensors", "checkpoint-8/optimizer.safetensors"):
+        assert (tmp_path / "busy" / name).read_bytes() == (whole_run / name).read_bytes(), name
+
+
+def test_a_budgeted_run_writes_its_schedule_and_replaying_it_gives_the_same_weights(tmp_path, small_data):
+    """A run fitted to 6 seconds: schedule.json records what it fitted; the same command with --replay_schedule, on a
+    machine kept busy by another process (fewer steps would fit), makes the same steps and saves to the same weights."""
+    flags = [*TINY, "--max_train_minutes", "0.1", "--max_steps", "100000", "--warmup_share", "0.2",
+             "--average_checkpoints", "2", "--average_share", "0.3", "--dropout_epochs", "0", "1"]
+    launch(tmp_path / "run", *flags, *small_data)
+    schedule = json.loads((tmp_path / "run" / "schedule.json").read_text())
+    steps = json.loads((tmp_path / "run" / "metrics.json").read_text())["train_steps"]
+    assert schedule["steps"] == steps > 10 and len(schedule["expected_steps"]) == steps
+    assert len(schedule["checkpoints"]) >= 2 and schedule["warmup_steps"] >= 1
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        launch(tmp_path / "replayed", *flags, *small_data, "--replay_schedule", tmp_path / "run" / "schedule.json")
+    finally:
+        busy.kill()
+        busy.wait()
+    assert json.loads((tmp_path / "replayed" / "schedule.json").read_text()) == schedule
+    assert (tmp_path / "replayed" / "model.safetensors").read_bytes() == (tmp_path / "run" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.xdist_group("whole_run")
 def test_validation_during_training_leaves_the_training_as_it_was(tmp_path, small_data, whole_run):
     """Validation (loss and beam search) between steps: the steps after it are those of a run without it, dropout
     included (the model goes back to training mode)."""
-    launch(tmp_path / "validated", *WHOLE, *small_data, "--eval_steps", "2", "--eval_max_sentences", "4",
-           env_extra=SAME_KERNELS)
+    launch(tmp_path / "validated", *WHOLE, *small_data, "--eval_steps", "2", "--eval_max_sentences", "4")
     validated = history(tmp_path / "validated")
     assert sum("validation_loss" in h for h in validated) == 4
     assert [h["loss"] for h in validated] == [h["loss"] for h in history(whole_run)]
@@ -326,10 +353,10 @@ def test_validation_during_training_leaves_the_training_as_it_was(tmp_path, smal
 def test_max_grad_norm_scales_the_gradient_only_above_the_limit(tmp_path, small_data, whole_run):
     """--max_grad_norm: a limit above every step's norm leaves the run bit for bit as without clipping (the paper's
     default); a limit below it changes every step after the first, and each step's norm before clipping is logged."""
-    launch(tmp_path / "loose", *WHOLE, *small_data, "--max_grad_norm", "1e9", env_extra=SAME_KERNELS)
+    launch(tmp_path / "loose", *WHOLE, *small_data, "--max_grad_norm", "1e9")
     assert [h["loss"] for h in history(tmp_path / "loose")] == [h["loss"] for h in history(whole_run)]
     assert_same_weights(whole_run, tmp_path / "loose", atol=0)
-    launch(tmp_path / "tight", *WHOLE, *small_data, "--max_grad_norm", "0.1", env_extra=SAME_KERNELS)
+    launch(tmp_path / "tight", *WHOLE, *small_data, "--max_grad_norm", "0.1")
     tight, unclipped = history(tmp_path / "tight"), history(whole_run)
     assert all(h["grad_norm"] > 0.1 for h in tight) and "grad_norm" not in unclipped[0]
     assert tight[0]["loss"] == unclipped[0]["loss"]
@@ -349,13 +376,12 @@ def test_dropout_fitted_to_half_way_up_its_ramp_trains_as_that_dropout_and_the_c
     (training/budget.py), and the run is a run with --dropout 0.05, bit for bit; its config and model card say 0.05.
     The epoch, in steps, is counted here from the run's own tokenizer and the §5.1 batches (TINY: 2 batches a step)."""
     flags = [*TINY, *small_data, "--max_steps", "4", "--max_train_minutes", "60"]  # the budget expects max_steps
-    launch(tmp_path / "constant", *flags, "--dropout", "0.05", env_extra=SAME_KERNELS)
+    launch(tmp_path / "constant", *flags, "--dropout", "0.05")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "constant")
     rows = [json.loads(line)["translation"] for line in Path(small_data[1]).read_text().splitlines()]
     sources, targets = encode(tokenizer, [(r["en"], r["de"]) for r in rows], 256)
     steps_per_epoch = len(token_batches([len(x) for x in sources], [len(x) for x in targets], 400, 3, 0)) // 2
-    launch(tmp_path / "fitted", *flags, "--dropout", "0.1", "--dropout_epochs", "0", repr(8 / steps_per_epoch),
-           env_extra=SAME_KERNELS)
+    launch(tmp_path / "fitted", *flags, "--dropout", "0.1", "--dropout_epochs", "0", repr(8 / steps_per_epoch))
     assert [h["loss"] for h in history(tmp_path / "fitted")] == [h["loss"] for h in history(tmp_path / "constant")]
     assert_same_weights(tmp_path / "fitted", tmp_path / "constant", atol=0)
     assert json.loads((tmp_path / "fitted" / "config.json").read_text())["dropout"] == 0.05

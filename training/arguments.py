@@ -65,6 +65,9 @@ class RecipeArguments:
         "help": "With a budget: a linear decay to zero over this last share of the expected steps."})
     average_share: float = field(default=0.1, metadata={
         "help": "With a budget and no --save_steps/--save_minutes: the averaged checkpoints span its last share."})
+    replay_schedule: str | None = field(default=None, metadata={
+        "help": "A budgeted run's schedule.json: with the same flags, follow it instead of the clock, to the same "
+                "weights (training/budget.py)."})
     evaluations: int = field(default=0, metadata={
         "help": "With a budget: validation this many times, evenly spaced inside it (instead of --eval_steps)."})
     dropout_epochs: list[float] | None = field(default=None, metadata={
@@ -134,6 +137,8 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     for name in ("label_smoothing", "warmup_share", "cooldown_share", "average_share"):
         if not 0 <= getattr(args, name) <= 1:
             raise SystemExit(f"error: --{name} {getattr(args, name)}: must be between 0 and 1")
+    if args.replay_schedule and args.max_train_minutes is None:
+        raise SystemExit("error: --replay_schedule replays a budgeted run: give its flags, --max_train_minutes too")
     epochs = args.dropout_epochs
     if epochs is not None and not (len(epochs) == 2 and 0 <= epochs[0] < epochs[1]):
         raise SystemExit(f"error: --dropout_epochs {epochs}: two epoch counts E0 E1 with 0 <= E0 < E1")

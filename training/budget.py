@@ -14,10 +14,17 @@ run the machine is expected to make, estimated from the measured step time and r
 
 Without a budget none of this applies and the recipe is the paper's, in steps; `dropout_epochs`, if given, then
 fits P_drop to the epochs of --max_steps.
+
+What a budgeted run fitted depends on the machine's speed at the time. So it writes the schedule it followed to
+`schedule.json` in its folder: the expected steps as estimated before each step (from which the learning rate and
+P_drop follow), the steps after which it saved a checkpoint and validated, and its last step. The same command with
+`--replay_schedule FOLDER/schedule.json` follows that record instead of the clock, and gives the same weights.
 """
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def budget_lr(step: int, expected_steps: float, peak: float, warmup_share: float, cooldown_share: float = 0.0
@@ -67,7 +74,7 @@ class TimeBudget:
 
     def estimate(self, step: int, elapsed: float, first_step_seconds: float) -> float:
         """Steps done plus the steps the remaining time allows at the mean time of the steps after the first (the
-        first measures the kernels, vaswani_hf/kernels.py); evaluations and checkpoints count in that time. At most
+        first warms up torch's allocator and kernels); evaluations and checkpoints count in that time. At most
         --max_steps. Before two steps are done, the previous estimate stands."""
         if step >= 2:
             per_step = max((elapsed - first_step_seconds) / (step - 1), 1e-9)
@@ -84,3 +91,15 @@ class TimeBudget:
     def evaluation_interval(self) -> float:
         """Seconds between validations: `evaluations` of them, evenly spaced inside the run."""
         return self.seconds / (self.evaluations + 1) if self.evaluations else math.inf
+
+
+def read_schedule(path: str) -> dict:
+    """A budgeted run's schedule.json; a missing or unreadable one is a one-line SystemExit."""
+    try:
+        schedule = json.loads(Path(path).read_text())
+        if not (len(schedule["expected_steps"]) >= schedule["steps"] >= 1 and isinstance(schedule["checkpoints"], list)
+                and isinstance(schedule["evaluations"], list)):
+            raise ValueError("its steps, expected_steps, checkpoints and evaluations do not agree")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"error: --replay_schedule {path}: not a run's schedule.json ({error})") from None
+    return schedule

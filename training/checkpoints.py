@@ -4,14 +4,13 @@ A checkpoint is a folder `checkpoint-<step>` holding the run's whole state as da
 (`model.safetensors`, gathered from every process whatever the layout: one process, DDP or FSDP), Adam's state
 (`optimizer.safetensors`, its hyperparameters as JSON in the header), each process's random generator states
 (`rng_state_<rank>.safetensors`), and `trainer_state.json` (the step, the run's history, the learning-rate
-schedule, and the CPU kernels the run chose by measurement). It is written under a temporary name and renamed into
+schedule, and the CPU kernels the run's decoding chose by measurement). It is written under a temporary name and renamed into
 place when complete, so a kill during a save leaves the previous checkpoints untouched and never produces a
 half-written `checkpoint-<step>`.
 
-Kernels (vaswani_hf/kernels.py) give the same products with different rounding, which Adam can amplify in
-parameters whose gradient is rounding noise. So a run measures its kernels during its first step, every process
-then takes the main process's choices and keeps them (`share_kernel_choices`), and a run resumed on a CPU of the
-same name computes with the choices its checkpoint recorded.
+Training computes with torch's own kernels (vaswani_hf/kernels.py): the same command gives the same weights, however
+busy the machine. Decoding on a CPU may choose faster kernels by measurement, which round differently; a run resumed
+on a CPU of the same name decodes its validations with the choices its checkpoint recorded.
 
 Nothing is pickled, written or read: safetensors and JSON only. Every file is fsynced before the rename, and
 trainer_state.json records each file's size and SHA-256, so a checkpoint damaged later (a full disk, a truncated
@@ -26,7 +25,6 @@ import shutil
 from pathlib import Path
 
 import torch
-from accelerate.utils import broadcast_object_list
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import (
@@ -228,9 +226,3 @@ def _fsync(path: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
-
-
-def share_kernel_choices() -> None:
-    """After a run's first step, on every process: take the main process's kernel choices and keep them."""
-    KERNELS.load_state_dict(broadcast_object_list([KERNELS.state_dict()])[0])
-    KERNELS.freeze()

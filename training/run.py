@@ -42,7 +42,7 @@ from transformers import AutoTokenizer  # noqa: E402
 from training.arguments import check_arguments, parse_arguments  # noqa: E402
 from training.averaging import averaged_model  # noqa: E402
 from training.batching import collate, encode, padding_fraction, token_batches  # noqa: E402
-from training.budget import TimeBudget, crossed, fitted_dropout  # noqa: E402
+from training.budget import TimeBudget, crossed, fitted_dropout, read_schedule  # noqa: E402
 from training.checkpoints import (  # noqa: E402
     STATE_FILE,
     checkpoints,
@@ -50,7 +50,6 @@ from training.checkpoints import (  # noqa: E402
     load_checkpoint,
     resolve_checkpoint,
     save_checkpoint,
-    share_kernel_choices,
 )
 from training.data import load_run_pairs  # noqa: E402
 from training.distributed import (  # noqa: E402
@@ -70,7 +69,6 @@ from training.recipe import NOT_RECIPE, dataset_description, recipe_deviations  
 from training.schedule import inverse_sqrt_lr, paper_optimizer  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory  # noqa: E402
-from vaswani_hf.kernels import KERNELS  # noqa: E402
 from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
 
 
@@ -94,7 +92,7 @@ def main():
     validation = encode(tokenizer, pairs["validation"]) if "validation" in pairs else None
 
     config = model_args.config(tokenizer)
-    # On a CPU, kernels chosen by measurement (vaswani_hf.fast_cpu) for the model and every copy evaluated.
+    # On a CPU, decoding kernels chosen by measurement (vaswani_hf.fast_cpu) for the model and every copy evaluated.
     speed = fast_cpu if args.fast_cpu and accelerator.device.type == "cpu" else (lambda model: model)
     model = speed(VaswaniForConditionalGeneration(config))
     budget = time_budget(args, config.d_model)
@@ -138,17 +136,25 @@ def main():
     progress = training_progress(budget, args.max_steps, step, last_check, not accelerator.is_local_main_process)
     model.train()
     epoch, batches = None, None
+    # A budgeted run records what it fitted (training/budget.py), or replays such a record instead of the clock.
+    replay = read_schedule(args.replay_schedule) if args.replay_schedule else None
+    fitted = state.setdefault("schedule", {"expected_steps": [], "checkpoints": [], "evaluations": []})
     while step < args.max_steps:
         elapsed = seconds()
         if budget:
             progress.update(min(elapsed, budget.seconds) - progress.n)
-            if elapsed > budget.seconds:
+            if (replay and step == replay["steps"]) or (not replay and elapsed > budget.seconds):
                 progress.close()
-                say(f"time budget of {args.max_train_minutes:g} minutes reached at step {step}")
+                say(f"{'the replayed schedule ends' if replay else f'time budget of {args.max_train_minutes:g} minutes reached'}"
+                    f" at step {step}")
                 break
             if step == 1:
                 state["first_step_seconds"] = elapsed
-            budget.estimate(step, elapsed, state.get("first_step_seconds", 0.0))
+            if replay:
+                budget.expected = replay["expected_steps"][step]
+            else:
+                budget.estimate(step, elapsed, state.get("first_step_seconds", 0.0))
+            fitted["expected_steps"].append(budget.expected)
         if args.dropout_epochs:  # P_drop fitted to the run's expected length; config.json keeps the last value
             expected_epochs = (budget.expected if budget else args.max_steps) / steps_per_epoch
             config.dropout = fitted_dropout(expected_epochs, model_args.dropout, args.dropout_epochs)
@@ -168,8 +174,6 @@ def main():
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        if not KERNELS.frozen:  # the first step measured them: the same kernels in every process and after a resume
-            share_kernel_choices()
         window_tokens += step_tokens
         state["history"].append(entry)
         if not budget:
@@ -185,11 +189,14 @@ def main():
 
         elapsed, previous = seconds(), last_check
         last_check = elapsed
-        if budget and budget.evaluations:
+        if replay:
+            evaluate_now = step in replay["evaluations"]
+        elif budget and budget.evaluations:
             evaluate_now = crossed(previous, elapsed, budget.evaluation_interval()) and elapsed < budget.seconds
         else:
             evaluate_now = args.eval_steps and step % args.eval_steps == 0
         if validation and evaluate_now:
+            fitted["evaluations"].append(step)
             evaluated = whole_model(accelerator, model, lambda: speed(VaswaniForConditionalGeneration(config)))
             if accelerator.is_main_process:
                 metrics = evaluate_model(evaluated, tokenizer, pairs["validation"], validation, args)
@@ -198,12 +205,15 @@ def main():
                 progress.write(f"step {step}: validation loss {metrics['loss']:.3f}, BLEU {metrics['bleu']:.1f}")
             accelerator.wait_for_everyone()
 
-        if args.save_steps or args.save_minutes or not budget:
+        if replay:
+            save_now = step in replay["checkpoints"]
+        elif args.save_steps or args.save_minutes or not budget:
             save_now = (args.save_steps and step % args.save_steps == 0) or (
                 args.save_minutes > 0 and elapsed - last_save > 60 * args.save_minutes)
         else:
             save_now = crossed(previous, elapsed, budget.save_interval())
         if save_now:
+            fitted["checkpoints"].append(step)
             state["elapsed_seconds"] = elapsed
             state["scheduler"] = scheduler_state(scheduler)
             save_checkpoint(accelerator, model, optimizer, output_dir, step, state, keep=args.average_checkpoints)
@@ -215,6 +225,9 @@ def main():
     state["scheduler"] = scheduler_state(scheduler)
     if not checkpoints(output_dir) or checkpoints(output_dir)[-1].name != f"checkpoint-{step}":
         save_checkpoint(accelerator, model, optimizer, output_dir, step, state, keep=args.average_checkpoints)
+    if accelerator.is_main_process and budget:
+        fitted.update(steps=step, warmup_steps=round(budget.warmup_share * budget.expected))
+        (output_dir / "schedule.json").write_text(json.dumps({key: fitted[key] for key in sorted(fitted)}, indent=1))
     if accelerator.is_main_process:
         final, averaged = averaged_model(output_dir, config, args.average_checkpoints, say)
         speed(final)

@@ -5,15 +5,16 @@ The model files (`modeling_vaswani.py`, what travels to the Hub) use torch's `nn
 kernels, as Marian does. On a CPU, which kernel computes a product fastest depends on the machine (`kernels.py`);
 this transform, applied in place to one model object, lets it choose by measurement:
 
-* every `nn.Linear` becomes a `VaswaniLinear`: its float32 CPU products run in the kernel measured fastest for their
-  shape (torch's, oneDNN's, oneDNN's with the weight packed once per `generate()`); on a GPU, under autocast and
-  under compilation it computes as `nn.Linear`;
+* every `nn.Linear` becomes a `VaswaniLinear`: its float32 CPU products without gradient run in the kernel measured
+  fastest for their shape (torch's, oneDNN's, oneDNN's with the weight packed once per `generate()`); in training,
+  on a GPU, under autocast and under compilation it computes as `nn.Linear`;
 * attention runs the "vaswani_measured" kernel: SDPA, or without gradient the eager product where that is measured
   faster for the shape;
 * `generate()` shares each source's encoder row among its beams and packs the weights once per call (`decoding.py`).
 
-The same products are computed, rounded differently. `vaswani-translate` and `training/run.py` apply it on a CPU unless
-told not to (`--no_fast_cpu`). Models loaded from a Hub repository's code take it as well (their layers are torch's),
+The same products are computed, rounded differently, and only where no gradient flows: training is torch's, so a run
+gives the same weights transformed or not, quiet or busy. `vaswani-translate` and `training/run.py` apply it on a CPU
+unless told not to (`--no_fast_cpu`). Models loaded from a Hub repository's code take it as well (their layers are torch's),
 and a transformed model saves as any other: the same weights, the same code files, no kernel named in config.json.
 """
 

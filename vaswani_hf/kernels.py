@@ -7,13 +7,12 @@ fast as MKL, torch's BLAS, and on an Intel Xeon at 0.74-2x of it (`benchmarks/ma
 here is tuned to one machine: the first time a product of a shape class is met, each candidate kernel is timed on it
 briefly and the fastest is kept for the rest of the process, as cuDNN's benchmark mode does on GPUs.
 
-* `VaswaniLinear`: `nn.Linear` whose float32 CPU products choose among torch's own (`F.linear`, MKL), oneDNN, and —
-  inside a decoding block (`decoding()`, entered by `generate()` and the GNMT search) — oneDNN with the weight
-  reordered once into its blocked layout; for the weight gradient, also oneDNN with the operands swapped (oneDNN
-  copies a transposed first operand into rows: swapped, it copies the layer's input instead of its output
-  gradient, the smaller of the two when the layer widens). Shape classes: the kind of product (forward, input
-  gradient, weight gradient, forward without gradient, forward without gradient inside a decoding block), the
-  weight's shape, and the number of tokens (input rows) rounded up to a power of two.
+* `VaswaniLinear`: `nn.Linear` whose float32 CPU products without gradient choose among torch's own (`F.linear`,
+  MKL), oneDNN, and — inside a decoding block (`decoding()`, entered by `generate()` and vaswani-translate's search)
+  — oneDNN with the weight reordered once into its blocked layout. Shape classes: the kind of product (inference,
+  or inside a decoding block), the weight's shape, and the number of tokens (input rows) rounded up to a power of
+  two. Products with gradient (training) are torch's own, never chosen by timing: kernels round differently, and a
+  choice that depended on how busy the machine was would make the same run give other weights.
 * `measured_attention(eager)`: transformers' SDPA kernel, except without gradient on the CPU (encoding and decoding
   steps), where SDPA or the eager product is chosen the same way: torch's CPU SDPA has a fixed cost per call that
   a decoding step's few query rows may not repay. `fast_cpu` registers it as an attention kernel of its own name,
@@ -49,7 +48,7 @@ from transformers.utils import is_torchdynamo_compiling
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 MEASURED_ATTENTION = "vaswani_measured"  # the name `fast_cpu` registers `measured_attention` under
-LINEAR_KERNELS = ("torch", "onednn", "onednn_packed", "onednn_swapped")
+LINEAR_KERNELS = ("torch", "onednn", "onednn_packed")
 ATTENTION_KERNELS = ("eager", "sdpa")
 KERNEL_NAMES = LINEAR_KERNELS + ATTENTION_KERNELS
 
@@ -130,8 +129,8 @@ class Kernels:
 
     def freeze(self) -> None:
         """From now on a shape class met for the first time takes the choice of its nearest measured neighbour
-        (`nearest`) instead of a new measurement, if it has one. A training run freezes its choices after the first
-        step and keeps them in its checkpoints: resumed, it computes with the kernels it would have used."""
+        (`nearest`) instead of a new measurement, if it has one. A training run keeps its choices in its checkpoints
+        and freezes them when resumed: it decodes (validation) with the kernels it would have used."""
         self.frozen = True
 
     def state_dict(self) -> dict:
@@ -209,76 +208,38 @@ def onednn_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None =
 
 
 def product(name: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """a @ b^T + bias with the kernel `name` ("onednn_packed": `b` is the packed weight; "onednn_swapped":
-    (b @ a^T)^T, copied into rows as the others return it)."""
-    if name == "torch":
-        return nn.functional.linear(a, b, bias)
-    if name == "onednn_swapped":
-        swapped = onednn_product(b, a).t().contiguous()
-        return swapped if bias is None else swapped + bias
-    return onednn_product(a, b, bias)
+    """a @ b^T + bias with the kernel `name` ("onednn_packed": `b` is the packed weight)."""
+    return nn.functional.linear(a, b, bias) if name == "torch" else onednn_product(a, b, bias)
 
 
-def measured_product(kind: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, weight_shape: torch.Size,
-                     tokens: int, packed: Callable[[], torch.Tensor] | None = None,
-                     swapped: bool = False) -> torch.Tensor:
-    """a @ b^T + bias with the kernel chosen for this kind of product, the layer's weight shape and its number of
-    tokens (input rows, rounded up to a power of two). `packed` offers the packed weight as a candidate, `swapped`
-    the operands swapped."""
-    names = (LINEAR_KERNELS[:2] + (("onednn_packed",) if packed is not None else ())
-             + (("onednn_swapped",) if swapped else ()))
+def measured_product(kind: str, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+                     packed: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
+    """a @ b^T + bias with the kernel chosen for this kind of product, the weight's shape and the number of tokens
+    (input rows, rounded up to a power of two). `packed` offers the packed weight as a candidate."""
+    names = LINEAR_KERNELS[:2] + (("onednn_packed",) if packed is not None else ())
 
     def run(name: str) -> torch.Tensor:
         return product(name, a, packed() if name == "onednn_packed" else b, bias)
 
-    return run(KERNELS.choose((kind, tokens.bit_length(), tuple(weight_shape), bias is not None), names, run))
-
-
-def tokens_of(input: torch.Tensor) -> int:
-    return input.numel() // input.shape[-1]
+    tokens = a.numel() // a.shape[-1]
+    return run(KERNELS.choose((kind, tokens.bit_length(), tuple(b.shape), bias is not None), names, run))
 
 
 def measured_products_apply(*tensors: torch.Tensor) -> bool:
-    """Whether `VaswaniLinear` chooses kernels for these tensors: float32 on the CPU with oneDNN present, outside
-    autocast, torch.compile and export."""
+    """Whether `VaswaniLinear` chooses kernels for these tensors: float32 on the CPU with oneDNN present, without
+    gradient, outside autocast, torch.compile and export."""
     return (
         ONEDNN
         and all(tensor.is_cpu and tensor.dtype == torch.float32 for tensor in tensors)
+        and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors))
         and not torch.is_autocast_enabled("cpu")
         and not is_torchdynamo_compiling()
     )
 
 
-class MeasuredLinearFunction(torch.autograd.Function):
-    """y = x W^T + b, each of its three products (forward, input gradient, weight gradient) with its chosen kernel."""
-
-    @staticmethod
-    def forward(ctx, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(input, weight)
-        ctx.has_bias = bias is not None
-        return measured_product("forward", input, weight, bias, weight.shape, tokens_of(input))
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
-        input, weight = ctx.saved_tensors
-        grad_output = grad_output.reshape(-1, grad_output.shape[-1])  # (N, out)
-        tokens = grad_output.shape[0]
-        grad_input = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:  # (N, out) @ (out, in)
-            grad_input = measured_product("grad_input", grad_output, weight.t(), None, weight.shape, tokens)
-            grad_input = grad_input.view(input.shape)
-        if ctx.needs_input_grad[1]:  # (out, N) @ (N, in)
-            grad_weight = measured_product(
-                "grad_weight", grad_output.t(), input.reshape(-1, input.shape[-1]).t(), None, weight.shape, tokens,
-                swapped=True,
-            )
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad_output.sum(0)
-        return grad_input, grad_weight, grad_bias
-
-
 class VaswaniLinear(nn.Linear):
-    """`nn.Linear` whose float32 CPU products run in the kernel measured fastest for their shape on this machine."""
+    """`nn.Linear` whose float32 CPU products without gradient run in the kernel measured fastest for their shape on
+    this machine; with gradient (training), torch's own."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not input.is_cpu:  # a GPU: torch's own layer, and no Python beyond this test on every call
@@ -287,12 +248,9 @@ class VaswaniLinear(nn.Linear):
             KERNELS.packed.pop(self, None)  # training changes the weights: a packed copy would go stale
         if not measured_products_apply(input, self.weight):
             return super().forward(input)
-        if torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad):
-            return MeasuredLinearFunction.apply(input, self.weight, self.bias)
         if KERNELS.open_decoding_blocks:
-            return measured_product("decoding", input, self.weight, self.bias, self.weight.shape, tokens_of(input),
-                                    lambda: KERNELS.packed_weight(self))
-        return measured_product("inference", input, self.weight, self.bias, self.weight.shape, tokens_of(input))
+            return measured_product("decoding", input, self.weight, self.bias, lambda: KERNELS.packed_weight(self))
+        return measured_product("inference", input, self.weight, self.bias)
 
 
 def measured_attention(eager: Callable) -> Callable:
