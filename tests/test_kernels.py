@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,9 @@ from vaswani_hf.kernels import KERNELS, MEASURED_ATTENTION, Kernels, VaswaniLine
 
 @pytest.fixture
 def kernels(monkeypatch):
-    """KERNELS with nothing chosen, forced or frozen, restored afterwards."""
+    """KERNELS with nothing chosen, forced, frozen or packed (other tests' models may be alive), restored afterwards."""
     monkeypatch.setattr(KERNELS, "chosen", {})
+    monkeypatch.setattr(KERNELS, "packed", weakref.WeakKeyDictionary())
     monkeypatch.setattr(KERNELS, "forced", ())
     monkeypatch.setattr(KERNELS, "frozen", False)
     return KERNELS
