@@ -128,6 +128,18 @@ def test_resuming_where_there_is_nothing_to_resume_is_refused_before_any_work(tm
     assert not out.exists()  # no tokenizer trained into it first
 
 
+def test_a_schedule_to_replay_that_cannot_be_is_refused_before_any_work(tmp_path, monkeypatch, data):
+    out = tmp_path / "out"
+    assert "--max_train_minutes too" in refused(monkeypatch, *TINY, *data, "--output_dir", str(out),
+                                                "--replay_schedule", str(tmp_path / "schedule.json"))
+    budgeted = [*TINY, *data, "--output_dir", str(out), "--max_train_minutes", "1", "--replay_schedule"]
+    assert "not a run's schedule.json" in refused(monkeypatch, *budgeted, str(tmp_path / "schedule.json"))
+    (tmp_path / "schedule.json").write_text(json.dumps({"steps": 3, "expected_steps": [9.0], "checkpoints": [],
+                                                        "evaluations": []}))
+    assert "do not agree" in refused(monkeypatch, *budgeted, str(tmp_path / "schedule.json"))
+    assert not out.exists()
+
+
 # --- lines ------------------------------------------------------------------------------------------------------
 
 def test_lines_split_at_newlines_only():

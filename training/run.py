@@ -76,6 +76,7 @@ def main():
     data_args, model_args, args = parse_arguments()
     output_dir = Path(args.output_dir)
     check_arguments(data_args, model_args, args, torch.cuda.is_available())
+    replay = read_schedule(args.replay_schedule) if args.replay_schedule else None  # a budgeted run's record
     accelerator, distributed = start_processes(args)
     resumed = open_output_dir(accelerator, output_dir, args, asdict(model_args))
     say = accelerator.print
@@ -137,7 +138,6 @@ def main():
     model.train()
     epoch, batches = None, None
     # A budgeted run records what it fitted (training/budget.py), or replays such a record instead of the clock.
-    replay = read_schedule(args.replay_schedule) if args.replay_schedule else None
     fitted = state.setdefault("schedule", {"expected_steps": [], "checkpoints": [], "evaluations": []})
     while step < args.max_steps:
         elapsed = seconds()
@@ -145,8 +145,8 @@ def main():
             progress.update(min(elapsed, budget.seconds) - progress.n)
             if (replay and step == replay["steps"]) or (not replay and elapsed > budget.seconds):
                 progress.close()
-                say(f"{'the replayed schedule ends' if replay else f'time budget of {args.max_train_minutes:g} minutes reached'}"
-                    f" at step {step}")
+                ended = "replayed schedule" if replay else f"time budget of {args.max_train_minutes:g} minutes"
+                say(f"{ended} reached at step {step}")
                 break
             if step == 1:
                 state["first_step_seconds"] = elapsed
