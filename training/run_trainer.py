@@ -155,7 +155,9 @@ def main(argv: list[str] | None = None):
         if training_args.push_to_hub:
             from training.hub import push
 
-            print(f"pushed to {push(output_dir, training_args.hub_model_id or output_dir.name)}")
+            url = push(output_dir, training_args.hub_model_id or output_dir.name,
+                       private=bool(training_args.hub_private_repo))
+            print(f"pushed to {url}")
 
 
 if __name__ == "__main__":
