@@ -390,10 +390,11 @@ def test_dropout_fitted_to_half_way_up_its_ramp_trains_as_that_dropout_and_the_c
 
 
 def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small_data):
-    """--push_to_hub with huggingface_hub's upload captured (tests/upload_capture): the files it would send."""
+    """--push_to_hub with huggingface_hub's upload captured (tests/upload_capture): the files it would send. The run
+    also says how many training pairs --max_length skipped, counted here with the run's tokenizer."""
     token = "hf_vaswaniTestToken0123456789abcdef"
     result = launch(tmp_path / "run", *TINY, *small_data, "--max_steps", "4", "--save_steps", "2",
-                    "--average_checkpoints", "2", "--push_to_hub", "--hub_model_id", "org/tiny",
+                    "--average_checkpoints", "2", "--push_to_hub", "--hub_model_id", "org/tiny", "--max_length", "12",
                     env_extra={"UPLOAD_CAPTURE": str(tmp_path / "upload.json"), "HF_TOKEN": token,
                                "PYTHONPATH": str(ROOT / "tests" / "upload_capture")})
     out = tmp_path / "run"
@@ -404,6 +405,11 @@ def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small
     assert not any(f.startswith(("checkpoint-", "vaswani/")) for f in upload["files"])
     assert "pushed to https://huggingface.co/org/tiny" in result.stdout + result.stderr
     assert token not in result.stdout + result.stderr
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    pairs = [json.loads(line)["translation"] for line in Path(small_data[1]).read_text().splitlines()]
+    longer = sum(max(len(tokenizer(pair[lang])["input_ids"]) for lang in ("en", "de")) > 12 for pair in pairs)
+    assert 0 < longer < len(pairs)
+    assert f"--max_length 12: {longer} of {len(pairs)} training pairs are longer (in tokens) and skipped" in result.stdout
     assert not any(token.encode() in p.read_bytes() for p in out.rglob("*") if p.is_file())
     names = {p.name for p in out.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "metrics.json",

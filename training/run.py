@@ -89,6 +89,9 @@ def main():
     accelerator.wait_for_everyone()
     tokenizer = AutoTokenizer.from_pretrained(output_dir)
     train_sources, train_targets = encode(tokenizer, pairs["train"], data_args.max_length)
+    if len(train_sources) < len(pairs["train"]):
+        say(f"--max_length {data_args.max_length}: {len(pairs['train']) - len(train_sources)} of "
+            f"{len(pairs['train'])} training pairs are longer (in tokens) and skipped")
     source_lengths, target_lengths = [len(s) for s in train_sources], [len(t) for t in train_targets]
     validation = encode(tokenizer, pairs["validation"]) if "validation" in pairs else None
 
