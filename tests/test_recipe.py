@@ -137,3 +137,31 @@ def test_averaging_streams_and_names_the_checkpoint_that_does_not_fit(tmp_path, 
         average_checkpoints(files[:3])
     with pytest.raises(ValueError, match=r"checkpoint-3.safetensors does not fit .*: w has shape \(3, 2\), not \(2, 3\)"):
         average_checkpoints([files[0], files[3]])
+
+
+@pytest.mark.parametrize("candidates", [[1.0], [1.0, 0.2]])
+def test_alpha_is_chosen_among_the_candidates_even_one_that_is_not_the_default(translation_folder, candidates):
+    """§6.1: α chosen on validation. The candidates need not include --length_penalty_alpha (cpu-medium's 1.4):
+    the saved α and the test set's decoding are the best candidate's, scored as the evaluation scores them."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from training.batching import encode
+    from training.default_data import generate
+    from training.evaluation import final_evaluation, score, translate
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(translation_folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    pairs = {"validation": generate()["validation"][:6], "test": generate()["test"][:4]}
+    args = SimpleNamespace(alpha_candidates=candidates, length_penalty_alpha=1.4, num_beams=3, max_tokens=400)
+    metrics = final_evaluation(model, tokenizer, pairs, encode(tokenizer, pairs["validation"]), args, print)
+
+    def bleu(split, alpha):
+        sources, references = zip(*pairs[split])
+        return score(translate(model, tokenizer, list(sources), num_beams=3, alpha=alpha), list(references))["bleu"]
+
+    best = max(candidates, key=lambda alpha: bleu("validation", alpha))
+    assert args.length_penalty_alpha == best
+    assert metrics["validation"]["bleu"] == bleu("validation", best)
+    assert metrics["test"]["bleu"] == bleu("test", best)

@@ -64,9 +64,9 @@ def final_evaluation(final, tokenizer, pairs, validation, args, say) -> dict:
     device = next(final.parameters()).device
     if validation:
         scores = choose_alpha(final, tokenizer, pairs["validation"], args)
+        args.length_penalty_alpha = max(scores, key=lambda alpha: scores[alpha]["bleu"])  # one candidate: that one
         if len(scores) > 1:
             metrics["alpha_search"] = {alpha: scored["bleu"] for alpha, scored in scores.items()}
-            args.length_penalty_alpha = max(scores, key=lambda alpha: scores[alpha]["bleu"])
             say(f"GNMT α by validation BLEU: {metrics['alpha_search']} -> {args.length_penalty_alpha}")
         loss = validation_loss(final, *validation, tokenizer.pad_token_id, args.max_tokens, device)
         metrics["validation"] = {"loss": loss, "perplexity": math.exp(min(loss, 50)),
