@@ -16,6 +16,7 @@ from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 PAD, BOS, EOS = 0, 1, 2
 # The code a saved model carries (save_pretrained copies the modeling file and what it imports).
 CODE_FILES = {"configuration_vaswani.py", "modeling_vaswani.py", "checks.py", "gnmt.py"}
+LENGTH_LIMIT = "trained on pairs of at most 256 tokens a side (longer ones were left out)"  # as run.py words it
 
 
 def pytest_configure(config):
@@ -119,7 +120,9 @@ def translation_folder(tmp_path_factory):
     model card), for a tiny model trained for a few seconds on the embedded EN-DE pairs with its own joint BPE."""
     from training.default_data import generate
     from training.evaluation import score, translate
+    from training.arguments import DataArguments
     from training.hub import write_output_folder
+    from training.recipe import training_data
     from training.tokenizer import train_joint_bpe
 
     splits = generate()
@@ -141,7 +144,8 @@ def translation_folder(tmp_path_factory):
     assert all(translations) and len(set(translations)) > 1, translations
     metrics = {"train_steps": 60, "train_minutes": 0.1, "test": score(translations, [t for _, t in test])}
     folder = tmp_path_factory.mktemp("translator") / "tiny-en-de"
-    write_output_folder(model, tokenizer, folder, metrics, dataset="vaswani_hf embedded EN-DE grammar",
+    data = training_data(DataArguments(), {"train": pairs, "test": test})  # the embedded data, as run.py describes it
+    write_output_folder(model, tokenizer, folder, metrics, data=data, length_limit=LENGTH_LIMIT,
                         source_lang="en", target_lang="de", model_id="tiny-en-de", recipe={"d_model": 24},
                         deviations=["recipe: 60 steps"], label_smoothing=0.0,  # plain cross-entropy
                         batching="batches of 50 sentences")

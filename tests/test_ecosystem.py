@@ -16,10 +16,12 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from conftest import CODE_FILES, refusal, refused_translation, run_hidden
+from conftest import CODE_FILES, LENGTH_LIMIT, refusal, refused_translation, run_hidden
+from training.arguments import DataArguments
 from training.default_data import generate as generate_default_data
 from training.evaluation import translate
-from training.hub import push, write_output_folder
+from training.hub import write_output_folder
+from training.recipe import training_data
 from vaswani_hf import TranslationPipeline, quantize_int8
 from vaswani_hf.visualize import attention_weights, write_pictures
 
@@ -106,8 +108,10 @@ def test_one_decoding_however_the_folder_is_loaded(translation_folder, tmp_path)
     vaswani-translate, and the folder's own code under trust_remote_code without the package."""
     model, tokenizer = load_local(translation_folder)
     chosen = tmp_path / "chosen"
-    write_output_folder(model, tokenizer, chosen, {}, dataset="d", source_lang="en", target_lang="de", model_id="m",
-                        recipe={}, deviations=[], label_smoothing=0.1, batching="b", num_beams=3, alpha=1.4)
+    data = training_data(DataArguments(), {"train": generate_default_data()["train"][:10]})
+    write_output_folder(model, tokenizer, chosen, {}, data=data, length_limit=LENGTH_LIMIT, source_lang="en",
+                        target_lang="de", model_id="m", recipe={}, deviations=[], label_smoothing=0.1, batching="b",
+                        num_beams=3, alpha=1.4)
     model, tokenizer = load_local(chosen)
     assert (model.generation_config.num_beams, model.generation_config.gnmt_alpha) == (3, 1.4)
     sources = [source for source, _ in generate_default_data()["test"][:12]]
@@ -136,26 +140,33 @@ def test_one_decoding_however_the_folder_is_loaded(translation_folder, tmp_path)
     assert json.loads(out.splitlines()[-1]) == [direct, direct]
 
 
-def uploaded_files(folder: Path, ignore_patterns) -> set[str]:
+def uploaded_files(folder: Path, allow_patterns) -> set[str]:
     from huggingface_hub.utils import filter_repo_objects
 
     paths = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
-    return set(filter_repo_objects(paths, ignore_patterns=ignore_patterns))
+    return set(filter_repo_objects(paths, allow_patterns=allow_patterns))
 
 
-EXPECTED_UPLOAD = CODE_FILES | {"model.safetensors", "config.json", "generation_config.json", "pipeline_vaswani.py",
-                                "tokenizer.json", "tokenizer_config.json", "README.md"}
+PUBLISHED = CODE_FILES | {"model.safetensors", "config.json", "generation_config.json", "pipeline_vaswani.py",
+                          "tokenizer.json", "tokenizer_config.json", "README.md"}
 
 
-def test_push_uploads_a_complete_repository_and_never_the_token(translation_folder, tmp_path, monkeypatch, caplog,
-                                                                 capsys):
+def test_vaswani_push_publishes_the_model_and_nothing_of_its_training(translation_folder, tmp_path, monkeypatch,
+                                                                      caplog, capsys):
+    """`vaswani-push FOLDER REPO --private` on a finished run's folder, with huggingface_hub's two calls recorded:
+    exactly the model's files go up (no checkpoint, metrics, schedule or log), into a private repository, and
+    those files alone load and translate as the folder does; the token is never printed or written."""
     import huggingface_hub
     from huggingface_hub import RepoUrl
 
+    from vaswani_hf import hub
+
     folder = tmp_path / "run"
     shutil.copytree(translation_folder, folder)
-    (folder / "checkpoint-4").mkdir()
-    (folder / "checkpoint-4" / "model.safetensors").write_bytes(b"old weights")
+    for training_file in ("checkpoint-4/model.safetensors", "checkpoint-4/optimizer.safetensors", "schedule.json",
+                          "runs/events.out.tfevents.1", "metrics.json"):
+        (folder / training_file).parent.mkdir(parents=True, exist_ok=True)
+        (folder / training_file).write_bytes(b"training")
     calls = []
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo",
@@ -163,16 +174,37 @@ def test_push_uploads_a_complete_repository_and_never_the_token(translation_fold
                             f"https://huggingface.co/{repo_id}"))
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder",
                         lambda self, **kw: calls.append(("upload", uploaded_files(Path(kw["folder_path"]),
-                                                                                    kw["ignore_patterns"]), kw)))
-    url = push(folder, "org/tiny-en-de")
-    assert url == "https://huggingface.co/org/tiny-en-de"
-    assert calls[0][:2] == ("create", "org/tiny-en-de")
+                                                                                    kw["allow_patterns"]), kw)))
+    hub.main([str(folder), "org/tiny-en-de", "--private"])
+    assert calls[0][:2] == ("create", "org/tiny-en-de") and calls[0][2]["private"] is True
     files = calls[1][1]
-    assert EXPECTED_UPLOAD <= files, EXPECTED_UPLOAD - files
-    assert not any(f.startswith("checkpoint-") for f in files)
+    assert files == PUBLISHED, files ^ PUBLISHED
+    assert "pushed" in capsys.readouterr().out
+    published = tmp_path / "published"
+    published.mkdir()
+    for name in files:
+        shutil.copy(folder / name, published / name)
+    model, tokenizer = load_local(folder)
+    assert translate(*load_local(published), SOURCES) == translate(model, tokenizer, SOURCES)
     logs = caplog.text + "".join(capsys.readouterr())
     assert TOKEN not in logs
     assert not any(TOKEN.encode() in p.read_bytes() for p in folder.rglob("*") if p.is_file())
+
+
+def test_vaswani_push_refuses_what_is_not_a_finished_model_in_one_line(translation_folder, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from vaswani_hf import hub
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda *a, **kw: pytest.fail("nothing is created"))
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(translation_folder, unfinished, ignore=shutil.ignore_patterns("README.md", "tokenizer.json"))
+    refusals = {unfinished: "not a finished model folder, no tokenizer.json, README.md",
+                tmp_path / "missing": "not a vaswani_hf model folder", tmp_path: "not a vaswani_hf model folder"}
+    for folder, message in refusals.items():
+        with pytest.raises(SystemExit, match=f"^error: {folder}: {message}") as refused:
+            hub.main([str(folder), "org/name"])
+        assert "\n" not in str(refused.value)
 
 
 def test_model_push_to_hub_sends_weights_code_config_and_generation_config(tmp_path, monkeypatch):
@@ -232,26 +264,87 @@ def test_a_hub_download_loads_offline_by_repo_id_without_the_package(translation
 # --- the model card -------------------------------------------------------------------------------------------
 
 def test_the_model_card_parses_and_carries_the_runs_numbers(translation_folder):
+    """The card of a run on the embedded data, parsed by huggingface_hub: its metadata, a warning that the data is
+    synthetic, an example from the run's own test sources, the test scores with their signatures, the run's recipe."""
     card = ModelCard.load(translation_folder / "README.md")
     metrics = json.loads((translation_folder / "metrics.json").read_text())["test"]
     data = card.data.to_dict()
-    assert data["language"] == ["en", "de"] and data["license"] == "apache-2.0"
-    assert data["pipeline_tag"] == "translation"
-    results = {r.metric_type: r for r in card.data.eval_results}
-    assert results["bleu"].metric_value == pytest.approx(metrics["bleu"], abs=0.01)
-    assert results["chrf"].metric_value == pytest.approx(metrics["chrf"], abs=0.01)
-    assert results["bleu"].metric_args["signature"] == metrics["bleu_signature"]
-    text = card.text
-    assert "{{" not in card.content
-    for section in ("Deviations from the paper", "How to use", "Intended uses and limits", "Training",
-                    "Evaluation", "Citation", 'pipeline("translation"', "AutoModelForSeq2SeqLM"):
+    assert data["language"] == ["en", "de"] and data["license"] == "apache-2.0"  # the project's own data
+    assert data["pipeline_tag"] == "translation" and "datasets" not in data and card.data.eval_results is None
+    text = " ".join(card.text.split())
+    assert "{{" not in card.content and "nan" not in card.content.lower()
+    assert "Warning: a test model." in text and "synthetic grammar" in text
+    example = generate_default_data()["test"][0][0]
+    assert f'tokenizer([{json.dumps(example)}], return_tensors="pt")' in card.text
+    for split, metric, name in (("test", "bleu", "sacreBLEU"), ("test", "chrf", "chrF")):
+        assert f"| {split} | {name} | {metrics[metric]:.2f} | `{metrics[metric + '_signature']}` |" in text
+    for section in ("Deviations from the paper", "How to use", "Intended uses and limits", "Out of scope",
+                    "Input length: " + LENGTH_LIMIT, "Training", "Evaluation", "Citation", 'pipeline("translation"',
+                    "AutoModelForSeq2SeqLM", "400 train pairs, 6 test pairs", "recipe: 60 steps"):
         assert section in text, section
-    assert "recipe: 60 steps" in text
     # the run's own recipe, not the paper's: batches of sentences, no dropout or label smoothing, no averaging
     dropout = json.loads((translation_folder / "config.json").read_text())["dropout"]
     assert (f"batches of 50 sentences, Adam(0.9, 0.98, 1e-9) with the warmup / inverse-square-root schedule, "
             f"dropout P_drop = {dropout:g} and label smoothing ε_ls = 0; the final weights, not averaged."
-            ) in " ".join(text.split())
+            ) in text
+
+
+SCORES = {split: {"bleu": bleu, "chrf": chrf, "bleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nrefs:1|nc:6"}
+          for split, bleu, chrf in (("validation", 31.234, 55.5), ("test", 29.876, 54.321))}
+
+
+@pytest.mark.parametrize("source", ["files", "files with an id and a license", "a Hub dataset", "German to English"])
+def test_the_model_card_names_the_data_as_given_and_claims_no_license(translation_folder, tmp_path, source):
+    """Cards of runs on the user's data, parsed by huggingface_hub's ModelCard and its metadata classes: the data as
+    the user named it (a Hub dataset id in the metadata, or the file names in the text), a license only where the
+    user declared one, the results in the metadata only with a dataset id and only for the splits that were scored,
+    no NaN, and the example in the source language. (huggingface_hub's `ModelCard.validate` asks the Hub itself,
+    which tests do not reach.)"""
+    model, tokenizer = load_local(translation_folder)
+    pairs = {split: generate_default_data()[split][:3] for split in ("train", "validation", "test")}
+    for split, rows in pairs.items():  # aligned text files, as a user gives them
+        for side, lang in enumerate(("en", "de")):
+            (tmp_path / f"{split}.{lang}").write_text("".join(row[side] + "\n" for row in rows))
+    files = {f"{split}_file": str(tmp_path / split) for split in pairs}
+    scores = dict(SCORES)
+    source_lang, target_lang = "en", "de"
+    if source == "files":
+        flags = DataArguments(**files)
+    elif source == "files with an id and a license":
+        flags = DataArguments(**files, card_dataset="org/captions", card_license="cc-by-4.0")
+    elif source == "a Hub dataset":
+        flags = DataArguments(dataset_name="org/news", dataset_config_name="de-en")
+        del pairs["test"], scores["test"]  # no test split: nothing scored, nothing written for it
+    else:
+        flags = DataArguments(**files, source_lang="de", target_lang="en")
+        pairs = {split: [(de, en) for en, de in rows] for split, rows in pairs.items()}
+        source_lang, target_lang = "de", "en"
+    out = tmp_path / "out"
+    write_output_folder(model, tokenizer, out, {"train_steps": 1, **scores}, data=training_data(flags, pairs),
+                        length_limit=LENGTH_LIMIT, source_lang=source_lang, target_lang=target_lang, model_id="m",
+                        recipe={}, deviations=[], label_smoothing=0.1, batching="b")
+    card = ModelCard.load(out / "README.md")
+    metadata = card.data.to_dict()
+    text = " ".join(card.text.split())
+    assert "nan" not in card.content.lower() and "{{" not in card.content and "Warning" not in text
+    assert metadata["language"] == [source_lang, target_lang]
+    assert metadata.get("license") == {"files with an id and a license": "cc-by-4.0"}.get(source)
+    dataset_id = {"files with an id and a license": "org/captions", "a Hub dataset": "org/news"}.get(source)
+    assert metadata.get("datasets") == ([dataset_id] if dataset_id else None)
+    results = card.data.eval_results or []
+    assert {(r.dataset_type, r.dataset_split, r.metric_type, r.metric_value, r.metric_args["signature"])
+            for r in results} == ({(dataset_id, split, metric, round(values[metric], 2), values[metric + "_signature"])
+                                   for split, values in scores.items() for metric in ("bleu", "chrf")}
+                                  if dataset_id else set())
+    for split, values in scores.items():  # the text always has the scores
+        assert f"| {split} | sacreBLEU | {values['bleu']:.2f} | `{values['bleu_signature']}` |" in text
+    if source == "a Hub dataset":
+        assert "Data: the Hub dataset org/news (de-en); 3 train pairs, 3 validation pairs." in text
+        assert "| test |" not in text
+    else:
+        assert f"local files (train: train.{source_lang} + train.{target_lang}; validation: " in text
+    assert f"tokenizer([{json.dumps(pairs['test' if 'test' in pairs else 'validation'][0][0])}]" in card.text
+    assert "local files" not in card.content.split("---")[1]  # not in the metadata
 
 
 # --- the command-line translator ------------------------------------------------------------------------------

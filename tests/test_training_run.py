@@ -23,6 +23,7 @@ from training.batching import encode, token_batches
 from training.checkpoints import checkpoints
 from training.default_data import generate
 from vaswani_hf import VaswaniForConditionalGeneration
+from vaswani_hf.hub import published_files
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.long  # scheduled first (conftest.py); the longest, the embedded run, comes first here
@@ -394,15 +395,16 @@ def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small
     also says how many training pairs --max_length skipped, counted here with the run's tokenizer."""
     token = "hf_vaswaniTestToken0123456789abcdef"
     result = launch(tmp_path / "run", *TINY, *small_data, "--max_steps", "4", "--save_steps", "2",
-                    "--average_checkpoints", "2", "--push_to_hub", "--hub_model_id", "org/tiny", "--max_length", "12",
+                    "--average_checkpoints", "2", "--push_to_hub", "--hub_model_id", "org/tiny", "--hub_private_repo",
+                    "--max_length", "12",
                     env_extra={"UPLOAD_CAPTURE": str(tmp_path / "upload.json"), "HF_TOKEN": token,
                                "PYTHONPATH": str(ROOT / "tests" / "upload_capture")})
     out = tmp_path / "run"
     upload = json.loads((tmp_path / "upload.json").read_text())
-    assert upload["repo_id"] == "org/tiny"
-    assert CODE_FILES | {"model.safetensors", "config.json", "generation_config.json", "pipeline_vaswani.py",
-                         "tokenizer.json", "tokenizer_config.json", "README.md", "metrics.json"} <= set(upload["files"])
-    assert not any(f.startswith(("checkpoint-", "vaswani/")) for f in upload["files"])
+    assert upload["repo_id"] == "org/tiny" and upload["private"] is True
+    assert set(upload["files"]) == set(published_files(out)) == CODE_FILES | {
+        "model.safetensors", "config.json", "generation_config.json", "pipeline_vaswani.py", "tokenizer.json",
+        "tokenizer_config.json", "README.md"}  # what vaswani-push sends: no checkpoint, metrics or log
     assert "pushed to https://huggingface.co/org/tiny" in result.stdout + result.stderr
     assert token not in result.stdout + result.stderr
     tokenizer = AutoTokenizer.from_pretrained(out)

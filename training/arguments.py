@@ -22,6 +22,11 @@ class DataArguments:
     source_lang: str = field(default="en")
     target_lang: str = field(default="de")
     max_length: int = field(default=256, metadata={"help": "Training pairs longer than this (in tokens) are skipped."})
+    card_dataset: str | None = field(default=None, metadata={
+        "help": "The data's Hub dataset id, for the model card's metadata (default: --dataset_name; none for files)."})
+    card_license: str | None = field(default=None, metadata={
+        "help": "The license the model card declares, e.g. cc-by-4.0 (default: none claimed, except for the "
+                "embedded data, apache-2.0)."})
 
 
 @dataclass

@@ -1,12 +1,15 @@
-"""The run's output folder as a Hub model repository, and the upload."""
+"""The run's output folder as a Hub model repository: weights, code, tokenizer, metrics and the model card."""
 
 import json
 from pathlib import Path
 
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from training.recipe import TrainingData
+
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_CARD = ROOT / "model_card.md"
-UPLOAD_IGNORE = ["checkpoint-*/**", ".incomplete-checkpoint-*/**", "vaswani/**", "runs/**"]
 
 # The paper's architecture (§3) as VaswaniConfig values; anything else is a deviation and the card says so.
 PAPER_ARCHITECTURE = {
@@ -24,13 +27,14 @@ def architecture_deviations(config) -> list[str]:
             if getattr(config, name) != paper]
 
 
-def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, dataset: str, source_lang: str,
-                        target_lang: str, model_id: str, recipe: dict, deviations: list[str], label_smoothing: float,
-                        batching: str, num_beams: int = 4, alpha: float = 0.6) -> None:
+def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, data: TrainingData, length_limit: str,
+                        source_lang: str, target_lang: str, model_id: str, recipe: dict, deviations: list[str],
+                        label_smoothing: float, batching: str, num_beams: int = 4, alpha: float = 0.6) -> None:
     """Weights (safetensors), config with auto_map and custom_pipelines, code files, tokenizer, the generation config
     of the paper's decoding (beam size and GNMT α), metrics, and README.md — the model card with this run's
     numbers. The card states the run's own recipe: its `batching` (how batches were made), its label smoothing, the
-    dropout of its config and the checkpoints `metrics` says were averaged."""
+    dropout of its config and the checkpoints `metrics` says were averaged; its data as `data` describes it, and
+    `length_limit`, what training did with long pairs."""
     generation = model.generation_config
     generation.num_beams = num_beams
     generation.early_stopping = True
@@ -44,10 +48,16 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     deviations = architecture_deviations(model.config) + deviations
     averaged = len(metrics.get("averaged_checkpoints", []))
+    scores = {split: metrics[split] for split in ("validation", "test") if "bleu" in metrics.get(split, {})}
     values = {
         "source_lang": source_lang,
         "target_lang": target_lang,
-        "dataset": dataset,
+        "synthetic_warning": SYNTHETIC_WARNING if data.synthetic else "",
+        "data": data.description,
+        "sizes": ", ".join(f"{count:,} {split} pairs" for split, count in data.sizes.items()),
+        "example": json.dumps(data.example, ensure_ascii=False),
+        "length_limit": length_limit,
+        "max_input_length": f"{model.config.max_position_embeddings:,}",
         "model_id": model_id,
         "parameters": f"{model.num_parameters() / 1e6:.1f}M",
         "architecture": (f"d_model {model.config.d_model}, d_ff {model.config.d_ff}, {model.config.num_heads} heads, "
@@ -63,12 +73,48 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "recipe": json.dumps(recipe, indent=1),
         "num_beams": str(num_beams),
         "alpha": str(alpha),
+        "evaluation": evaluation_text(scores, num_beams, alpha),
     }
-    test = metrics.get("test", {})
-    for name in ("bleu", "chrf"):
-        values[name] = f"{test.get(name, float('nan')):.2f}"
-        values[f"{name}_signature"] = test.get(f"{name}_signature", "n/a")
-    (output_dir / "README.md").write_text(fill_template(MODEL_CARD.read_text(), values))
+    card = ModelCard(f"---\n{card_metadata(data, scores, source_lang, target_lang, model_id).to_yaml()}\n---\n\n"
+                     + fill_template(MODEL_CARD.read_text(), values))
+    card.save(output_dir / "README.md")
+
+
+METRICS = (("bleu", "sacreBLEU"), ("chrf", "chrF"))  # metrics.json's keys, and the names the card gives them
+SYNTHETIC_WARNING = """
+> **Warning: a test model.** It was trained on the embedded synthetic grammar of vaswani_hf, a small artificial
+> language, not on real text: its near-perfect scores are on that grammar's own test set, and it does not translate
+> real sentences. Train on real parallel data for a translation model.
+"""
+
+
+def card_metadata(data: TrainingData, scores: dict[str, dict], source_lang: str, target_lang: str,
+                  model_id: str) -> ModelCardData:
+    """The card's YAML header, made by huggingface_hub: the results (model-index) only where the data has a Hub id
+    (the metadata's dataset fields take one), and only the splits that were scored."""
+    results = [
+        EvalResult(task_type="translation", task_name=f"Translation {source_lang}-{target_lang}",
+                   dataset_type=data.dataset_id, dataset_name=data.dataset_id, dataset_split=split,
+                   metric_type=metric, metric_name=name, metric_value=round(split_scores[metric], 2),
+                   metric_args={"signature": split_scores[f"{metric}_signature"]})
+        for split, split_scores in scores.items() for metric, name in METRICS
+    ] if data.dataset_id else None
+    return ModelCardData(
+        language=[source_lang, target_lang], license=data.license, library_name="transformers",
+        pipeline_tag="translation", tags=["translation", "transformer", "vaswani_hf", "attention-is-all-you-need"],
+        datasets=[data.dataset_id] if data.dataset_id else None, metrics=["bleu", "chrf"], model_name=model_id,
+        eval_results=results)
+
+
+def evaluation_text(scores: dict[str, dict], num_beams: int, alpha: float) -> str:
+    """The card's Evaluation section: a row per split and metric that was scored."""
+    if not scores:
+        return "No validation or test set was given to this run: it was not evaluated."
+    rows = [f"| {split} | {name} | {split_scores[metric]:.2f} | `{split_scores[f'{metric}_signature']}` |"
+            for split, split_scores in scores.items() for metric, name in METRICS]
+    return "\n".join([f"Decoded with beam {num_beams} and the GNMT length penalty (α = {alpha}), scored on "
+                      "detokenized text with sacreBLEU:", "", "| split | metric | value | signature |",
+                      "|---|---|---|---|", *rows])
 
 
 def fill_template(text: str, values: dict[str, str]) -> str:
@@ -77,15 +123,3 @@ def fill_template(text: str, values: dict[str, str]) -> str:
     if "{{" in text:
         raise ValueError(f"model card placeholder left unfilled: {text[text.index('{{'):].split('}}')[0]}}}}}")
     return text
-
-
-def push(output_dir: Path, repo_id: str, private: bool = False) -> str:
-    """Create the model repository if needed and upload the folder (without checkpoints and logs). The token is
-    huggingface_hub's own (HF_TOKEN or `hf auth login`); it is never read, printed or written here."""
-    from huggingface_hub import HfApi
-
-    api = HfApi()
-    repo = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-    api.upload_folder(repo_id=repo.repo_id, folder_path=str(output_dir), ignore_patterns=UPLOAD_IGNORE,
-                      commit_message="Upload model trained with vaswani_hf")
-    return str(repo)

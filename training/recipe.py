@@ -1,5 +1,8 @@
 """The recipe as the model card states it: what a run changed from the paper's (§5, §6.1), and its data."""
 
+from dataclasses import dataclass
+from pathlib import Path
+
 from training.arguments import DataArguments, RecipeArguments
 
 NOT_RECIPE = ("push_to_hub", "hub_model_id", "hub_private_repo", "resume_from_checkpoint", "output_dir",
@@ -36,7 +39,37 @@ def recipe_deviations(args: RecipeArguments) -> list[str]:
     return [f"recipe: {text}" for text in changed]
 
 
-def dataset_description(data_args: DataArguments) -> str:
+@dataclass
+class TrainingData:
+    """The data as the model card states it."""
+
+    description: str  # what it is and where it came from, as the user named it
+    dataset_id: str | None  # a Hub dataset id for the card's metadata
+    license: str | None  # for the card's metadata; None: none claimed
+    synthetic: bool  # the embedded grammar: the card warns that the model translates no real language
+    sizes: dict[str, int]  # pairs per split
+    example: str  # a source sentence for the card's code samples
+
+
+def training_data(data_args: DataArguments, pairs: dict[str, list[tuple[str, str]]]) -> TrainingData:
+    """The card's account of a run's data flags and the pairs they gave."""
+    sizes = {split: len(rows) for split, rows in pairs.items()}
+    example = (pairs.get("test") or pairs.get("validation") or pairs["train"])[0][0]
     if data_args.dataset_name:
-        return " ".join(filter(None, (data_args.dataset_name, data_args.dataset_config_name)))
-    return "local files" if data_args.train_file else "vaswani_hf embedded EN-DE grammar"
+        config = f" ({data_args.dataset_config_name})" if data_args.dataset_config_name else ""
+        return TrainingData(f"the Hub dataset {data_args.dataset_name}{config}",
+                            data_args.card_dataset or data_args.dataset_name, data_args.card_license, False, sizes,
+                            example)
+    if data_args.train_file:
+        files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
+        names = "; ".join(f"{split}: {file_names(path, data_args)}" for split, path in files.items() if path)
+        return TrainingData(f"local files ({names})", data_args.card_dataset, data_args.card_license, False, sizes,
+                            example)
+    return TrainingData("the embedded synthetic English-German grammar of vaswani_hf (training/default_data.py)",
+                        None, data_args.card_license or "apache-2.0", True, sizes, example)
+
+
+def file_names(path: str, data_args: DataArguments) -> str:
+    """A data flag's file names, without the folders above them: `train.jsonl`, or `train.en` + `train.de`."""
+    name = Path(path).name
+    return name if Path(path).is_file() else f"{name}.{data_args.source_lang} + {name}.{data_args.target_lang}"

@@ -65,7 +65,7 @@ from training.evaluation import evaluate_model, final_evaluation  # noqa: E402
 from training.faults import fault_point  # noqa: E402
 from training.hub import write_output_folder  # noqa: E402
 from training.loss import label_smoothed_nll  # noqa: E402
-from training.recipe import NOT_RECIPE, dataset_description, recipe_deviations  # noqa: E402
+from training.recipe import NOT_RECIPE, recipe_deviations, training_data  # noqa: E402
 from training.schedule import inverse_sqrt_lr, paper_optimizer  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory  # noqa: E402
@@ -239,17 +239,18 @@ def main():
         metrics = {"train_steps": step, "train_minutes": state["elapsed_seconds"] / 60, "distributed": distributed,
                    "averaged_checkpoints": [p.name for p in averaged], "history": state["history"]}
         metrics.update(final_evaluation(final, tokenizer, pairs, validation, args, say))
-        publish(final, tokenizer, output_dir, metrics, data_args, model_args, args, say)
+        publish(final, tokenizer, output_dir, metrics, pairs, data_args, model_args, args, say)
     accelerator.wait_for_everyone()
     accelerator.end_training()
 
 
-def publish(final, tokenizer, output_dir: Path, metrics: dict, data_args, model_args, args, say) -> None:
+def publish(final, tokenizer, output_dir: Path, metrics: dict, pairs: dict, data_args, model_args, args, say) -> None:
     """The Hub-ready output folder (training/hub.py: weights, code, tokenizer, metrics, the model card with the
     recipe and its deviations from the paper), pushed with --push_to_hub."""
     recipe = {**asdict(model_args), **{k: v for k, v in asdict(args).items() if k not in NOT_RECIPE}}
     write_output_folder(
-        final, tokenizer, output_dir, metrics, dataset=dataset_description(data_args),
+        final, tokenizer, output_dir, metrics, data=training_data(data_args, pairs),
+        length_limit=f"trained on pairs of at most {data_args.max_length} tokens a side (longer ones were left out)",
         source_lang=data_args.source_lang, target_lang=data_args.target_lang,
         model_id=args.hub_model_id or output_dir.name, recipe=recipe,
         deviations=recipe_deviations(args), label_smoothing=args.label_smoothing,
@@ -258,7 +259,7 @@ def publish(final, tokenizer, output_dir: Path, metrics: dict, data_args, model_
     )
     say(f"model, tokenizer, metrics and model card in {output_dir}")
     if args.push_to_hub:
-        from training.hub import push
+        from vaswani_hf.hub import push
 
         url = push(output_dir, args.hub_model_id or output_dir.name, private=args.hub_private_repo)
         say(f"pushed to {url}")

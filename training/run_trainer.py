@@ -39,7 +39,7 @@ from training.arguments import DataArguments, ModelArguments, read_preset  # noq
 from training.data import load_run_pairs  # noqa: E402
 from training.evaluation import score, translate  # noqa: E402
 from training.hub import write_output_folder  # noqa: E402
-from training.recipe import dataset_description  # noqa: E402
+from training.recipe import training_data  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
 from vaswani_hf import VaswaniForConditionalGeneration  # noqa: E402
 
@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None):
                       "recipe: the Trainer's label smoothing (ε/V on every token, not ε/(V-1) on the others)",
                       "recipe: no checkpoint averaging"]
         write_output_folder(
-            trainer.model, tokenizer, output_dir, metrics, dataset=dataset_description(data_args),
+            trainer.model, tokenizer, output_dir, metrics, data=training_data(data_args, pairs),
+            length_limit=f"trained on pairs truncated to {recipe.max_source_length} tokens on each side",
             source_lang=data_args.source_lang, target_lang=data_args.target_lang,
             model_id=training_args.hub_model_id or output_dir.name,
             recipe={**asdict(model_args), "lr_scale": recipe.lr_scale, "learning_rate": training_args.learning_rate,
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None):
             num_beams=training_args.generation_num_beams or 4,
         )
         if training_args.push_to_hub:
-            from training.hub import push
+            from vaswani_hf.hub import push
 
             url = push(output_dir, training_args.hub_model_id or output_dir.name,
                        private=bool(training_args.hub_private_repo))

@@ -9,15 +9,18 @@ if os.environ.get("UPLOAD_CAPTURE"):
     import huggingface_hub
     from huggingface_hub.utils import filter_repo_objects
 
-    def create_repo(self, repo_id, **kwargs):
+    created = {}
+
+    def create_repo(self, repo_id, private=False, **kwargs):
+        created["private"] = private
         return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
 
-    def upload_folder(self, *, repo_id, folder_path, ignore_patterns=None, **kwargs):
+    def upload_folder(self, *, repo_id, folder_path, allow_patterns=None, ignore_patterns=None, **kwargs):
         paths = sorted(os.path.relpath(os.path.join(root, name), folder_path).replace(os.sep, "/")
                        for root, _, names in os.walk(folder_path) for name in names)
-        files = list(filter_repo_objects(paths, ignore_patterns=ignore_patterns))
+        files = list(filter_repo_objects(paths, allow_patterns=allow_patterns, ignore_patterns=ignore_patterns))
         with open(os.environ["UPLOAD_CAPTURE"], "w") as f:
-            json.dump({"repo_id": repo_id, "files": files}, f)
+            json.dump({"repo_id": repo_id, "files": files, **created}, f)
 
     huggingface_hub.HfApi.create_repo = create_repo
     huggingface_hub.HfApi.upload_folder = upload_folder

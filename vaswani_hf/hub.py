@@ -1,0 +1,72 @@
+# Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
+"""`vaswani-push`: a finished model folder published as a Hub model repository.
+
+    vaswani-push outputs/run org/name              # public
+    vaswani-push outputs/run org/name --private
+
+What goes up is the model and nothing of its training: the weights, `config.json`, `generation_config.json` (the
+paper's decoding), the code files (the model, the GNMT search, the pipeline), the tokenizer and the model card
+`README.md` — not the checkpoints, optimizer states, schedule, metrics or logs beside them. `training/run.py
+--push_to_hub` sends the same files at the end of a run. The token is huggingface_hub's own (`HF_TOKEN` or
+`hf auth login`); it is never read, printed or written here.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+REQUIRED = ("config.json", "generation_config.json", "tokenizer.json", "README.md")
+TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+def is_weights(name: str) -> bool:
+    """model.safetensors, or the shards and index of a sharded save."""
+    return name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json"))
+
+
+def published_files(folder: Path) -> list[str]:
+    """The files of `folder` that its Hub repository holds (module docstring). A folder that is not a finished
+    vaswani_hf model is a one-line ValueError naming what it lacks."""
+    try:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    if model_type != "vaswani":
+        raise ValueError(f"{folder}: not a vaswani_hf model folder (no config.json of model_type \"vaswani\")")
+    names = sorted(path.name for path in folder.iterdir() if path.is_file())
+    missing = [name for name in REQUIRED if name not in names]
+    if not any(map(is_weights, names)):
+        missing.insert(0, "model.safetensors")
+    if missing:
+        raise ValueError(f"{folder}: not a finished model folder, no {', '.join(missing)} (written when a run ends)")
+    return [name for name in names
+            if name in REQUIRED or name in TOKENIZER_EXTRAS or name.endswith(".py") or is_weights(name)]
+
+
+def push(folder: Path, repo_id: str, private: bool = False) -> str:
+    """Create the model repository if needed (private if asked) and upload `published_files(folder)`; its URL."""
+    from huggingface_hub import HfApi
+
+    files = published_files(folder)
+    api = HfApi()
+    repo = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    api.upload_folder(repo_id=repo.repo_id, folder_path=str(folder), allow_patterns=files,
+                      commit_message="Upload a vaswani_hf model")
+    return str(repo)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="vaswani-push", description=__doc__.splitlines()[0].split(": ", 1)[1])
+    parser.add_argument("folder", help="a model folder written by training/run.py or training/run_trainer.py")
+    parser.add_argument("repo_id", help="the Hub repository, e.g. org/name (created if it does not exist)")
+    parser.add_argument("--private", action="store_true", help="create the repository private")
+    args = parser.parse_args(argv)
+    try:
+        url = push(Path(args.folder), args.repo_id, private=args.private)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    print(f"pushed {args.folder} to {url}")
+
+
+if __name__ == "__main__":
+    main()
