@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
@@ -59,11 +60,54 @@ def test_token_batches_respect_the_budget_cover_every_pair_and_depend_only_on_se
     rng = random.Random(0)
     source = [rng.randint(1, 40) for _ in range(2000)]
     target = [max(1, s + rng.randint(-5, 5)) for s in source]
-    batches = token_batches(source, target, max_tokens=500, seed=1, epoch=0)
+    batches = as_lists(token_batches(source, target, max_tokens=500, seed=1, epoch=0))
     assert sorted(i for b in batches for i in b) == list(range(2000))
     assert all(len(b) * max(max(source[i], target[i]) for i in b) <= 500 for b in batches)
-    assert batches == token_batches(source, target, max_tokens=500, seed=1, epoch=0)
-    assert batches != token_batches(source, target, max_tokens=500, seed=1, epoch=1)
+    assert batches == as_lists(token_batches(source, target, max_tokens=500, seed=1, epoch=0))
+    assert batches != as_lists(token_batches(source, target, max_tokens=500, seed=1, epoch=1))
     assert padding_fraction(batches, source, target) < 0.15  # grouped by length: little padding
     unsorted = [list(range(k, k + len(b))) for k, b in zip(range(0, 2000, 20), batches)]
     assert padding_fraction(batches, source, target) < padding_fraction(unsorted, source, target)
+
+
+def as_lists(batches) -> list[list[int]]:
+    return [[int(i) for i in batch] for batch in batches]
+
+
+def pair_by_pair_batches(source_lengths, target_lengths, max_tokens, seed, epoch) -> list[list[int]]:
+    """§5.1 batching written pair by pair, as training/batching.py had it before it ran on arrays: the reference."""
+    import random
+    rng = random.Random(seed * 1_000_003 + epoch)
+    noise = [rng.random() for _ in source_lengths]
+    order = sorted(range(len(source_lengths)),
+                   key=lambda i: (max(source_lengths[i], target_lengths[i]), source_lengths[i], noise[i]))
+    batches, batch, longest = [], [], 0
+    for index in order:
+        length = max(source_lengths[index], target_lengths[index])
+        if batch and (len(batch) + 1) * max(longest, length) > max_tokens:
+            batches.append(batch)
+            batch, longest = [], 0
+        batch.append(index)
+        longest = max(longest, length)
+    if batch:
+        batches.append(batch)
+    rng.shuffle(batches)
+    return batches
+
+
+@pytest.mark.parametrize("max_tokens", [1, 37, 500, 4096])
+def test_token_batches_on_arrays_are_the_pair_by_pair_batches(max_tokens):
+    """The same batches, in the same order, as the pair-by-pair reference, for the same seed and epoch: lengths
+    with many ties, pairs longer than max_tokens alone, and the embedded data's own lengths."""
+    import random
+    rng = random.Random(max_tokens)
+    source = [rng.choice([1, 2, 3, 7, 30, 120, 600]) for _ in range(3000)]
+    target = [max(1, s + rng.randint(-3, 3)) for s in source]
+    pairs = generate()["train"][:5000]
+    embedded = [[len(side.split()) + 1 for side in sides] for sides in zip(*pairs)]
+    for lengths in ((source, target), embedded):
+        for seed, epoch in ((1, 0), (1, 3), (7, 0)):
+            expected = pair_by_pair_batches(*lengths, max_tokens, seed, epoch)
+            assert as_lists(token_batches(*lengths, max_tokens, seed, epoch)) == expected
+            arrays = [np.asarray(side) for side in lengths]
+            assert as_lists(token_batches(*arrays, max_tokens, seed, epoch)) == expected
