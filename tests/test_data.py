@@ -111,3 +111,40 @@ def test_token_batches_on_arrays_are_the_pair_by_pair_batches(max_tokens):
             assert as_lists(token_batches(*lengths, max_tokens, seed, epoch)) == expected
             arrays = [np.asarray(side) for side in lengths]
             assert as_lists(token_batches(*arrays, max_tokens, seed, epoch)) == expected
+
+@pytest.mark.parametrize("parallel_from", [10**9, 1])  # in the main process, and over worker processes
+def test_the_training_tokens_are_built_once_read_memory_mapped_and_rebuilt_for_other_data(tmp_path, monkeypatch,
+                                                                                         parallel_from):
+    """training/tokens.py: the ids and lengths are the tokenizer's own; a second call (a resumed run, or another
+    process) reuses the folder; other pairs or another tokenizer rebuild it, with a line that says so."""
+    from types import SimpleNamespace
+
+    from training import tokens as tokens_module
+    from training.tokens import token_dataset
+
+    monkeypatch.setattr(tokens_module, "PARALLEL_FROM", parallel_from)
+
+    pairs = generate()["train"][:300]
+    tokenizer = train_joint_bpe((side for pair in pairs for side in pair), 200)
+    tokenizer.backend_tokenizer.enable_padding(pad_id=tokenizer.pad_token_id)  # as a run's saved tokenizer.json asks
+    tokenizer.save_pretrained(tmp_path)
+    main = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    said = []
+    tokens = token_dataset(main, pairs, tokenizer, tmp_path, said.append)
+    assert tokens.cache_files and all(f["filename"].startswith(str(tmp_path / "tokens")) for f in tokens.cache_files)
+    for row, (source, target) in zip(tokens, pairs):
+        assert row["source_ids"] == tokenizer(source)["input_ids"]
+        assert row["target_ids"] == tokenizer(target)["input_ids"]
+        assert (row["source_length"], row["target_length"]) == (len(row["source_ids"]), len(row["target_ids"]))
+    assert len(tokens) == len(pairs) and len(said) == 1  # "300 training pairs tokenized into ..."
+    built = (tmp_path / "tokens" / "fingerprint.json").stat().st_mtime_ns
+    other_process = SimpleNamespace(is_main_process=False, wait_for_everyone=lambda: None)
+    assert token_dataset(other_process, pairs, None, tmp_path, said.append)["source_ids"] == tokens["source_ids"]
+    token_dataset(main, pairs, tokenizer, tmp_path, said.append)  # resumed: the same pairs and tokenizer
+    assert (tmp_path / "tokens" / "fingerprint.json").stat().st_mtime_ns == built and len(said) == 1
+    fewer = token_dataset(main, pairs[:100], tokenizer, tmp_path, said.append)
+    assert len(fewer) == 100 and "tokenized from other pairs or by another tokenizer" in said[1]
+    other = train_joint_bpe((side for pair in pairs for side in pair), 120)
+    other.save_pretrained(tmp_path)
+    again = token_dataset(main, pairs[:100], other, tmp_path, said.append)
+    assert "tokenizing again" in said[3] and again[0]["source_ids"] == other(pairs[0][0])["input_ids"]

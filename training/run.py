@@ -33,6 +33,7 @@ from training.fsdp_request import check_fsdp_request  # noqa: E402
 
 check_fsdp_request()  # before torch and transformers load: a launch that cannot be honoured stops in a moment
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from accelerate.utils import broadcast, set_seed  # noqa: E402
@@ -68,6 +69,7 @@ from training.loss import label_smoothed_nll  # noqa: E402
 from training.recipe import NOT_RECIPE, recipe_deviations, training_data  # noqa: E402
 from training.schedule import inverse_sqrt_lr, paper_optimizer  # noqa: E402
 from training.tokenizer import train_joint_bpe  # noqa: E402
+from training.tokens import token_dataset  # noqa: E402
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory  # noqa: E402
 from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
 
@@ -88,11 +90,13 @@ def main():
         tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()
     tokenizer = AutoTokenizer.from_pretrained(output_dir)
-    train_sources, train_targets = encode(tokenizer, pairs["train"], data_args.max_length)
-    if len(train_sources) < len(pairs["train"]):
-        say(f"--max_length {data_args.max_length}: {len(pairs['train']) - len(train_sources)} of "
-            f"{len(pairs['train'])} training pairs are longer (in tokens) and skipped")
-    source_lengths, target_lengths = [len(s) for s in train_sources], [len(t) for t in train_targets]
+    train = token_dataset(accelerator, pairs["train"], tokenizer, output_dir, say)  # memory-mapped: training/tokens.py
+    source_lengths, target_lengths = (train.data.column(f"{side}_length").to_numpy() for side in ("source", "target"))
+    kept = np.flatnonzero((source_lengths <= data_args.max_length) & (target_lengths <= data_args.max_length))
+    if len(kept) < len(train):
+        say(f"--max_length {data_args.max_length}: {len(train) - len(kept)} of "
+            f"{len(train)} training pairs are longer (in tokens) and skipped")
+        train, source_lengths, target_lengths = train.select(kept), source_lengths[kept], target_lengths[kept]
     validation = encode(tokenizer, pairs["validation"]) if "validation" in pairs else None
 
     config = model_args.config(tokenizer)
@@ -113,7 +117,7 @@ def main():
     steps_per_epoch = len(first_epoch) // per_step
     if steps_per_epoch == 0:
         raise SystemExit(f"{len(first_epoch)} batches cannot fill one optimizer step of {per_step}: lower --tokens_per_step")
-    say(f"{len(train_sources)} training pairs, vocabulary {len(tokenizer)}, "
+    say(f"{len(train)} training pairs, vocabulary {len(tokenizer)}, "
         f"{accelerator.unwrap_model(model).num_parameters() / 1e6:.1f}M parameters "
         f"({distributed['parameters_held_by_the_main_process']:,} held by the main process), {world} process(es), "
         f"{accumulation} accumulated batch(es) of <= {args.max_tokens} tokens per step, "
@@ -166,7 +170,11 @@ def main():
             batches = token_batches(source_lengths, target_lengths, args.max_tokens, args.seed, epoch)
         offset = (step % steps_per_epoch) * per_step
         mine = [batches[offset + a * world + rank] for a in range(accumulation)]
-        inputs = [collate(b, train_sources, train_targets, tokenizer.pad_token_id, accelerator.device) for b in mine]
+        inputs = []
+        for batch in mine:  # read from the memory-mapped tokens: this process's rows only
+            rows = train[batch]
+            inputs.append(collate(range(len(batch)), rows["source_ids"], rows["target_ids"], tokenizer.pad_token_id,
+                                  accelerator.device))
         loss, step_tokens = accumulate_gradients(accelerator, model, inputs, args.label_smoothing)
         learning_rate = scheduler.get_last_lr()[0]
         fault_point(f"step-{step + 1}")
