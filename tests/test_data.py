@@ -1,9 +1,11 @@
 """Data, tokenizer and batching of the recipe (§5.1)."""
 
+import itertools
 import json
 
 import numpy as np
 import pytest
+from datasets import Dataset
 from transformers import AutoTokenizer
 
 from training.batching import padding_fraction, token_batches
@@ -130,7 +132,8 @@ def test_the_training_tokens_are_built_once_read_memory_mapped_and_rebuilt_for_o
     tokenizer.save_pretrained(tmp_path)
     main = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
     said = []
-    tokens = token_dataset(main, pairs, tokenizer, tmp_path, said.append)
+    rows = Dataset.from_dict({"source": [s for s, _ in pairs], "target": [t for _, t in pairs]})
+    tokens = token_dataset(main, rows, tokenizer, tmp_path, said.append)
     assert tokens.cache_files and all(f["filename"].startswith(str(tmp_path / "tokens")) for f in tokens.cache_files)
     for row, (source, target) in zip(tokens, pairs):
         assert row["source_ids"] == tokenizer(source)["input_ids"]
@@ -139,12 +142,41 @@ def test_the_training_tokens_are_built_once_read_memory_mapped_and_rebuilt_for_o
     assert len(tokens) == len(pairs) and len(said) == 1  # "300 training pairs tokenized into ..."
     built = (tmp_path / "tokens" / "fingerprint.json").stat().st_mtime_ns
     other_process = SimpleNamespace(is_main_process=False, wait_for_everyone=lambda: None)
-    assert token_dataset(other_process, pairs, None, tmp_path, said.append)["source_ids"] == tokens["source_ids"]
-    token_dataset(main, pairs, tokenizer, tmp_path, said.append)  # resumed: the same pairs and tokenizer
+    assert token_dataset(other_process, rows, None, tmp_path, said.append)["source_ids"] == tokens["source_ids"]
+    token_dataset(main, rows, tokenizer, tmp_path, said.append)  # resumed: the same pairs and tokenizer
     assert (tmp_path / "tokens" / "fingerprint.json").stat().st_mtime_ns == built and len(said) == 1
-    fewer = token_dataset(main, pairs[:100], tokenizer, tmp_path, said.append)
+    fewer = token_dataset(main, rows.select(range(100)), tokenizer, tmp_path, said.append)
     assert len(fewer) == 100 and "tokenized from other pairs or by another tokenizer" in said[1]
     other = train_joint_bpe((side for pair in pairs for side in pair), 120)
     other.save_pretrained(tmp_path)
-    again = token_dataset(main, pairs[:100], other, tmp_path, said.append)
+    again = token_dataset(main, rows.select(range(100)), other, tmp_path, said.append)
     assert "tokenizing again" in said[3] and again[0]["source_ids"] == other(pairs[0][0])["input_ids"]
+
+
+def test_the_embedded_data_gives_todays_tokenizer_and_lengths_through_datasets(tmp_path):
+    """The pipeline on datasets (Arrow files read a thousand pairs at a time) gives what the lists gave: the same
+    joint BPE, the same token lengths, so the same batches for the same seed (the batching test above); a BPE
+    sample trains on that many pairs."""
+    from types import SimpleNamespace
+
+    from training.batching import encode
+    from training.data import load_splits
+    from training.tokenizer import corpus_texts
+    from training.tokens import token_dataset
+
+    rows = load_splits("en", "de")["train"]
+    pairs = load_pairs("en", "de")["train"]
+    assert len(rows) == len(pairs) == 30000 and rows[0] == {"source": pairs[0][0], "target": pairs[0][1]}
+    assert list(itertools.islice(corpus_texts(rows), 4)) == [pairs[0][0], pairs[0][1], pairs[1][0], pairs[1][1]]
+    listed = train_joint_bpe((side for pair in pairs for side in pair), 500)
+    streamed = train_joint_bpe(corpus_texts(rows), 500)
+    assert streamed.backend_tokenizer.to_str() == listed.backend_tokenizer.to_str()
+    streamed.save_pretrained(tmp_path)
+    tokens = token_dataset(SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None), rows, streamed,
+                           tmp_path, lambda line: None)
+    sources, targets = encode(listed, pairs)
+    assert tokens["source_length"] == [len(s) for s in sources]
+    assert tokens["target_length"] == [len(t) for t in targets]
+    sample = list(corpus_texts(rows, sample=50, seed=1))
+    assert len(sample) == 100 and sample != list(itertools.islice(corpus_texts(rows), 100))
+    assert set(sample[::2]) <= {source for source, _ in pairs}

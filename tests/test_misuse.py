@@ -42,6 +42,7 @@ def data(tmp_path):
 
 @pytest.mark.parametrize(("flags", "named"), [
     (["--logging_steps", "0"], "--logging_steps 0"),
+    (["--bpe_sample", "0"], "--bpe_sample 0"),
     (["--average_checkpoints", "-1"], "--average_checkpoints -1"),
     (["--warmup_share", "1.5"], "--warmup_share 1.5"),
     (["--max_train_minutes", "0"], "--max_train_minutes 0"),
@@ -106,6 +107,10 @@ def test_missing_misaligned_and_non_utf8_data_are_one_line_errors(tmp_path, monk
     (tmp_path / "r.de").write_text("Kaffee.\n")
     message = refused(monkeypatch, *TINY, "--train_file", str(tmp_path / "r"), "--output_dir", str(out))
     assert "r.en is not UTF-8" in message and "line 1" in message
+    (tmp_path / "e.en").write_text("")
+    (tmp_path / "e.de").write_text("")
+    message = refused(monkeypatch, *TINY, *data, "--validation_file", str(tmp_path / "e"), "--output_dir", str(out))
+    assert message == f"error: the validation split has no pairs ({tmp_path / 'e'})"
     assert not (out / "tokenizer.json").exists()
 
 

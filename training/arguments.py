@@ -22,6 +22,9 @@ class DataArguments:
     source_lang: str = field(default="en")
     target_lang: str = field(default="de")
     max_length: int = field(default=256, metadata={"help": "Training pairs longer than this (in tokens) are skipped."})
+    bpe_sample: int | None = field(default=None, metadata={
+        "help": "Train the joint BPE on this many training pairs drawn at random (default: all of them; for a corpus "
+                "of millions of pairs, where every sentence would take long)."})
     card_dataset: str | None = field(default=None, metadata={
         "help": "The data's Hub dataset id, for the model card's metadata (default: --dataset_name; none for files)."})
     card_license: str | None = field(default=None, metadata={
@@ -132,7 +135,8 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
                 "eval_max_sentences": (args.eval_max_sentences, 1), "save_steps": (args.save_steps, 0),
                 "save_minutes": (args.save_minutes, 0), "average_checkpoints": (args.average_checkpoints, 1),
                 "evaluations": (args.evaluations, 0), "num_beams": (args.num_beams, 1),
-                "length_penalty_alpha": (args.length_penalty_alpha, 0), "max_grad_norm": (args.max_grad_norm, 0)}
+                "length_penalty_alpha": (args.length_penalty_alpha, 0), "max_grad_norm": (args.max_grad_norm, 0),
+                "bpe_sample": (1 if data_args.bpe_sample is None else data_args.bpe_sample, 1)}
     for name, (value, low) in at_least.items():
         if value < low:
             raise SystemExit(f"error: --{name} {value}: must be at least {low}")

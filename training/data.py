@@ -1,73 +1,123 @@
-"""Parallel text in, sentence pairs out: a Hub dataset with a `translation` column, JSON lines files
-(`{"translation": {"en": "...", "de": "..."}}`), plain aligned text files (`PREFIX.en` / `PREFIX.de`, one
+"""Parallel text in, `datasets` out: a Hub dataset with a `translation` column (or one column per language), JSON
+lines files (`{"translation": {"en": "...", "de": "..."}}`), plain aligned text files (`PREFIX.en` / `PREFIX.de`, one
 sentence per line), or — with none of those — the embedded default dataset of `training/data/default/`.
+
+Every source becomes, per split, a `datasets.Dataset` of `source` and `target` strings, written once as Arrow into
+datasets' cache and memory-mapped from there: no process holds the corpus in its own memory.
 """
 
+import itertools
 from pathlib import Path
 
 import datasets
 
-from vaswani_hf.text import read_lines
+from vaswani_hf.text import decode_utf8
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "default"
 SPLITS = ("train", "validation", "test")
+PAIR_FEATURES = datasets.Features({"source": datasets.Value("string"), "target": datasets.Value("string")})
 
 
-def load_pairs(source_lang: str, target_lang: str, dataset_name: str | None = None,
-               dataset_config_name: str | None = None, files: dict[str, str | None] | None = None,
-               ) -> dict[str, list[tuple[str, str]]]:
-    """{split: [(source, target), ...]} for the splits that exist."""
+def load_splits(source_lang: str, target_lang: str, dataset_name: str | None = None,
+                dataset_config_name: str | None = None, files: dict[str, str | None] | None = None,
+                ) -> dict[str, datasets.Dataset]:
+    """{split: Dataset of `source` and `target`} for the splits that exist; a missing, misaligned or unreadable
+    file, or languages the data lacks, is a one-line OSError or ValueError."""
     files = {split: path for split, path in (files or {}).items() if path}
     if dataset_name:
         raw = datasets.load_dataset(dataset_name, dataset_config_name)
         raw = {("validation" if split == "valid" else split): raw[split] for split in raw}
-        return {split: _pairs(rows, source_lang, target_lang) for split, rows in raw.items() if split in SPLITS}
+        return {split: _columns(rows, source_lang, target_lang) for split, rows in raw.items() if split in SPLITS}
     if not files:
         files = {split: str(DEFAULT_DATA / f"{split}.jsonl") for split in SPLITS}
-    pairs = {}
+    splits = {}
     for split, path in files.items():
         if path.endswith((".json", ".jsonl")):
             if not Path(path).is_file():
                 raise FileNotFoundError(f"--{split}_file {path}: no such file")
-            rows = datasets.load_dataset("json", data_files=path, split="train")
-            pairs[split] = _pairs(rows, source_lang, target_lang)
+            splits[split] = _columns(datasets.load_dataset("json", data_files=path, split="train"), source_lang,
+                                     target_lang)
         else:
-            pairs[split] = _aligned_text(path, source_lang, target_lang, split)
-    return pairs
+            splits[split] = _aligned_text(path, source_lang, target_lang, split)
+    return splits
 
 
-def _pairs(rows, source_lang: str, target_lang: str) -> list[tuple[str, str]]:
+def load_pairs(*args, **kwargs) -> dict[str, list[tuple[str, str]]]:
+    """`load_splits` as lists of (source, target) pairs, for the small splits and small corpora."""
+    return {split: as_pairs(rows) for split, rows in load_splits(*args, **kwargs).items()}
+
+
+def as_pairs(rows: datasets.Dataset) -> list[tuple[str, str]]:
+    return list(zip(rows["source"], rows["target"]))
+
+
+def _translation_columns(batch: dict, source_lang: str, target_lang: str) -> dict[str, list[str]]:
+    return {"source": [pair[source_lang] for pair in batch["translation"]],
+            "target": [pair[target_lang] for pair in batch["translation"]]}
+
+
+def _columns(rows: datasets.Dataset, source_lang: str, target_lang: str) -> datasets.Dataset:
     if "translation" in rows.column_names:
-        first = rows[0]["translation"]
-        if source_lang not in first or target_lang not in first:
-            raise ValueError(f"the translation column has languages {sorted(first)}, not {source_lang} and {target_lang}")
-        return [(row[source_lang], row[target_lang]) for row in rows["translation"]]
+        languages = rows.features["translation"]
+        languages = getattr(languages, "languages", None) or (sorted(rows[0]["translation"]) if len(rows) else [])
+        if len(rows) and (source_lang not in languages or target_lang not in languages):
+            raise ValueError(f"the translation column has languages {sorted(languages)}, not {source_lang} and "
+                             f"{target_lang}")
+        return rows.map(_translation_columns, batched=True, remove_columns=rows.column_names,
+                        fn_kwargs={"source_lang": source_lang, "target_lang": target_lang})
     if source_lang in rows.column_names and target_lang in rows.column_names:  # e.g. bentrevett/multi30k
-        return list(zip(rows[source_lang], rows[target_lang]))
+        return rows.select_columns([source_lang, target_lang]).rename_columns(
+            {source_lang: "source", target_lang: "target"})
     raise ValueError(f"no 'translation' column and no '{source_lang}'/'{target_lang}' columns in {rows.column_names}")
 
 
-def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str) -> list[tuple[str, str]]:
-    sides = []
+def _aligned_rows(paths: tuple[str, str], names: tuple[str, str], prefix: str, split: str, stamp: tuple):
+    """The pairs of two aligned files, read line by line (split at "\\n" only, as `wc -l` counts); `stamp` (sizes and
+    modification times) is there for datasets' cache key only."""
+    with open(paths[0], "rb") as source, open(paths[1], "rb") as target:
+        for number, lines in enumerate(itertools.zip_longest(source, target), 1):
+            if None in lines:
+                counts = [number - 1 + sum(1 for _ in side) + (line is not None) for side, line in
+                          zip((source, target), lines)]
+                raise ValueError(f"--{split}_file {prefix}: {counts[0]} {names[0]} lines but {counts[1]} {names[1]} "
+                                 f"lines")
+            yield dict(zip(("source", "target"), (
+                decode_utf8(line.removesuffix(b"\n").removesuffix(b"\r"), path, number)
+                for line, path in zip(lines, paths))))
+
+
+def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str) -> datasets.Dataset:
+    paths = []
     for lang in (source_lang, target_lang):
         path = Path(f"{prefix}.{lang}")
         if not path.is_file():
             raise FileNotFoundError(f"--{split}_file {prefix}: expected JSON lines or aligned {path}, not found")
-        sides.append(read_lines(path))
-    if len(sides[0]) != len(sides[1]):
-        raise ValueError(f"--{split}_file {prefix}: {len(sides[0])} {source_lang} lines but {len(sides[1])} {target_lang} lines")
-    return list(zip(*sides))
+        paths.append(str(path))
+    stamp = tuple((Path(path).stat().st_size, Path(path).stat().st_mtime_ns) for path in paths)
+    if not any(size for size, _ in stamp):
+        raise ValueError(f"the {split} split has no pairs ({prefix})")
+    try:  # tuples: datasets would shard a list among workers
+        return datasets.Dataset.from_generator(_aligned_rows, features=PAIR_FEATURES, gen_kwargs={
+            "paths": tuple(paths), "names": (source_lang, target_lang), "prefix": prefix, "split": split,
+            "stamp": stamp})
+    except datasets.exceptions.DatasetGenerationError as error:
+        cause = error.__cause__ or error.__context__
+        raise cause if isinstance(cause, ValueError) else error from None
 
 
-def load_run_pairs(data_args) -> dict[str, list[tuple[str, str]]]:
-    """The pairs of a training run's data flags (training/arguments.py DataArguments); a missing, misaligned or
-    unreadable file, or no training split, is a one-line SystemExit."""
+def load_run_data(data_args) -> dict[str, datasets.Dataset]:
+    """The splits of a training run's data flags (training/arguments.py DataArguments); a missing, misaligned or
+    unreadable file, an empty split, or no training split, is a one-line SystemExit."""
     files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
     try:
-        pairs = load_pairs(data_args.source_lang, data_args.target_lang, data_args.dataset_name,
-                           data_args.dataset_config_name, files)
+        splits = load_splits(data_args.source_lang, data_args.target_lang, data_args.dataset_name,
+                             data_args.dataset_config_name, files)
     except (OSError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
-    if "train" not in pairs:
-        raise SystemExit("error: no training data: give --dataset_name or --train_file (or neither, for the embedded data)")
-    return pairs
+    if "train" not in splits:
+        raise SystemExit("error: no training data: give --dataset_name or --train_file (or neither, for the embedded "
+                         "data)")
+    for split, rows in splits.items():
+        if len(rows) == 0:
+            raise SystemExit(f"error: the {split} split has no pairs ({files.get(split) or data_args.dataset_name})")
+    return splits

@@ -51,10 +51,12 @@ class TrainingData:
     example: str  # a source sentence for the card's code samples
 
 
-def training_data(data_args: DataArguments, pairs: dict[str, list[tuple[str, str]]]) -> TrainingData:
-    """The card's account of a run's data flags and the pairs they gave."""
+def training_data(data_args: DataArguments, pairs: dict) -> TrainingData:
+    """The card's account of a run's data flags and the pairs they gave (per split, a list of (source, target) or a
+    dataset of `source` and `target`)."""
     sizes = {split: len(rows) for split, rows in pairs.items()}
-    example = (pairs.get("test") or pairs.get("validation") or pairs["train"])[0][0]
+    first = (pairs.get("test") or pairs.get("validation") or pairs["train"])[0]
+    example = first["source"] if isinstance(first, dict) else first[0]
     if data_args.dataset_name:
         config = f" ({data_args.dataset_config_name})" if data_args.dataset_config_name else ""
         return TrainingData(f"the Hub dataset {data_args.dataset_name}{config}",

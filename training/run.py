@@ -52,7 +52,7 @@ from training.checkpoints import (  # noqa: E402
     resolve_checkpoint,
     save_checkpoint,
 )
-from training.data import load_run_pairs  # noqa: E402
+from training.data import as_pairs, load_run_data  # noqa: E402
 from training.distributed import (  # noqa: E402
     clip_gradients,
     describe,
@@ -68,7 +68,7 @@ from training.hub import write_output_folder  # noqa: E402
 from training.loss import label_smoothed_nll  # noqa: E402
 from training.recipe import NOT_RECIPE, recipe_deviations, training_data  # noqa: E402
 from training.schedule import inverse_sqrt_lr, paper_optimizer  # noqa: E402
-from training.tokenizer import train_joint_bpe  # noqa: E402
+from training.tokenizer import corpus_texts, train_joint_bpe  # noqa: E402
 from training.tokens import token_dataset  # noqa: E402
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory  # noqa: E402
 from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
@@ -84,13 +84,16 @@ def main():
     say = accelerator.print
 
     # Data and the joint BPE: trained once by the main process, read by every process.
-    pairs = load_run_pairs(data_args)
+    with accelerator.main_process_first():  # Arrow in datasets' cache: written once, then memory-mapped by all
+        data = load_run_data(data_args)
+    pairs = {split: as_pairs(rows) for split, rows in data.items() if split != "train"}  # validation, test: small
     if accelerator.is_main_process and not resumed:
-        tokenizer = train_joint_bpe((side for pair in pairs["train"] for side in pair), model_args.vocab_size)
+        texts = corpus_texts(data["train"], data_args.bpe_sample, args.seed)
+        tokenizer = train_joint_bpe(texts, model_args.vocab_size)
         tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()
     tokenizer = AutoTokenizer.from_pretrained(output_dir)
-    train = token_dataset(accelerator, pairs["train"], tokenizer, output_dir, say)  # memory-mapped: training/tokens.py
+    train = token_dataset(accelerator, data["train"], tokenizer, output_dir, say)  # memory-mapped: training/tokens.py
     source_lengths, target_lengths = (train.data.column(f"{side}_length").to_numpy() for side in ("source", "target"))
     kept = np.flatnonzero((source_lengths <= data_args.max_length) & (target_lengths <= data_args.max_length))
     if len(kept) < len(train):
@@ -247,7 +250,8 @@ def main():
         metrics = {"train_steps": step, "train_minutes": state["elapsed_seconds"] / 60, "distributed": distributed,
                    "averaged_checkpoints": [p.name for p in averaged], "history": state["history"]}
         metrics.update(final_evaluation(final, tokenizer, pairs, validation, args, say))
-        publish(final, tokenizer, output_dir, metrics, pairs, data_args, model_args, args, say)
+        publish(final, tokenizer, output_dir, metrics, {"train": data["train"], **pairs}, data_args, model_args, args,
+                say)
     accelerator.wait_for_everyone()
     accelerator.end_training()
 

@@ -36,7 +36,7 @@ from transformers import (
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from training.arguments import DataArguments, ModelArguments, read_preset  # noqa: E402
-from training.data import load_run_pairs  # noqa: E402
+from training.data import as_pairs, load_run_data  # noqa: E402
 from training.evaluation import score, translate  # noqa: E402
 from training.hub import write_output_folder  # noqa: E402
 from training.recipe import training_data  # noqa: E402
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None):
     if not training_args.resume_from_checkpoint and output_dir.is_dir() and any(output_dir.iterdir()):
         raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with --resume_from_checkpoint, "
                          "or choose another folder")
-    pairs = load_run_pairs(data_args)
+    pairs = {split: as_pairs(rows) for split, rows in load_run_data(data_args).items()}  # Trainer datasets: lists
     with training_args.main_process_first():  # the main process trains the joint BPE, the others read it
         if not (output_dir / "tokenizer.json").is_file():
             train_joint_bpe((side for pair in pairs["train"] for side in pair), model_args.vocab_size).save_pretrained(output_dir)

@@ -2,7 +2,9 @@
 37000 tokens." A joint BPE trained with `tokenizers`, saved as a fast tokenizer that `AutoTokenizer` loads.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+
+import datasets
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -26,3 +28,14 @@ def train_joint_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
+
+
+def corpus_texts(rows: datasets.Dataset, sample: int | None = None, seed: int = 0) -> Iterator[str]:
+    """The source and the target of each pair of `rows`, in order, or of `sample` pairs drawn at random: what
+    `train_joint_bpe` reads, a thousand pairs at a time, never the whole corpus at once."""
+    if sample is not None and sample < len(rows):
+        rows = rows.shuffle(seed=seed).select(range(sample))
+    for batch in rows.iter(batch_size=1000):
+        for source, target in zip(batch["source"], batch["target"]):
+            yield source
+            yield target

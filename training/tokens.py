@@ -24,12 +24,9 @@ FEATURES = datasets.Features({"source_ids": datasets.Sequence(datasets.Value("in
 PARALLEL_FROM = 100_000  # pairs; fewer are tokenized in the main process alone (starting workers costs more)
 
 
-def fingerprint(pairs: list[tuple[str, str]], tokenizer_file: Path) -> dict[str, str]:
-    """SHA-256 of the pairs, in order, and of the tokenizer's file."""
-    digest = hashlib.sha256()
-    for source, target in pairs:
-        digest.update(f"{len(source)}:{source}{len(target)}:{target}".encode())
-    return {"pairs": digest.hexdigest(), "tokenizer": hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()}
+def fingerprint(rows: datasets.Dataset, tokenizer_file: Path) -> dict[str, str]:
+    """The pairs' datasets fingerprint (of their files, or their content) and the SHA-256 of the tokenizer's file."""
+    return {"pairs": rows._fingerprint, "tokenizer": hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()}
 
 
 def encode_batch(batch: dict[str, list[str]], backend: Tokenizer) -> dict[str, list]:
@@ -38,31 +35,36 @@ def encode_batch(batch: dict[str, list[str]], backend: Tokenizer) -> dict[str, l
             "target_length": [len(ids) for ids in targets]}
 
 
-def build(pairs: list[tuple[str, str]], tokenizer, folder: Path, stamp: dict[str, str]) -> None:
-    """Tokenize `pairs` into `folder` (written under another name and renamed when complete)."""
+def build(rows: datasets.Dataset, tokenizer, folder: Path, stamp: dict[str, str]) -> None:
+    """Tokenize `rows` into `folder` (written under another name and renamed when complete)."""
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    raw = datasets.Dataset.from_dict({"source": [s for s, _ in pairs], "target": [t for _, t in pairs]})
     # The ids `tokenizer(text)["input_ids"]` gives, from its Rust tokenizer without offsets (about twice as fast),
     # unpadded and untruncated whatever its file asks for.
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     backend.no_padding()
     backend.no_truncation()
-    tokens = raw.map(encode_batch, batched=True, batch_size=1000, fn_kwargs={"backend": backend},
-                     remove_columns=raw.column_names, features=FEATURES, new_fingerprint=stamp["pairs"][:32],
-                     num_proc=os.cpu_count() if len(pairs) >= PARALLEL_FROM else None)
+    partial.mkdir(parents=True)
+    tokens = rows.map(encode_batch, batched=True, batch_size=1000, fn_kwargs={"backend": backend},
+                      remove_columns=rows.column_names, features=FEATURES, load_from_cache_file=False,
+                      cache_file_name=str(partial / "tokens.arrow"),  # not datasets' cache: the run's folder only
+                      new_fingerprint=hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32],
+                      num_proc=os.cpu_count() if len(rows) >= PARALLEL_FROM else None)
     tokens.save_to_disk(str(partial / "dataset"))
+    for written in partial.glob("tokens*.arrow"):  # the map's own files, copied into the saved dataset
+        written.unlink()
     (partial / "fingerprint.json").write_text(json.dumps(stamp))
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(partial, folder)
 
 
-def token_dataset(accelerator, pairs: list[tuple[str, str]], tokenizer, output_dir: Path, say) -> datasets.Dataset:
-    """`pairs` as token ids (`source_ids`, `target_ids` and their lengths), memory-mapped from `output_dir/tokens`:
-    built by the main process unless it holds these pairs tokenized by this tokenizer, read by every process."""
+def token_dataset(accelerator, rows: datasets.Dataset, tokenizer, output_dir: Path, say) -> datasets.Dataset:
+    """`rows` (their `source` and `target`) as token ids (`source_ids`, `target_ids` and their lengths),
+    memory-mapped from `output_dir/tokens`: built by the main process unless it holds these pairs tokenized by this
+    tokenizer, read by every process."""
     folder = output_dir / FOLDER
     if accelerator.is_main_process:
-        stamp = fingerprint(pairs, output_dir / "tokenizer.json")
+        stamp = fingerprint(rows, output_dir / "tokenizer.json")
         try:
             stored = json.loads((folder / "fingerprint.json").read_text())
         except (OSError, ValueError):
@@ -73,9 +75,9 @@ def token_dataset(accelerator, pairs: list[tuple[str, str]], tokenizer, output_d
             start = time.time()
             datasets.disable_progress_bars()
             try:
-                build(pairs, tokenizer, folder, stamp)
+                build(rows, tokenizer, folder, stamp)
             finally:
                 datasets.enable_progress_bars()
-            say(f"{len(pairs):,} training pairs tokenized into {folder} in {time.time() - start:.1f} s")
+            say(f"{len(rows):,} training pairs tokenized into {folder} in {time.time() - start:.1f} s")
     accelerator.wait_for_everyone()
     return datasets.load_from_disk(str(folder / "dataset"))
