@@ -380,7 +380,7 @@ def test_dropout_fitted_to_half_way_up_its_ramp_trains_as_that_dropout_and_the_c
     launch(tmp_path / "constant", *flags, "--dropout", "0.05")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "constant")
     rows = [json.loads(line)["translation"] for line in Path(small_data[1]).read_text().splitlines()]
-    sources, targets = encode(tokenizer, [(r["en"], r["de"]) for r in rows], 256)
+    sources, targets = encode(tokenizer, [(r["en"], r["de"]) for r in rows])  # none over --max_length 256
     steps_per_epoch = len(token_batches([len(x) for x in sources], [len(x) for x in targets], 400, 3, 0)) // 2
     launch(tmp_path / "fitted", *flags, "--dropout", "0.1", "--dropout_epochs", "0", repr(8 / steps_per_epoch))
     assert [h["loss"] for h in history(tmp_path / "fitted")] == [h["loss"] for h in history(tmp_path / "constant")]

@@ -46,14 +46,9 @@ def padding_fraction(batches: list[np.ndarray], source_lengths, target_lengths) 
     return 1 - real / padded if padded else 0.0
 
 
-def encode(tokenizer, pairs, max_length=None):
-    """Token ids of sources and targets; both end with </s>."""
-    sources = tokenizer([s for s, _ in pairs])["input_ids"]
-    targets = tokenizer([t for _, t in pairs])["input_ids"]
-    if max_length:
-        kept = [i for i in range(len(pairs)) if len(sources[i]) <= max_length and len(targets[i]) <= max_length]
-        sources, targets = [sources[i] for i in kept], [targets[i] for i in kept]
-    return sources, targets
+def encode(tokenizer, pairs):
+    """Token ids of sources and targets (small sets: validation, test); both end with </s>."""
+    return tokenizer([s for s, _ in pairs])["input_ids"], tokenizer([t for _, t in pairs])["input_ids"]
 
 
 def collate(indices, sources, targets, pad_id, device):

@@ -2,7 +2,7 @@
 
 The main process tokenizes the pairs with the fast tokenizer in batched `datasets.map` calls (over the machine's
 cores for a large corpus) and saves them; every process then opens the folder memory-mapped
-(`datasets.load_from_disk`), reads the lengths as arrays for §5.1's batching, and reads only the rows of its own
+(`datasets.Dataset.from_file`), reads the lengths as arrays for §5.1's batching, and reads only the rows of its own
 batches. The folder's `fingerprint.json` names the pairs and the tokenizer it was built from: a resumed run reuses
 it, and one built from other pairs or another tokenizer is built again, with a line that says so.
 """
@@ -45,14 +45,11 @@ def build(rows: datasets.Dataset, tokenizer, folder: Path, stamp: dict[str, str]
     backend.no_padding()
     backend.no_truncation()
     partial.mkdir(parents=True)
-    tokens = rows.map(encode_batch, batched=True, batch_size=1000, fn_kwargs={"backend": backend},
-                      remove_columns=rows.column_names, features=FEATURES, load_from_cache_file=False,
-                      cache_file_name=str(partial / "tokens.arrow"),  # not datasets' cache: the run's folder only
-                      new_fingerprint=hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32],
-                      num_proc=os.cpu_count() if len(rows) >= PARALLEL_FROM else None)
-    tokens.save_to_disk(str(partial / "dataset"))
-    for written in partial.glob("tokens*.arrow"):  # the map's own files, copied into the saved dataset
-        written.unlink()
+    rows.map(encode_batch, batched=True, batch_size=1000, fn_kwargs={"backend": backend},
+             remove_columns=rows.column_names, features=FEATURES, load_from_cache_file=False,
+             cache_file_name=str(partial / "tokens.arrow"),  # in the run's folder, not datasets' cache
+             new_fingerprint=hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32],
+             num_proc=os.cpu_count() if len(rows) >= PARALLEL_FROM else None)
     (partial / "fingerprint.json").write_text(json.dumps(stamp))
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(partial, folder)
@@ -80,4 +77,6 @@ def token_dataset(accelerator, rows: datasets.Dataset, tokenizer, output_dir: Pa
                 datasets.enable_progress_bars()
             say(f"{len(rows):,} training pairs tokenized into {folder} in {time.time() - start:.1f} s")
     accelerator.wait_for_everyone()
-    return datasets.load_from_disk(str(folder / "dataset"))
+    # tokens.arrow, or with worker processes tokens_00000_of_0000N.arrow, ...: in order when sorted
+    return datasets.concatenate_datasets([datasets.Dataset.from_file(str(path))
+                                          for path in sorted(folder.glob("tokens*.arrow"))])
