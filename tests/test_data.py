@@ -114,6 +114,35 @@ def test_token_batches_on_arrays_are_the_pair_by_pair_batches(max_tokens):
             arrays = [np.asarray(side) for side in lengths]
             assert as_lists(token_batches(*arrays, max_tokens, seed, epoch)) == expected
 
+def test_the_word_cached_encoder_gives_the_tokenizers_ids_on_any_text():
+    """training/tokens.py WordEncoder against the tokenizer itself: the embedded data, and random text mixing the
+    cases its shortcuts must get right (spaces and ▁, tabs, Latin-1's compatibility characters, combining marks,
+    full-width letters, ligatures, special tokens' strings, text NFKC changes into spaces or special tokens), with
+    a cache small enough to be emptied along the way."""
+    import random
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer
+
+    from training.tokens import WordEncoder
+
+    pairs = generate()["train"][:2000]
+    tokenizer = train_joint_bpe((side for pair in pairs for side in pair), 300)
+    encoder = WordEncoder(tokenizer)
+    encoder.CACHE_WORDS = 50
+    texts = [side for pair in pairs for side in pair]
+    pieces = [" ", "  ", "\t", "\u2581", "\u00a0", "\u00b2", "\u00bd", "\u00e4", "a\u0308", "\u00df", "\ufb01", "\uff21",
+              "\uff1c/s\uff1e", "</s>", "<pad>", "<unk", "\u201ehallo\u201c", "\u2013", "\u3000", "\U0001d400", "e", "The",
+              "Hund", "x\u0301y", "\u212b", "\u2460", "."]
+    rng = random.Random(0)
+    texts += ["".join(rng.choices(pieces, k=rng.randint(0, 12))) for _ in range(3000)] + ["", " ", "\u2581"]
+    assert encoder(texts) == tokenizer(texts)["input_ids"]
+    without_eos = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    without_eos.post_processor = None
+    with pytest.raises(ValueError, match="joint BPE"):
+        WordEncoder(SimpleNamespace(backend_tokenizer=without_eos))
+
+
 @pytest.mark.parametrize("parallel_from", [10**9, 1])  # in the main process, and over worker processes
 def test_the_training_tokens_are_built_once_read_memory_mapped_and_rebuilt_for_other_data(tmp_path, monkeypatch,
                                                                                          parallel_from):

@@ -2,6 +2,7 @@
 37000 tokens." A joint BPE trained with `tokenizers`, saved as a fast tokenizer that `AutoTokenizer` loads.
 """
 
+import json
 from collections.abc import Iterable, Iterator
 
 import datasets
@@ -21,13 +22,27 @@ def train_joint_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     tokenizer.decoder = decoders.Metaspace()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
     tokenizer.train_from_iterator(texts, trainer)
-    eos_id = tokenizer.token_to_id("</s>")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", eos_id)]
-    )
+    tokenizer.post_processor = eos_appended(tokenizer.token_to_id("</s>"))
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
+
+
+def eos_appended(eos_id: int) -> processors.TemplateProcessing:
+    return processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", eos_id)])
+
+
+def is_joint_bpe(backend: Tokenizer) -> bool:
+    """Whether a Rust tokenizer has `train_joint_bpe`'s pipeline (NFKC, Metaspace, BPE without dropout, </s>
+    appended), whatever its vocabulary."""
+    spec, eos_id = json.loads(backend.to_str()), backend.token_to_id("</s>")
+    reference = Tokenizer(models.BPE())
+    reference.normalizer, reference.pre_tokenizer = normalizers.NFKC(), pre_tokenizers.Metaspace()
+    if eos_id is not None:
+        reference.post_processor = eos_appended(eos_id)
+    expected = json.loads(reference.to_str())
+    return eos_id is not None and spec["model"]["type"] == "BPE" and spec["model"]["dropout"] is None and all(
+        spec[part] == expected[part] for part in ("normalizer", "pre_tokenizer", "post_processor"))
 
 
 def corpus_texts(rows: datasets.Dataset, sample: int | None = None, seed: int = 0) -> Iterator[str]:
