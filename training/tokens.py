@@ -10,9 +10,11 @@ it, and one built from other pairs or another tokenizer is built again, with a l
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 import unicodedata
+from itertools import chain
 from pathlib import Path
 
 import datasets
@@ -24,6 +26,7 @@ FOLDER = "tokens"
 FEATURES = datasets.Features({"source_ids": datasets.Sequence(datasets.Value("int32")),
                               "target_ids": datasets.Sequence(datasets.Value("int32")),
                               "source_length": datasets.Value("int32"), "target_length": datasets.Value("int32")})
+BEYOND_LATIN_1 = re.compile("[^\x00-\xff]")
 PARALLEL_FROM = 100_000  # pairs; fewer are tokenized in the main process alone (starting workers costs more)
 
 
@@ -50,7 +53,8 @@ class WordEncoder:
             raise ValueError("WordEncoder reads only the joint BPE of training/tokenizer.py")
         self.backend.no_padding()
         self.backend.no_truncation()
-        self.special = [token.content for token in self.backend.get_added_tokens_decoder().values()]
+        self.special = re.compile("|".join(re.escape(token.content) for token in
+                                           self.backend.get_added_tokens_decoder().values()))
         self.eos_id = self.backend.token_to_id("</s>")
         self.words: dict[str, list[int]] = {}
 
@@ -58,22 +62,24 @@ class WordEncoder:
         return [self.encode(text) for text in texts]
 
     def encode(self, text: str) -> list[int]:
-        if any(token in text for token in self.special):
+        if self.special.search(text):
             return self.backend.encode(text).ids
-        if not (text.isascii() or (max(text) <= "\xff" and unicodedata.is_normalized("NFKC", text))):
+        if not (text.isascii() or (not BEYOND_LATIN_1.search(text) and unicodedata.is_normalized("NFKC", text))):
             text = self.backend.normalizer.normalize_str(text)
         if not text:
             return [self.eos_id]
         words = text.replace(" ", "▁").removeprefix("▁").split("▁")  # the words, less the ▁ each starts with
         try:
-            return [i for word in words for i in self.words[word]] + [self.eos_id]
+            ids = list(chain.from_iterable(map(self.words.__getitem__, words)))
         except KeyError:
             if len(self.words) > self.CACHE_WORDS:
                 self.words.clear()
             for word in words:
                 if word not in self.words:
                     self.words[word] = [token.id for token in self.backend.model.tokenize("▁" + word)]
-            return [i for word in words for i in self.words[word]] + [self.eos_id]
+            ids = list(chain.from_iterable(map(self.words.__getitem__, words)))
+        ids.append(self.eos_id)
+        return ids
 
 
 def encode_batch(batch: dict[str, list[str]], encoder: WordEncoder) -> dict[str, list]:
