@@ -70,6 +70,10 @@ def test_token_batches_respect_the_budget_cover_every_pair_and_depend_only_on_se
     assert padding_fraction(batches, source, target) < 0.15  # grouped by length: little padding
     unsorted = [list(range(k, k + len(b))) for k, b in zip(range(0, 2000, 20), batches)]
     assert padding_fraction(batches, source, target) < padding_fraction(unsorted, source, target)
+    for some in (batches, unsorted, batches[:1], [[5]]):  # the formula, pair by pair
+        real = sum(lengths[i] for b in some for i in b for lengths in (source, target))
+        padded = sum(len(b) * max(lengths[i] for i in b) for b in some for lengths in (source, target))
+        assert padding_fraction([np.asarray(b) for b in some], source, target) == pytest.approx(1 - real / padded)
 
 
 def as_lists(batches) -> list[list[int]]:

@@ -20,7 +20,10 @@ def token_batches(source_lengths, target_lengths, max_tokens: int, seed: int, ep
     rng = random.Random(seed * 1_000_003 + epoch)
     noise = np.fromiter((rng.random() for _ in range(len(source))), dtype=np.float64, count=len(source))
     longest = np.maximum(source, target)
-    order = np.lexsort((noise, source, longest))  # by the longer side, then the source, ties at random
+    # By the longer side, then the source, ties at random: a stable sort of the shuffled pairs (np.lexsort's order,
+    # twice as fast).
+    shuffled = np.argsort(noise)
+    order = shuffled[np.argsort((longest * (int(source.max(initial=0)) + 1) + source)[shuffled], kind="stable")]
     sorted_longest = longest[order]
     batches, start = [], 0
     while start < len(order):
@@ -37,12 +40,14 @@ def token_batches(source_lengths, target_lengths, max_tokens: int, seed: int, ep
 
 def padding_fraction(batches: list[np.ndarray], source_lengths, target_lengths) -> float:
     """The share of padding in the padded source and target tensors of these batches."""
+    if not batches:
+        return 0.0
+    starts = np.cumsum([0] + [len(batch) for batch in batches[:-1]])
+    pairs = np.concatenate(batches)
     real = padded = 0
-    for lengths in (np.asarray(source_lengths), np.asarray(target_lengths)):
-        for batch in batches:
-            batch_lengths = lengths[batch]
-            real += int(batch_lengths.sum())
-            padded += len(batch) * int(batch_lengths.max())
+    for lengths in (np.asarray(source_lengths, dtype=np.int64)[pairs], np.asarray(target_lengths, dtype=np.int64)[pairs]):
+        real += int(lengths.sum())
+        padded += int((np.maximum.reduceat(lengths, starts) * np.diff(np.r_[starts, len(pairs)])).sum())
     return 1 - real / padded if padded else 0.0
 
 

@@ -146,7 +146,7 @@ def main():
     window_tokens, window_start = 0, time.time()
     progress = training_progress(budget, args.max_steps, step, last_check, not accelerator.is_local_main_process)
     model.train()
-    epoch, batches = None, None
+    epoch, batches = 0, first_epoch
     # A budgeted run records what it fitted (training/budget.py), or replays such a record instead of the clock.
     fitted = state.setdefault("schedule", {"expected_steps": [], "checkpoints": [], "evaluations": []})
     while step < args.max_steps:
