@@ -57,6 +57,9 @@ def data(tmp_path):
     (["--dropout_epochs", "10"], "--dropout_epochs [10.0]"),
     (["--position_embedding", "learned", "--max_length", "2000"], "--max_length 2000"),
     (["--preset", "cpu-tiny"], "--preset cpu-tiny"),
+    (["--streaming"], "--streaming needs --bpe_sample"),
+    (["--streaming", "--bpe_sample", "100", "--dropout_epochs", "0", "1"], "--dropout_epochs counts epochs"),
+    (["--shuffle_buffer", "0"], "--shuffle_buffer 0"),
 ])
 def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypatch, data, flags, named):
     if "fp16" in flags and torch.cuda.is_available():

@@ -253,6 +253,23 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, smal
     assert_same_weights(killed, whole_run, atol=1e-6)
 
 
+def test_a_streamed_run_on_two_processes_killed_and_resumed_ends_as_an_uninterrupted_one(tmp_path, small_data):
+    """--streaming, two processes, each its own half of the JSON stream in buffers of 50 pairs: killed inside step
+    5, after the checkpoint of step 4 (which holds each process's place in its stream, in the middle of a buffer),
+    and resumed, it trains on what a run that never stopped trains on: the same losses and weights."""
+    flags = [*TINY, *small_data, "--streaming", "--bpe_sample", "500", "--shuffle_buffer", "50", "--dropout", "0.1",
+             "--max_steps", "6", "--save_steps", "2", "--average_checkpoints", "1"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    launch(whole, *flags, processes=2)
+    launch(killed, *flags, processes=2, env_extra={"VASWANI_FAULT": "step-5"}, killed=True)
+    stream = json.loads((killed / "checkpoint-4" / "trainer_state.json").read_text())["stream"]
+    assert len(stream) == 2 and all(place["buffer"] > 0 and place["taken"] > 0 for place in stream)
+    result = launch(killed, *flags, "--resume_from_checkpoint", "latest", processes=2)
+    assert "training pairs streamed" in result.stdout + result.stderr
+    assert [h["loss"] for h in history(killed)] == pytest.approx([h["loss"] for h in history(whole)], rel=1e-6)
+    assert_same_weights(killed, whole, atol=1e-6)
+
+
 @pytest.mark.xdist_group("whole_run")
 def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_as_an_uninterrupted_run(
         tmp_path, small_data, whole_run):

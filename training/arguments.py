@@ -25,6 +25,12 @@ class DataArguments:
     bpe_sample: int | None = field(default=None, metadata={
         "help": "Train the joint BPE on this many training pairs drawn at random (default: all of them; for a corpus "
                 "of millions of pairs, where every sentence would take long)."})
+    streaming: bool = field(default=False, metadata={
+        "help": "Read the training pairs as training goes (datasets' streaming mode), never downloaded or tokenized "
+                "whole: for a corpus larger than the disk should hold. Needs --bpe_sample (the BPE learns from the "
+                "stream's first pairs); each process reads its own shards (training/streaming.py)."})
+    shuffle_buffer: int = field(default=100_000, metadata={
+        "help": "With --streaming: pairs read at a time and grouped into token batches (§5.1) in random order."})
     card_dataset: str | None = field(default=None, metadata={
         "help": "The data's Hub dataset id, for the model card's metadata (default: --dataset_name; none for files)."})
     card_license: str | None = field(default=None, metadata={
@@ -136,7 +142,8 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
                 "save_minutes": (args.save_minutes, 0), "average_checkpoints": (args.average_checkpoints, 1),
                 "evaluations": (args.evaluations, 0), "num_beams": (args.num_beams, 1),
                 "length_penalty_alpha": (args.length_penalty_alpha, 0), "max_grad_norm": (args.max_grad_norm, 0),
-                "bpe_sample": (1 if data_args.bpe_sample is None else data_args.bpe_sample, 1)}
+                "bpe_sample": (1 if data_args.bpe_sample is None else data_args.bpe_sample, 1),
+                "shuffle_buffer": (data_args.shuffle_buffer, 1)}
     for name, (value, low) in at_least.items():
         if value < low:
             raise SystemExit(f"error: --{name} {value}: must be at least {low}")
@@ -151,6 +158,10 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     epochs = args.dropout_epochs
     if epochs is not None and not (len(epochs) == 2 and 0 <= epochs[0] < epochs[1]):
         raise SystemExit(f"error: --dropout_epochs {epochs}: two epoch counts E0 E1 with 0 <= E0 < E1")
+    if data_args.streaming and data_args.bpe_sample is None:
+        raise SystemExit("error: --streaming needs --bpe_sample N: the joint BPE learns from the stream's first N pairs")
+    if data_args.streaming and epochs is not None:
+        raise SystemExit("error: --dropout_epochs counts epochs of a corpus whose size --streaming does not know")
     if any(alpha < 0 for alpha in args.alpha_candidates or []):
         raise SystemExit(f"error: --alpha_candidates {args.alpha_candidates}: α must be at least 0")
     if args.mixed_precision not in ("auto", "no", "fp16", "bf16"):

@@ -51,6 +51,37 @@ def padding_fraction(batches: list[np.ndarray], source_lengths, target_lengths) 
     return 1 - real / padded if padded else 0.0
 
 
+class EpochBatches:
+    """A process's share of the §5.1 batches of a tokenized corpus (training/tokens.py): every process builds the
+    same list per epoch from the lengths alone; an optimizer step takes `accumulation` × processes consecutive
+    batches, this process every num_processes-th of them, and reads only their rows. Pairs longer than
+    `max_length` on either side are left out."""
+
+    def __init__(self, train, max_length: int, max_tokens: int, seed: int, accumulation: int, rank: int, world: int):
+        source, target = (train.data.column(f"{side}_length").to_numpy() for side in ("source", "target"))
+        kept = np.flatnonzero((source <= max_length) & (target <= max_length))
+        self.pairs, self.skipped = len(kept), len(train) - len(kept)
+        if self.skipped:
+            train, source, target = train.select(kept), source[kept], target[kept]
+        self.train, self.lengths, self.max_tokens, self.seed = train, (source, target), max_tokens, seed
+        self.accumulation, self.rank, self.world = accumulation, rank, world
+        self.epoch, self.batches = 0, token_batches(source, target, max_tokens, seed, 0)
+        self.padding = padding_fraction(self.batches, source, target)
+        self.steps_per_epoch = len(self.batches) // (accumulation * world)
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"{len(self.batches)} batches cannot fill one optimizer step of {accumulation * world}: "
+                             "lower --tokens_per_step")
+
+    def step(self, step: int) -> list[tuple[list, list]]:
+        """The source and target ids of this process's batches for optimizer step `step` (counted from 0)."""
+        if self.epoch != step // self.steps_per_epoch:
+            self.epoch = step // self.steps_per_epoch
+            self.batches = token_batches(*self.lengths, self.max_tokens, self.seed, self.epoch)
+        offset = (step % self.steps_per_epoch) * self.accumulation * self.world
+        mine = [self.batches[offset + a * self.world + self.rank] for a in range(self.accumulation)]
+        return [(rows["source_ids"], rows["target_ids"]) for rows in map(self.train.__getitem__, mine)]
+
+
 def encode(tokenizer, pairs):
     """Token ids of sources and targets (small sets: validation, test); both end with </s>."""
     return tokenizer([s for s, _ in pairs])["input_ids"], tokenizer([t for _, t in pairs])["input_ids"]

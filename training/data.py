@@ -3,7 +3,8 @@ lines files (`{"translation": {"en": "...", "de": "..."}}`), plain aligned text 
 sentence per line), or — with none of those — the embedded default dataset of `training/data/default/`.
 
 Every source becomes, per split, a `datasets.Dataset` of `source` and `target` strings, written once as Arrow into
-datasets' cache and memory-mapped from there: no process holds the corpus in its own memory.
+datasets' cache and memory-mapped from there: no process holds the corpus in its own memory. With `streaming`, a
+`datasets.IterableDataset` instead, read as it is iterated and never stored (training/streaming.py).
 """
 
 import itertools
@@ -20,12 +21,13 @@ PAIR_FEATURES = datasets.Features({"source": datasets.Value("string"), "target":
 
 def load_splits(source_lang: str, target_lang: str, dataset_name: str | None = None,
                 dataset_config_name: str | None = None, files: dict[str, str | None] | None = None,
-                ) -> dict[str, datasets.Dataset]:
-    """{split: Dataset of `source` and `target`} for the splits that exist; a missing, misaligned or unreadable
-    file, or languages the data lacks, is a one-line OSError or ValueError."""
+                streaming: bool = False) -> dict[str, datasets.Dataset | datasets.IterableDataset]:
+    """{split: Dataset (IterableDataset with `streaming`) of `source` and `target`} for the splits that exist; a
+    missing, misaligned or unreadable file, or languages the data lacks, is a one-line OSError or ValueError (in a
+    stream, a misaligned or unreadable line only when it is reached)."""
     files = {split: path for split, path in (files or {}).items() if path}
     if dataset_name:
-        raw = datasets.load_dataset(dataset_name, dataset_config_name)
+        raw = datasets.load_dataset(dataset_name, dataset_config_name, streaming=streaming)
         raw = {("validation" if split == "valid" else split): raw[split] for split in raw}
         return {split: _columns(rows, source_lang, target_lang) for split, rows in raw.items() if split in SPLITS}
     if not files:
@@ -35,10 +37,10 @@ def load_splits(source_lang: str, target_lang: str, dataset_name: str | None = N
         if path.endswith((".json", ".jsonl")):
             if not Path(path).is_file():
                 raise FileNotFoundError(f"--{split}_file {path}: no such file")
-            splits[split] = _columns(datasets.load_dataset("json", data_files=path, split="train"), source_lang,
-                                     target_lang)
+            splits[split] = _columns(datasets.load_dataset("json", data_files=path, split="train",
+                                                           streaming=streaming), source_lang, target_lang)
         else:
-            splits[split] = _aligned_text(path, source_lang, target_lang, split)
+            splits[split] = _aligned_text(path, source_lang, target_lang, split, streaming)
     return splits
 
 
@@ -47,7 +49,9 @@ def load_pairs(*args, **kwargs) -> dict[str, list[tuple[str, str]]]:
     return {split: as_pairs(rows) for split, rows in load_splits(*args, **kwargs).items()}
 
 
-def as_pairs(rows: datasets.Dataset) -> list[tuple[str, str]]:
+def as_pairs(rows: datasets.Dataset | datasets.IterableDataset) -> list[tuple[str, str]]:
+    if isinstance(rows, datasets.IterableDataset):
+        return [(row["source"], row["target"]) for row in rows]
     return list(zip(rows["source"], rows["target"]))
 
 
@@ -56,19 +60,21 @@ def _translation_columns(batch: dict, source_lang: str, target_lang: str) -> dic
             "target": [pair[target_lang] for pair in batch["translation"]]}
 
 
-def _columns(rows: datasets.Dataset, source_lang: str, target_lang: str) -> datasets.Dataset:
-    if "translation" in rows.column_names:
-        languages = rows.features["translation"]
-        languages = getattr(languages, "languages", None) or (sorted(rows[0]["translation"]) if len(rows) else [])
-        if len(rows) and (source_lang not in languages or target_lang not in languages):
+def _columns(rows, source_lang: str, target_lang: str):
+    first = next(iter(rows.take(1)), None)  # a stream's columns may be known only from its first row
+    columns = rows.column_names or list(first or [])
+    if "translation" in columns:
+        languages = (rows.features or {}).get("translation")
+        languages = getattr(languages, "languages", None) or (sorted(first["translation"]) if first else [])
+        if first and (source_lang not in languages or target_lang not in languages):
             raise ValueError(f"the translation column has languages {sorted(languages)}, not {source_lang} and "
                              f"{target_lang}")
-        return rows.map(_translation_columns, batched=True, remove_columns=rows.column_names,
+        return rows.map(_translation_columns, batched=True, remove_columns=columns,
                         fn_kwargs={"source_lang": source_lang, "target_lang": target_lang})
-    if source_lang in rows.column_names and target_lang in rows.column_names:  # e.g. bentrevett/multi30k
+    if source_lang in columns and target_lang in columns:  # e.g. bentrevett/multi30k
         return rows.select_columns([source_lang, target_lang]).rename_columns(
             {source_lang: "source", target_lang: "target"})
-    raise ValueError(f"no 'translation' column and no '{source_lang}'/'{target_lang}' columns in {rows.column_names}")
+    raise ValueError(f"no 'translation' column and no '{source_lang}'/'{target_lang}' columns in {columns}")
 
 
 def _aligned_rows(paths: tuple[str, str], names: tuple[str, str], prefix: str, split: str, stamp: tuple):
@@ -86,7 +92,7 @@ def _aligned_rows(paths: tuple[str, str], names: tuple[str, str], prefix: str, s
                 for line, path in zip(lines, paths))))
 
 
-def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str) -> datasets.Dataset:
+def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str, streaming: bool = False):
     paths = []
     for lang in (source_lang, target_lang):
         path = Path(f"{prefix}.{lang}")
@@ -96,8 +102,9 @@ def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str) -
     stamp = tuple((Path(path).stat().st_size, Path(path).stat().st_mtime_ns) for path in paths)
     if not any(size for size, _ in stamp):
         raise ValueError(f"the {split} split has no pairs ({prefix})")
+    kind = datasets.IterableDataset if streaming else datasets.Dataset
     try:  # tuples: datasets would shard a list among workers
-        return datasets.Dataset.from_generator(_aligned_rows, features=PAIR_FEATURES, gen_kwargs={
+        return kind.from_generator(_aligned_rows, features=PAIR_FEATURES, gen_kwargs={
             "paths": tuple(paths), "names": (source_lang, target_lang), "prefix": prefix, "split": split,
             "stamp": stamp})
     except datasets.exceptions.DatasetGenerationError as error:
@@ -111,13 +118,13 @@ def load_run_data(data_args) -> dict[str, datasets.Dataset]:
     files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
     try:
         splits = load_splits(data_args.source_lang, data_args.target_lang, data_args.dataset_name,
-                             data_args.dataset_config_name, files)
+                             data_args.dataset_config_name, files, data_args.streaming)
     except (OSError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     if "train" not in splits:
         raise SystemExit("error: no training data: give --dataset_name or --train_file (or neither, for the embedded "
                          "data)")
     for split, rows in splits.items():
-        if len(rows) == 0:
+        if next(iter(rows.take(1)), None) is None:
             raise SystemExit(f"error: the {split} split has no pairs ({files.get(split) or data_args.dataset_name})")
     return splits

@@ -54,7 +54,8 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "target_lang": target_lang,
         "synthetic_warning": SYNTHETIC_WARNING if data.synthetic else "",
         "data": data.description,
-        "sizes": ", ".join(f"{count:,} {split} pairs" for split, count in data.sizes.items()),
+        "sizes": ", ".join(f"{count:,} {split} pairs" if isinstance(count, int) else f"{split} pairs {count}"
+                           for split, count in data.sizes.items()),
         "example": json.dumps(data.example, ensure_ascii=False),
         "length_limit": length_limit,
         "max_input_length": f"{model.config.max_position_embeddings:,}",

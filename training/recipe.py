@@ -47,15 +47,15 @@ class TrainingData:
     dataset_id: str | None  # a Hub dataset id for the card's metadata
     license: str | None  # for the card's metadata; None: none claimed
     synthetic: bool  # the embedded grammar: the card warns that the model translates no real language
-    sizes: dict[str, int]  # pairs per split
+    sizes: dict[str, int | str]  # pairs per split ("streamed": not counted)
     example: str  # a source sentence for the card's code samples
 
 
 def training_data(data_args: DataArguments, pairs: dict) -> TrainingData:
     """The card's account of a run's data flags and the pairs they gave (per split, a list of (source, target) or a
     dataset of `source` and `target`)."""
-    sizes = {split: len(rows) for split, rows in pairs.items()}
-    first = (pairs.get("test") or pairs.get("validation") or pairs["train"])[0]
+    sizes = {split: len(rows) if hasattr(rows, "__len__") else "streamed" for split, rows in pairs.items()}
+    first = next(iter(pairs.get("test") or pairs.get("validation") or pairs["train"]))
     example = first["source"] if isinstance(first, dict) else first[0]
     if data_args.dataset_name:
         config = f" ({data_args.dataset_config_name})" if data_args.dataset_config_name else ""

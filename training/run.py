@@ -33,16 +33,15 @@ from training.fsdp_request import check_fsdp_request  # noqa: E402
 
 check_fsdp_request()  # before torch and transformers load: a launch that cannot be honoured stops in a moment
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
-from accelerate.utils import broadcast, set_seed  # noqa: E402
+from accelerate.utils import broadcast, gather_object, set_seed  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from training.arguments import check_arguments, parse_arguments  # noqa: E402
 from training.averaging import averaged_model  # noqa: E402
-from training.batching import collate, encode, padding_fraction, token_batches  # noqa: E402
+from training.batching import EpochBatches, collate, encode  # noqa: E402
 from training.budget import TimeBudget, crossed, fitted_dropout, read_schedule  # noqa: E402
 from training.checkpoints import (  # noqa: E402
     STATE_FILE,
@@ -69,7 +68,8 @@ from training.loss import label_smoothed_nll  # noqa: E402
 from training.recipe import NOT_RECIPE, recipe_deviations, training_data  # noqa: E402
 from training.schedule import inverse_sqrt_lr, paper_optimizer  # noqa: E402
 from training.tokenizer import corpus_texts, train_joint_bpe  # noqa: E402
-from training.tokens import token_dataset  # noqa: E402
+from training.streaming import StreamedBatches  # noqa: E402
+from training.tokens import WordEncoder, token_dataset  # noqa: E402
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory  # noqa: E402
 from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
 
@@ -93,13 +93,6 @@ def main():
         tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()
     tokenizer = AutoTokenizer.from_pretrained(output_dir)
-    train = token_dataset(accelerator, data["train"], tokenizer, output_dir, say)  # memory-mapped: training/tokens.py
-    source_lengths, target_lengths = (train.data.column(f"{side}_length").to_numpy() for side in ("source", "target"))
-    kept = np.flatnonzero((source_lengths <= data_args.max_length) & (target_lengths <= data_args.max_length))
-    if len(kept) < len(train):
-        say(f"--max_length {data_args.max_length}: {len(train) - len(kept)} of "
-            f"{len(train)} training pairs are longer (in tokens) and skipped")
-        train, source_lengths, target_lengths = train.select(kept), source_lengths[kept], target_lengths[kept]
     validation = encode(tokenizer, pairs["validation"]) if "validation" in pairs else None
 
     config = model_args.config(tokenizer)
@@ -111,20 +104,27 @@ def main():
         accelerator, model, lambda m: paper_optimizer(m, config.d_model, args.warmup_steps, args.lr_scale, budget=budget))
     distributed["parameters_held_by_the_main_process"] = held_parameters(model)
 
-    # §5.1 batching: every process builds the same batch list; an optimizer step takes
-    # accumulation × processes consecutive batches, this process every num_processes-th of them.
+    # §5.1 batching, `accumulation` batches of this process and of every other per optimizer step: from the
+    # tokens cached on disk (training/batching.py, training/tokens.py), or read as training goes (--streaming).
     world, rank = accelerator.num_processes, accelerator.process_index
     accumulation = max(1, math.ceil(args.tokens_per_step / (args.max_tokens * world)))
-    per_step = accumulation * world
-    first_epoch = token_batches(source_lengths, target_lengths, args.max_tokens, args.seed, 0)
-    steps_per_epoch = len(first_epoch) // per_step
-    if steps_per_epoch == 0:
-        raise SystemExit(f"{len(first_epoch)} batches cannot fill one optimizer step of {per_step}: lower --tokens_per_step")
-    say(f"{len(train)} training pairs, vocabulary {len(tokenizer)}, "
-        f"{accelerator.unwrap_model(model).num_parameters() / 1e6:.1f}M parameters "
-        f"({distributed['parameters_held_by_the_main_process']:,} held by the main process), {world} process(es), "
-        f"{accumulation} accumulated batch(es) of <= {args.max_tokens} tokens per step, "
-        f"padding {padding_fraction(first_epoch, source_lengths, target_lengths):.1%}")
+    if data_args.streaming:
+        batches = StreamedBatches(data["train"], WordEncoder(tokenizer), rank, world, args.max_tokens,
+                                  data_args.max_length, data_args.shuffle_buffer, args.seed, accumulation)
+        corpus = f"training pairs streamed (each process its own part, batched {data_args.shuffle_buffer:,} at a time)"
+    else:
+        train = token_dataset(accelerator, data["train"], tokenizer, output_dir, say)  # memory-mapped
+        try:
+            batches = EpochBatches(train, data_args.max_length, args.max_tokens, args.seed, accumulation, rank, world)
+        except ValueError as error:
+            raise SystemExit(f"error: {error}") from None
+        if batches.skipped:
+            say(f"--max_length {data_args.max_length}: {batches.skipped} of {len(train)} training pairs are longer "
+                "(in tokens) and skipped")
+        corpus = f"{batches.pairs} training pairs (padding {batches.padding:.1%})"
+    say(f"{corpus}, vocabulary {len(tokenizer)}, {accelerator.unwrap_model(model).num_parameters() / 1e6:.1f}M "
+        f"parameters ({distributed['parameters_held_by_the_main_process']:,} held by the main process), {world} "
+        f"process(es), {accumulation} accumulated batch(es) of <= {args.max_tokens} tokens per step")
 
     state = {"history": [], "elapsed_seconds": 0.0, "model": asdict(model_args)}
     step = 0
@@ -132,6 +132,8 @@ def main():
         state = load_checkpoint(accelerator, model, optimizer, resumed)
         step = state.pop("step")
         scheduler.load_state_dict({**state.pop("scheduler"), "lr_lambdas": [None]})  # JSON, not a pickle
+        if data_args.streaming:
+            batches.resume(state["stream"][rank])
         say(f"resumed from {resumed} at step {step}")
     hyperparameters = {**asdict(data_args), **asdict(model_args), **asdict(args)}
     accelerator.init_trackers("vaswani", config={k: str(v) if isinstance(v, list) else v for k, v in hyperparameters.items()})
@@ -146,7 +148,6 @@ def main():
     window_tokens, window_start = 0, time.time()
     progress = training_progress(budget, args.max_steps, step, last_check, not accelerator.is_local_main_process)
     model.train()
-    epoch, batches = 0, first_epoch
     # A budgeted run records what it fitted (training/budget.py), or replays such a record instead of the clock.
     fitted = state.setdefault("schedule", {"expected_steps": [], "checkpoints": [], "evaluations": []})
     while step < args.max_steps:
@@ -166,18 +167,10 @@ def main():
                 budget.estimate(step, elapsed, state.get("first_step_seconds", 0.0))
             fitted["expected_steps"].append(budget.expected)
         if args.dropout_epochs:  # P_drop fitted to the run's expected length; config.json keeps the last value
-            expected_epochs = (budget.expected if budget else args.max_steps) / steps_per_epoch
+            expected_epochs = (budget.expected if budget else args.max_steps) / batches.steps_per_epoch
             config.dropout = fitted_dropout(expected_epochs, model_args.dropout, args.dropout_epochs)
-        if epoch != step // steps_per_epoch:
-            epoch = step // steps_per_epoch
-            batches = token_batches(source_lengths, target_lengths, args.max_tokens, args.seed, epoch)
-        offset = (step % steps_per_epoch) * per_step
-        mine = [batches[offset + a * world + rank] for a in range(accumulation)]
-        inputs = []
-        for batch in mine:  # read from the memory-mapped tokens: this process's rows only
-            rows = train[batch]
-            inputs.append(collate(range(len(batch)), rows["source_ids"], rows["target_ids"], tokenizer.pad_token_id,
-                                  accelerator.device))
+        inputs = [collate(range(len(sources)), sources, targets, tokenizer.pad_token_id, accelerator.device)
+                  for sources, targets in batches.step(step)]
         loss, step_tokens = accumulate_gradients(accelerator, model, inputs, args.label_smoothing)
         learning_rate = scheduler.get_last_lr()[0]
         fault_point(f"step-{step + 1}")
@@ -230,6 +223,8 @@ def main():
             fitted["checkpoints"].append(step)
             state["elapsed_seconds"] = elapsed
             state["scheduler"] = scheduler_state(scheduler)
+            if data_args.streaming:  # every process's place in its part of the stream
+                state["stream"] = gather_object([batches.position()])
             save_checkpoint(accelerator, model, optimizer, output_dir, step, state, keep=args.average_checkpoints)
             last_save = elapsed
     progress.close()
@@ -237,6 +232,8 @@ def main():
     # The final model: the average of the last K checkpoints (§6.1), the current weights among them.
     state["elapsed_seconds"] = time.time() - start_time
     state["scheduler"] = scheduler_state(scheduler)
+    if data_args.streaming:
+        state["stream"] = gather_object([batches.position()])
     if not checkpoints(output_dir) or checkpoints(output_dir)[-1].name != f"checkpoint-{step}":
         save_checkpoint(accelerator, model, optimizer, output_dir, step, state, keep=args.average_checkpoints)
     if accelerator.is_main_process and budget:

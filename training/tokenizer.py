@@ -45,10 +45,13 @@ def is_joint_bpe(backend: Tokenizer) -> bool:
         spec[part] == expected[part] for part in ("normalizer", "pre_tokenizer", "post_processor"))
 
 
-def corpus_texts(rows: datasets.Dataset, sample: int | None = None, seed: int = 0) -> Iterator[str]:
-    """The source and the target of each pair of `rows`, in order, or of `sample` pairs drawn at random: what
-    `train_joint_bpe` reads, a thousand pairs at a time, never the whole corpus at once."""
-    if sample is not None and sample < len(rows):
+def corpus_texts(rows: datasets.Dataset | datasets.IterableDataset, sample: int | None = None,
+                 seed: int = 0) -> Iterator[str]:
+    """The source and the target of each pair of `rows`, in order, or of `sample` pairs drawn at random (a stream's
+    first `sample`): what `train_joint_bpe` reads, a thousand pairs at a time, never the whole corpus at once."""
+    if isinstance(rows, datasets.IterableDataset):
+        rows = rows.take(sample) if sample is not None else rows
+    elif sample is not None and sample < len(rows):
         rows = rows.shuffle(seed=seed).select(range(sample))
     for batch in rows.iter(batch_size=1000):
         for source, target in zip(batch["source"], batch["target"]):
