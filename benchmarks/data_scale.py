@@ -22,7 +22,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -85,8 +84,8 @@ def head(source: Path, prefix: Path, pairs: int) -> None:
                 out.writelines(line for _, line in zip(range(pairs), lines))
 
 
-def processes() -> dict[int, tuple[int, int]]:
-    """{pid: (parent pid, peak resident bytes)} of this machine's processes that can be read."""
+def processes() -> dict[int, tuple[int, int, int]]:
+    """{pid: (parent pid, peak resident bytes, private resident bytes now)} of the processes that can be read."""
     found = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -96,14 +95,16 @@ def processes() -> dict[int, tuple[int, int]]:
                 continue
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
             if "VmHWM" in fields:
-                found[int(entry.name)] = (int(fields["PPid"]), int(fields["VmHWM"].split()[0]) * 1024)
+                found[int(entry.name)] = (int(fields["PPid"]), int(fields["VmHWM"].split()[0]) * 1024,
+                                          int(fields["RssAnon"].split()[0]) * 1024)
     return found
 
 
 def launch(run_args: list[str], world: int, output_dir: Path, env: dict, checkpoint: int) -> dict:
     """One launch, killed by the run itself one step after checkpoint `checkpoint` (VASWANI_FAULT): the seconds
-    until that checkpoint appears, and the peak resident memory of the launcher's children (the training
-    processes) and of their children (tokenizing workers)."""
+    until that checkpoint appears, and the peak memory of the launcher's children (the training processes) and of
+    their children (tokenizing workers): resident (the kernel's VmHWM, which counts the pages of memory-mapped files
+    the process touched: page cache, shared and dropped under memory pressure) and private (RssAnon, polled)."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(world), "--num_machines",
                "1", "--mixed_precision", "no", "--dynamo_backend", "no", *(["--multi_gpu"] if world > 1 else []),
                "training/run.py", *run_args]  # --multi_gpu: on a machine without GPUs, CPU processes over gloo
@@ -115,11 +116,12 @@ def launch(run_args: list[str], world: int, output_dir: Path, env: dict, checkpo
         peaks, seconds = {}, None
         while launcher.poll() is None:
             table = processes()
-            ranks = {pid for pid, (parent, _) in table.items() if parent == launcher.pid}
-            for pid, (parent, peak) in table.items():
+            ranks = {pid for pid, (parent, _, _) in table.items() if parent == launcher.pid}
+            for pid, (parent, peak, private) in table.items():
                 role = "rank" if pid in ranks else "worker" if parent in ranks else None
                 if role:
-                    peaks[pid] = (role, max(peak, peaks.get(pid, (role, 0))[1]))
+                    _, _, most = peaks.get(pid, (role, 0, 0))
+                    peaks[pid] = (role, peak, max(private, most))
             if seconds is None and (output_dir / f"checkpoint-{checkpoint}").is_dir():
                 seconds = time.time() - start
             time.sleep(0.1)
@@ -127,9 +129,11 @@ def launch(run_args: list[str], world: int, output_dir: Path, env: dict, checkpo
     if seconds is None:
         raise SystemExit(f"no checkpoint-{checkpoint} in {output_dir}: see {log}\n{text[-2000:]}")
     tokenized = re.search(r"([\d,]+) training pairs tokenized into .* in ([\d.]+) s", text)
+    ranks = sorted((p, private) for role, p, private in peaks.values() if role == "rank")
     return {"seconds_to_first_step": round(seconds, 1),
-            "rank_peak_mb": sorted(round(p / 2**20) for role, p in peaks.values() if role == "rank"),
-            "worker_peak_mb": max([round(p / 2**20) for role, p in peaks.values() if role == "worker"], default=None),
+            "rank_peak_mb": [round(p / 2**20) for p, _ in ranks],
+            "rank_private_mb": [round(private / 2**20) for _, private in ranks],
+            "worker_peak_mb": max([round(p / 2**20) for role, p, _ in peaks.values() if role == "worker"], default=None),
             "tokenized_pairs_per_second": round(int(tokenized[1].replace(",", "")) / float(tokenized[2]))
             if tokenized else None}
 
@@ -180,6 +184,7 @@ def project(rows: list[dict], target: int) -> dict:
 
         projected[world] = {
             "rank_peak_mb": round(line(lambda r: max(r["cold"]["rank_peak_mb"]))),
+            "rank_private_mb": round(line(lambda r: max(r["cold"]["rank_private_mb"]))),
             "cold_seconds": round(line(lambda r: r["cold"]["seconds_to_first_step"])),
             "warm_seconds": round(line(lambda r: r["warm"]["seconds_to_first_step"]), 1),
             "cache_gb": round(line(lambda r: r["cache_mb"] + r["text_cache_mb"]) / 1024, 1)}
@@ -187,18 +192,20 @@ def project(rows: list[dict], target: int) -> dict:
 
 
 def table(rows: list[dict], projections: dict) -> str:
-    lines = ["| pairs | processes | peak memory per process, cold / warm (MB) | tokenizing workers (MB) | first step, "
-             "cold / warm (s) | tokenization, pairs/s (tokenizer(texts)) | token cache + text cache (MB) |",
-             "|---:|---:|---|---:|---|---|---|"]
+    lines = ["| pairs | processes | peak memory per process, cold / warm (MB) | of it private, cold / warm (MB) | "
+             "tokenizing workers (MB) | first step, cold / warm (s) | tokenization, pairs/s (tokenizer(texts)) | "
+             "token cache + text cache (MB) |", "|---:|---:|---|---|---:|---|---|---|"]
     for r in rows:
         old = f" ({r['old_pairs_per_second']:,})" if "old_pairs_per_second" in r else ""
         speed = r["cold"]["tokenized_pairs_per_second"]
         lines.append(f"| {r['pairs']:,} | {r['processes']} | {r['cold']['rank_peak_mb']} / {r['warm']['rank_peak_mb']} "
+                     f"| {r['cold']['rank_private_mb']} / {r['warm']['rank_private_mb']} "
                      f"| {r['cold']['worker_peak_mb'] or '-'} | {r['cold']['seconds_to_first_step']} / "
                      f"{r['warm']['seconds_to_first_step']} | {speed:,}{old} | {r['cache_mb']} + {r['text_cache_mb']} |")
     for name, size in projections.items():
         for world, p in size.items():
-            lines.append(f"| {name}, projected | {world} | {p['rank_peak_mb']} | | {p['cold_seconds']} / "
+            lines.append(f"| {name}, projected | {world} | {p['rank_peak_mb']} | {p['rank_private_mb']} | | "
+                         f"{p['cold_seconds']} / "
                          f"{p['warm_seconds']} | | {p['cache_gb']} GB |")
     return "\n".join(lines)
 

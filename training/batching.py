@@ -16,14 +16,16 @@ import torch
 def token_batches(source_lengths, target_lengths, max_tokens: int, seed: int, epoch: int) -> list[np.ndarray]:
     """Arrays of pair indices, from the pairs' token counts (sequences or arrays). A pair longer than max_tokens on
     its own is a batch of one. Vectorized over the pairs: one Python step per batch, not per pair."""
-    source, target = np.asarray(source_lengths, dtype=np.int64), np.asarray(target_lengths, dtype=np.int64)
+    source, target = np.asarray(source_lengths), np.asarray(target_lengths)
     rng = random.Random(seed * 1_000_003 + epoch)
-    noise = np.fromiter((rng.random() for _ in range(len(source))), dtype=np.float64, count=len(source))
+    shuffled = np.argsort(np.fromiter((rng.random() for _ in range(len(source))), dtype=np.float64, count=len(source)))
     longest = np.maximum(source, target)
     # By the longer side, then the source, ties at random: a stable sort of the shuffled pairs (np.lexsort's order,
-    # twice as fast).
-    shuffled = np.argsort(noise)
-    order = shuffled[np.argsort((longest * (int(source.max(initial=0)) + 1) + source)[shuffled], kind="stable")]
+    # twice as fast). Lengths below 46,341 make keys below 2^31.
+    width = int(source.max(initial=0)) + 1
+    key = longest.astype(np.int32 if int(longest.max(initial=0)) < 46_341 else np.int64) * width + source
+    order = shuffled[np.argsort(key[shuffled], kind="stable")].astype(np.int32 if len(source) < 2**31 else np.int64)
+    del shuffled, key
     sorted_longest = longest[order]
     batches, start = [], 0
     while start < len(order):
@@ -45,9 +47,9 @@ def padding_fraction(batches: list[np.ndarray], source_lengths, target_lengths) 
     starts = np.cumsum([0] + [len(batch) for batch in batches[:-1]])
     pairs = np.concatenate(batches)
     real = padded = 0
-    for lengths in (np.asarray(source_lengths, dtype=np.int64)[pairs], np.asarray(target_lengths, dtype=np.int64)[pairs]):
-        real += int(lengths.sum())
-        padded += int((np.maximum.reduceat(lengths, starts) * np.diff(np.r_[starts, len(pairs)])).sum())
+    for lengths in (np.asarray(source_lengths)[pairs], np.asarray(target_lengths)[pairs]):
+        real += int(lengths.sum(dtype=np.int64))
+        padded += int((np.maximum.reduceat(lengths, starts).astype(np.int64) * np.diff(np.r_[starts, len(pairs)])).sum())
     return 1 - real / padded if padded else 0.0
 
 
@@ -59,10 +61,11 @@ class EpochBatches:
 
     def __init__(self, train, max_length: int, max_tokens: int, seed: int, accumulation: int, rank: int, world: int):
         source, target = (train.data.column(f"{side}_length").to_numpy() for side in ("source", "target"))
-        kept = np.flatnonzero((source <= max_length) & (target <= max_length))
+        kept = np.flatnonzero((source <= max_length) & (target <= max_length)).astype(np.int32)
         self.pairs, self.skipped = len(kept), len(train) - len(kept)
+        self.rows = kept if self.skipped else None  # the rows of the pairs batched (None: all)
         if self.skipped:
-            train, source, target = train.select(kept), source[kept], target[kept]
+            source, target = source[kept], target[kept]
         self.train, self.lengths, self.max_tokens, self.seed = train, (source, target), max_tokens, seed
         self.accumulation, self.rank, self.world = accumulation, rank, world
         self.epoch, self.batches = 0, token_batches(source, target, max_tokens, seed, 0)
@@ -79,6 +82,8 @@ class EpochBatches:
             self.batches = token_batches(*self.lengths, self.max_tokens, self.seed, self.epoch)
         offset = (step % self.steps_per_epoch) * self.accumulation * self.world
         mine = [self.batches[offset + a * self.world + self.rank] for a in range(self.accumulation)]
+        if self.rows is not None:
+            mine = [self.rows[batch] for batch in mine]
         return [(rows["source_ids"], rows["target_ids"]) for rows in map(self.train.__getitem__, mine)]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import datasets
 
+from training.tokens import RECORD_BATCH
 from vaswani_hf.text import decode_utf8
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "default"
@@ -102,11 +103,14 @@ def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str, s
     stamp = tuple((Path(path).stat().st_size, Path(path).stat().st_mtime_ns) for path in paths)
     if not any(size for size, _ in stamp):
         raise ValueError(f"the {split} split has no pairs ({prefix})")
-    kind = datasets.IterableDataset if streaming else datasets.Dataset
-    try:  # tuples: datasets would shard a list among workers
-        return kind.from_generator(_aligned_rows, features=PAIR_FEATURES, gen_kwargs={
-            "paths": tuple(paths), "names": (source_lang, target_lang), "prefix": prefix, "split": split,
-            "stamp": stamp})
+    # tuples: datasets would shard a list among workers
+    gen_kwargs = {"paths": tuple(paths), "names": (source_lang, target_lang), "prefix": prefix, "split": split,
+                  "stamp": stamp}
+    if streaming:
+        return datasets.IterableDataset.from_generator(_aligned_rows, features=PAIR_FEATURES, gen_kwargs=gen_kwargs)
+    try:
+        return datasets.Dataset.from_generator(_aligned_rows, features=PAIR_FEATURES, gen_kwargs=gen_kwargs,
+                                               writer_batch_size=RECORD_BATCH)
     except datasets.exceptions.DatasetGenerationError as error:
         cause = error.__cause__ or error.__context__
         raise cause if isinstance(cause, ValueError) else error from None
