@@ -268,6 +268,9 @@ def test_a_streamed_run_on_two_processes_killed_and_resumed_ends_as_an_uninterru
     assert "training pairs streamed" in result.stdout + result.stderr
     assert [h["loss"] for h in history(killed)] == pytest.approx([h["loss"] for h in history(whole)], rel=1e-6)
     assert_same_weights(killed, whole, atol=1e-6)
+    card = (killed / "README.md").read_text()
+    assert "learned from the first 500 training pairs" in card and "streamed, grouped by length 50 at a time" in card
+    assert "train pairs streamed" in card
 
 
 @pytest.mark.xdist_group("whole_run")

@@ -15,7 +15,7 @@ import torch
 
 def token_batches(source_lengths, target_lengths, max_tokens: int, seed: int, epoch: int) -> list[np.ndarray]:
     """Arrays of pair indices, from the pairs' token counts (sequences or arrays). A pair longer than max_tokens on
-    its own is a batch of one. Vectorized over the pairs: one Python step per batch, not per pair."""
+    its own is a batch of one. Vectorized over the pairs: one Python step per distinct length, not per pair."""
     source, target = np.asarray(source_lengths), np.asarray(target_lengths)
     rng = random.Random(seed * 1_000_003 + epoch)
     shuffled = np.argsort(np.fromiter((rng.random() for _ in range(len(source))), dtype=np.float64, count=len(source)))
@@ -26,16 +26,24 @@ def token_batches(source_lengths, target_lengths, max_tokens: int, seed: int, ep
     key = longest.astype(np.int32 if int(longest.max(initial=0)) < 46_341 else np.int64) * width + source
     order = shuffled[np.argsort(key[shuffled], kind="stable")].astype(np.int32 if len(source) < 2**31 else np.int64)
     del shuffled, key
+    # Greedy, in sorted order: a pair joins the open batch while (its pairs + 1) x (the longest) fits. Sorted, the
+    # pairs of one length come together, so the sizes follow per length: one Python step per distinct length.
     sorted_longest = longest[order]
-    batches, start = [], 0
-    while start < len(order):
-        # Sorted, a batch's longest pair is its last: it holds the first k pairs for which k x (k-th length) fits.
-        limit = max(1, max_tokens // max(int(sorted_longest[start]), 1))
-        window = sorted_longest[start : start + limit]
-        fits = np.arange(1, len(window) + 1) * window <= max_tokens
-        size = max(1, int(np.argmin(fits)) if not fits.all() else len(window))
-        batches.append(order[start : start + size])
-        start += size
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_longest)) + 1]
+    sizes, open_pairs = [], 0
+    for length, count in zip(sorted_longest[starts].tolist(), np.diff(np.r_[starts, len(order)]).tolist()):
+        capacity = max(1, max_tokens // max(length, 1))  # pairs of this length in one batch (a longer pair: alone)
+        if open_pairs:
+            joining = min(count, max(0, capacity - open_pairs))
+            open_pairs, count = open_pairs + joining, count - joining
+            if not count:
+                continue
+            sizes.append(open_pairs)
+        sizes += [capacity] * (count // capacity)
+        open_pairs = count % capacity
+    if open_pairs:
+        sizes.append(open_pairs)
+    batches = np.split(order, np.cumsum(sizes)[:-1]) if sizes else []
     rng.shuffle(batches)
     return batches
 

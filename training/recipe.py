@@ -12,10 +12,16 @@ PAPER_RECIPE = {"tokens_per_step": 25000, "warmup_steps": 4000, "lr_scale": 1.0,
                 "num_beams": 4, "length_penalty_alpha": 0.6}
 
 
-def recipe_deviations(args: RecipeArguments) -> list[str]:
+def recipe_deviations(args: RecipeArguments, data_args: DataArguments) -> list[str]:
     """The recipe values of this run that differ from the paper's, for the model card."""
     changed = [f"`{name}={getattr(args, name)}` (paper: {paper})" for name, paper in PAPER_RECIPE.items()
                if getattr(args, name) != paper]
+    if data_args.bpe_sample:
+        first = "the first" if data_args.streaming else "a random sample of"
+        changed.append(f"the joint BPE learned from {first} {data_args.bpe_sample:,} training pairs")
+    if data_args.streaming:
+        changed.append(f"the training pairs streamed, grouped by length {data_args.shuffle_buffer:,} at a time "
+                       "(training/streaming.py)")
     if args.max_grad_norm:
         changed.append(f"gradients clipped to a global L2 norm of {args.max_grad_norm:g} (paper: no clipping)")
     if args.alpha_candidates:

@@ -262,7 +262,7 @@ def publish(final, tokenizer, output_dir: Path, metrics: dict, pairs: dict, data
         length_limit=f"trained on pairs of at most {data_args.max_length} tokens a side (longer ones were left out)",
         source_lang=data_args.source_lang, target_lang=data_args.target_lang,
         model_id=args.hub_model_id or output_dir.name, recipe=recipe,
-        deviations=recipe_deviations(args), label_smoothing=args.label_smoothing,
+        deviations=recipe_deviations(args, data_args), label_smoothing=args.label_smoothing,
         batching=f"batches grouped by length and counted in tokens, {args.tokens_per_step} per step",
         num_beams=args.num_beams, alpha=args.length_penalty_alpha,
     )

@@ -1,9 +1,9 @@
 """The training pairs as token ids, tokenized once into an Arrow dataset in the run's folder (`RUN/tokens/`).
 
 The main process tokenizes the pairs with the fast tokenizer's normalizer and BPE (`WordEncoder`: each distinct word
-once) in batched `datasets.map` calls (over the machine's cores for a large corpus) and saves them; every process then opens the folder memory-mapped
-(`datasets.Dataset.from_file`), reads the lengths as arrays for §5.1's batching, and reads only the rows of its own
-batches. The folder's `fingerprint.json` names the pairs and the tokenizer it was built from: a resumed run reuses
+once) in batched `datasets.map` calls (over the machine's cores for a large corpus) and saves them; every process
+then opens the folder memory-mapped (`datasets.Dataset.from_file`), reads the lengths as arrays for §5.1's batching,
+and reads only the rows of its own batches. The folder's `fingerprint.json` names the pairs and the tokenizer it was built from: a resumed run reuses
 it, and one built from other pairs or another tokenizer is built again, with a line that says so.
 """
 
@@ -96,9 +96,9 @@ def build(rows: datasets.Dataset, tokenizer, folder: Path, stamp: dict[str, str]
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    rows.map(encode_batch, batched=True, batch_size=1000, fn_kwargs={"encoder": WordEncoder(tokenizer)},
-             remove_columns=rows.column_names, features=FEATURES, load_from_cache_file=False,
-             writer_batch_size=RECORD_BATCH,
+    rows.map(encode_batch, batched=True, batch_size=RECORD_BATCH, writer_batch_size=RECORD_BATCH,
+             fn_kwargs={"encoder": WordEncoder(tokenizer)}, remove_columns=rows.column_names, features=FEATURES,
+             load_from_cache_file=False,
              cache_file_name=str(partial / "tokens.arrow"),  # in the run's folder, not datasets' cache
              new_fingerprint=hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32],
              num_proc=os.cpu_count() if len(rows) >= PARALLEL_FROM else None)
