@@ -3,16 +3,16 @@
     python benchmarks/data_scale.py                                   # 0.1M, 1M and 5M pairs; 1 and 2 processes
     python benchmarks/data_scale.py --sizes 100000 1000000 --processes 1 --work_dir /tmp/scale
 
-Writes synthetic aligned corpora (two made-up languages of a million words built from syllables, drawn by Zipf's
-law with exponent 1.2, so that about 9% of running words lie beyond the 10,000 most frequent, as in news text;
-sentence lengths log-normal like WMT's, median 20 words), then for each size and number of processes runs `training/run.py` as a user would
-(`accelerate launch`, cpu-small's model sizes as flags, `--bpe_sample 100000`) twice: cold (a new output folder
-and an empty datasets cache) and warm (the same run resumed from its checkpoint). For each it reports the peak
-resident memory of every training process and of the tokenizing workers, the seconds from the launch until the
-run's first checkpoint is written (its first optimizer step done, then a checkpoint of a few MB), and the token
-cache's size on disk; beside them, the run's tokenization speed against `tokenizer(texts)` (what every process
-did before the cache) on 100,000 pairs of the same corpus with the same tokenizer. The slopes from the two largest
-sizes project to 36M pairs. Writes `data_scale.json` and `data_scale.md` in --work_dir.
+Writes synthetic aligned corpora (two made-up languages of a million words built from syllables, drawn by Zipf's law
+with exponent 1.2, so that about 9% of running words lie beyond the 10,000 most frequent, as in news text; sentence
+lengths log-normal like WMT's, median 20 words), then for each size and number of processes runs `training/run.py` as a
+user would (`accelerate launch`, cpu-small's model sizes as flags, `--bpe_sample 100000`) twice: cold (a new output
+folder and an empty datasets cache) and warm (the same run resumed from its checkpoint). For each it reports the peak
+resident memory (and the private part of it) of every training process and of the tokenizing workers, the seconds from
+the launch until the run's first checkpoint is written (its first optimizer step done, then a checkpoint of a few MB),
+and the token cache's size on disk; beside them, the run's tokenization speed against `tokenizer(texts)` (what every
+process did before the cache) on 100,000 pairs of the same corpus with the same tokenizer. The slopes from the two
+largest sizes project to 4.5M and 36M pairs. Writes `data_scale.json` and `data_scale.md` in --work_dir.
 """
 
 import argparse
@@ -133,7 +133,8 @@ def launch(run_args: list[str], world: int, output_dir: Path, env: dict, checkpo
     return {"seconds_to_first_step": round(seconds, 1),
             "rank_peak_mb": [round(p / 2**20) for p, _ in ranks],
             "rank_private_mb": [round(private / 2**20) for _, private in ranks],
-            "worker_peak_mb": max([round(p / 2**20) for role, p, _ in peaks.values() if role == "worker"], default=None),
+            "worker_peak_mb": max([round(p / 2**20) for role, p, _ in peaks.values() if role == "worker"],
+                                  default=None),
             "tokenized_pairs_per_second": round(int(tokenized[1].replace(",", "")) / float(tokenized[2]))
             if tokenized else None}
 
@@ -198,10 +199,12 @@ def table(rows: list[dict], projections: dict) -> str:
     for r in rows:
         old = f" ({r['old_pairs_per_second']:,})" if "old_pairs_per_second" in r else ""
         speed = r["cold"]["tokenized_pairs_per_second"]
-        lines.append(f"| {r['pairs']:,} | {r['processes']} | {r['cold']['rank_peak_mb']} / {r['warm']['rank_peak_mb']} "
+        lines.append(f"| {r['pairs']:,} | {r['processes']} | {r['cold']['rank_peak_mb']} / "
+                     f"{r['warm']['rank_peak_mb']} "
                      f"| {r['cold']['rank_private_mb']} / {r['warm']['rank_private_mb']} "
                      f"| {r['cold']['worker_peak_mb'] or '-'} | {r['cold']['seconds_to_first_step']} / "
-                     f"{r['warm']['seconds_to_first_step']} | {speed:,}{old} | {r['cache_mb']} + {r['text_cache_mb']} |")
+                     f"{r['warm']['seconds_to_first_step']} | {speed:,}{old} | "
+                     f"{r['cache_mb']} + {r['text_cache_mb']} |")
     for name, size in projections.items():
         for world, p in size.items():
             lines.append(f"| {name}, projected | {world} | {p['rank_peak_mb']} | {p['rank_private_mb']} | | "

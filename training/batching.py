@@ -57,7 +57,8 @@ def padding_fraction(batches: list[np.ndarray], source_lengths, target_lengths) 
     real = padded = 0
     for lengths in (np.asarray(source_lengths)[pairs], np.asarray(target_lengths)[pairs]):
         real += int(lengths.sum(dtype=np.int64))
-        padded += int((np.maximum.reduceat(lengths, starts).astype(np.int64) * np.diff(np.r_[starts, len(pairs)])).sum())
+        longest = np.maximum.reduceat(lengths, starts).astype(np.int64)
+        padded += int((longest * np.diff(np.r_[starts, len(pairs)])).sum())
     return 1 - real / padded if padded else 0.0
 
 

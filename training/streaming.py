@@ -59,8 +59,8 @@ class StreamedBatches:
         return [self.sources[i] for i in batch], [self.targets[i] for i in batch]
 
     def _fill(self) -> None:
-        """Reads the buffer that begins at `self.start` (at the end of an epoch's part, the next epoch's first) and cuts
-        it into batches."""
+        """Reads the buffer that begins at `self.start` (at the end of an epoch's part, the next epoch's first) and
+        cuts it into batches."""
         while True:
             if self.reader is None:
                 self.rows.set_epoch(self.start["epoch"])  # (a state loaded for another epoch is then ignored)
