@@ -33,7 +33,6 @@ class StreamedBatches:
         self.max_tokens, self.max_length, self.seed, self.accumulation = max_tokens, max_length, seed, accumulation
         self.start = {"epoch": 0, "buffer": 0, "stream": None}  # where the current buffer begins
         self.next, self.batches, self.reader = 0, None, None
-        self.skipped = 0  # pairs longer than max_length, so far
 
     def position(self) -> dict:
         """JSON: the stream's state where the current buffer began, and the number of its batches taken."""
@@ -76,7 +75,6 @@ class StreamedBatches:
         pairs = [(np.asarray(s, dtype=np.int32), np.asarray(t, dtype=np.int32)) for read in reads
                  for s, t in zip(read["source_ids"], read["target_ids"])]
         kept = [pair for pair in pairs if max(len(pair[0]), len(pair[1])) <= self.max_length]
-        self.skipped += len(pairs) - len(kept)
         self.sources, self.targets = [s for s, _ in kept], [t for _, t in kept]
         self.batches = token_batches([len(s) for s in self.sources], [len(t) for t in self.targets], self.max_tokens,
                                      self.seed, self.start["epoch"] * 1_000_003 + self.start["buffer"])
