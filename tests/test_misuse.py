@@ -19,6 +19,7 @@ from vaswani_hf.translate import load, translate
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import multi30k  # noqa: E402  (benchmarks/multi30k.py)
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "2", "--vocab_size", "300"]
 
 
@@ -115,6 +116,27 @@ def test_missing_misaligned_and_non_utf8_data_are_one_line_errors(tmp_path, monk
     message = refused(monkeypatch, *TINY, *data, "--validation_file", str(tmp_path / "e"), "--output_dir", str(out))
     assert message == f"error: the validation split has no pairs ({tmp_path / 'e'})"
     assert not (out / "tokenizer.json").exists()
+
+
+def test_a_bad_line_of_a_streamed_file_is_one_line_where_it_is_read(tmp_path):
+    """--streaming reads a file as training goes: a misaligned or non-UTF-8 line is found where it is read (here
+    inside the first step, the BPE having learned from the first pair), and the run stops with one line."""
+    from training.data import DataError, load_splits
+
+    (tmp_path / "q.en").write_text("One.\nTwo.\nThree.\n")
+    (tmp_path / "q.de").write_text("Eins.\nZwei.\n")
+    (tmp_path / "r.en").write_bytes("One.\nCafé.\n".encode("latin-1"))
+    (tmp_path / "r.de").write_text("Eins.\nKaffee.\n")
+    stream = load_splits("en", "de", files={"train": str(tmp_path / "r")}, streaming=True)["train"]
+    with pytest.raises(DataError, match="r.en is not UTF-8 text: byte 0xe9 on line 2"):
+        list(stream)
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "training", "run.py"), *TINY, "--train_file",
+                             str(tmp_path / "q"), "--streaming", "--bpe_sample", "1", "--output_dir",
+                             str(tmp_path / "out")], capture_output=True, text=True, timeout=600, check=False,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 1 and result.stderr.splitlines()[-1] == "error: --train_file " + str(
+        tmp_path / "q") + ": 3 en lines but 2 de lines", result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
 
 
 def test_a_folder_holding_anything_is_refused_unless_resumed_or_overwritten(tmp_path, monkeypatch, data):

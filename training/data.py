@@ -20,6 +20,10 @@ SPLITS = ("train", "validation", "test")
 PAIR_FEATURES = datasets.Features({"source": datasets.Value("string"), "target": datasets.Value("string")})
 
 
+class DataError(ValueError):
+    """A data file that cannot be read as pairs (misaligned, not UTF-8): in a stream, found only where it is read."""
+
+
 def load_splits(source_lang: str, target_lang: str, dataset_name: str | None = None,
                 dataset_config_name: str | None = None, files: dict[str, str | None] | None = None,
                 streaming: bool = False) -> dict[str, datasets.Dataset | datasets.IterableDataset]:
@@ -86,11 +90,14 @@ def _aligned_rows(paths: tuple[str, str], names: tuple[str, str], prefix: str, s
             if None in lines:
                 counts = [number - 1 + sum(1 for _ in side) + (line is not None) for side, line in
                           zip((source, target), lines)]
-                raise ValueError(f"--{split}_file {prefix}: {counts[0]} {names[0]} lines but {counts[1]} {names[1]} "
-                                 f"lines")
-            yield dict(zip(("source", "target"), (
-                decode_utf8(line.removesuffix(b"\n").removesuffix(b"\r"), path, number)
-                for line, path in zip(lines, paths))))
+                raise DataError(f"--{split}_file {prefix}: {counts[0]} {names[0]} lines but {counts[1]} {names[1]} "
+                                f"lines")
+            try:
+                pair = [decode_utf8(line.removesuffix(b"\n").removesuffix(b"\r"), path, number)
+                        for line, path in zip(lines, paths)]
+            except ValueError as error:
+                raise DataError(str(error)) from None
+            yield dict(zip(("source", "target"), pair))
 
 
 def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str, streaming: bool = False):

@@ -51,7 +51,7 @@ from training.checkpoints import (  # noqa: E402
     resolve_checkpoint,
     save_checkpoint,
 )
-from training.data import as_pairs, load_run_data  # noqa: E402
+from training.data import DataError, as_pairs, load_run_data  # noqa: E402
 from training.distributed import (  # noqa: E402
     clip_gradients,
     describe,
@@ -379,4 +379,7 @@ def training_progress(budget, max_steps, step, elapsed, disable):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except DataError as error:  # --streaming: a bad line of a data file is found only when it is read
+        raise SystemExit(f"error: {error}") from None

@@ -17,6 +17,7 @@ from datasets import IterableDataset
 from datasets.distributed import split_dataset_by_node
 
 from training.batching import token_batches
+from training.data import DataError
 from training.tokens import encode_batch
 
 READ = 1000  # pairs read and tokenized at a time (fewer if the buffer is smaller)
@@ -70,7 +71,7 @@ class StreamedBatches:
             if reads:
                 break
             if self.start["stream"] is None:
-                raise ValueError("the training stream holds no pairs for this process")
+                raise DataError("the training stream holds no pairs for this process (fewer pairs than processes?)")
             self.start, self.reader = {"epoch": self.start["epoch"] + 1, "buffer": 0, "stream": None}, None
         pairs = [(np.asarray(s, dtype=np.int32), np.asarray(t, dtype=np.int32)) for read in reads
                  for s, t in zip(read["source_ids"], read["target_ids"])]
