@@ -11,14 +11,17 @@ that says so.
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 import unicodedata
+from functools import reduce
 from itertools import chain
 from pathlib import Path
 
 import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
 from training.tokenizer import is_joint_bpe
@@ -27,7 +30,9 @@ FOLDER = "tokens"
 FEATURES = datasets.Features({"source_ids": datasets.Sequence(datasets.Value("int32")),
                               "target_ids": datasets.Sequence(datasets.Value("int32")),
                               "source_length": datasets.Value("int32"), "target_length": datasets.Value("int32")})
-BEYOND_LATIN_1 = re.compile("[^\x00-\xff]")
+# Text of only these characters (Latin-1 less its compatibility characters) is what NFKC makes of it.
+NOT_NFKC_INVARIANT = "[^" + "".join(f"\\x{{{c:x}}}" for c in range(256)
+                                    if unicodedata.normalize("NFKC", chr(c)) == chr(c)) + "]"
 # Rows per Arrow record batch: opening a file maps every batch's header page, with the pages the kernel maps around
 # it (64 KB), so 1,000-row batches put a fifth of the file in each process's resident memory; 10,000, a fiftieth.
 RECORD_BATCH = 10_000
@@ -40,13 +45,15 @@ def fingerprint(rows: datasets.Dataset, tokenizer_file: Path) -> dict[str, str]:
 
 
 class WordEncoder:
-    """`tokenizer(texts)["input_ids"]` for the joint BPE of training/tokenizer.py, several times faster on a corpus.
+    """`tokenizer(texts)["input_ids"]` for the joint BPE of training/tokenizer.py, several times faster on a corpus:
+    a column of text at a time, in Arrow's compute functions, with each distinct word through the BPE model once.
 
     That tokenizer normalizes (NFKC), turns every space into ▁ and starts a word at each (Metaspace), runs BPE on
-    each word, and appends </s>. Here each distinct word goes through its BPE model once and is looked up after
-    that (a bounded cache), and the normalizer runs only on text it could change: NFKC leaves Latin-1 text without
-    compatibility characters as it is, whatever the Unicode version. Text that holds a special token's string takes
-    the tokenizer's own path. tests/test_data.py checks the ids against the tokenizer's, odd text included.
+    each word, and appends </s>. Here the normalizer runs only on text it could change: NFKC leaves Latin-1 text
+    without compatibility characters as it is, whatever the Unicode version (Latin-1 holds no combining marks). The
+    words of a column are split and numbered by Arrow (`dictionary_encode`), each distinct word is looked up in a
+    bounded cache of its BPE ids, and the ids are gathered with numpy. Text that holds a special token's string
+    takes the tokenizer's own path. tests/test_data.py checks the ids against the tokenizer's, odd text included.
     """
 
     CACHE_WORDS = 500_000  # about 100 MB at most; a corpus's frequent words stay (it is emptied when full)
@@ -57,39 +64,70 @@ class WordEncoder:
             raise ValueError("WordEncoder reads only the joint BPE of training/tokenizer.py")
         self.backend.no_padding()
         self.backend.no_truncation()
-        self.special = re.compile("|".join(re.escape(token.content) for token in
-                                           self.backend.get_added_tokens_decoder().values()))
+        self.specials = [token.content for token in self.backend.get_added_tokens_decoder().values()]
         self.eos_id = self.backend.token_to_id("</s>")
         self.words: dict[str, list[int]] = {}
 
     def __call__(self, texts: list[str]) -> list[list[int]]:
-        return [self.encode(text) for text in texts]
+        return self.encode_column(pa.array(texts, pa.string())).to_pylist()
 
-    def encode(self, text: str) -> list[int]:
-        if self.special.search(text):
-            return self.backend.encode(text).ids
-        if not (text.isascii() or (not BEYOND_LATIN_1.search(text) and unicodedata.is_normalized("NFKC", text))):
-            text = self.backend.normalizer.normalize_str(text)
-        if not text:
-            return [self.eos_id]
-        words = text.replace(" ", "▁").removeprefix("▁").split("▁")  # the words, less the ▁ each starts with
-        try:
-            ids = list(chain.from_iterable(map(self.words.__getitem__, words)))
-        except KeyError:
-            if len(self.words) > self.CACHE_WORDS:
-                self.words.clear()
-            for word in words:
-                if word not in self.words:
-                    self.words[word] = [token.id for token in self.backend.model.tokenize("▁" + word)]
-            ids = list(chain.from_iterable(map(self.words.__getitem__, words)))
-        ids.append(self.eos_id)
+    def encode_column(self, texts: pa.Array) -> pa.ListArray:
+        """The ids of each text of an Arrow string column, </s> appended."""
+        if isinstance(texts, pa.ChunkedArray):
+            texts = texts.combine_chunks()
+        original = texts
+        odd = pc.match_substring_regex(texts, NOT_NFKC_INVARIANT)
+        if pc.any(odd).as_py():
+            changed = [self.backend.normalizer.normalize_str(text) for text in texts.filter(odd).to_pylist()]
+            texts = pc.replace_with_mask(texts, odd, pa.array(changed, texts.type))
+        if pc.any(pc.match_substring(texts, "▁")).as_py():
+            texts = pc.replace_substring(texts, "▁", " ")
+        # A word starts at each space (a space first in the text starts none); "" has no words at all.
+        texts = pc.if_else(pc.equal(texts, ""), pa.scalar(None, texts.type),
+                           pc.replace_substring_regex(texts, "^ ", "", max_replacements=1))
+        words = pc.split_pattern(texts, " ")
+        numbered = pc.dictionary_encode(words.flatten())
+        if len(self.words) > self.CACHE_WORDS:
+            self.words.clear()
+        known = [self._ids(word) for word in numbered.dictionary.to_pylist()]  # each distinct word's ids
+        counts = np.fromiter(map(len, known), np.int64, len(known))
+        flat, first = np.fromiter(chain.from_iterable(known), np.int32, int(counts.sum())), np.cumsum(counts) - counts
+        # The ids of every word of the column in order (word w's are flat[first[w]:first[w] + counts[w]]) ...
+        word = numbered.indices.to_numpy()
+        lengths = counts[word]
+        ends = np.cumsum(lengths)
+        ids = flat[np.arange(ends[-1] if len(ends) else 0) + np.repeat(first[word] - (ends - lengths), lengths)]
+        # ... then each text's words' ids and </s>.
+        ids_before = np.r_[0, ends][words.offsets.to_numpy()]  # ids before each text's first word
+        offsets = np.r_[0, np.cumsum(np.diff(ids_before) + 1)]
+        column = np.full(len(ids) + len(texts), self.eos_id, np.int32)
+        is_word = np.ones(len(column), bool)
+        is_word[offsets[1:] - 1] = False
+        column[is_word] = ids
+        encoded = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(column))
+        special = reduce(pc.or_, [pc.match_substring(original, token) for token in self.specials])
+        if pc.any(special).as_py():
+            lists = encoded.to_pylist()
+            for row in np.flatnonzero(special.to_numpy(zero_copy_only=False)):
+                lists[row] = self.backend.encode(original[row].as_py()).ids
+            encoded = pa.array(lists, pa.list_(pa.int32()))
+        return encoded
+
+    def _ids(self, word: str) -> list[int]:
+        ids = self.words.get(word)
+        if ids is None:
+            ids = self.words[word] = [token.id for token in self.backend.model.tokenize("▁" + word)]
         return ids
 
 
-def encode_batch(batch: dict[str, list[str]], encoder: WordEncoder) -> dict[str, list]:
-    sources, targets = encoder(batch["source"]), encoder(batch["target"])
-    return {"source_ids": sources, "target_ids": targets, "source_length": [len(ids) for ids in sources],
-            "target_length": [len(ids) for ids in targets]}
+def encode_batch(batch, encoder: WordEncoder) -> pa.Table | dict[str, list]:
+    """A batch of pairs (an Arrow table, or a dict of lists) as ids and lengths, in the same form."""
+    arrow = isinstance(batch, pa.Table)
+    sources, targets = (encoder.encode_column(batch[side] if arrow else pa.array(batch[side], pa.string()))
+                        for side in ("source", "target"))
+    table = pa.table({"source_ids": sources, "target_ids": targets, "source_length": pc.list_value_length(sources),
+                      "target_length": pc.list_value_length(targets)})
+    return table if arrow else table.to_pydict()
 
 
 def build(rows: datasets.Dataset, tokenizer, folder: Path, stamp: dict[str, str]) -> None:
@@ -97,7 +135,7 @@ def build(rows: datasets.Dataset, tokenizer, folder: Path, stamp: dict[str, str]
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    rows.map(encode_batch, batched=True, batch_size=RECORD_BATCH, writer_batch_size=RECORD_BATCH,
+    rows.with_format("arrow").map(encode_batch, batched=True, batch_size=RECORD_BATCH, writer_batch_size=RECORD_BATCH,
              fn_kwargs={"encoder": WordEncoder(tokenizer)}, remove_columns=rows.column_names, features=FEATURES,
              load_from_cache_file=False,
              cache_file_name=str(partial / "tokens.arrow"),  # in the run's folder, not datasets' cache
