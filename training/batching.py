@@ -18,12 +18,14 @@ def token_batches(source_lengths, target_lengths, max_tokens: int, seed: int, ep
     its own is a batch of one. Vectorized over the pairs: one Python step per distinct length, not per pair."""
     source, target = np.asarray(source_lengths), np.asarray(target_lengths)
     rng = random.Random(seed * 1_000_003 + epoch)
-    shuffled = np.argsort(np.fromiter((rng.random() for _ in range(len(source))), dtype=np.float64, count=len(source)))
+    shuffled = np.argsort(random_draws(rng, len(source)))
     longest = np.maximum(source, target)
-    # By the longer side, then the source, ties at random: a stable sort of the shuffled pairs (np.lexsort's order,
-    # twice as fast). Lengths below 46,341 make keys below 2^31.
-    width = int(source.max(initial=0)) + 1
-    key = longest.astype(np.int32 if int(longest.max(initial=0)) < 46_341 else np.int64) * width + source
+    # By the longer side, then the source, ties at random: a stable sort of the shuffled pairs by one key that orders
+    # as (longer side, source) does — source <= longer side, so each longer side L takes the keys L(L+1)/2 + [0, L].
+    # Below 2^16 (sides up to 361 tokens), numpy sorts the keys by radix.
+    top = int(longest.max(initial=0))
+    key_type = np.uint16 if top * (top + 1) // 2 + top < 2**16 else np.int64
+    key = longest.astype(key_type) * (longest.astype(key_type) + 1) // 2 + source.astype(key_type)
     order = shuffled[np.argsort(key[shuffled], kind="stable")].astype(np.int32 if len(source) < 2**31 else np.int64)
     del shuffled, key
     # Greedy, in sorted order: a pair joins the open batch while (its pairs + 1) x (the longest) fits. Sorted, the
@@ -46,6 +48,18 @@ def token_batches(source_lengths, target_lengths, max_tokens: int, seed: int, ep
     batches = np.split(order, np.cumsum(sizes)[:-1]) if sizes else []
     rng.shuffle(batches)
     return batches
+
+
+def random_draws(rng: random.Random, count: int) -> np.ndarray:
+    """What `count` calls of `rng.random()` return, drawn at once, and `rng` moved past them: numpy's legacy Mersenne
+    Twister, given CPython's state, makes each double from two 32-bit words as CPython does."""
+    version, state, gauss = rng.getstate()
+    twister = np.random.RandomState()
+    twister.set_state(("MT19937", np.array(state[:-1], np.uint32), state[-1]))
+    draws = twister.random_sample(count)
+    _, words, position, *_ = twister.get_state()
+    rng.setstate((version, (*words.tolist(), position), gauss))
+    return draws
 
 
 def padding_fraction(batches: list[np.ndarray], source_lengths, target_lengths) -> float:
