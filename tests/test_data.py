@@ -44,6 +44,28 @@ def test_missing_or_misaligned_files_are_one_line_errors(tmp_path):
         load_pairs("en", "de", files={"test": str(tmp_path / "x")})
 
 
+def test_aligned_text_is_read_a_table_at_a_time_with_lines_counted_across_tables(tmp_path, monkeypatch):
+    """training/data.py reads aligned files RECORD_BATCH lines at a time: the pairs are the lines split at "\\n"
+    only (U+2028, form feed and a lone "\\r" stay inside a line; "\\r\\n" ends one), and a misaligned or
+    non-UTF-8 line is reported with the counts and the line number of the whole file."""
+    from training import data as data_module
+
+    monkeypatch.setattr(data_module, "RECORD_BATCH", 2)
+    english = ["One.", "Two\u2028halves.", "", "Three\fand\rmore.", "Last"]
+    german = ["Eins.", "Zwei.", "", "Drei.", "Letzte"]
+    (tmp_path / "t.en").write_bytes("\r\n".join(english).encode())
+    (tmp_path / "t.de").write_bytes(("\n".join(german) + "\n").encode())
+    assert load_pairs("en", "de", files={"train": str(tmp_path / "t")})["train"] == list(zip(english, german))
+    (tmp_path / "m.en").write_text("\n".join(english) + "\n")
+    (tmp_path / "m.de").write_text("\n".join(german[:4]) + "\n")
+    with pytest.raises(ValueError, match="5 en lines but 4 de lines"):
+        load_pairs("en", "de", files={"train": str(tmp_path / "m")})
+    (tmp_path / "u.en").write_text("\n".join(english) + "\n")
+    (tmp_path / "u.de").write_bytes("\n".join(["Eins.", "Zwei.", "", "Caf\u00e9.", "Letzte"]).encode("latin-1"))
+    with pytest.raises(ValueError, match="u.de is not UTF-8 text: byte 0xe9 on line 4"):
+        load_pairs("en", "de", files={"train": str(tmp_path / "u")})
+
+
 def test_joint_bpe_round_trips_through_auto_tokenizer(tmp_path):
     pairs = load_pairs("en", "de")["train"][:3000]
     tokenizer = train_joint_bpe((side for pair in pairs for side in pair), vocab_size=600)
