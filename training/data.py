@@ -145,7 +145,7 @@ def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str, s
     if not any(size for size, _ in stamp):
         raise ValueError(f"the {split} split has no pairs ({prefix})")
     builder = AlignedText(dataset_name="aligned_text", paths=tuple(paths), names=(source_lang, target_lang),
-                          prefix=prefix, split_name=split, stamp=stamp)
+                          prefix=prefix, split_name=split, stamp=stamp, writer_batch_size=RECORD_BATCH)
     if streaming:
         return builder.as_streaming_dataset(split=datasets.Split.TRAIN)
     try:
