@@ -84,19 +84,27 @@ def head(source: Path, prefix: Path, pairs: int) -> None:
                 out.writelines(line for _, line in zip(range(pairs), lines))
 
 
-def processes() -> dict[int, tuple[int, int, int]]:
-    """{pid: (parent pid, peak resident bytes, private resident bytes now)} of the processes that can be read."""
-    found = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
+def processes(root: int) -> dict[int, tuple[int, int, int]]:
+    """{pid: (parent pid, peak resident bytes, private resident bytes now)} of `root`'s descendants that can be read
+    (found through /proc/PID/task/TID/children: reading every process's status ten times a second took a quarter of
+    a core from the processes measured)."""
+    found, parents = {}, [root]
+    while parents:
+        parent = parents.pop()
+        try:
+            children = [int(pid) for task in os.scandir(f"/proc/{parent}/task")
+                        for pid in Path(task.path, "children").read_text().split()]
+        except OSError:
+            continue
+        for pid in children:
             try:
-                status = Path(entry.path, "status").read_text()
+                status = Path(f"/proc/{pid}/status").read_text()
             except OSError:
                 continue
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
             if "VmHWM" in fields:
-                found[int(entry.name)] = (int(fields["PPid"]), int(fields["VmHWM"].split()[0]) * 1024,
-                                          int(fields["RssAnon"].split()[0]) * 1024)
+                found[pid] = (parent, int(fields["VmHWM"].split()[0]) * 1024, int(fields["RssAnon"].split()[0]) * 1024)
+                parents.append(pid)
     return found
 
 
@@ -115,7 +123,7 @@ def launch(run_args: list[str], world: int, output_dir: Path, env: dict, checkpo
                                     env={**env, "VASWANI_FAULT": f"step-{checkpoint + 1}"})
         peaks, seconds = {}, None
         while launcher.poll() is None:
-            table = processes()
+            table = processes(launcher.pid)
             ranks = {pid for pid, (parent, _, _) in table.items() if parent == launcher.pid}
             for pid, (parent, peak, private) in table.items():
                 role = "rank" if pid in ranks else "worker" if parent in ranks else None
