@@ -1,11 +1,11 @@
 """The training pairs as token ids, tokenized once into an Arrow dataset in the run's folder (`RUN/tokens/`).
 
 The main process tokenizes the pairs with the fast tokenizer's normalizer and BPE (`WordEncoder`: each distinct word
-once) in batched `datasets.map` calls (over the machine's cores for a large corpus) and saves them; every process
-then opens the folder memory-mapped (`datasets.Dataset.from_file`), reads the lengths as arrays for §5.1's batching,
-and reads only the rows of its own batches. The folder's `fingerprint.json` names the pairs and the tokenizer it was
-built from: a resumed run reuses it, and one built from other pairs or another tokenizer is built again, with a line
-that says so.
+once) in batched `datasets.map` calls on Arrow tables (over the machine's cores for a large corpus) and saves them;
+every process then opens the folder memory-mapped (`datasets.Dataset.from_file`), reads the lengths as arrays for
+§5.1's batching, and reads only the rows of its own batches. The folder's `fingerprint.json` names the pairs and the
+tokenizer it was built from: a resumed run reuses it, and one built from other pairs or another tokenizer is built
+again, with a line that says so.
 """
 
 import hashlib
