@@ -62,13 +62,23 @@ def test_the_pipeline_passes_generation_arguments(translation_folder):
     assert len(tokenizer(short, add_special_tokens=False)["input_ids"]) <= 2
 
 
-def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_folder, caplog):
+def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_folder):
+    """A source over `max_input_length` tokens reaches the encoder as its first tokens and </s>, `max_input_length`
+    in all, and its translation is that of the truncated source."""
     model, tokenizer = load_local(translation_folder)
     translator = TranslationPipeline(model=model, tokenizer=tokenizer, num_beams=1, max_new_tokens=3)
     long_text = " ".join(SOURCES * 40)
-    assert len(tokenizer(long_text)["input_ids"]) > 64
+    full = tokenizer(long_text)["input_ids"]
+    truncated = full[:63] + [tokenizer.eos_token_id]
+    assert len(full) > 64 and tokenizer(long_text, truncation=True, max_length=64)["input_ids"] == truncated
+    encoded = []
+    hook = model.get_encoder().register_forward_pre_hook(
+        lambda module, args, kwargs: encoded.append(kwargs["input_ids"].tolist()), with_kwargs=True)
     result = translator(long_text, max_input_length=64)
-    assert isinstance(result[0]["translation_text"], str)
+    hook.remove()
+    assert encoded == [[truncated]]
+    expected = model.generate(torch.tensor([truncated]), num_beams=1, max_new_tokens=3)
+    assert result[0]["translation_text"] == tokenizer.decode(expected[0], skip_special_tokens=True)
     with pytest.raises(TypeError, match="a string or a list of strings"):
         translator(42)
 
