@@ -50,12 +50,16 @@ def model_translation(model, tokenizer, source, **kwargs) -> str:
 
 
 def test_the_pipeline_passes_generation_arguments(translation_folder):
+    """A pipeline call's arguments reach `generate()` as given, and the translation is `generate()`'s with them."""
     model, tokenizer = load_local(translation_folder)
     translator = TranslationPipeline(model=model, tokenizer=tokenizer)
-    assert translator(SOURCES[1], num_beams=1)[0]["translation_text"] == model_translation(
-        model, tokenizer, SOURCES[1], num_beams=1)
-    assert translator(SOURCES[1], num_beams=3)[0]["translation_text"] == model_translation(
-        model, tokenizer, SOURCES[1], num_beams=3)
+    calls, generate = [], model.generate
+    model.generate = lambda *args, **kwargs: calls.append(kwargs) or generate(*args, **kwargs)
+    for arguments in ({"num_beams": 1}, {"num_beams": 3, "gnmt_alpha": 1.4}, {"num_beams": 2, "gnmt_alpha": 0.0}):
+        calls.clear()
+        translated = translator(SOURCES[1], **arguments)[0]["translation_text"]
+        assert {name: calls[0].get(name) for name in arguments} == arguments
+        assert translated == model_translation(model, tokenizer, SOURCES[1], **arguments)
     three = translator(SOURCES[1], num_beams=3, num_return_sequences=3)
     assert len(three) == 3
     short = translator(SOURCES[1], num_beams=1, max_new_tokens=2)[0]["translation_text"]
