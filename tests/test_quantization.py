@@ -1,6 +1,8 @@
 """The int8 inference copy (vaswani_hf.quantization): every linear layer quantized, the float32 model untouched,
 logits close to the float32 model's, and the translator's --int8 flag."""
 
+import copy
+
 import torch
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
@@ -53,20 +55,32 @@ def test_activations_get_8_bits_where_the_cpu_has_vnni_and_never_saturate():
         torch.testing.assert_close(layer(x), linear(x), rtol=0.01, atol=0.0)
 
 
-def test_the_int8_layers_err_half_as_much_as_torchs_7_bit_ones_where_the_cpu_has_vnni():
-    """What the 8th bit buys, on a ReLU output (the input of the FFN's second layer), against the float32 product;
-    on a CPU without VNNI the copy's layers are torch's own and err exactly as much."""
+def test_the_int8_layers_compute_with_8_bit_activations_and_err_less_than_torchs_7_bit_ones():
+    """`Int8Linear` against the formula: activations rounded to 255 levels of their range (torch's layer: 127),
+    weights to their per-channel int8, products exact; and what the 8th bit buys on a ReLU output (the input of the
+    FFN's second layer) against the float32 product. Every other input is zero, so that no pair of 8-bit products
+    can saturate fbgemm's 16-bit sums on a CPU without VNNI: the layer computes exactly on any CPU, though
+    quantize_int8 uses it only where the CPU has VNNI."""
     torch.manual_seed(0)
     linear = nn.Linear(256, 256)
     x = torch.relu(torch.randn(64, 256))  # FFN-like: non-negative, skewed
-    ours = quantize_int8(nn.Sequential(linear))[0]
+    x[:, 1::2] = 0.0
     torchs = torch.ao.quantization.quantize_dynamic(
         nn.Sequential(linear), {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8
     )[0]
+    ours = copy.deepcopy(torchs)
+    ours.__class__ = Int8Linear
+    weight = torchs.weight()
+    weight = weight.int_repr().double() * weight.q_per_channel_scales().double()[:, None]
+
+    def quantized_product(levels: int) -> torch.Tensor:
+        step = x.max().double() / levels
+        return (torch.round(x.double() / step) * step) @ weight.T + linear.bias.double()
+
     with torch.no_grad():
         reference = linear(x)
+        for layer, levels in ((ours, 255), (torchs, 127)):
+            expected = quantized_product(levels)
+            assert (layer(x).double() - expected).abs().max() < 1e-5 * expected.abs().max(), levels
         ours_error, torchs_error = ((layer(x) - reference).norm() / reference.norm() for layer in (ours, torchs))
-    if full_range_activations():
-        assert ours_error < 0.6 * torchs_error, (ours_error, torchs_error)
-    else:
-        assert ours_error == torchs_error
+    assert ours_error < torchs_error, (ours_error, torchs_error)
