@@ -118,7 +118,7 @@ class AlignedTextConfig(datasets.BuilderConfig):
 
 class AlignedText(datasets.ArrowBasedBuilder):
     """datasets' builder for two aligned text files, a table of lines at a time (`Dataset.from_generator` would
-    encode each pair as a Python example, at a seventh of the speed)."""
+    encode each pair as a Python example, at an eighth of the speed)."""
 
     BUILDER_CONFIG_CLASS = AlignedTextConfig
 

@@ -135,12 +135,13 @@ def build(rows: datasets.Dataset, tokenizer, folder: Path, stamp: dict[str, str]
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    rows.with_format("arrow").map(encode_batch, batched=True, batch_size=RECORD_BATCH, writer_batch_size=RECORD_BATCH,
-             fn_kwargs={"encoder": WordEncoder(tokenizer)}, remove_columns=rows.column_names, features=FEATURES,
-             load_from_cache_file=False,
-             cache_file_name=str(partial / "tokens.arrow"),  # in the run's folder, not datasets' cache
-             new_fingerprint=hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32],
-             num_proc=os.cpu_count() if len(rows) >= PARALLEL_FROM else None)
+    rows.with_format("arrow").map(  # encode_batch reads and returns Arrow tables: no Python lists
+        encode_batch, batched=True, batch_size=RECORD_BATCH, writer_batch_size=RECORD_BATCH,
+        fn_kwargs={"encoder": WordEncoder(tokenizer)}, remove_columns=rows.column_names, features=FEATURES,
+        load_from_cache_file=False,
+        cache_file_name=str(partial / "tokens.arrow"),  # in the run's folder, not datasets' cache
+        new_fingerprint=hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32],
+        num_proc=os.cpu_count() if len(rows) >= PARALLEL_FROM else None)
     (partial / "fingerprint.json").write_text(json.dumps(stamp))
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(partial, folder)
