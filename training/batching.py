@@ -22,10 +22,10 @@ def token_batches(source_lengths, target_lengths, max_tokens: int, seed: int, ep
     longest = np.maximum(source, target)
     # By the longer side, then the source, ties at random: a stable sort of the shuffled pairs by one key that orders
     # as (longer side, source) does — source <= longer side, so each longer side L takes the keys L(L+1)/2 + [0, L].
-    # Below 2^16 (sides up to 361 tokens), numpy sorts the keys by radix.
+    # Below 2^16 (sides up to 360 tokens), numpy sorts the keys by radix.
     top = int(longest.max(initial=0))
-    key_type = np.uint16 if top * (top + 1) // 2 + top < 2**16 else np.int64
-    key = longest.astype(key_type) * (longest.astype(key_type) + 1) // 2 + source.astype(key_type)
+    key = longest.astype(np.int64) * (longest + 1) // 2 + source
+    key = key.astype(np.uint16 if top * (top + 1) // 2 + top < 2**16 else np.int64)
     order = shuffled[np.argsort(key[shuffled], kind="stable")].astype(np.int32 if len(source) < 2**31 else np.int64)
     del shuffled, key
     # Greedy, in sorted order: a pair joins the open batch while (its pairs + 1) x (the longest) fits. Sorted, the
