@@ -54,7 +54,12 @@ def test_the_pipeline_passes_generation_arguments(translation_folder):
     model, tokenizer = load_local(translation_folder)
     translator = TranslationPipeline(model=model, tokenizer=tokenizer)
     calls, generate = [], model.generate
-    model.generate = lambda *args, **kwargs: calls.append(kwargs) or generate(*args, **kwargs)
+
+    def recorded_generate(*args, **kwargs):
+        calls.append(kwargs)
+        return generate(*args, **kwargs)
+
+    model.generate = recorded_generate  # the pipeline calls self.model.generate
     for arguments in ({"num_beams": 1}, {"num_beams": 3, "gnmt_alpha": 1.4}, {"num_beams": 2, "gnmt_alpha": 0.0}):
         calls.clear()
         translated = translator(SOURCES[1], **arguments)[0]["translation_text"]
