@@ -27,13 +27,13 @@ from sacrebleu.significance import PairedTest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from transformers import AutoTokenizer  # noqa: E402
+from averaging_window import DATA, numbers
+from transformers import AutoTokenizer
 
-from averaging_window import DATA, numbers  # noqa: E402  (this folder's)
-from training.evaluation import translate  # noqa: E402
-from vaswani_hf import VaswaniForConditionalGeneration  # noqa: E402
-from vaswani_hf.kernels import cpu_name  # noqa: E402
-from vaswani_hf.text import read_lines  # noqa: E402
+from training.evaluation import translate
+from vaswani_hf import VaswaniForConditionalGeneration
+from vaswani_hf.kernels import cpu_name
+from vaswani_hf.text import read_lines
 
 
 def sentence_statistics(hypotheses: list[str], references: list[str]) -> np.ndarray:

@@ -9,12 +9,13 @@ Printed: median microseconds per call and the ratio SDPA / eager.
 """
 
 import argparse
+from functools import partial
 from types import SimpleNamespace
 
 import torch
+from matmul import seconds  # this folder's median timer
 from torch.nn.functional import scaled_dot_product_attention
 
-from matmul import seconds  # this folder's median timer
 from vaswani_hf.kernels import cpu_name
 from vaswani_hf.modeling_vaswani import eager_attention_forward
 
@@ -35,8 +36,9 @@ def main():
             query = torch.randn(batch, heads, rows, 64)
             key, value = torch.randn(batch, heads, keys, 64), torch.randn(batch, heads, keys, 64)
             mask = torch.ones(batch, 1, 1, keys, dtype=torch.bool)  # a padding mask, as transformers builds it
-            sdpa = seconds(lambda: scaled_dot_product_attention(query, key, value, attn_mask=mask), args.repeats) * 1e6
-            eager = seconds(lambda: eager_attention_forward(module, query, key, value, mask, 64**-0.5), args.repeats) * 1e6
+            sdpa = partial(scaled_dot_product_attention, query, key, value, attn_mask=mask)
+            eager = partial(eager_attention_forward, module, query, key, value, mask, 64**-0.5)
+            sdpa, eager = (seconds(call, args.repeats) * 1e6 for call in (sdpa, eager))
             print(f"| {heads} | {call} | {batch}·{rows} × {keys} | {sdpa:.0f} | {eager:.0f} | {sdpa / eager:.2f}x |")
 
 

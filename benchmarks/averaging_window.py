@@ -19,15 +19,15 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from transformers import AutoTokenizer  # noqa: E402
+from transformers import AutoTokenizer
 
-from training.averaging import average_checkpoints  # noqa: E402
-from training.batching import encode  # noqa: E402
-from training.checkpoints import WEIGHTS_FILE, checkpoints  # noqa: E402
-from training.evaluation import score, translate, validation_loss  # noqa: E402
-from vaswani_hf import VaswaniForConditionalGeneration  # noqa: E402
-from vaswani_hf.kernels import cpu_name  # noqa: E402
-from vaswani_hf.text import read_lines  # noqa: E402
+from training.averaging import average_checkpoints
+from training.batching import encode
+from training.checkpoints import WEIGHTS_FILE, checkpoints
+from training.evaluation import score, translate, validation_loss
+from vaswani_hf import VaswaniForConditionalGeneration
+from vaswani_hf.kernels import cpu_name
+from vaswani_hf.text import read_lines
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 

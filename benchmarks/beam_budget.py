@@ -21,14 +21,12 @@ import statistics
 import time
 
 import torch
+from matmul import seconds  # this folder's median timer
+from speed import GENERATE_BATCH, NEW_TOKENS, SIZES, SOURCE_LENGTH, build, generate, random_tokens
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from vaswani_hf import fast_cpu, keep_freed_memory
 from vaswani_hf.kernels import cpu_name
-
-from matmul import seconds  # this folder's median timer
-from speed import GENERATE_BATCH, NEW_TOKENS, SIZES, SOURCE_LENGTH, build, generate, random_tokens
-
 
 BEAMS = 4
 

@@ -16,6 +16,7 @@ largest sizes project to 4.5M and 36M pairs. Writes `data_scale.json` and `data_
 """
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -30,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vaswani_hf.kernels import cpu_name  # noqa: E402
+from vaswani_hf.kernels import cpu_name
 
 MODEL = ["--vocab_size", "4000", "--d_model", "256", "--d_ff", "1024", "--num_heads", "4", "--num_layers", "3",
          "--max_tokens", "2048", "--tokens_per_step", "2048", "--bpe_sample", "100000"]
@@ -61,19 +62,20 @@ def write_corpus(prefix: Path, pairs: int, seed: int = 0, chunk: int = 100_000) 
     words = {lang: vocabulary(rng, 1_000_000, vowels) for lang, vowels in zip(LANGUAGES, ("aeiouy", "aeiouäöü"))}
     zipf = np.cumsum(1 / np.arange(1, 1_000_001) ** 1.2)  # about 9% of words beyond the 10,000 most frequent
     zipf /= zipf[-1]
-    files = {lang: open(prefix.with_suffix(f".{lang}.partial"), "w", encoding="utf-8") for lang in LANGUAGES}
-    for start in range(0, pairs, chunk):
-        n = min(chunk, pairs - start)
-        source_lengths = np.clip(np.round(rng.lognormal(np.log(20), 0.6, n)), 1, 120).astype(int)
-        lengths = {"en": source_lengths,
-                   "de": np.clip(np.round(source_lengths * rng.lognormal(0, 0.15, n)), 1, 140).astype(int)}
-        for lang in LANGUAGES:
-            drawn = words[lang][np.searchsorted(zipf, rng.random(lengths[lang].sum()))]
-            ends = np.cumsum(lengths[lang])
-            files[lang].writelines(" ".join(drawn[a:b]) + " .\n" for a, b in zip(ends - lengths[lang], ends))
-    for lang, file in files.items():
-        file.close()
-        os.replace(file.name, prefix.with_suffix(f".{lang}"))
+    with contextlib.ExitStack() as stack:
+        files = {lang: stack.enter_context(open(prefix.with_suffix(f".{lang}.partial"), "w", encoding="utf-8"))
+                 for lang in LANGUAGES}
+        for start in range(0, pairs, chunk):
+            n = min(chunk, pairs - start)
+            source_lengths = np.clip(np.round(rng.lognormal(np.log(20), 0.6, n)), 1, 120).astype(int)
+            lengths = {"en": source_lengths,
+                       "de": np.clip(np.round(source_lengths * rng.lognormal(0, 0.15, n)), 1, 140).astype(int)}
+            for lang in LANGUAGES:
+                drawn = words[lang][np.searchsorted(zipf, rng.random(lengths[lang].sum()))]
+                ends = np.cumsum(lengths[lang])
+                files[lang].writelines(" ".join(drawn[a:b]) + " .\n" for a, b in zip(ends - lengths[lang], ends))
+    for lang in LANGUAGES:
+        os.replace(prefix.with_suffix(f".{lang}.partial"), prefix.with_suffix(f".{lang}"))
 
 
 def head(source: Path, prefix: Path, pairs: int) -> None:
@@ -187,7 +189,7 @@ def project(rows: list[dict], target: int) -> dict:
     for world in sorted({row["processes"] for row in rows}):
         small, large = sorted((r for r in rows if r["processes"] == world), key=lambda r: r["pairs"])[-2:]
 
-        def line(value):
+        def line(value, small=small, large=large):
             slope = (value(large) - value(small)) / (large["pairs"] - small["pairs"])
             return value(large) + slope * (target - large["pairs"])
 
@@ -201,9 +203,9 @@ def project(rows: list[dict], target: int) -> dict:
 
 
 def table(rows: list[dict], projections: dict) -> str:
-    lines = ["| pairs | processes | peak memory per process, cold / warm (MB) | of it private, cold / warm (MB) | "
-             "tokenizing workers (MB) | first step, cold / warm (s) | tokenization, pairs/s (tokenizer(texts)) | "
-             "token cache + text cache (MB) |", "|---:|---:|---|---|---:|---|---|---|"]
+    lines = [("| pairs | processes | peak memory per process, cold / warm (MB) | of it private, cold / warm (MB) | "
+              "tokenizing workers (MB) | first step, cold / warm (s) | tokenization, pairs/s (tokenizer(texts)) | "
+              "token cache + text cache (MB) |"), "|---:|---:|---|---|---:|---|---|---|"]
     for r in rows:
         old = f" ({r['old_pairs_per_second']:,})" if "old_pairs_per_second" in r else ""
         speed = r["cold"]["tokenized_pairs_per_second"]

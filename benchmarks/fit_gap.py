@@ -19,13 +19,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from transformers import AutoTokenizer, MarianMTModel, PreTrainedTokenizerFast  # noqa: E402
+from transformers import AutoTokenizer, MarianMTModel, PreTrainedTokenizerFast
 
-from training.batching import encode  # noqa: E402
-from training.evaluation import validation_loss  # noqa: E402
-from vaswani_hf import VaswaniForConditionalGeneration  # noqa: E402
-from vaswani_hf.kernels import cpu_name  # noqa: E402
-from vaswani_hf.text import read_lines  # noqa: E402
+from training.batching import encode
+from training.evaluation import validation_loss
+from vaswani_hf import VaswaniForConditionalGeneration
+from vaswani_hf.kernels import cpu_name
+from vaswani_hf.text import read_lines
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 
@@ -45,7 +45,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--peer", type=Path)
-    parser.add_argument("--sample", type=int, default=1014, help="Training pairs drawn (seed 0); 1,014 = validation's size.")
+    parser.add_argument("--sample", type=int, default=1014,
+                        help="Training pairs drawn (seed 0); 1,014 = validation's size.")
     args = parser.parse_args()
     for folder, needed in [(args.run_dir, "config.json"), (args.peer, "model/config.json"), (args.peer, "tokenizer")]:
         if folder is not None and not (folder / needed).exists():

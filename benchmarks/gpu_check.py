@@ -39,19 +39,19 @@ import textwrap
 import time
 import traceback
 import warnings
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # vaswani_hf and training/ without installing the package (the GPU machine's way)
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from speed import SIZES, build, generate, paper_adam, peak_memory, random_tokens, train_step  # noqa: E402
+import torch
+import transformers
+from speed import SIZES, build, generate, paper_adam, peak_memory, random_tokens, train_step
 
-from training.default_data import generate as grammar_pairs  # noqa: E402
-from vaswani_hf.gnmt import gnmt_beam_search  # noqa: E402
-from vaswani_hf.kernels import cpu_name  # noqa: E402
-
+from training.default_data import generate as grammar_pairs
+from vaswani_hf.gnmt import gnmt_beam_search
+from vaswani_hf.kernels import cpu_name
 
 # What each part runs on: the paper's base model on a GPU; tiny sizes on a CPU, so the tests run every line.
 SHAPES = {
@@ -265,7 +265,7 @@ def synchronisations(device: torch.device, shape: dict, output_dir: Path) -> dic
         for name, model in both.items():
             if kind == "gnmt" and name != "ours":
                 continue
-            short, long = (count_syncs(device, lambda t=tokens: decode(model, t))
+            short, long = (count_syncs(device, partial(decode, model, tokens))
                            for tokens in (new_tokens, 2 * new_tokens))
             per_token = None if short is None else (long - short) / new_tokens
             result.setdefault(f"{kind} per new token", {})[name] = per_token
@@ -278,7 +278,7 @@ def launch(run: Path, flags: list[str], timeout: int) -> dict:
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
                "--dynamo_backend", "no", str(ROOT / "training" / "run.py"), "--output_dir", str(run), *flags]
     start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout,
                             env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     log = run.parent / f"{run.name}-{'resumed' if '--resume_from_checkpoint' in flags else 'first'}.log"
     log.write_text(result.stdout + result.stderr)
@@ -356,7 +356,7 @@ def remote(device: torch.device, shape: dict, output_dir: Path) -> dict:
     sources = (output_dir / "data" / "test.en").read_text().splitlines()[:SENTENCES]
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH" or str(ROOT) not in value}
     result = subprocess.run([sys.executable, "-c", REMOTE, str(folder), device.type, json.dumps(sources)],
-                            capture_output=True, text=True, timeout=300, cwd=output_dir, env=env)
+                            check=False, capture_output=True, text=True, timeout=300, cwd=output_dir, env=env)
     if result.returncode:
         raise RuntimeError(f"the fresh process failed:\n{result.stderr[-3000:]}")
     remote_translations = json.loads(result.stdout.strip().splitlines()[-1])

@@ -19,7 +19,7 @@ from vaswani_hf.translate import load, translate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.evaluation import score  # noqa: E402  (the offline sacreBLEU metric)
+from training.evaluation import score
 
 
 def main():

@@ -17,6 +17,7 @@ operands swapped (which copies the input instead).
 import argparse
 import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -66,9 +67,9 @@ def main():
             rates = [
                 flop / seconds(function, args.repeats) / 1e9
                 for function in (
-                    lambda: torch.nn.functional.linear(x, weight),
-                    lambda: onednn(x, weight, None, "none", [], ""),
-                    lambda: onednn(x, packed, None, "none", [], ""),
+                    partial(torch.nn.functional.linear, x, weight),
+                    partial(onednn, x, weight, None, "none", [], ""),
+                    partial(onednn, x, packed, None, "none", [], ""),
                 )
             ]
             print(f"| {rows} | {name} ({d_in} x {d_out}) | {rates[0]:.0f} | {rates[1]:.0f} | {rates[2]:.0f} | "
@@ -82,7 +83,7 @@ def main():
         rates = []
         for kernel in ("torch", "onednn", "onednn_swapped"):
             torch.testing.assert_close(product(kernel, grad_output.t(), input.t()), expected, rtol=1e-4, atol=1e-3)
-            elapsed = seconds(lambda kernel=kernel: product(kernel, grad_output.t(), input.t()), args.repeats)
+            elapsed = seconds(partial(product, kernel, grad_output.t(), input.t()), args.repeats)
             rates.append(2 * args.rows * d_in * d_out / elapsed / 1e9)
         print(f"| {name} ({d_out} x {d_in}) | {rates[0]:.0f} | {rates[1]:.0f} | {rates[2]:.0f} | "
               f"{rates[1] / rates[0]:.2f}x, {rates[2] / rates[0]:.2f}x |", flush=True)

@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from training.arguments import read_preset  # noqa: E402
-from vaswani_hf.kernels import cpu_name  # noqa: E402
+from training.arguments import read_preset
+from vaswani_hf.kernels import cpu_name
 
 PEER = ROOT.parent / "shared" / "baselines" / "train_marian.py"
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -33,7 +33,7 @@ DATA = ROOT.parent / "shared" / "data" / "multi30k"
 def run(command: list[str], log: Path) -> None:
     print("$", " ".join(command), f"> {log}", flush=True)
     with open(log, "w") as file:
-        if subprocess.run(command, stdout=file, stderr=subprocess.STDOUT, cwd=ROOT).returncode:
+        if subprocess.run(command, check=False, stdout=file, stderr=subprocess.STDOUT, cwd=ROOT).returncode:
             raise SystemExit(f"failed: {' '.join(command)} (see {log})")
 
 
@@ -71,7 +71,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=positive_minutes, default=25)
     parser.add_argument("--preset", default="cpu-medium")
-    parser.add_argument("--data", type=Path, default=DATA, help="A folder with train, valid and test2016 .en/.de files.")
+    parser.add_argument("--data", type=Path, default=DATA,
+                        help="A folder with train, valid and test2016 .en/.de files.")
     parser.add_argument("--peer", type=Path, default=PEER)
     parser.add_argument("--output_dir", type=Path, default=Path("/tmp") / f"multi30k-{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--no_test", action="store_true", help="Leave test2016 out: for choosing on validation.")

@@ -11,7 +11,7 @@ interleaved in one process; CTranslate2 and ONNX Runtime run our model, exported
     python benchmarks/speed.py --sizes small --repeats 3
     python benchmarks/speed.py --keep-freed-memory  # glibc keeps freed memory for reuse (allocator.py), both models
     python benchmarks/speed.py --kernels torch,sdpa  # force our kernels instead of measuring (vaswani_hf/kernels.py)
-    python benchmarks/speed.py --ablate          # also fast_cpu without each of its decoding mechanisms: what each gains
+    python benchmarks/speed.py --ablate          # also fast_cpu without each of its decoding mechanisms
 
 Printed per size: medians of
   * training tokens/s: forward + backward + Adam step on 64 pairs of 32 source + 32 target tokens
@@ -31,6 +31,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from functools import partial
 from types import SimpleNamespace
 
 import torch
@@ -39,7 +40,6 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory, quantize_int8
 from vaswani_hf.kernels import KERNELS, cpu_name
-
 
 SIZES = {
     "small": {"d_model": 256, "num_layers": 3, "num_heads": 4, "d_ff": 1024, "vocab_size": 8000},
@@ -199,10 +199,10 @@ def run_size(label: str, size: dict, repeats: int, threads: int, ablate: bool = 
         for name, model in list(models.items())[:: 1 if repeat % 2 else -1]:  # each goes first in turn
             model.train()
             if not name.startswith("ours without"):  # their training is fast_cpu's
-                timed(f"train {name}", lambda: train_step(model, optimizers[name], source, target))
+                timed(f"train {name}", partial(train_step, model, optimizers[name], source, target))
             model.eval()
             for beams in (1, 4):
-                timed(f"beam{beams} {name}", lambda: generate(model, prompt, beams))
+                timed(f"beam{beams} {name}", partial(generate, model, prompt, beams))
         if repeat == 0:
             timings.clear()
 
@@ -213,20 +213,21 @@ def run_size(label: str, size: dict, repeats: int, threads: int, ablate: bool = 
             prompt = random_tokens(GENERATE_BATCH, SOURCE_LENGTH, size["vocab_size"], 1000 + repeat)
             for beams in beam_sizes:
                 if repeat:  # the first round warms up
-                    timed(f"beam{beams} {name}", lambda: engine(prompt, beams))
+                    timed(f"beam{beams} {name}", partial(engine, prompt, beams))
                 else:
                     engine(prompt, beams)
 
     engine_rounds("ours-int8", lambda prompt, beams: generate(int8, prompt, beams))
     for compute, translator in ctranslate2_translators(models["plain"].eval(), threads).items():
-        engine_rounds(f"ct2-{compute}", lambda prompt, beams: ct2_generate(translator, prompt, beams))
+        engine_rounds(f"ct2-{compute}", partial(ct2_generate, translator))
     onnx = onnx_model(models["plain"].eval(), threads)
     if onnx is not None:
-        engine_rounds("onnx", lambda prompt, _: onnx_greedy(onnx, prompt), beam_sizes=(1,))  # its beam 4 is the paper's
+        # greedy only: the exported model's beam 4 would be the paper's search, not transformers'
+        engine_rounds("onnx", lambda prompt, _: onnx_greedy(onnx, prompt), beam_sizes=(1,))
 
     train_tokens = TRAIN_BATCH * 2 * TRAIN_LENGTH
     new_tokens = GENERATE_BATCH * NEW_TOKENS
-    memory = {name: peak_memory(lambda: train_step(model.train(), optimizers[name], source, target))
+    memory = {name: peak_memory(partial(train_step, model.train(), optimizers[name], source, target))
               for name, model in models.items() if not name.startswith("ours without")}
     print(f"\n**{label}**: d_model {size['d_model']}, {size['num_layers']}+{size['num_layers']} layers, "
           f"{size['num_heads']} heads, d_ff {size['d_ff']}, vocabulary {size['vocab_size']}; "
@@ -239,7 +240,8 @@ def run_size(label: str, size: dict, repeats: int, threads: int, ablate: bool = 
         marian, plain, ours = (tokens / statistics.median(timings[f"{key} {n}"]) for n in ("marian", "plain", "ours"))
         print(f"| {title} | {marian:.0f} | {plain:.0f} | {plain / marian:.2f}x | {ours:.0f} | {ours / marian:.2f}x |")
     print(f"| training-step peak memory (MiB) | {memory['marian']:.0f} | {memory['plain']:.0f} | "
-          f"{memory['plain'] / memory['marian']:.2f}x | {memory['ours']:.0f} | {memory['ours'] / memory['marian']:.2f}x |")
+          f"{memory['plain'] / memory['marian']:.2f}x | {memory['ours']:.0f} | "
+          f"{memory['ours'] / memory['marian']:.2f}x |")
     for title, key in (("greedy", "beam1"), ("beam-4", "beam4")):
         marian, int8_speed = (new_tokens / statistics.median(timings[f"{key} {n}"]) for n in ("marian", "ours-int8"))
         print(f"| {title} generate tokens/s, ours int8 (`vaswani-translate --int8`) vs Marian fp32 | {marian:.0f} | "
@@ -271,7 +273,8 @@ def main():
     parser.add_argument("--kernels", default="", help="comma-separated kernel names to force (VASWANI_KERNELS)")
     parser.add_argument("--ablate", action="store_true", help="also fast_cpu without each decoding mechanism")
     parser.add_argument("--keep-freed-memory", action="store_true",
-                        help="vaswani_hf.keep_freed_memory() for the whole process, as vaswani-translate and training run")
+                        help="vaswani_hf.keep_freed_memory() for the whole process, as vaswani-translate and "
+                        "training run")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.keep_freed_memory:

@@ -45,14 +45,14 @@ def torch_threads_kept():
     worker many times over, without failing any."""
     threads = torch.get_num_threads()
     yield
-    assert torch.get_num_threads() == threads, f"torch's thread count changed from {threads} to {torch.get_num_threads()}"
+    now = torch.get_num_threads()
+    assert now == threads, f"torch's thread count changed from {threads} to {now}"
 
 
 def tiny_config(**overrides) -> VaswaniConfig:
     """d_model 24, 3 heads of 8, d_ff 36, 2 encoder and 3 decoder layers, vocabulary 53, no dropout."""
-    values = dict(
-        vocab_size=53, d_model=24, d_ff=36, num_heads=3, num_layers=2, num_decoder_layers=3, dropout=0.0
-    )
+    values = {"vocab_size": 53, "d_model": 24, "d_ff": 36, "num_heads": 3, "num_layers": 2, "num_decoder_layers": 3,
+              "dropout": 0.0}
     values.update(overrides)
     return VaswaniConfig(**values)
 
@@ -118,9 +118,9 @@ def trained_model():
 def translation_folder(tmp_path_factory):
     """A run's output folder as training/run.py writes it (weights, code, tokenizer, generation config, metrics,
     model card), for a tiny model trained for a few seconds on the embedded EN-DE pairs with its own joint BPE."""
+    from training.arguments import DataArguments
     from training.default_data import generate
     from training.evaluation import score, translate
-    from training.arguments import DataArguments
     from training.hub import write_output_folder
     from training.recipe import training_data
     from training.tokenizer import train_joint_bpe
@@ -216,4 +216,4 @@ def run_without(package: str, script: str, *args, env_extra=None, cwd=None) -> s
     if package == "vaswani_hf":
         env.pop("PYTHONPATH", None)
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script), *map(str, args)],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=cwd, env=env, check=False, capture_output=True, text=True, timeout=300)

@@ -6,7 +6,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import BOS, random_ids, tiny_model
 
 
@@ -46,9 +45,11 @@ def test_labels_outside_the_vocabulary(model):
 
 
 def test_a_mask_whose_shape_does_not_match_the_ids(model):
-    one_line_error(lambda: model(input_ids=random_ids(2, 5), attention_mask=torch.ones(2, 4), decoder_input_ids=target().repeat(2, 1)),
+    one_line_error(lambda: model(input_ids=random_ids(2, 5), attention_mask=torch.ones(2, 4),
+                                 decoder_input_ids=target().repeat(2, 1)),
                    "attention_mask", "(2, 4)", "(2, 5)")
-    one_line_error(lambda: model(input_ids=random_ids(1, 5), decoder_input_ids=target(), decoder_attention_mask=torch.ones(1, 2)),
+    one_line_error(lambda: model(input_ids=random_ids(1, 5), decoder_input_ids=target(),
+                                 decoder_attention_mask=torch.ones(1, 2)),
                    "decoder_attention_mask", "(1, 3)")
     one_line_error(lambda: model(input_ids=random_ids(2, 5), decoder_input_ids=target().repeat(3, 1)),
                    "decoder has 3 rows", "encoder output 2")
@@ -63,10 +64,12 @@ def test_empty_sequences(model):
 
 
 def test_wrong_ranks_and_types(model):
-    one_line_error(lambda: model(input_ids=torch.tensor([5, 6, 7]), decoder_input_ids=target()), "input_ids", "(batch, length)")
+    one_line_error(lambda: model(input_ids=torch.tensor([5, 6, 7]), decoder_input_ids=target()),
+                   "input_ids", "(batch, length)")
     one_line_error(lambda: model(input_ids=torch.tensor([[5.0, 6.0]]), decoder_input_ids=target()), "integer")
     one_line_error(lambda: model(inputs_embeds=torch.zeros(1, 3, 7), decoder_input_ids=target()), "d_model=24")
-    one_line_error(lambda: model(input_ids=random_ids(1, 3), inputs_embeds=torch.zeros(1, 3, 24), decoder_input_ids=target()),
+    one_line_error(lambda: model(input_ids=random_ids(1, 3), inputs_embeds=torch.zeros(1, 3, 24),
+                                 decoder_input_ids=target()),
                    "exactly one")
 
 
@@ -102,8 +105,8 @@ def test_importing_the_model_with_a_transformers_older_than_it_speaks_is_refused
     metadata.parent.mkdir()
     metadata.write_text("Metadata-Version: 2.1\nName: transformers\nVersion: 5.23.0\n")
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-c", "import vaswani_hf"], capture_output=True, text=True, timeout=300,
-                            env=environment)
+    result = subprocess.run([sys.executable, "-c", "import vaswani_hf"], check=False, capture_output=True, text=True,
+                            timeout=300, env=environment)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
         "ImportError: transformers>=5.24 is required for a normal functioning of this module, but found"

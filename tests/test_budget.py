@@ -31,11 +31,12 @@ def test_warmup_and_cooldown_are_shares_of_the_expected_run(expected_steps):
     rates = [budget_lr(s, expected_steps, PEAK, 0.1, 0.3) for s in range(1, expected_steps + 1)]
     assert max(rates) == pytest.approx(PEAK) and rates.index(max(rates)) + 1 == warmup  # the peak ends the warmup
     assert rates[0] == pytest.approx(PEAK / warmup)                                       # linear from step 1
-    middle = int(0.5 * expected_steps)                                                     # §5.3 decay, before cooldown
+    middle = int(0.5 * expected_steps)                                         # §5.3 decay, before cooldown
     assert rates[middle - 1] == pytest.approx(PEAK * math.sqrt(warmup / middle))
     start = 0.7 * expected_steps                                                           # cooldown: linear to 0
     late = int(0.9 * expected_steps)
-    assert rates[late - 1] == pytest.approx(PEAK * math.sqrt(warmup / late) * (expected_steps - late) / (expected_steps - start))
+    cooldown = (expected_steps - late) / (expected_steps - start)
+    assert rates[late - 1] == pytest.approx(PEAK * math.sqrt(warmup / late) * cooldown)
     assert rates[-1] == 0.0
 
 

@@ -146,7 +146,8 @@ def test_a_save_removes_every_incomplete_checkpoint_and_records_every_file(tmp_p
     saved_run(tmp_path, accelerator, [5])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-5"]
     recorded = json.loads((tmp_path / "checkpoint-5" / "trainer_state.json").read_text())["files"]
-    assert sorted(recorded) == sorted(p.name for p in (tmp_path / "checkpoint-5").iterdir() if p.name != "trainer_state.json")
+    written = (p.name for p in (tmp_path / "checkpoint-5").iterdir() if p.name != "trainer_state.json")
+    assert sorted(recorded) == sorted(written)
 
 
 def test_resuming_unpickles_no_object(tmp_path, accelerator):

@@ -27,13 +27,13 @@ def test_the_embedded_default_data_is_what_the_generator_writes():
 def test_json_lines_and_aligned_text_load_the_same_pairs(tmp_path):
     rows = [("A dog .", "Ein Hund ."), ("Two cats .", "Zwei Katzen .")]
     with open(tmp_path / "train.jsonl", "w") as f:
-        for en, de in rows:
-            f.write(json.dumps({"translation": {"en": en, "de": de}}) + "\n")
+        f.writelines(json.dumps({"translation": {"en": en, "de": de}}) + "\n" for en, de in rows)
     (tmp_path / "valid.en").write_text("\n".join(en for en, _ in rows) + "\n")
     (tmp_path / "valid.de").write_text("\n".join(de for _, de in rows) + "\n")
-    pairs = load_pairs("en", "de", files={"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "valid")})
+    files = {"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "valid")}
+    pairs = load_pairs("en", "de", files=files)
     assert pairs == {"train": rows, "validation": rows}
-    assert load_pairs("de", "en", files={"train": str(tmp_path / "train.jsonl")})["train"][0] == ("Ein Hund .", "A dog .")
+    assert load_pairs("de", "en", files={"train": files["train"]})["train"][0] == ("Ein Hund .", "A dog .")
 
 
 def test_missing_or_misaligned_files_are_one_line_errors(tmp_path):
@@ -62,7 +62,7 @@ def test_aligned_text_is_read_a_table_at_a_time_with_lines_counted_across_tables
     with pytest.raises(ValueError, match="5 en lines but 4 de lines"):
         load_pairs("en", "de", files={"train": str(tmp_path / "m")})
     (tmp_path / "u.en").write_text("\n".join(english) + "\n")
-    (tmp_path / "u.de").write_bytes("\n".join(["Eins.", "Zwei.", "", "Caf\u00e9.", "Letzte"]).encode("latin-1"))
+    (tmp_path / "u.de").write_bytes("Eins.\nZwei.\n\nCaf\u00e9.\nLetzte".encode("latin-1"))
     with pytest.raises(ValueError, match="u.de is not UTF-8 text: byte 0xe9 on line 4"):
         load_pairs("en", "de", files={"train": str(tmp_path / "u")})
 
@@ -160,9 +160,9 @@ def test_the_word_cached_encoder_gives_the_tokenizers_ids_on_any_text():
     encoder = WordEncoder(tokenizer)
     encoder.CACHE_WORDS = 50
     texts = [side for pair in pairs for side in pair]
-    pieces = [" ", "  ", "\t", "\u2581", "\u00a0", "\u00b2", "\u00bd", "\u00e4", "a\u0308", "\u00df", "\ufb01", "\uff21",
-              "\uff1c/s\uff1e", "</s>", "<pad>", "<unk", "\u201ehallo\u201c", "\u2013", "\u3000", "\U0001d400", "e", "The",
-              "Hund", "x\u0301y", "\u212b", "\u2460", "."]
+    pieces = [" ", "  ", "\t", "\u2581", "\u00a0", "\u00b2", "\u00bd", "\u00e4", "a\u0308", "\u00df", "\ufb01",
+              "\uff21", "\uff1c/s\uff1e", "</s>", "<pad>", "<unk", "\u201ehallo\u201c", "\u2013", "\u3000",
+              "\U0001d400", "e", "The", "Hund", "x\u0301y", "\u212b", "\u2460", "."]
     rng = random.Random(0)
     texts += ["".join(rng.choices(pieces, k=rng.randint(0, 12))) for _ in range(3000)] + ["", " ", "\u2581"]
     assert encoder(texts) == tokenizer(texts)["input_ids"]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CODE_FILES, LENGTH_LIMIT, refusal, refused_translation, run_hidden
 from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from conftest import CODE_FILES, LENGTH_LIMIT, refusal, refused_translation, run_hidden
 from training.arguments import DataArguments
 from training.default_data import generate as generate_default_data
 from training.evaluation import translate
@@ -93,8 +93,8 @@ def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_fold
 
 
 def test_the_pipeline_loads_from_the_folder_without_the_package(translation_folder, tmp_path):
-    """With trust_remote_code the folder's own code runs: the paper's decoding (GNMT, beam 4), as generation_config.json
-    asks."""
+    """With trust_remote_code the folder's own code runs: the paper's decoding (GNMT, beam 4), as
+    generation_config.json asks."""
     model, tokenizer = load_local(translation_folder)
     expected = [translate(model, tokenizer, [s])[0] for s in SOURCES]
     out = run_hidden(
@@ -228,7 +228,6 @@ def test_vaswani_push_refuses_what_is_not_a_finished_model_in_one_line(translati
 
 def test_model_push_to_hub_sends_weights_code_config_and_generation_config(tmp_path, monkeypatch):
     import huggingface_hub
-
     from conftest import tiny_model
 
     sent = {}
@@ -369,7 +368,7 @@ def test_the_model_card_names_the_data_as_given_and_claims_no_license(translatio
 # --- the command-line translator ------------------------------------------------------------------------------
 
 def cli(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "vaswani_hf.translate", *map(str, args)], input=stdin,
+    return subprocess.run([sys.executable, "-m", "vaswani_hf.translate", *map(str, args)], input=stdin, check=False,
                           capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
@@ -522,7 +521,7 @@ def test_the_visualize_command_writes_one_picture_per_attention(translation_fold
     result = subprocess.run(
         [sys.executable, "-m", "vaswani_hf.visualize", str(translation_folder), "--source", SOURCES[0],
          "--layer", "0", "--output_dir", str(tmp_path / "pictures")],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        check=False, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
     for name in ("encoder_self_attention", "decoder_self_attention", "cross_attention"):
         path = tmp_path / "pictures" / f"{name}_layer0.png"

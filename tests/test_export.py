@@ -6,11 +6,11 @@ from pathlib import Path
 import ctranslate2
 import pytest
 import torch
+from conftest import run_without, save_marian_folder
 from ctranslate2.converters import TransformersConverter
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from conftest import run_without, save_marian_folder
 from training.default_data import generate
 from vaswani_hf import quantize_int8
 from vaswani_hf.export import main as export_main
@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.xdist_group("export"), pytest.mark.long]
 
 @pytest.fixture(scope="module")
 def trained(translation_folder):
-    return AutoModelForSeq2SeqLM.from_pretrained(translation_folder).eval(), AutoTokenizer.from_pretrained(translation_folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(translation_folder).eval()
+    return model, AutoTokenizer.from_pretrained(translation_folder)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,8 @@ def ct2_folders(translation_folder, tmp_path_factory):
     folders = {}
     for quantization in ("float32", "int8"):
         folders[quantization] = tmp_path_factory.mktemp("ct2") / quantization
-        export_main(["ctranslate2", str(translation_folder), str(folders[quantization]), "--quantization", quantization])
+        export_main(["ctranslate2", str(translation_folder), str(folders[quantization]),
+                     "--quantization", quantization])
     return folders
 
 
@@ -216,10 +218,11 @@ def test_onnx_decoding_steps_with_the_cache_give_torchs_logits(trained, onnx_mod
     """Teacher-forced steps: the first through decoder_model.onnx, the next through decoder_with_past_model.onnx."""
     model, tokenizer = trained
     inputs = padded_sources(tokenizer)
-    targets = tokenizer(text_target=[target for _, target in PAIRS[:12]], padding=True, return_tensors="pt")["input_ids"]
+    targets = tokenizer(text_target=[t for _, t in PAIRS[:12]], padding=True, return_tensors="pt")["input_ids"]
     hidden = onnx_model.get_encoder()(**inputs)
     config = model.config.get_text_config(decoder=True)
-    ours, theirs = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config)), onnx_model.new_cache()
+    ours = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+    theirs = onnx_model.new_cache()
     tokens = torch.cat([torch.full((targets.shape[0], 1), model.config.decoder_start_token_id), targets], dim=-1)
     for step in range(6):
         with torch.no_grad():

@@ -4,12 +4,12 @@ import contextlib
 
 import pytest
 import torch
+from conftest import BOS, EOS, PAD, random_ids, tiny_model
 from transformers import AttentionInterface, EncoderDecoderCache
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_outputs import BaseModelOutput
 
-from conftest import BOS, EOS, PAD, random_ids, tiny_model
 from vaswani_hf import fast_cpu
 from vaswani_hf.gnmt import gnmt_beam_search
 from vaswani_hf.kernels import KERNELS

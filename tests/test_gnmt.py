@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 import torch
-
 from conftest import BOS, EOS, PAD, random_ids, tiny_model
+
 from vaswani_hf.gnmt import gnmt_beam_search, gnmt_length_penalty
 
 
@@ -33,7 +33,8 @@ def brute_force(model, source, vocab, max_length, alpha, min_new_tokens):
                 hypothesis = [*prefix, last]
                 if last != EOS and length < max_length:
                     continue
-                scored.append((hypothesis, sequence_log_prob(model, source, hypothesis) / gnmt_length_penalty(length, alpha)))
+                score = sequence_log_prob(model, source, hypothesis) / gnmt_length_penalty(length, alpha)
+                scored.append((hypothesis, score))
     return sorted(scored, key=lambda pair: -pair[1])
 
 

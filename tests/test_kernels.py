@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import random_ids, tiny_model
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -24,7 +23,7 @@ from vaswani_hf.kernels import KERNELS, MEASURED_ATTENTION, Kernels, VaswaniLine
 
 @pytest.fixture
 def kernels(monkeypatch):
-    """KERNELS with nothing chosen, forced, frozen or packed (other tests' models may be alive), restored afterwards."""
+    """KERNELS with nothing chosen, forced, frozen or packed (other tests' models may be alive), restored after."""
     monkeypatch.setattr(KERNELS, "chosen", {})
     monkeypatch.setattr(KERNELS, "packed", weakref.WeakKeyDictionary())
     monkeypatch.setattr(KERNELS, "forced", ())
@@ -130,7 +129,7 @@ def test_frozen_choices_extend_to_new_sizes_without_measuring():
     chooser = Kernels()
     chooser.chosen = {("forward", 4, (40, 24), True): "torch", ("forward", 9, (40, 24), True): "onednn"}
     chooser.freeze()
-    never = lambda name: pytest.fail("measured")  # noqa: E731
+    never = lambda name: pytest.fail("measured")
     assert chooser.choose(("forward", 5, (40, 24), True), ("torch", "onednn"), never) == "torch"
     assert chooser.choose(("forward", 12, (40, 24), True), ("torch", "onednn"), never) == "onednn"
     measured = []
@@ -151,7 +150,7 @@ def test_the_environment_variable_forces_the_kernels_of_a_fresh_process():
              "model.generate(random_ids(2, 5), max_new_tokens=3)\n"
              "model.train()(input_ids=random_ids(2, 5), labels=random_ids(2, 4)).loss.backward()\n"
              "print(KERNELS.forced, KERNELS.chosen)\n")
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+    result = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "VASWANI_KERNELS": "torch,eager"}, cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[0] == "('torch', 'eager') {}"  # nothing measured: every choice was forced
@@ -353,7 +352,8 @@ print(default, applied, refaults())
 
 
 def test_keep_freed_memory_lets_a_freed_block_be_reused_without_faulting_its_pages_in_again():
-    result = subprocess.run([sys.executable, "-c", REFAULT_PROBE], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", REFAULT_PROBE], check=False, capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     default, applied, kept = result.stdout.split()
     assert applied == "True"  # Linux with glibc, as the machines that run these tests

@@ -5,9 +5,9 @@ import math
 
 import pytest
 import torch
+from conftest import BOS, EOS, PAD, formula_position_encoding, random_ids, tiny_model
 from torch import nn
 
-from conftest import BOS, EOS, PAD, formula_position_encoding, random_ids, tiny_model
 from vaswani_hf.modeling_vaswani import shift_tokens_right, sinusoidal_position_encoding
 
 
@@ -19,7 +19,7 @@ def test_sinusoids_follow_the_formula_and_have_no_length_limit():
     positions = torch.arange(0, 40)
     torch.testing.assert_close(sinusoidal_position_encoding(positions, 24), formula_position_encoding(40, 24))
     far = sinusoidal_position_encoding(torch.tensor([5000]), 16)[0]
-    expected = torch.tensor([f(5000 / 10000 ** (2 * (j // 2) / 16)) for j in range(16) for f in [(math.sin, math.cos)[j % 2]]])
+    expected = torch.tensor([(math.sin, math.cos)[j % 2](5000 / 10000 ** (2 * (j // 2) / 16)) for j in range(16)])
     torch.testing.assert_close(far, expected, atol=1e-4, rtol=0)
 
 
@@ -135,7 +135,8 @@ def test_shared_embeddings_are_one_matrix_or_three():
     assert tied.model.decoder.embed_tokens.weight is tied.model.encoder.embed_tokens.weight
     assert tied.lm_head.bias is None
     untied = tiny_model(tie_word_embeddings=False)
-    matrices = {untied.lm_head.weight, untied.model.encoder.embed_tokens.weight, untied.model.decoder.embed_tokens.weight}
+    matrices = [untied.lm_head.weight, untied.model.encoder.embed_tokens.weight,
+                untied.model.decoder.embed_tokens.weight]
     assert len({id(m) for m in matrices}) == 3
     std = 24**-0.5
     assert abs(untied.lm_head.weight.std().item() - std) < 0.15 * std
@@ -146,7 +147,8 @@ def test_resizing_the_vocabulary_keeps_the_matrices_tied_or_resizes_all_three():
         model = tiny_model(tie_word_embeddings=tie)
         model.resize_token_embeddings(60)
         assert model.config.vocab_size == 60
-        for matrix in (model.lm_head.weight, model.model.encoder.embed_tokens.weight, model.model.decoder.embed_tokens.weight):
+        for matrix in (model.lm_head.weight, model.model.encoder.embed_tokens.weight,
+                       model.model.decoder.embed_tokens.weight):
             assert matrix.shape == (60, 24)
         assert (model.lm_head.weight is model.model.encoder.embed_tokens.weight) == tie
         logits = model(input_ids=torch.tensor([[59, 5]]), decoder_input_ids=torch.tensor([[BOS, 59]])).logits
@@ -169,7 +171,8 @@ def test_labels_give_the_mean_cross_entropy_over_non_pad_tokens(model):
     torch.testing.assert_close(out.loss, by_hand)
     # the Trainer's num_items_in_batch: sum / count over all accumulated batches
     torch.testing.assert_close(model(input_ids=source, labels=labels, num_items_in_batch=14).loss, by_hand * 7 / 14)
-    torch.testing.assert_close(model(input_ids=source, labels=labels, num_items_in_batch=torch.tensor(7)).loss, by_hand)
+    loss = model(input_ids=source, labels=labels, num_items_in_batch=torch.tensor(7)).loss
+    torch.testing.assert_close(loss, by_hand)
 
 
 def test_shift_tokens_right():

@@ -8,10 +8,9 @@ import math
 
 import pytest
 import torch
+from conftest import BOS, EOS, PAD, formula_position_encoding, random_ids, tiny_model
 from torch import nn
 from transformers import MarianConfig, MarianMTModel
-
-from conftest import BOS, EOS, PAD, formula_position_encoding, random_ids, tiny_model
 
 ATOL = 1e-5
 
@@ -115,7 +114,8 @@ def test_logits_match_marian_mt_model():
     order = marian_feature_order(c.d_model)
     marian.model.shared.weight.copy_(model.get_input_embeddings().weight[:, order])
     marian.final_logits_bias.zero_()
-    stacks = [(marian.model.encoder.layers, model.model.encoder.layers), (marian.model.decoder.layers, model.model.decoder.layers)]
+    stacks = [(marian.model.encoder.layers, model.model.encoder.layers),
+              (marian.model.decoder.layers, model.model.decoder.layers)]
     for marian_layers, our_layers in stacks:
         for ref, ours in zip(marian_layers, our_layers):
             attentions = [("self_attn", "self_attn_layer_norm")]
@@ -123,7 +123,8 @@ def test_logits_match_marian_mt_model():
                 attentions.append(("encoder_attn", "encoder_attn_layer_norm"))
             for attention, norm in attentions:
                 for projection in ("q_proj", "k_proj", "v_proj"):
-                    copy_linear(getattr(getattr(ref, attention), projection), getattr(getattr(ours, attention), projection), cols=order)
+                    copy_linear(getattr(getattr(ref, attention), projection),
+                                getattr(getattr(ours, attention), projection), cols=order)
                 copy_linear(getattr(ref, attention).out_proj, getattr(ours, attention).out_proj, rows=order)
                 copy_norm(getattr(ref, norm), getattr(ours, norm), order)
             copy_linear(ref.fc1, ours.fc1, cols=order)

@@ -4,10 +4,10 @@ logits close to the float32 model's, and the translator's --int8 flag."""
 import copy
 
 import torch
+from conftest import random_ids, tiny_model
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
-from conftest import random_ids, tiny_model
 from vaswani_hf import fast_cpu, quantize_int8
 from vaswani_hf.kernels import VaswaniLinear
 from vaswani_hf.quantization import Int8Linear, full_range_activations
@@ -18,8 +18,10 @@ def test_the_int8_copy_quantizes_every_linear_layer_and_leaves_the_model_alone()
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     linear_names = {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     quantized = quantize_int8(model)
-    assert {name for name, module in quantized.named_modules() if isinstance(module, DynamicQuantizedLinear)} == linear_names
-    assert "lm_head" in linear_names and len(linear_names) == 2 * (4 + 2) + 3 * (4 + 4 + 2) + 1  # attention, FFN, output
+    quantized_names = {name for name, layer in quantized.named_modules() if isinstance(layer, DynamicQuantizedLinear)}
+    assert quantized_names == linear_names
+    assert "lm_head" in linear_names
+    assert len(linear_names) == 2 * (4 + 2) + 3 * (4 + 4 + 2) + 1  # attention, FFN, output
     assert all(type(module) is VaswaniLinear for name, module in model.named_modules() if name in linear_names)
     assert all(torch.equal(tensor, before[name]) for name, tensor in model.state_dict().items())
     assert model.training and not quantized.training

@@ -41,7 +41,7 @@ def test_the_fused_optimizer_takes_the_steps_of_torchs_default_adam():
     torch.manual_seed(0)
     model, reference = torch.nn.Linear(5, 4), torch.nn.Linear(5, 4)
     reference.load_state_dict(model.state_dict())
-    optimizer, scheduler = paper_optimizer(model, d_model=512, warmup_steps=4)
+    optimizer, _ = paper_optimizer(model, d_model=512, warmup_steps=4)
     assert optimizer.defaults["fused"]
     expected = torch.optim.Adam(reference.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     for step in range(1, 4):
@@ -133,9 +133,11 @@ def test_averaging_streams_and_names_the_checkpoint_that_does_not_fit(tmp_path, 
     averaged = average_checkpoints(files[:2] * 5)
     torch.testing.assert_close(averaged["w"], torch.full((2, 3), 0.5))
     assert most == 1
-    with pytest.raises(ValueError, match=r"checkpoint-2.safetensors does not fit .*checkpoint-0.safetensors: it holds other weights \(v, w\)"):
+    with pytest.raises(ValueError, match=r"checkpoint-2.safetensors does not fit .*checkpoint-0.safetensors: it holds "
+                                         r"other weights \(v, w\)"):
         average_checkpoints(files[:3])
-    with pytest.raises(ValueError, match=r"checkpoint-3.safetensors does not fit .*: w has shape \(3, 2\), not \(2, 3\)"):
+    with pytest.raises(ValueError,
+                       match=r"checkpoint-3.safetensors does not fit .*: w has shape \(3, 2\), not \(2, 3\)"):
         average_checkpoints([files[0], files[3]])
 
 

@@ -6,10 +6,10 @@ import json
 import sys
 
 import torch
+from conftest import CODE_FILES, random_ids, run_hidden, tiny_model
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSeq2SeqLM
 
-from conftest import CODE_FILES, random_ids, run_hidden, tiny_model
 from vaswani_hf import VaswaniForConditionalGeneration, VaswaniModel
 
 

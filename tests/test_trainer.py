@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_model
 from torch.utils.data import SequentialSampler
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.trainer_utils import EvalPrediction
 
-from conftest import tiny_model
 from training import run_trainer
 from training.default_data import generate
 from training.run_trainer import make_compute_metrics, tokenize
@@ -28,8 +28,9 @@ def pairs():
 
 def trainer_for(tmp_path, tokenizer, train_pairs, model=None, eval_pairs=None, in_order=False, **arguments):
     model = model or tiny_model(seed=5, vocab_size=len(tokenizer))
-    defaults = dict(output_dir=str(tmp_path), report_to="none", save_strategy="no", logging_steps=1, seed=0,
-                    use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, optim="sgd", learning_rate=0.1)
+    defaults = {"output_dir": str(tmp_path), "report_to": "none", "save_strategy": "no", "logging_steps": 1,
+                "seed": 0, "use_cpu": True, "dataloader_num_workers": 0, "disable_tqdm": True, "optim": "sgd",
+                "learning_rate": 0.1}
     args = Seq2SeqTrainingArguments(**{**defaults, **arguments})
     trainer = Seq2SeqTrainer(
         model=model, args=args, train_dataset=tokenize(tokenizer, train_pairs, 64),
@@ -69,7 +70,8 @@ def test_one_batch_of_four_equals_two_accumulated_batches_of_two(tmp_path, token
     for batch_size, accumulation in ((4, 1), (2, 2)):
         trainer = trainer_for(tmp_path / f"{batch_size}", tokenizer, four, in_order=True,
                               per_device_train_batch_size=batch_size,
-                              gradient_accumulation_steps=accumulation, max_steps=1, label_smoothing_factor=label_smoothing)
+                              gradient_accumulation_steps=accumulation, max_steps=1,
+                              label_smoothing_factor=label_smoothing)
         trainer.train()
         results.append({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
     start = tiny_model(seed=5, vocab_size=len(tokenizer)).state_dict()

@@ -41,8 +41,7 @@ def small_data(tmp_path_factory):
     for split, size in (("train", 2000), ("validation", 8), ("test", 8)):
         files[split] = folder / f"{split}.jsonl"
         with open(files[split], "w") as f:
-            for en, de in splits[split][:size]:
-                f.write(json.dumps({"translation": {"en": en, "de": de}}) + "\n")
+            f.writelines(json.dumps({"translation": {"en": en, "de": de}}) + "\n" for en, de in splits[split][:size])
     return ["--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
             "--test_file", str(files["test"])]
 
@@ -71,7 +70,7 @@ def launch(output_dir, *flags, processes=1, popen=False, env_extra=None, killed=
                                 start_new_session=True)
     # A guard against a hang, not a speed limit: the embedded-data run takes about 500 s on one core of a 2-core
     # AMD EPYC (Zen 3) beside the other worker's tests, and a slower machine must not fail it by the clock.
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    result = subprocess.run(command, env=env, check=False, capture_output=True, text=True, timeout=1800)
     if killed:  # the run killed itself with SIGKILL at its VASWANI_FAULT point (training/faults.py)
         assert result.returncode != 0 and "SIGKILL" in result.stderr, result.stderr[-3000:]
     else:
@@ -151,7 +150,8 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_pat
     # Adam (eps 1e-9) turns the rounding noise of their gradient into updates that differ with the summation
     # order. They do not change the model's function: its validation loss and its translations agree.
     assert_same_weights(one_process_run, tmp_path / "two", atol=1e-5, skip=("k_proj.bias",))
-    metrics_one, metrics_two = (json.loads((d / "metrics.json").read_text()) for d in (one_process_run, tmp_path / "two"))
+    metrics_one, metrics_two = (json.loads((d / "metrics.json").read_text())
+                                for d in (one_process_run, tmp_path / "two"))
     assert metrics_two["validation"]["loss"] == pytest.approx(metrics_one["validation"]["loss"], rel=1e-5)
     assert metrics_two["test"]["bleu"] == metrics_one["test"]["bleu"]
     assert metrics_one["distributed"]["parallelism"] == "none"
@@ -171,7 +171,8 @@ def test_fsdp_shards_over_two_processes_and_trains_like_one_process(tmp_path, sm
     assert [h["validation_loss"] for h in fsdp if "validation_loss" in h] == pytest.approx(
         [h["validation_loss"] for h in one if "validation_loss" in h], rel=1e-5)
     assert_same_weights(one_process_run, tmp_path / "fsdp", atol=1e-5, skip=("k_proj.bias",))
-    metrics_one, metrics_fsdp = (json.loads((d / "metrics.json").read_text()) for d in (one_process_run, tmp_path / "fsdp"))
+    metrics_one, metrics_fsdp = (json.loads((d / "metrics.json").read_text())
+                                 for d in (one_process_run, tmp_path / "fsdp"))
     assert metrics_fsdp["distributed"]["parallelism"] == "FSDP2"
     total = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "fsdp").num_parameters()
     assert metrics_one["distributed"]["parameters_held_by_the_main_process"] == total
@@ -211,7 +212,8 @@ def test_an_fsdp_run_killed_in_a_step_and_in_a_save_resumes_to_an_uninterrupted_
            killed=True)
     assert [p.name for p in checkpoints(run)] == ["checkpoint-2", "checkpoint-4"]
     launch(run, *flags, *resume, processes=2, fsdp=True)
-    assert [h["loss"] for h in history(run)] == pytest.approx([h["loss"] for h in history(tmp_path / "whole")], rel=1e-6)
+    whole = [h["loss"] for h in history(tmp_path / "whole")]
+    assert [h["loss"] for h in history(run)] == pytest.approx(whole, rel=1e-6)
     assert_same_weights(run, tmp_path / "whole", atol=1e-6)
 
 
@@ -221,9 +223,11 @@ def test_an_fsdp_request_that_cannot_be_honoured_is_a_one_line_error(tmp_path, s
                "--main_process_port", str(free_port())]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     for extra, message in (
-            (["--fsdp_version", "1"], "error: FSDP version 1 was asked for; this run shards with FSDP2: add --fsdp_version 2"),
+            (["--fsdp_version", "1"],
+             "error: FSDP version 1 was asked for; this run shards with FSDP2: add --fsdp_version 2"),
             (["--fsdp_version", "2", "--fsdp_offload_params", "true"],
-             "error: FSDP parameter offloading (FSDP_OFFLOAD_PARAMS) is not supported by training/run.py: leave it off"),
+             ("error: FSDP parameter offloading (FSDP_OFFLOAD_PARAMS) is not supported by training/run.py: leave "
+              "it off")),
             (["--fsdp_version", "2", "--num_processes", "1"],
              "error: FSDP with one process shards nothing: launch with --num_processes 2 or more")):
         result = subprocess.run([*command, *extra, str(ROOT / "training" / "run.py"), "--output_dir",
@@ -285,7 +289,8 @@ def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_
     assert [p.name for p in checkpoints(run)] == ["checkpoint-2", "checkpoint-4"]
     assert (run / ".incomplete-checkpoint-6" / "model.safetensors").is_file()
     launch(run, *flags, *resume, env_extra={"VASWANI_FAULT": "average"}, killed=True)
-    assert [p.name for p in checkpoints(run)] == ["checkpoint-6", "checkpoint-8"] and not (run / "model.safetensors").exists()
+    assert [p.name for p in checkpoints(run)] == ["checkpoint-6", "checkpoint-8"]
+    assert not (run / "model.safetensors").exists()
     launch(run, *flags, *resume)
 
     assert not list(run.glob(".incomplete-*"))
@@ -301,7 +306,8 @@ def test_a_reused_output_folder_is_refused_and_overwriting_starts_afresh(tmp_pat
     first_weights = (run / "model.safetensors").read_bytes()
     other = [*flags, "--max_steps", "2", "--vocab_size", "200"]
     result = subprocess.run([sys.executable, str(ROOT / "training" / "run.py"), "--output_dir", str(run), *other],
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                            check=False, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode != 0 and result.stderr.strip() == (
         f"error: --output_dir {run} is not empty: resume its run with --resume_from_checkpoint latest, replace it "
         "with --overwrite_output_dir, or choose another folder")
@@ -341,8 +347,9 @@ def test_the_same_command_gives_the_same_weights_on_a_quiet_and_a_busy_machine(t
 
 
 def test_a_budgeted_run_writes_its_schedule_and_replaying_it_gives_the_same_weights(tmp_path, small_data):
-    """A run fitted to 6 seconds: schedule.json records what it fitted; the same command with --replay_schedule, on a
-    machine kept busy by another process (fewer steps would fit), makes the same steps and saves to the same weights."""
+    """A run fitted to 6 seconds: schedule.json records what it fitted; the same command with --replay_schedule, on
+    a machine kept busy by another process (fewer steps would fit), makes the same steps and saves to the same
+    weights."""
     flags = [*TINY, "--max_train_minutes", "0.1", "--max_steps", "100000", "--warmup_share", "0.2",
              "--average_checkpoints", "2", "--average_share", "0.3", "--dropout_epochs", "0", "1"]
     launch(tmp_path / "run", *flags, *small_data)
@@ -357,7 +364,8 @@ def test_a_budgeted_run_writes_its_schedule_and_replaying_it_gives_the_same_weig
         busy.kill()
         busy.wait()
     assert json.loads((tmp_path / "replayed" / "schedule.json").read_text()) == schedule
-    assert (tmp_path / "replayed" / "model.safetensors").read_bytes() == (tmp_path / "run" / "model.safetensors").read_bytes()
+    replayed, original = (tmp_path / name / "model.safetensors" for name in ("replayed", "run"))
+    assert replayed.read_bytes() == original.read_bytes()
 
 
 @pytest.mark.xdist_group("whole_run")
@@ -431,7 +439,8 @@ def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small
     pairs = [json.loads(line)["translation"] for line in Path(small_data[1]).read_text().splitlines()]
     longer = sum(max(len(tokenizer(pair[lang])["input_ids"]) for lang in ("en", "de")) > 12 for pair in pairs)
     assert 0 < longer < len(pairs)
-    assert f"--max_length 12: {longer} of {len(pairs)} training pairs are longer (in tokens) and skipped" in result.stdout
+    skipped = f"--max_length 12: {longer} of {len(pairs)} training pairs are longer (in tokens) and skipped"
+    assert skipped in result.stdout
     assert not any(token.encode() in p.read_bytes() for p in out.rglob("*") if p.is_file())
     names = {p.name for p in out.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "metrics.json",

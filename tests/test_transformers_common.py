@@ -13,15 +13,17 @@ import warnings
 
 import pytest
 import torch
-
 from fetch_transformers_tests import PACKAGE, TARGET
+
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
 
 if not (PACKAGE / "test_modeling_common.py").exists():
-    raise RuntimeError(f"transformers' common tests are missing: run `python tests/fetch_transformers_tests.py` ({PACKAGE})")
+    raise RuntimeError(
+        f"transformers' common tests are missing: run `python tests/fetch_transformers_tests.py` ({PACKAGE})"
+    )
 sys.path.insert(0, str(TARGET))
 
-from transformers_tests.test_modeling_common import ModelTesterMixin, ids_tensor  # noqa: E402
+from transformers_tests.test_modeling_common import ModelTesterMixin, ids_tensor
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -31,7 +33,8 @@ class VaswaniModelTester:
 
     def __init__(self, parent, batch_size=13, seq_length=7, vocab_size=99, is_training=True):
         self.parent = parent
-        self.batch_size, self.seq_length, self.vocab_size, self.is_training = batch_size, seq_length, vocab_size, is_training
+        self.batch_size, self.seq_length, self.vocab_size = batch_size, seq_length, vocab_size
+        self.is_training = is_training
         self.hidden_size, self.num_attention_heads, self.num_hidden_layers = 16, 4, 2
         self.encoder_seq_length = self.decoder_seq_length = self.key_length = seq_length
 

@@ -12,11 +12,16 @@ from vaswani_hf import VaswaniConfig
 PRESETS = Path(__file__).resolve().parent / "presets"
 
 
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS.glob("*.json"))
+
+
 @dataclass
 class DataArguments:
     dataset_name: str | None = field(default=None, metadata={"help": "A Hub dataset with a translation column."})
     dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration, e.g. de-en."})
-    train_file: str | None = field(default=None, metadata={"help": "JSON lines, or a prefix of aligned PREFIX.<lang> files."})
+    train_file: str | None = field(default=None, metadata={
+        "help": "JSON lines, or a prefix of aligned PREFIX.<lang> files."})
     validation_file: str | None = field(default=None, metadata={"help": "As train_file."})
     test_file: str | None = field(default=None, metadata={"help": "As train_file."})
     source_lang: str = field(default="en")
@@ -66,7 +71,8 @@ class ModelArguments:
 
 @dataclass
 class RecipeArguments:
-    preset: str | None = field(default=None, metadata={"help": f"A recipe file in training/presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}."})
+    preset: str | None = field(default=None, metadata={
+        "help": f"A recipe file in training/presets: {preset_names()}."})
     output_dir: str = field(default="outputs/run")
     seed: int = 1
     max_steps: int = field(default=100000, metadata={"help": "Optimizer steps (§5.2: 100k for base)."})
@@ -86,15 +92,18 @@ class RecipeArguments:
         "help": "With a budget: validation this many times, evenly spaced inside it (instead of --eval_steps)."})
     dropout_epochs: list[float] | None = field(default=None, metadata={
         "help": "E0 E1: fit P_drop to the epochs the run is expected to make (with a budget as measured, else by "
-                "--max_steps): none up to E0, rising linearly to --dropout at E1 (training/budget.py; not the paper's)."})
+                "--max_steps): none up to E0, rising linearly to --dropout at E1 (training/budget.py; not the "
+                "paper's)."})
     max_tokens: int = field(default=4096, metadata={"help": "Padded tokens per batch and process."})
-    tokens_per_step: int = field(default=25000, metadata={"help": "Tokens per optimizer step, reached by accumulation."})
+    tokens_per_step: int = field(default=25000, metadata={
+        "help": "Tokens per optimizer step, reached by accumulation."})
     warmup_steps: int = 4000
     lr_scale: float = field(default=1.0, metadata={"help": "Multiplies the §5.3 learning rate curve."})
     label_smoothing: float = field(default=0.1, metadata={"help": "ε_ls (§5.4)."})
     max_grad_norm: float = field(default=0.0, metadata={
         "help": "Clip the step's gradient to this global L2 norm (0: no clipping, as in the paper)."})
-    mixed_precision: str = field(default="auto", metadata={"help": "auto (bf16/fp16 on GPUs, fp32 on CPU), no, fp16, bf16."})
+    mixed_precision: str = field(default="auto", metadata={
+        "help": "auto (bf16/fp16 on GPUs, fp32 on CPU), no, fp16, bf16."})
     fast_cpu: bool = field(default=True, metadata={
         "help": "On a CPU, kernels chosen by measurement (vaswani_hf.fast_cpu); --no_fast_cpu: torch's own."})
     logging_steps: int = 10
@@ -107,20 +116,22 @@ class RecipeArguments:
     length_penalty_alpha: float = field(default=0.6, metadata={"help": "GNMT α (§6.1)."})
     alpha_candidates: list[float] | None = field(default=None, metadata={
         "help": "GNMT α values to try on the whole validation set after training; the best replaces "
-                "--length_penalty_alpha for the test set and the saved model (§6.1: α was chosen on the development set)."})
+                "--length_penalty_alpha for the test set and the saved model (§6.1: α was chosen on the development "
+                "set)."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint folder, or latest."})
     overwrite_output_dir: bool = field(default=False, metadata={
-        "help": "Delete what --output_dir holds and start afresh (without it, a folder that holds anything is refused)."})
+        "help": "Delete what --output_dir holds and start afresh (without it, a folder that holds anything is "
+                "refused)."})
     push_to_hub: bool = False
     hub_model_id: str | None = None
     hub_private_repo: bool = False
 
 
 def read_preset(name: str) -> dict:
-    """training/presets/NAME.json without its comments; an unknown name is a one-line SystemExit listing the presets."""
+    """training/presets/NAME.json without its comments; an unknown name is a one-line SystemExit listing them."""
     path = PRESETS / f"{name}.json"
     if not path.is_file():
-        raise SystemExit(f"error: --preset {name}: no {path}; presets: {sorted(p.stem for p in PRESETS.glob('*.json'))}")
+        raise SystemExit(f"error: --preset {name}: no {path}; presets: {preset_names()}")
     return {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("_")}
 
 
@@ -159,7 +170,9 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     if epochs is not None and not (len(epochs) == 2 and 0 <= epochs[0] < epochs[1]):
         raise SystemExit(f"error: --dropout_epochs {epochs}: two epoch counts E0 E1 with 0 <= E0 < E1")
     if data_args.streaming and data_args.bpe_sample is None:
-        raise SystemExit("error: --streaming needs --bpe_sample N: the joint BPE learns from the stream's first N pairs")
+        raise SystemExit(
+            "error: --streaming needs --bpe_sample N: the joint BPE learns from the stream's first N pairs"
+        )
     if data_args.streaming and epochs is not None:
         raise SystemExit("error: --dropout_epochs counts epochs of a corpus whose size --streaming does not know")
     if any(alpha < 0 for alpha in args.alpha_candidates or []):

@@ -34,7 +34,9 @@ def average_checkpoints(weight_files: list[str | Path]) -> dict[str, torch.Tenso
             for key, summed in total.items():
                 shape = tuple(file.get_slice(key).get_shape())
                 if shape != tuple(summed.shape):
-                    raise ValueError(f"{path} does not fit {first}: {key} has shape {shape}, not {tuple(summed.shape)}")
+                    raise ValueError(
+                        f"{path} does not fit {first}: {key} has shape {shape}, not {tuple(summed.shape)}"
+                    )
                 if summed.is_floating_point():
                     summed += file.get_tensor(key).to(torch.float64)
     return {key: (summed / len(weight_files)).to(dtypes[key]) if summed.is_floating_point() else summed
@@ -47,7 +49,8 @@ def averaged_model(output_dir: Path, config, count: int, say) -> tuple[VaswaniFo
     if not averaged:
         raise SystemExit(f"error: every checkpoint in {output_dir} is damaged: nothing to average")
     final = VaswaniForConditionalGeneration(config)
-    missing, unexpected = final.load_state_dict(average_checkpoints([p / WEIGHTS_FILE for p in averaged]), strict=False)
+    averaged_weights = average_checkpoints([p / WEIGHTS_FILE for p in averaged])
+    missing, unexpected = final.load_state_dict(averaged_weights, strict=False)
     if unexpected or set(missing) - set(final.all_tied_weights_keys):  # only tied copies may be absent
         raise RuntimeError(f"averaged checkpoints do not fit the model: missing {missing}, unexpected {unexpected}")
     final.tie_weights()

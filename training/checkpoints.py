@@ -4,9 +4,9 @@ A checkpoint is a folder `checkpoint-<step>` holding the run's whole state as da
 (`model.safetensors`, gathered from every process whatever the layout: one process, DDP or FSDP), Adam's state
 (`optimizer.safetensors`, its hyperparameters as JSON in the header), each process's random generator states
 (`rng_state_<rank>.safetensors`), and `trainer_state.json` (the step, the run's history, the learning-rate
-schedule, and the CPU kernels the run's decoding chose by measurement). It is written under a temporary name and renamed into
-place when complete, so a kill during a save leaves the previous checkpoints untouched and never produces a
-half-written `checkpoint-<step>`.
+schedule, and the CPU kernels the run's decoding chose by measurement). It is written under a temporary name and
+renamed into place when complete, so a kill during a save leaves the previous checkpoints untouched and never
+produces a half-written `checkpoint-<step>`.
 
 Training computes with torch's own kernels (vaswani_hf/kernels.py): the same command gives the same weights, however
 busy the machine. Decoding on a CPU may choose faster kernels by measurement, which round differently; a run resumed
@@ -49,7 +49,8 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in output_dir.iterdir() if (m := CHECKPOINT.match(p.name)) and (p / STATE_FILE).is_file()]
+    found = [(int(m.group(1)), p) for p in output_dir.iterdir()
+             if (m := CHECKPOINT.match(p.name)) and (p / STATE_FILE).is_file()]
     return [path for _, path in sorted(found)]
 
 

@@ -128,8 +128,8 @@ def main():
     OUTPUT.mkdir(parents=True, exist_ok=True)
     for split, pairs in generate().items():
         with open(OUTPUT / f"{split}.jsonl", "w", encoding="utf-8") as file:
-            for english, german in pairs:
-                file.write(json.dumps({"translation": {"en": english, "de": german}}, ensure_ascii=False) + "\n")
+            file.writelines(json.dumps({"translation": {"en": english, "de": german}}, ensure_ascii=False) + "\n"
+                            for english, german in pairs)
         print(f"{OUTPUT / split}.jsonl: {len(pairs)} pairs")
 
 

@@ -32,7 +32,7 @@ def validation_loss(model, sources, targets, pad_id, max_tokens, device) -> floa
     total = count = 0.0
     for batch in token_batches([len(s) for s in sources], [len(t) for t in targets], max_tokens, seed=0, epoch=0):
         inputs = collate(batch, sources, targets, pad_id, device)
-        logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=inputs["labels"]).logits
+        logits = model(**inputs).logits
         _, nll, n = label_smoothed_nll(logits, inputs["labels"], 0.0)
         total, count = total + nll.item(), count + n.item()
     model.train(training)

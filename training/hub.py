@@ -7,7 +7,6 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from training.recipe import TrainingData
 
-
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_CARD = ROOT / "model_card.md"
 
@@ -70,7 +69,8 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "deviations": "\n".join(f"- {d}" for d in deviations) or "- none",
         "steps": str(metrics.get("train_steps")),
         "minutes": f"{metrics.get('train_minutes', 0):.1f}",
-        "averaging": f"the last {averaged} checkpoints averaged" if averaged > 1 else "the final weights, not averaged",
+        "averaging": (f"the last {averaged} checkpoints averaged" if averaged > 1
+                      else "the final weights, not averaged"),
         "recipe": json.dumps(recipe, indent=1),
         "num_beams": str(num_beams),
         "alpha": str(alpha),
@@ -113,8 +113,8 @@ def evaluation_text(scores: dict[str, dict], num_beams: int, alpha: float) -> st
         return "No validation or test set was given to this run: it was not evaluated."
     rows = [f"| {split} | {name} | {split_scores[metric]:.2f} | `{split_scores[f'{metric}_signature']}` |"
             for split, split_scores in scores.items() for metric, name in METRICS]
-    return "\n".join([f"Decoded with beam {num_beams} and the GNMT length penalty (α = {alpha}), scored on "
-                      "detokenized text with sacreBLEU:", "", "| split | metric | value | signature |",
+    return "\n".join([(f"Decoded with beam {num_beams} and the GNMT length penalty (α = {alpha}), scored on "
+                       "detokenized text with sacreBLEU:"), "", "| split | metric | value | signature |",
                       "|---|---|---|---|", *rows])
 
 

@@ -36,7 +36,8 @@ def recipe_deviations(args: RecipeArguments, data_args: DataArguments) -> list[s
     if args.dropout_epochs:
         start, full = args.dropout_epochs
         changed.append(f"P_drop fitted to the epochs the run was expected to make (training/budget.py): none up to "
-                       f"{start:g}, rising linearly to the recipe's `dropout` at {full:g} (the run's last value below)")
+                       f"{start:g}, rising linearly to the recipe's `dropout` at {full:g} (the run's last value "
+                       "below)")
     if args.max_train_minutes is not None and not (args.save_steps or args.save_minutes):
         changed.append(f"the averaged checkpoints spread over the last {args.average_share:.0%} of the budget")
     elif args.save_minutes != 10:

@@ -29,21 +29,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.fsdp_request import check_fsdp_request  # noqa: E402
+from training.fsdp_request import check_fsdp_request
 
 check_fsdp_request()  # before torch and transformers load: a launch that cannot be honoured stops in a moment
 
-import torch  # noqa: E402
-from accelerate import Accelerator  # noqa: E402
-from accelerate.utils import broadcast, gather_object, set_seed  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast, gather_object, set_seed
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
 
-from training.arguments import check_arguments, parse_arguments  # noqa: E402
-from training.averaging import averaged_model  # noqa: E402
-from training.batching import EpochBatches, collate, encode  # noqa: E402
-from training.budget import TimeBudget, crossed, fitted_dropout, read_schedule  # noqa: E402
-from training.checkpoints import (  # noqa: E402
+from training.arguments import check_arguments, parse_arguments
+from training.averaging import averaged_model
+from training.batching import EpochBatches, collate, encode
+from training.budget import TimeBudget, crossed, fitted_dropout, read_schedule
+from training.checkpoints import (
     STATE_FILE,
     checkpoints,
     leave_timeline,
@@ -51,8 +51,8 @@ from training.checkpoints import (  # noqa: E402
     resolve_checkpoint,
     save_checkpoint,
 )
-from training.data import DataError, as_pairs, load_run_data  # noqa: E402
-from training.distributed import (  # noqa: E402
+from training.data import DataError, as_pairs, load_run_data
+from training.distributed import (
     clip_gradients,
     describe,
     gradient_sync,
@@ -61,17 +61,17 @@ from training.distributed import (  # noqa: E402
     unwrap,
     whole_model,
 )
-from training.evaluation import evaluate_model, final_evaluation  # noqa: E402
-from training.faults import fault_point  # noqa: E402
-from training.hub import write_output_folder  # noqa: E402
-from training.loss import label_smoothed_nll  # noqa: E402
-from training.recipe import NOT_RECIPE, recipe_deviations, training_data  # noqa: E402
-from training.schedule import inverse_sqrt_lr, paper_optimizer  # noqa: E402
-from training.tokenizer import corpus_texts, train_joint_bpe  # noqa: E402
-from training.streaming import StreamedBatches  # noqa: E402
-from training.tokens import WordEncoder, token_dataset  # noqa: E402
-from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory  # noqa: E402
-from vaswani_hf.modeling_vaswani import shift_tokens_right  # noqa: E402
+from training.evaluation import evaluate_model, final_evaluation
+from training.faults import fault_point
+from training.hub import write_output_folder
+from training.loss import label_smoothed_nll
+from training.recipe import NOT_RECIPE, recipe_deviations, training_data
+from training.schedule import inverse_sqrt_lr, paper_optimizer
+from training.streaming import StreamedBatches
+from training.tokenizer import corpus_texts, train_joint_bpe
+from training.tokens import WordEncoder, token_dataset
+from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory
+from vaswani_hf.modeling_vaswani import shift_tokens_right
 
 
 def main():
@@ -101,7 +101,8 @@ def main():
     model = speed(VaswaniForConditionalGeneration(config))
     budget = time_budget(args, config.d_model)
     model, optimizer, scheduler = prepare(
-        accelerator, model, lambda m: paper_optimizer(m, config.d_model, args.warmup_steps, args.lr_scale, budget=budget))
+        accelerator, model,
+        lambda m: paper_optimizer(m, config.d_model, args.warmup_steps, args.lr_scale, budget=budget))
     distributed["parameters_held_by_the_main_process"] = held_parameters(model)
 
     # §5.1 batching, `accumulation` batches of this process and of every other per optimizer step: from the
@@ -136,7 +137,8 @@ def main():
             batches.resume(state["stream"][rank])
         say(f"resumed from {resumed} at step {step}")
     hyperparameters = {**asdict(data_args), **asdict(model_args), **asdict(args)}
-    accelerator.init_trackers("vaswani", config={k: str(v) if isinstance(v, list) else v for k, v in hyperparameters.items()})
+    accelerator.init_trackers(
+        "vaswani", config={k: str(v) if isinstance(v, list) else v for k, v in hyperparameters.items()})
 
     start_time = time.time() - state["elapsed_seconds"]
 
@@ -344,11 +346,14 @@ def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:
         if output_dir.exists() and not output_dir.is_dir():
             raise SystemExit(f"error: --output_dir {output_dir} is a file")
         if output_dir.is_dir() and any(output_dir.iterdir()) and not args.overwrite_output_dir:
-            raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with --resume_from_checkpoint "
-                             "latest, replace it with --overwrite_output_dir, or choose another folder")
+            raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with "
+                             "--resume_from_checkpoint latest, replace it with --overwrite_output_dir, or choose "
+                             "another folder")
         return None
     if args.overwrite_output_dir:
-        raise SystemExit("error: --overwrite_output_dir deletes the run that --resume_from_checkpoint resumes: give one")
+        raise SystemExit(
+            "error: --overwrite_output_dir deletes the run that --resume_from_checkpoint resumes: give one"
+        )
     try:
         path = resolve_checkpoint(output_dir, args.resume_from_checkpoint, say)
     except FileNotFoundError as error:
@@ -356,7 +361,9 @@ def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:
     if path.resolve().parent != output_dir.resolve():
         raise SystemExit(f"error: --resume_from_checkpoint {path} is not a checkpoint of --output_dir {output_dir}")
     if not (output_dir / "tokenizer.json").is_file():
-        raise SystemExit(f"error: --output_dir {output_dir} has no tokenizer.json: the run's tokenizer is needed to resume it")
+        raise SystemExit(
+            f"error: --output_dir {output_dir} has no tokenizer.json: the run's tokenizer is needed to resume it"
+        )
     saved = json.loads((path / STATE_FILE).read_text()).get("model", model)
     changed = [f"--{k} {model[k]} (the checkpoint's: {saved.get(k)})" for k in model if saved.get(k) != model[k]]
     if changed:

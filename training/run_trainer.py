@@ -35,13 +35,13 @@ from transformers import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.arguments import DataArguments, ModelArguments, read_preset  # noqa: E402
-from training.data import as_pairs, load_run_data  # noqa: E402
-from training.evaluation import score, translate  # noqa: E402
-from training.hub import write_output_folder  # noqa: E402
-from training.recipe import training_data  # noqa: E402
-from training.tokenizer import train_joint_bpe  # noqa: E402
-from vaswani_hf import VaswaniForConditionalGeneration  # noqa: E402
+from training.arguments import DataArguments, ModelArguments, read_preset
+from training.data import as_pairs, load_run_data
+from training.evaluation import score, translate
+from training.hub import write_output_folder
+from training.recipe import training_data
+from training.tokenizer import train_joint_bpe
+from vaswani_hf import VaswaniForConditionalGeneration
 
 PAPER_TRAINER_DEFAULTS = {
     "adam_beta1": 0.9, "adam_beta2": 0.98, "adam_epsilon": 1e-9, "weight_decay": 0.0, "max_grad_norm": 0.0,
@@ -58,8 +58,8 @@ PRESET_KEYS = {"warmup_steps": "warmup_steps", "eval_steps": "eval_steps", "seed
 @dataclass
 class TrainerRecipeArguments:
     preset: str | None = field(default=None, metadata={"help": "A recipe file in training/presets (model keys)."})
-    lr_scale: float = field(default=1.0, metadata={"help": "Peak learning rate = lr_scale · d_model^-0.5 · warmup^-0.5 "
-                                                           "unless --learning_rate is given."})
+    lr_scale: float = field(default=1.0, metadata={
+        "help": "Peak learning rate = lr_scale · d_model^-0.5 · warmup^-0.5 unless --learning_rate is given."})
     max_source_length: int = field(default=256, metadata={"help": "Sources and targets are truncated to this."})
 
 
@@ -108,12 +108,13 @@ def main(argv: list[str] | None = None):
     data_args, model_args, recipe, training_args = parse_arguments(argv)
     output_dir = Path(training_args.output_dir)
     if not training_args.resume_from_checkpoint and output_dir.is_dir() and any(output_dir.iterdir()):
-        raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with --resume_from_checkpoint, "
-                         "or choose another folder")
+        raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with "
+                         "--resume_from_checkpoint, or choose another folder")
     pairs = {split: as_pairs(rows) for split, rows in load_run_data(data_args).items()}  # Trainer datasets: lists
     with training_args.main_process_first():  # the main process trains the joint BPE, the others read it
         if not (output_dir / "tokenizer.json").is_file():
-            train_joint_bpe((side for pair in pairs["train"] for side in pair), model_args.vocab_size).save_pretrained(output_dir)
+            sides = (side for pair in pairs["train"] for side in pair)
+            train_joint_bpe(sides, model_args.vocab_size).save_pretrained(output_dir)
         tokenizer = AutoTokenizer.from_pretrained(output_dir)
     datasets = {split: tokenize(tokenizer, rows, recipe.max_source_length) for split, rows in pairs.items()}
 
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None):
     if trainer.is_world_process_zero():
         if "test" in pairs:  # the paper's decoding (§6.1), as in run.py
             sources = [s for s, _ in pairs["test"]]
-            predictions = translate(trainer.model, tokenizer, sources, num_beams=training_args.generation_num_beams or 4)
+            num_beams = training_args.generation_num_beams or 4
+            predictions = translate(trainer.model, tokenizer, sources, num_beams=num_beams)
             metrics["test"] = score(predictions, [t for _, t in pairs["test"]])
             print(f"test: sacreBLEU {metrics['test']['bleu']:.1f}  chrF {metrics['test']['chrf']:.1f}  "
                   f"({metrics['test']['bleu_signature']})")

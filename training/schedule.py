@@ -26,8 +26,8 @@ def paper_optimizer(model: torch.nn.Module, d_model: int, warmup_steps: int = 40
     fused = all(type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") for p in parameters)
     optimizer = torch.optim.Adam(parameters, lr=1.0, betas=betas, eps=eps, weight_decay=0.0, fused=fused or None)
     if budget is None:
-        curve = lambda done: inverse_sqrt_lr(done + 1, d_model, warmup_steps, scale)  # noqa: E731
+        curve = lambda done: inverse_sqrt_lr(done + 1, d_model, warmup_steps, scale)
     else:
-        curve = lambda done: budget.learning_rate(done + 1)  # noqa: E731
+        curve = lambda done: budget.learning_rate(done + 1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, curve)
     return optimizer, scheduler

@@ -6,7 +6,6 @@ import json
 from collections.abc import Iterable, Iterator
 
 import datasets
-
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 

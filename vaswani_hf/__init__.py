@@ -30,4 +30,14 @@ def register() -> None:
 
 register()
 
-__all__ = ["TranslationPipeline", "fast_cpu", "keep_freed_memory", "quantize_int8", "VaswaniConfig", "VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel", "register"]
+__all__ = [
+    "TranslationPipeline",
+    "VaswaniConfig",
+    "VaswaniForConditionalGeneration",
+    "VaswaniModel",
+    "VaswaniPreTrainedModel",
+    "fast_cpu",
+    "keep_freed_memory",
+    "quantize_int8",
+    "register",
+]

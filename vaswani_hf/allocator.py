@@ -7,8 +7,9 @@ KiB, raised as such blocks are freed, up to 32 MiB) by mapping fresh pages, and 
 its heap back to the system; the next block of that size is faulted in again page by page. A decoding step frees
 and allocates several (beams x vocabulary) blocks — 9.5 MB each at transformer-base size, beam 4, 16 sentences —
 and a training step larger ones: at base size a beam-4 `generate()` of 16 sentences takes over 200,000 page
-faults, and without them the part of the call outside the model takes half the time (README, Speed). Kept, the freed blocks are reused with their pages in place: the
-process keeps its peak memory, as torch's caching allocator does on GPUs.
+faults, and without them the part of the call outside the model takes half the time (README, Speed). Kept, the
+freed blocks are reused with their pages in place: the process keeps its peak memory, as torch's caching allocator
+does on GPUs.
 """
 
 import ctypes

@@ -128,7 +128,9 @@ class VaswaniConfig(PretrainedConfig):
                 f"VaswaniConfig: position_embedding={self.position_embedding!r} must be 'sinusoidal' or 'learned'"
             )
         if self.position_embedding == "sinusoidal" and self.d_model % 2:
-            raise ValueError(f"VaswaniConfig: the sinusoidal encoding needs an even d_model, got d_model={self.d_model}")
+            raise ValueError(
+                f"VaswaniConfig: the sinusoidal encoding needs an even d_model, got d_model={self.d_model}"
+            )
         _check_positive("max_position_embeddings", self.max_position_embeddings)
         if not self.layer_norm_eps > 0:
             raise ValueError(f"VaswaniConfig: layer_norm_eps={self.layer_norm_eps} must be > 0")

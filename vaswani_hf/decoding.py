@@ -41,9 +41,9 @@ def set_cross_attention_rows(cache: EncoderDecoderCache, rows: int) -> None:
         return
     for layer in cache.cross_attention_cache.layers:
         if rows > current:  # (B, h, S, d) -> (n·B, h, S, d)
-            layer.keys, layer.values = (tensor.repeat_interleave(rows // current, 0) for tensor in (layer.keys, layer.values))
+            layer.keys, layer.values = (t.repeat_interleave(rows // current, 0) for t in (layer.keys, layer.values))
         else:  # every n-th row: one per source
-            layer.keys, layer.values = (tensor[:: current // rows].contiguous() for tensor in (layer.keys, layer.values))
+            layer.keys, layer.values = (t[:: current // rows].contiguous() for t in (layer.keys, layer.values))
 
 
 def share_source_rows(model) -> None:

@@ -14,8 +14,9 @@ this transform, applied in place to one model object, lets it choose by measurem
 
 The same products are computed, rounded differently, and only where no gradient flows: training is torch's, so a run
 gives the same weights transformed or not, quiet or busy. `vaswani-translate` and `training/run.py` apply it on a CPU
-unless told not to (`--no_fast_cpu`). Models loaded from a Hub repository's code take it as well (their layers are torch's),
-and a transformed model saves as any other: the same weights, the same code files, no kernel named in config.json.
+unless told not to (`--no_fast_cpu`). Models loaded from a Hub repository's code take it as well (their layers are
+torch's), and a transformed model saves as any other: the same weights, the same code files, no kernel named in
+config.json.
 """
 
 from torch import nn

@@ -22,10 +22,8 @@ torch and transformers.
 import copy
 
 import torch
-
 from transformers import GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-
 
 # §6.1: "We set the maximum output length during inference to input length + 50".
 EXTRA_OUTPUT_LENGTH = 50
@@ -61,7 +59,9 @@ def gnmt_beam_search(
     if num_beams < 1:
         raise ValueError(f"num_beams must be >= 1, got {num_beams}")
     if not 1 <= num_return_sequences <= num_beams:
-        raise ValueError(f"num_return_sequences must be between 1 and num_beams={num_beams}, got {num_return_sequences}")
+        raise ValueError(
+            f"num_return_sequences must be between 1 and num_beams={num_beams}, got {num_return_sequences}"
+        )
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     batch_size, vocab_size, device = input_ids.shape[0], config.vocab_size, input_ids.device
@@ -109,9 +109,10 @@ def gnmt_beam_search(
             ended[..., :step] = history
             ended[..., step] = top_tokens
             scores, order = torch.cat([finished_scores, penalized], -1).sort(dim=-1, descending=True, stable=True)
-            keep = order[:, :n].masked_fill(done.unsqueeze(-1), 0) + torch.arange(n, device=device) * done.unsqueeze(-1)
+            row_done = done.unsqueeze(-1)  # a finished row keeps its n hypotheses
+            keep = order[:, :n].masked_fill(row_done, 0) + torch.arange(n, device=device) * row_done
             finished = torch.cat([finished, ended], 1).gather(1, keep.unsqueeze(-1).expand(-1, -1, max_limit + 1))
-            finished_scores = torch.where(done.unsqueeze(-1), finished_scores, scores[:, :n])
+            finished_scores = torch.where(row_done, finished_scores, scores[:, :n])
             finished_lengths = torch.cat([finished_lengths, torch.full_like(top_tokens, step + 1)], -1).gather(1, keep)
 
         # The K best hypotheses that did not end stay alive.
@@ -165,7 +166,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
              if key not in inputs_of_call and value is not None and value is not False}
     other_settings = {key for key in saved | given if key not in SEARCH_SETTINGS + TOKEN_SETTINGS and key[0] != "_"}
     foreign_tokens = [key for key in TOKEN_SETTINGS if getattr(config, key) not in (None, getattr(model.config, key))]
-    other_inputs = {key for key, value in inputs_of_call.items() if value is not None} - {"input_ids", "attention_mask"}
+    given_inputs = {key for key, value in inputs_of_call.items() if value is not None}
+    other_inputs = given_inputs - {"input_ids", "attention_mask"}
     searchable = (torch.is_tensor(source) and source.dim() == 2 and (config.num_beams or 1) > 1
                   and not (other_settings or foreign_tokens or other_inputs))
     if searchable:

@@ -39,10 +39,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
-
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.utils import is_torchdynamo_compiling
-
 
 # oneDNN's linear operator (the one torch.compile uses for CPU linear layers); absent from some torch builds.
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -166,7 +164,7 @@ class Kernels:
         finally:
             self.open_decoding_blocks -= 1
             if not self.open_decoding_blocks:
-                for module in [module for module in self.packed.keys() if module.training]:
+                for module in [module for module in self.packed if module.training]:
                     del self.packed[module]
 
     def packed_weight(self, module: nn.Linear) -> torch.Tensor:

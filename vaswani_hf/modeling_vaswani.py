@@ -29,7 +29,6 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
@@ -51,7 +50,6 @@ from transformers.utils.versions import require_version
 from .checks import check_mask, check_token_ids
 from .configuration_vaswani import VaswaniConfig
 from .gnmt import paper_decoding
-
 
 # transformers 5.24 renamed the decoding cache, argument and output field, from `past_key_values` to `cache`: the
 # model speaks the new name (and takes the old one, as transformers' own models do). An older one is refused here.
@@ -431,24 +429,29 @@ class VaswaniDecoder(VaswaniStack):
         sources = batch_size if encoder_hidden_states is None else encoder_hidden_states.shape[0]
         shared_source = sources != batch_size  # n decoder rows (beams) per encoder row
         if encoder_hidden_states is not None:
-            if batch_size % sources or (shared_source and self.config._attn_implementation not in SHARED_SOURCE_KERNELS):
+            shared_kernel = self.config._attn_implementation in SHARED_SOURCE_KERNELS
+            if batch_size % sources or (shared_source and not shared_kernel):
                 raise ValueError(
                     f"the decoder has {batch_size} rows but the encoder output {sources}: give one encoder row per "
-                    f"decoder row, or ({', '.join(SHARED_SOURCE_KERNELS)} attention) one per group of n consecutive rows"
+                    f"decoder row, or ({', '.join(SHARED_SOURCE_KERNELS)} attention) one per group of n consecutive "
+                    "rows"
                 )
             check_mask(encoder_attention_mask, sources, encoder_hidden_states.shape[1], "attention_mask", "the source")
 
         self_attention_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-        causal_mask = create_causal_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask,
-                                         cache=self_attention_cache)
+        causal_mask = create_causal_mask(
+            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask, cache=self_attention_cache
+        )
         # Beams sharing a source attend to it as one query block: a padding mask, the same for every query.
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=hidden_states[:, :1] if shared_source else hidden_states,
             attention_mask=encoder_attention_mask, encoder_hidden_states=encoder_hidden_states,
         )
         for layer in self.layers:  # encoder_hidden_states positional, for gradient checkpointing
-            hidden_states = layer(hidden_states, causal_mask, encoder_hidden_states,
-                                  encoder_attention_mask=encoder_attention_mask, cache=cache, use_cache=use_cache, **kwargs)
+            hidden_states = layer(
+                hidden_states, causal_mask, encoder_hidden_states, encoder_attention_mask=encoder_attention_mask,
+                cache=cache, use_cache=use_cache, **kwargs
+            )
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=self.finish(hidden_states), cache=cache)
 
 
@@ -490,12 +493,14 @@ class VaswaniModel(VaswaniPreTrainedModel):
         r"""
         input_ids, attention_mask (`(batch_size, source_length)`): source token ids; 1 for tokens, 0 for padding.
         decoder_input_ids (`(batch_size, target_length)`): target ids shifted right, starting with
-            `config.decoder_start_token_id` (`shift_tokens_right`); decoder_attention_mask: 1 for tokens, 0 for padding.
+            `config.decoder_start_token_id` (`shift_tokens_right`).
+        decoder_attention_mask (`(batch_size, target_length)`): 1 for tokens, 0 for padding.
         """
         if encoder_outputs is None:
-            encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                                           **kwargs)
-        elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple: (last_hidden_state, hidden_states, attentions)
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):  # (last_hidden_state, hidden_states, attentions)
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids, attention_mask=decoder_attention_mask, inputs_embeds=decoder_inputs_embeds,
@@ -566,7 +571,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
         loss = None if labels is None else self.seq2seq_loss(logits, labels, num_items_in_batch)
         # The model's outputs, with the logits in place of its last hidden state.
-        return Seq2SeqLMOutput(loss=loss, logits=logits, **{k: v for k, v in outputs.items() if k != "last_hidden_state"})
+        rest = {key: value for key, value in outputs.items() if key != "last_hidden_state"}
+        return Seq2SeqLMOutput(loss=loss, logits=logits, **rest)
 
     def seq2seq_loss(
         self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
@@ -574,13 +580,16 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         """Cross-entropy summed over the non-pad target tokens and divided by their number — or by
         `num_items_in_batch`, the Trainer's count over all gradient-accumulation steps (and processes)."""
         if labels.shape != logits.shape[:2]:
-            raise ValueError(f"labels have shape {tuple(labels.shape)} but the decoder produced {tuple(logits.shape[:2])}")
+            raise ValueError(
+                f"labels have shape {tuple(labels.shape)} but the decoder produced {tuple(logits.shape[:2])}"
+            )
         labels = labels.to(logits.device)
         ignored = labels.eq(-100) | labels.eq(self.config.pad_token_id)
         if not is_torchdynamo_compiling() and not ignored.all():
             check_token_ids(labels[~ignored].view(1, -1), self.config.vocab_size, "labels (other than -100)")
         total = nn.functional.cross_entropy(
-            logits.flatten(0, 1).float(), labels.masked_fill(ignored, -100).flatten(), ignore_index=-100, reduction="sum"
+            logits.flatten(0, 1).float(), labels.masked_fill(ignored, -100).flatten(), ignore_index=-100,
+            reduction="sum",
         )
         if num_items_in_batch is None:
             num_items_in_batch = (~ignored).sum().clamp(min=1)

@@ -61,8 +61,9 @@ class OnnxSeq2Seq:
         own, cross = cache.self_attention_cache, cache.cross_attention_cache
         if cache.get_seq_length() == 0:
             hidden = encoder_outputs.repeat_interleave(group, 0).numpy()
-            logits, *present = self.sessions["decoder_model"].run(None, {
-                "input_ids": decoder_input_ids.numpy(), "encoder_hidden_states": hidden, "encoder_attention_mask": mask})
+            inputs = {"input_ids": decoder_input_ids.numpy(), "encoder_hidden_states": hidden,
+                      "encoder_attention_mask": mask}
+            logits, *present = self.sessions["decoder_model"].run(None, inputs)
             for i in range(self.layers):
                 keys, values, cross_keys, cross_values = (torch.from_numpy(a) for a in present[4 * i : 4 * i + 4])
                 own.update(keys, values, i)

@@ -9,10 +9,8 @@ transformers.
 """
 
 import torch
-
 from transformers import Pipeline
 from transformers.utils import logging
-
 
 logger = logging.get_logger(__name__)
 
@@ -26,10 +24,10 @@ class TranslationPipeline(Pipeline):
     """Strings in, `[{"translation_text": ...}]` out, decoded by the model's own `generate()`.
 
     For a model saved by `training/run.py` and loaded with `trust_remote_code=True` that is the paper's decoding
-    (§6.1: beam search with the GNMT length penalty, source length + 50) with the beam size and α the run saved. Generation keyword arguments (`num_beams`,
-    `max_new_tokens`, `num_return_sequences`, ...) pass through, at construction or per call; `batch_size`
-    batches the inputs. Sources longer than `max_input_length` tokens (default: the model's
-    `max_position_embeddings`) are truncated with a warning instead of failing.
+    (§6.1: beam search with the GNMT length penalty, source length + 50) with the beam size and α the run saved.
+    Generation keyword arguments (`num_beams`, `max_new_tokens`, `num_return_sequences`, ...) pass through, at
+    construction or per call; `batch_size` batches the inputs. Sources longer than `max_input_length` tokens
+    (default: the model's `max_position_embeddings`) are truncated with a warning instead of failing.
 
     A single string gives a list with one dict per returned sequence; a list of strings gives one such result per
     string (flattened to one dict each when one sequence is returned, as in transformers 4).
@@ -66,7 +64,8 @@ class TranslationPipeline(Pipeline):
         limit = max_input_length or getattr(self.model.config, "max_position_embeddings", None)
         encoded = self.tokenizer(text, return_tensors="pt")
         if limit is not None and encoded["input_ids"].shape[1] > limit:
-            logger.warning(f"a source of {encoded['input_ids'].shape[1]} tokens was truncated to {limit} (max_input_length)")
+            length = encoded["input_ids"].shape[1]
+            logger.warning(f"a source of {length} tokens was truncated to {limit} (max_input_length)")
             encoded = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=limit)
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
 

@@ -70,7 +70,9 @@ class VaswaniLoader(BartLoader):
     def get_vocabulary(self, model, tokenizer):
         tokens = super().get_vocabulary(model, tokenizer)
         if len(tokens) != model.config.vocab_size:
-            raise ValueError(f"the tokenizer has {len(tokens)} tokens but the model's vocabulary {model.config.vocab_size}")
+            raise ValueError(
+                f"the tokenizer has {len(tokens)} tokens but the model's vocabulary {model.config.vocab_size}"
+            )
         return tokens
 
     def set_common_layers(self, spec, stack):
@@ -81,7 +83,8 @@ class VaswaniLoader(BartLoader):
         if stack.embed_positions is not None:  # learned positions (Table 3, row E)
             spec.position_encodings.encodings = stack.embed_positions.weight
         else:
-            spec.position_encodings.encodings = sinusoidal_position_encoding(torch.arange(POSITIONS), stack.config.d_model)
+            positions = torch.arange(POSITIONS)
+            spec.position_encodings.encodings = sinusoidal_position_encoding(positions, stack.config.d_model)
         if stack.layer_norm is not None:
             self.set_layer_norm(spec.layer_norm, stack.layer_norm)
 

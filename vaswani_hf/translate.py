@@ -67,11 +67,13 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool
             raise SystemExit(f"error: {name_or_path} holds a {model_type!r} model, not a vaswani_hf one")
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
-    except Exception as error:  # transformers raises OSError, ValueError, KeyError, ... for unusable folders
+    except Exception as error:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError, ... for unusable folders
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SystemExit(f"error: cannot load a model from {name_or_path}: {message}") from None
     if tokenizer.pad_token_id is None:
-        raise SystemExit(f"error: the tokenizer of {name_or_path} has no padding token (is tokenizer_config.json missing?)")
+        raise SystemExit(
+            f"error: the tokenizer of {name_or_path} has no padding token (is tokenizer_config.json missing?)"
+        )
     if fast and kind == "cpu":
         fast_cpu(model)
     return (quantize_int8(model) if int8 else model.to(device).eval()), tokenizer
@@ -206,7 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max_tokens", type=int, default=MAX_TOKENS,
                         help=f"Source tokens per batch, padding included (default {MAX_TOKENS}).")
     parser.add_argument("--num_beams", type=int, help="Beam size (default: the model's generation config, else 4).")
-    parser.add_argument("--alpha", type=float, help="GNMT length penalty α (default: the model's gnmt_alpha, else 0.6).")
+    parser.add_argument("--alpha", type=float,
+                        help="GNMT length penalty α (default: the model's gnmt_alpha, else 0.6).")
     parser.add_argument("--window", type=int, default=WINDOW,
                         help=f"Lines read, sorted by length and batched together (default {WINDOW}).")
     parser.add_argument("--nbest", type=int, default=1,
@@ -214,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: a GPU if there is one).")
     parser.add_argument("--int8", action="store_true", help="Int8 linear layers on the CPU (faster; a deviation).")
     parser.add_argument("--no_fast_cpu", action="store_true",
-                        help="On a CPU, torch's own kernels instead of those chosen by measurement (vaswani_hf.fast_cpu).")
+                        help="On a CPU, torch's own kernels instead of those chosen by measurement "
+                        "(vaswani_hf.fast_cpu).")
     parser.add_argument("--quiet", action="store_true", help="No progress bar on stderr.")
     args = parser.parse_args(argv)
     if min(args.max_tokens, args.window, args.nbest, args.num_beams or 1) < 1:
