@@ -8,6 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+# The tests never reach the Hub (they build what they need): offline, a call that would is refused at once instead of
+# waiting out the network's timeouts (push_to_hub's model card lookup took 24 s). Set before huggingface_hub loads.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 import pytest
 import torch
 
@@ -189,6 +193,39 @@ def refused_translation(capfd, monkeypatch, *args, stdin: bytes = b"") -> str:
     monkeypatch.setattr(translate, "keep_freed_memory", lambda: None)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
     return refusal(capfd, translate.main, *args)
+
+
+@pytest.fixture
+def cli(capfd, monkeypatch):
+    """`vaswani-translate ARGS < stdin`, run in this process (`main(args)`: a fresh process would add only its
+    imports; the console script itself runs in test_readme.py and test_output_streams_as_batches_finish), as a
+    CompletedProcess: the exit status, what it wrote to stdout and stderr (captured at the file descriptors), and
+    an error's message on stderr with status 1, as the interpreter writes a SystemExit's. The allocator setting it
+    makes first (allocator.py), which cannot be undone, stays out of the test process; transformers' progress bars,
+    which it turns off, are turned back on after."""
+    from transformers.utils.logging import enable_progress_bar, is_progress_bar_enabled
+
+    from vaswani_hf import translate
+
+    monkeypatch.setattr(translate, "keep_freed_memory", lambda: None)
+    bars = is_progress_bar_enabled()
+
+    def run(*args, stdin: str | bytes = b"") -> subprocess.CompletedProcess:
+        data = stdin if isinstance(stdin, bytes) else stdin.encode()
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+        capfd.readouterr()
+        code, message = 0, ""
+        try:
+            translate.main([str(arg) for arg in args])
+        except SystemExit as stop:
+            code, message = (1, f"{stop.code}\n") if isinstance(stop.code, str) else (stop.code or 0, "")
+        finally:
+            if bars:
+                enable_progress_bar()
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err + message)
+
+    return run
 
 
 def run_hidden(script: str, *args, env_extra=None, cwd=None) -> str:

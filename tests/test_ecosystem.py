@@ -121,7 +121,7 @@ def test_the_folder_declares_its_pipeline_and_code(translation_folder):
         assert (translation_folder / name).is_file(), name
 
 
-def test_one_decoding_however_the_folder_is_loaded(translation_folder, tmp_path):
+def test_one_decoding_however_the_folder_is_loaded(translation_folder, tmp_path, cli):
     """The beam size and GNMT α a run saved (run.py chooses α on the validation set) are what generation_config.json
     asks for, and every way of loading the folder decodes with them: the installed class's generate(), the pipeline,
     vaswani-translate, and the folder's own code under trust_remote_code without the package."""
@@ -367,17 +367,12 @@ def test_the_model_card_names_the_data_as_given_and_claims_no_license(translatio
 
 # --- the command-line translator ------------------------------------------------------------------------------
 
-def cli(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "vaswani_hf.translate", *map(str, args)], input=stdin, check=False,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-
-
 def test_vaswani_translate_is_a_console_script():
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
     assert scripts["vaswani-translate"] == "vaswani_hf.translate:main"
 
 
-def test_vaswani_translate_reads_stdin_and_files(translation_folder, tmp_path):
+def test_vaswani_translate_reads_stdin_and_files(translation_folder, tmp_path, cli):
     model, tokenizer = load_local(translation_folder)
     lines = [SOURCES[0], "", SOURCES[1]]
     result = cli("--model", translation_folder, "--max_tokens", "20", "--num_beams", "4", "--device", "cpu",
@@ -392,7 +387,7 @@ def test_vaswani_translate_reads_stdin_and_files(translation_folder, tmp_path):
     assert (tmp_path / "out.txt").read_text().splitlines() == translate(model, tokenizer, SOURCES, num_beams=1)
 
 
-def test_vaswani_translate_int8_decodes_with_the_int8_copy(translation_folder, capfd, monkeypatch):
+def test_vaswani_translate_int8_decodes_with_the_int8_copy(translation_folder, capfd, monkeypatch, cli):
     model, tokenizer = load_local(translation_folder)
     result = cli("--model", translation_folder, "--int8", stdin="\n".join(SOURCES) + "\n")
     assert result.returncode == 0, result.stderr
@@ -404,7 +399,7 @@ def test_vaswani_translate_int8_decodes_with_the_int8_copy(translation_folder, c
 MANY = [*SOURCES, "", "The old man and the small dog see the children in the garden.", "A dog.", "", "", SOURCES[1]]
 
 
-def test_batches_by_tokens_change_no_translation(translation_folder):
+def test_batches_by_tokens_change_no_translation(translation_folder, cli):
     """Batches cut by token count, sorted by length inside windows of lines: whatever the cut, the same output."""
     from vaswani_hf.translate import read_windows, translated_windows
 
@@ -451,7 +446,7 @@ def test_output_streams_as_batches_finish(translation_folder):
     assert [line.rstrip("\n") for line in first_two] + rest.splitlines() == translate(model, tokenizer, SOURCES)
 
 
-def test_progress_goes_to_stderr_with_lines_and_tokens_per_second(translation_folder, tmp_path):
+def test_progress_goes_to_stderr_with_lines_and_tokens_per_second(translation_folder, tmp_path, cli):
     (tmp_path / "in.txt").write_text("\n".join(MANY) + "\n")
     result = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt")
     assert result.returncode == 0 and result.stdout == ""
@@ -459,7 +454,7 @@ def test_progress_goes_to_stderr_with_lines_and_tokens_per_second(translation_fo
     assert len((tmp_path / "out.txt").read_text().split("\n")) == len(MANY) + 1
 
 
-def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_folder, capfd, monkeypatch):
+def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_folder, capfd, monkeypatch, cli):
     from vaswani_hf.gnmt import gnmt_beam_search
 
     model, tokenizer = load_local(translation_folder)

@@ -188,13 +188,18 @@ def test_aligned_files_stay_aligned_whatever_the_characters(tmp_path):
 
 # --- vaswani-translate --------------------------------------------------------------------------------------------
 
-def cli(*args, stdin: bytes = b"", cwd=None):
-    result = subprocess.run([sys.executable, "-m", "vaswani_hf.translate", *map(str, args)], input=stdin, cwd=cwd,
-                            check=False, capture_output=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    return result.returncode, result.stdout.decode(), result.stderr.decode().strip()
+@pytest.fixture
+def cli(cli):
+    """conftest's `cli` as (exit status, stdout, stderr stripped)."""
+
+    def run(*args, stdin: bytes = b""):
+        result = cli(*args, stdin=stdin)
+        return result.returncode, result.stdout, result.stderr.strip()
+
+    return run
 
 
-def test_one_output_line_for_each_input_line_whatever_the_characters(translation_folder):
+def test_one_output_line_for_each_input_line_whatever_the_characters(translation_folder, cli):
     code, out, err = cli("--model", translation_folder, "--num_beams", "1",
                          stdin="A dog\u2028runs.\n\nThe\x85man\fsees\vit.\n".encode())
     assert code == 0, err
@@ -235,8 +240,8 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
     assert expected[case] in refused_translation(capfd, monkeypatch, *args, stdin=stdin)
 
 
-def test_an_existing_output_file_is_kept_unless_overwrite_is_given(translation_folder, tmp_path):
-    """The command: one line on stderr, nothing on stdout, the file untouched; with --overwrite, replaced."""
+def test_an_existing_output_file_is_kept_unless_overwrite_is_given(translation_folder, tmp_path, cli):
+    """One line on stderr, nothing on stdout, the file untouched; with --overwrite, replaced."""
     (tmp_path / "out.txt").write_text("earlier translations\n")
     args = ["--model", translation_folder, "--output", tmp_path / "out.txt"]
     code, out, err = cli(*args, stdin=b"A dog runs.\n")
@@ -247,7 +252,7 @@ def test_an_existing_output_file_is_kept_unless_overwrite_is_given(translation_f
     assert code == 0 and len((tmp_path / "out.txt").read_text().splitlines()) == 1, err
 
 
-def test_a_run_that_fails_midway_keeps_the_earlier_output_whole(translation_folder, tmp_path):
+def test_a_run_that_fails_midway_keeps_the_earlier_output_whole(translation_folder, tmp_path, cli):
     """--overwrite replaces the file only when every line is translated; what was translated is in .partial."""
     (tmp_path / "out.txt").write_text("earlier translations\n")
     (tmp_path / "in.txt").write_bytes(b"A dog runs.\nA caf\xe9.\n")  # the second window is not UTF-8
@@ -264,7 +269,8 @@ def test_a_run_that_fails_midway_keeps_the_earlier_output_whole(translation_fold
     assert not (tmp_path / "out.txt.partial").exists()
 
 
-def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, tmp_path, capfd, monkeypatch):
+def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, tmp_path, capfd, monkeypatch,
+                                                             cli):
     folder = tmp_path / "learned"
     shutil.copytree(translation_folder, folder)
     config = json.loads((folder / "config.json").read_text())
@@ -282,7 +288,7 @@ def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, 
     assert code == 0 and len(out.splitlines()) == 1, err  # decoding stops at the last learned position
 
 
-def test_a_folder_without_tokenizer_config_translates_as_the_complete_one(translation_folder, tmp_path):
+def test_a_folder_without_tokenizer_config_translates_as_the_complete_one(translation_folder, tmp_path, cli):
     """tokenizer.json holds the vocabulary, the special tokens and </s> after each source: enough to translate.
     (The command's output equals `translate` on the loaded folder: test_ecosystem.py.)"""
     folder = tmp_path / "model"
