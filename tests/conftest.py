@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(items):
     """Tests marked `long` (training runs; groups that share an export) run first, so that parallel workers share
     them out and finish together, rather than one of them starting minutes of work at the end. (pytest-xdist's
     loadgroup hands out the `xdist_group`s first, the largest first — all of them long — then single tests in this
-    order.)"""
+    order; the pytest pinned in pyproject.toml is one on which loadgroup groups.)"""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
