@@ -35,11 +35,17 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """Tests marked `long` (training runs; groups that share an export) run first, so that parallel workers share
-    them out and finish together, rather than one of them starting minutes of work at the end. (pytest-xdist's
-    loadgroup hands out the `xdist_group`s first, the largest first — all of them long — then single tests in this
-    order; the pytest pinned in pyproject.toml is one on which loadgroup groups.)"""
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+    """Tests marked `long` (training runs; groups that share an export) run first, the longest first (`minutes`, an
+    estimate on one core), so that parallel workers share them out and finish together, rather than one of them
+    starting minutes of work at the end. pytest-xdist hands out the work in this order (`--no-loadscope-reorder`):
+    each `xdist_group` as one unit, at its first test's place (the pytest pinned in pyproject.toml is one on which
+    loadgroup groups)."""
+
+    def order(item):
+        long = item.get_closest_marker("long")
+        return (0, -long.kwargs.get("minutes", 1)) if long else (1, 0)
+
+    items.sort(key=order)
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ from vaswani_hf.translate import translate
 
 PAIRS = generate()["test"][:40]
 # One worker exports once for all of these (pyproject.toml's -n), minutes of work: scheduled early (conftest.py).
-pytestmark = [pytest.mark.xdist_group("export"), pytest.mark.long]
+pytestmark = [pytest.mark.xdist_group("export"), pytest.mark.long(minutes=1.5)]
 
 
 @pytest.fixture(scope="module")

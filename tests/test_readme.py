@@ -65,7 +65,7 @@ def test_ci_runs_the_readmes_set_up():
     assert ci == shell_lines(setup) + ["python -m pytest"]
 
 
-@pytest.mark.long
+@pytest.mark.long(minutes=3)
 def test_the_readmes_blocks_run_in_order(tmp_path):
     """Every block not in NOT_RUN, in the README's order, in one folder: the quick start trains `outputs/run` (a small
     model for a few seconds) that the later blocks translate, export, push and load; the own-data block trains on

@@ -28,7 +28,7 @@ from vaswani_hf import VaswaniForConditionalGeneration
 from vaswani_hf.hub import published_files
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.long  # scheduled first (conftest.py); the longest, the embedded run, comes first here
+pytestmark = pytest.mark.long  # scheduled first (conftest.py)
 TINY = ["--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "2", "--vocab_size", "300",
         "--max_tokens", "400", "--tokens_per_step", "800", "--warmup_steps", "4", "--eval_steps", "0",
         "--logging_steps", "1", "--seed", "3"]
@@ -158,6 +158,7 @@ def assert_same_weights(a, b, atol, skip=()):
             torch.testing.assert_close(weights_a[key], weights_b[key], atol=atol, rtol=0, msg=key)
 
 
+@pytest.mark.long(minutes=5)  # the longest test: scheduled first of all
 def test_the_embedded_default_run_learns(tmp_path):
     """The main job's recipe on the embedded data, cut to 175 steps, its last 5 checkpoints (the last tenth or so, as
     the preset's average_share asks) averaged, scored on the first 100 validation and test pairs: BLEU far above
