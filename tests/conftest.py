@@ -1,6 +1,7 @@
 """Shared helpers: tiny models with characteristic dimensions, so that shape mix-ups fail loudly; a fresh Python
 without vaswani_hf for the remote-code tests."""
 
+import contextlib
 import io
 import math
 import os
@@ -14,6 +15,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest
 import torch
+from filelock import FileLock
+from safetensors.torch import load_model, save_model
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 
@@ -107,27 +110,55 @@ def reversal_batch(generator: torch.Generator, batch: int = 32, max_length: int 
     return source, mask.long(), labels
 
 
+@contextlib.contextmanager
+def built_once(tmp_path_factory, name: str):
+    """A folder that the pytest-xdist workers of one run share: yields (folder, built). The first worker to get
+    here builds into it (built False) while the others wait for it, then find it built."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's, not one worker's
+    folder = root / name
+    with FileLock(f"{folder}.lock"):
+        yield folder, (folder / ".built").exists()
+        folder.mkdir(exist_ok=True)
+        (folder / ".built").touch()
+
+
 @pytest.fixture(scope="session")
-def trained_model():
+def trained_model(tmp_path_factory):
     """A tiny model trained for a few seconds on reversal: its outputs vary from token to token and from
-    sentence to sentence, so that decoding tests compare real choices rather than a constant."""
+    sentence to sentence, so that decoding tests compare real choices rather than a constant. Trained once per
+    run (`built_once`), saved and loaded by the other worker."""
     model = tiny_model(seed=0)
-    model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(250):
-        source, mask, labels = reversal_batch(generator)
-        loss = model(input_ids=source, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    with built_once(tmp_path_factory, "reversal-model") as (folder, built):
+        if built:
+            load_model(model, folder / "model.safetensors")
+            return model.eval()
+        model.train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(250):
+            source, mask, labels = reversal_batch(generator)
+            loss = model(input_ids=source, attention_mask=mask, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        folder.mkdir()
+        save_model(model, folder / "model.safetensors")
     return model.eval()
 
 
 @pytest.fixture(scope="session")
 def translation_folder(tmp_path_factory):
     """A run's output folder as training/run.py writes it (weights, code, tokenizer, generation config, metrics,
-    model card), for a tiny model trained for a few seconds on the embedded EN-DE pairs with its own joint BPE."""
+    model card), for a tiny model trained for a few seconds on the embedded EN-DE pairs with its own joint BPE.
+    Built once per run (`built_once`); the tests read it, and copy it to change it."""
+    with built_once(tmp_path_factory, "translator") as (folder, built):
+        if not built:
+            write_translation_folder(folder / "tiny-en-de")
+    return folder / "tiny-en-de"
+
+
+def write_translation_folder(folder) -> None:
     from training.arguments import DataArguments
     from training.default_data import generate
     from training.evaluation import score, translate
@@ -153,13 +184,11 @@ def translation_folder(tmp_path_factory):
     translations = translate(model, tokenizer, [s for s, _ in test])
     assert all(translations) and len(set(translations)) > 1, translations
     metrics = {"train_steps": 60, "train_minutes": 0.1, "test": score(translations, [t for _, t in test])}
-    folder = tmp_path_factory.mktemp("translator") / "tiny-en-de"
     data = training_data(DataArguments(), {"train": pairs, "test": test})  # the embedded data, as run.py describes it
     write_output_folder(model, tokenizer, folder, metrics, data=data, length_limit=LENGTH_LIMIT,
                         source_lang="en", target_lang="de", model_id="tiny-en-de", recipe={"d_model": 24},
                         deviations=["recipe: 60 steps"], label_smoothing=0.0,  # plain cross-entropy
                         batching="batches of 50 sentences")
-    return folder
 
 
 def save_marian_folder(folder) -> None:

@@ -1,12 +1,13 @@
 """`vaswani-export`: the CTranslate2 and ONNX exports, run by the real `ctranslate2` and `onnxruntime`, against our
 own model on a briefly trained EN-DE model (conftest's `translation_folder`)."""
 
+import sys
 from pathlib import Path
 
 import ctranslate2
 import pytest
 import torch
-from conftest import run_without, save_marian_folder
+from conftest import refusal, save_marian_folder
 from ctranslate2.converters import TransformersConverter
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -179,16 +180,13 @@ def test_an_export_that_fails_midway_leaves_nothing_under_the_output_name(transl
 
 
 @pytest.mark.parametrize(("engine", "package"), [("ctranslate2", "ctranslate2"), ("onnx", "onnxscript")])
-def test_a_missing_engine_is_named_with_the_command_that_installs_it(translation_folder, tmp_path, engine, package):
-    result = run_without(package, """
-        import sys
-        from vaswani_hf.export import main
-        main(sys.argv[1:])
-    """, engine, translation_folder, tmp_path / "out")
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines() == [
-        f'error: vaswani-export {engine} needs {package}: pip install {package}  (or pip install "vaswani_hf[export]")'
-    ]
+def test_a_missing_engine_is_named_with_the_command_that_installs_it(translation_folder, tmp_path, engine, package,
+                                                                     capfd, monkeypatch):
+    """In this process, the package made unimportable (None in sys.modules: `import` raises ModuleNotFoundError)."""
+    monkeypatch.setitem(sys.modules, package, None)
+    message = refusal(capfd, export_main, engine, translation_folder, tmp_path / "out")
+    assert message == (f"error: vaswani-export {engine} needs {package}: pip install {package}  "
+                       '(or pip install "vaswani_hf[export]")')
     assert not (tmp_path / "out").exists()
 
 

@@ -25,7 +25,7 @@ NOT_RUN = {
     "#!/bin/bash": "a SLURM cluster",
 }
 # Lines run at a small size: the README's command, then what the test appends (flags win over the preset's values).
-TINY = ("--d_model 32 --d_ff 64 --num_heads 4 --num_layers 3 --vocab_size 300 --max_train_minutes 0.1 "
+TINY = ("--d_model 32 --d_ff 64 --num_heads 4 --num_layers 3 --vocab_size 300 --max_train_minutes 0.05 "
         "--evaluations 0 --eval_max_sentences 8 --alpha_candidates 0.6")
 SMALLER = {"accelerate launch training/run.py --preset cpu-small": TINY,
            "accelerate launch training/run.py --preset cpu-medium": TINY}

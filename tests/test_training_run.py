@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -56,7 +55,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def launch(output_dir, *flags, processes=1, popen=False, env_extra=None, killed=False, fsdp=False, launcher=False):
+def launch(output_dir, *flags, processes=1, env_extra=None, killed=False, fsdp=False, launcher=False):
     """training/run.py in processes of its own: by `accelerate launch` for several processes (or `launcher`), else
     as `python training/run.py` (one process: what the launcher would start, without the launcher's own start-up)."""
     command = [sys.executable]
@@ -70,10 +69,7 @@ def launch(output_dir, *flags, processes=1, popen=False, env_extra=None, killed=
     command += [str(ROOT / "training" / "run.py"), "--output_dir", str(output_dir), *flags]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            **(env_extra or {})}
-    if popen:
-        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
-    # A guard against a hang, not a speed limit: the embedded-data run takes about 500 s on one core of a 2-core
+    # A guard against a hang, not a speed limit: the embedded-data run takes about 280 s on one core of a 2-core
     # AMD EPYC (Zen 3) beside the other worker's tests, and a slower machine must not fail it by the clock.
     result = subprocess.run(command, env=env, check=False, capture_output=True, text=True, timeout=1800)
     if killed:  # the run killed itself with SIGKILL at its VASWANI_FAULT point (training/faults.py)
@@ -286,25 +282,6 @@ def test_an_fsdp_request_that_cannot_be_honoured_is_a_one_line_error(tmp_path, s
         assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.xdist_group("whole_run")
-def test_a_run_killed_with_sigkill_resumes_to_the_same_parameters(tmp_path, small_data, whole_run):
-    flags = [*WHOLE, *small_data]
-    killed = tmp_path / "killed"
-    process = launch(killed, *flags, popen=True)
-    deadline = time.time() + 300
-    while not (killed / "checkpoint-2").is_dir():  # 6 of 8 steps to go: killed well before the end
-        assert process.poll() is None and time.time() < deadline, "the run ended before its 2nd step"
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    assert not (killed / "metrics.json").exists()
-
-    result = launch(killed, *flags, "--resume_from_checkpoint", "latest")
-    assert "resumed from" in result.stdout + result.stderr
-    assert [h["loss"] for h in history(killed)] == pytest.approx([h["loss"] for h in history(whole_run)], rel=1e-6)
-    assert_same_weights(killed, whole_run, atol=1e-6)
-
-
 def test_a_streamed_run_on_two_processes_resumed_from_a_checkpoint_ends_as_the_uninterrupted_one(tmp_path,
                                                                                                 small_data):
     """--streaming, two processes, each its own half of the JSON stream in buffers of 50 pairs: resumed from the
@@ -330,6 +307,8 @@ def test_a_streamed_run_on_two_processes_resumed_from_a_checkpoint_ends_as_the_u
 @pytest.mark.xdist_group("whole_run")
 def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_as_an_uninterrupted_run(
         tmp_path, small_data, whole_run):
+    """Each kill is SIGKILL, as from outside (nothing is cleaned up): inside step 3, while checkpoint 6 is written,
+    and after averaging, before the output folder is written."""
     flags = [*WHOLE, *small_data]
     run, resume = tmp_path / "killed", ["--resume_from_checkpoint", "latest"]
 
@@ -383,11 +362,11 @@ def test_resuming_from_an_older_checkpoint_leaves_its_successors_out_of_the_run(
 
 
 def test_a_budgeted_run_writes_its_schedule_and_replaying_it_gives_the_same_weights(tmp_path, small_data):
-    """A run fitted to 6 seconds: schedule.json records what it fitted; the same command with --replay_schedule, on
+    """A run fitted to 3 seconds: schedule.json records what it fitted; the same command with --replay_schedule, on
     a machine kept busy by another process (fewer steps would fit), makes the same steps and saves to the same
     weights, byte for byte: the same command gives the same weights on a quiet and a busy machine (CPU kernels
     chosen by timing never compute a training step: vaswani_hf/kernels.py)."""
-    flags = [*TINY, "--max_train_minutes", "0.1", "--max_steps", "100000", "--warmup_share", "0.2",
+    flags = [*TINY, "--max_train_minutes", "0.05", "--max_steps", "100000", "--warmup_share", "0.2",
              "--average_checkpoints", "2", "--average_share", "0.3", "--dropout_epochs", "0", "1"]
     launch(tmp_path / "run", *flags, *small_data)
     schedule = json.loads((tmp_path / "run" / "schedule.json").read_text())
