@@ -369,14 +369,14 @@ def test_a_budgeted_run_writes_its_schedule_and_replaying_it_gives_the_same_weig
     chosen by timing never compute a training step: vaswani_hf/kernels.py)."""
     flags = [*TINY, "--max_train_minutes", "0.05", "--max_steps", "100000", "--warmup_share", "0.2",
              "--average_checkpoints", "2", "--average_share", "0.3", "--dropout_epochs", "0", "1"]
-    launch(tmp_path / "run", *flags, *small_data)
+    train_here(tmp_path / "run", *flags, *small_data)
     schedule = json.loads((tmp_path / "run" / "schedule.json").read_text())
     steps = json.loads((tmp_path / "run" / "metrics.json").read_text())["train_steps"]
     assert schedule["steps"] == steps > 10 and len(schedule["expected_steps"]) == steps
     assert len(schedule["checkpoints"]) >= 2 and schedule["warmup_steps"] >= 1
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        launch(tmp_path / "replayed", *flags, *small_data, "--replay_schedule", tmp_path / "run" / "schedule.json")
+        train_here(tmp_path / "replayed", *flags, *small_data, "--replay_schedule", tmp_path / "run" / "schedule.json")
     finally:
         busy.kill()
         busy.wait()
