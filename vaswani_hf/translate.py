@@ -67,7 +67,7 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool
             raise SystemExit(f"error: {name_or_path} holds a {model_type!r} model, not a vaswani_hf one")
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
-    except Exception as error:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError, ... for unusable folders
+    except Exception as error:  # noqa: BLE001 - unusable folders raise OSError, ValueError, KeyError, ...
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SystemExit(f"error: cannot load a model from {name_or_path}: {message}") from None
     if tokenizer.pad_token_id is None:
