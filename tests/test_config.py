@@ -96,6 +96,11 @@ def test_base_with_37000_vocabulary_has_63_1_million_parameters():
         ({"d_model": 15, "num_heads": 3}, "even d_model"),
         ({"layer_norm_eps": 0.0}, "layer_norm_eps"),
         ({"max_position_embeddings": 0}, "max_position_embeddings"),
+        ({"position_encoding_layout": "split"}, "position_encoding_layout"),
+        ({"position_encoding_frequencies": "t2t"}, "position_encoding_frequencies"),
+        ({"position_offset": -1}, "position_offset"),
+        ({"position_offset": 1.5}, "position_offset"),
+        ({"d_model": 2, "num_heads": 1, "position_encoding_frequencies": "fairseq"}, "d_model"),
     ],
 )
 def test_impossible_config_raises_value_error_naming_the_argument(kwargs, name):

@@ -109,6 +109,19 @@ def test_ctranslate2_scores_every_token_as_ours_does(trained, ct2_folders):
                                atol=1e-4, rtol=0)
 
 
+def test_ctranslate2_scores_with_a_converted_models_position_table(translation_folder, tmp_path):
+    """The same weights with fairseq's sinusoid table (layout, frequencies, offset: a converted model's options):
+    the export carries that table, and CTranslate2 scores every token as ours does."""
+    model = AutoModelForSeq2SeqLM.from_pretrained(translation_folder, position_encoding_layout="halves",
+                                                  position_encoding_frequencies="fairseq", position_offset=2).eval()
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    export_ctranslate2(model, tokenizer, str(tmp_path / "ct2"))
+    ours = token_log_probs(model, tokenizer)
+    torch.testing.assert_close(ct2_log_probs(tmp_path / "ct2", tokenizer), ours, atol=1e-4, rtol=0)
+    paper = AutoModelForSeq2SeqLM.from_pretrained(translation_folder).eval()
+    assert not torch.allclose(token_log_probs(paper, tokenizer), ours, atol=1e-2)  # the table matters
+
+
 def test_ctranslate2_int8_errs_no_more_than_twice_our_own_int8(trained, ct2_folders):
     """Against float32 log-probabilities of the reference tokens. With 8-bit weights, CTranslate2's int8 products
     saturate on CPUs without VNNI and err about 17 times more than ours (to_ctranslate2.py)."""

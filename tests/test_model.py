@@ -31,6 +31,42 @@ def test_positions_are_computed_not_stored_and_work_past_max_position_embeddings
     assert torch.isfinite(logits).all()
 
 
+def test_the_converted_models_tables_are_marians_and_fairseqs():
+    """position_encoding_layout="halves" with the paper's frequencies is Marian's table (transformers'
+    MarianSinusoidalPositionalEmbedding); with position_encoding_frequencies="fairseq", from position 2 (its padding
+    index + 1), it is fairseq's (FSMT's SinusoidalPositionalEmbedding on a sequence without padding). The paper's
+    interleaved table is neither."""
+    from transformers.models.fsmt.modeling_fsmt import SinusoidalPositionalEmbedding
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    marian = MarianSinusoidalPositionalEmbedding(64, 24).create_weight()  # float64 angles, then float32
+    torch.testing.assert_close(sinusoidal_position_encoding(torch.arange(64), 24, "halves"), marian, atol=1e-5, rtol=0)
+    fsmt = SinusoidalPositionalEmbedding(64, 24, padding_idx=1)
+    fsmt.make_weight(64, 24, 1)
+    fairseq = fsmt(torch.full((1, 50), 7))[0]
+    torch.testing.assert_close(sinusoidal_position_encoding(torch.arange(50) + 2, 24, "halves", "fairseq"), fairseq,
+                               atol=1e-6, rtol=0)
+    assert not torch.allclose(sinusoidal_position_encoding(torch.arange(64), 24), marian, atol=0.1)
+    assert not torch.allclose(sinusoidal_position_encoding(torch.arange(50) + 2, 24, "halves"), fairseq, atol=0.1)
+
+
+def test_a_model_adds_the_table_its_config_names_and_decodes_the_same_with_its_cache():
+    """fairseq's table, from position_offset on, is what the first encoder layer sees added to the scaled
+    embeddings; decoding with and without the cache (positions counted from the cache's length) agrees."""
+    model = tiny_model(position_encoding_layout="halves", position_encoding_frequencies="fairseq", position_offset=2)
+    seen = []
+    model.model.encoder.layers[0].register_forward_pre_hook(lambda layer, args: seen.append(args[0]))
+    source = random_ids(2, 7)
+    model.model.encoder(input_ids=source)
+    table = sinusoidal_position_encoding(torch.arange(7) + 2, 24, "halves", "fairseq")
+    torch.testing.assert_close(seen[0], model.model.encoder.embed_tokens(source) * 24**0.5 + table)
+    decoding = {"max_new_tokens": 6, "num_beams": 1, "do_sample": False}
+    with torch.no_grad():
+        cached = model.generate(source, use_cache=True, **decoding)
+        uncached = model.generate(source, use_cache=False, **decoding)
+    assert torch.equal(cached, uncached)
+
+
 def test_learned_positions_are_weights_with_a_limit():
     model = tiny_model(position_embedding="learned", max_position_embeddings=12)
     assert model.model.encoder.embed_positions.weight.shape == (12, 24)

@@ -45,6 +45,15 @@ class VaswaniConfig(PretrainedConfig):
         position_embedding (`str`, defaults to `"sinusoidal"`):
             `"sinusoidal"`: the fixed §3.5 encoding, computed on the fly, with no length limit.
             `"learned"`: learned position embeddings (Table 3 row E), up to `max_position_embeddings` positions.
+        position_encoding_layout (`str`, defaults to `"interleaved"`):
+            The sinusoidal table's layout: `"interleaved"` (§3.5: sin, cos, sin, cos, ...) or `"halves"` (all sines,
+            then all cosines: tensor2tensor, fairseq, Marian). A deviation, for converted models.
+        position_encoding_frequencies (`str`, defaults to `"paper"`):
+            `"paper"`: pos / 10000^(2i/d_model) (§3.5); `"fairseq"`: pos / 10000^(i/(d_model/2 - 1)). A deviation,
+            for converted models.
+        position_offset (`int`, defaults to 0):
+            The sinusoidal encoding's first position (fairseq's: its padding index + 1). A deviation, for converted
+            models.
         max_position_embeddings (`int`, defaults to 1024):
             Number of learned positions; unused by the sinusoidal encoding.
         scale_embedding (`bool`, defaults to `True`):
@@ -87,6 +96,9 @@ class VaswaniConfig(PretrainedConfig):
     activation_dropout: float | int = 0.0
     layer_norm_eps: float = 1e-6
     position_embedding: str = "sinusoidal"
+    position_encoding_layout: str = "interleaved"
+    position_encoding_frequencies: str = "paper"
+    position_offset: int = 0
     max_position_embeddings: int = 1024
     scale_embedding: bool = True
     tie_word_embeddings: bool = True
@@ -131,6 +143,14 @@ class VaswaniConfig(PretrainedConfig):
             raise ValueError(
                 f"VaswaniConfig: the sinusoidal encoding needs an even d_model, got d_model={self.d_model}"
             )
+        for name, allowed in (("position_encoding_layout", ("interleaved", "halves")),
+                              ("position_encoding_frequencies", ("paper", "fairseq"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"VaswaniConfig: {name}={getattr(self, name)!r} must be one of {allowed}")
+        if self.position_encoding_frequencies == "fairseq" and self.d_model < 4:
+            raise ValueError(f"VaswaniConfig: fairseq's frequencies need d_model >= 4, got d_model={self.d_model}")
+        if not (isinstance(self.position_offset, int) and self.position_offset >= 0):
+            raise ValueError(f"VaswaniConfig: position_offset={self.position_offset!r} must be an integer >= 0")
         _check_positive("max_position_embeddings", self.max_position_embeddings)
         if not self.layer_norm_eps > 0:
             raise ValueError(f"VaswaniConfig: layer_norm_eps={self.layer_norm_eps} must be > 0")

@@ -14,6 +14,9 @@ Deviations from the paper — this is the one list. By default there are none in
   * `normalize_before=True` switches to pre-LN with a final LayerNorm per stack (off by default).
   * `tie_word_embeddings=False` unties the source embedding, target embedding and output projection (off by default).
   * `attention_dropout` / `activation_dropout` exist as options; they are 0 by default, as in the authors' code.
+  * For models converted from other implementations, the sinusoid table's layout (`position_encoding_layout=
+    "halves"`: sines, then cosines), its frequencies (`position_encoding_frequencies="fairseq"`) and where positions
+    start (`position_offset`, fairseq's padding index + 1) are options; the paper's table by default.
   * Decoding: a model built from a bare config decodes as every transformers model does (greedy, the library's
     defaults). A saved model's `generation_config.json` asks for the paper's (`training/run.py` writes beam 4 and
     the run's `gnmt_alpha`), and `generate()` then runs the GNMT search of `gnmt.py`, whose length penalty
@@ -69,16 +72,24 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
-def sinusoidal_position_encoding(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+def sinusoidal_position_encoding(
+    positions: torch.Tensor, d_model: int, layout: str = "interleaved", frequencies: str = "paper"
+) -> torch.Tensor:
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
     Interleaved sin/cos, computed in float32 for any positions (no length limit, nothing stored).
-    positions: (T,) or (B, T) integers -> (..., D) float32.
+    positions: (T,) or (B, T) integers -> (..., D) float32. For converted models (deviations, off by default):
+    `layout="halves"` puts the D/2 sines first and the cosines after them (tensor2tensor, fairseq, Marian), and
+    `frequencies="fairseq"` takes pos / 10000^(i/(D/2 - 1)) for the i-th pair (fairseq).
     """
+    half = d_model // 2
+    steps = half - 1 if frequencies == "fairseq" else half
     inv_freq = torch.exp(
-        torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+        torch.arange(half, device=positions.device, dtype=torch.float32) * (-math.log(10000.0) / steps)
     )  # (D/2,)
     angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # (..., D/2)
+    if layout == "halves":
+        return torch.cat((angles.sin(), angles.cos()), dim=-1)  # (..., D): sin, ..., sin, cos, ..., cos
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (..., D): sin, cos, sin, cos, ...
 
 
@@ -346,7 +357,10 @@ class VaswaniStack(VaswaniPreTrainedModel):
         # A fixed-size arange plus the offset, which a static cache gives as a tensor under torch.compile.
         positions = torch.arange(length, device=inputs_embeds.device) + past_length  # (T,)
         if self.embed_positions is None:
-            position_encoding = sinusoidal_position_encoding(positions, self.config.d_model).to(inputs_embeds.dtype)
+            position_encoding = sinusoidal_position_encoding(
+                positions + self.config.position_offset, self.config.d_model, self.config.position_encoding_layout,
+                self.config.position_encoding_frequencies,
+            ).to(inputs_embeds.dtype)
         else:
             if past_length + length > self.config.max_position_embeddings and not is_torchdynamo_compiling():
                 raise ValueError(

@@ -83,8 +83,10 @@ class VaswaniLoader(BartLoader):
         if stack.embed_positions is not None:  # learned positions (Table 3, row E)
             spec.position_encodings.encodings = stack.embed_positions.weight
         else:
-            positions = torch.arange(POSITIONS)
-            spec.position_encodings.encodings = sinusoidal_position_encoding(positions, stack.config.d_model)
+            config = stack.config
+            spec.position_encodings.encodings = sinusoidal_position_encoding(
+                torch.arange(POSITIONS) + config.position_offset, config.d_model, config.position_encoding_layout,
+                config.position_encoding_frequencies)
         if stack.layer_norm is not None:
             self.set_layer_norm(spec.layer_norm, stack.layer_norm)
 
