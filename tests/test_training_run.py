@@ -1,6 +1,7 @@
 """training/run.py end to end, as `accelerate launch` runs it: data parallelism, exact resumption after a kill,
 atomic checkpoints, the Hub-ready output folder."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -436,29 +437,37 @@ def test_dropout_fitted_to_half_way_up_its_ramp_trains_as_that_dropout_and_the_c
     assert "dropout P_drop = 0.05 and" in card and "P_drop fitted to the epochs" in card
 
 
-def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small_data):
+def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small_data, monkeypatch, capfd):
     """--push_to_hub with huggingface_hub's upload captured (tests/upload_capture): the files it would send. The run
     also says how many training pairs --max_length skipped, counted here with the run's tokenizer."""
+    import huggingface_hub
+
     token = "hf_vaswaniTestToken0123456789abcdef"
-    result = launch(tmp_path / "run", *TINY, *small_data, "--max_steps", "4", "--save_steps", "2",
-                    "--average_checkpoints", "2", "--push_to_hub", "--hub_model_id", "org/tiny", "--hub_private_repo",
-                    "--max_length", "12",
-                    env_extra={"UPLOAD_CAPTURE": str(tmp_path / "upload.json"), "HF_TOKEN": token,
-                               "PYTHONPATH": str(ROOT / "tests" / "upload_capture")})
+    recorder = ROOT / "tests" / "upload_capture" / "sitecustomize.py"
+    spec = importlib.util.spec_from_file_location("upload_capture", recorder)
+    capture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(capture)
+    create_repo, upload_folder = capture.recorders(str(tmp_path / "upload.json"))
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    monkeypatch.setenv("HF_TOKEN", token)
+    train_here(tmp_path / "run", *TINY, *small_data, "--max_steps", "4", "--save_steps", "2", "--average_checkpoints",
+               "2", "--push_to_hub", "--hub_model_id", "org/tiny", "--hub_private_repo", "--max_length", "12")
+    printed = capfd.readouterr()
     out = tmp_path / "run"
     upload = json.loads((tmp_path / "upload.json").read_text())
     assert upload["repo_id"] == "org/tiny" and upload["private"] is True
     assert set(upload["files"]) == set(published_files(out)) == CODE_FILES | {
         "model.safetensors", "config.json", "generation_config.json", "pipeline_vaswani.py", "tokenizer.json",
         "tokenizer_config.json", "README.md"}  # what vaswani-push sends: no checkpoint, metrics or log
-    assert "pushed to https://huggingface.co/org/tiny" in result.stdout + result.stderr
-    assert token not in result.stdout + result.stderr
+    assert "pushed to https://huggingface.co/org/tiny" in printed.out + printed.err
+    assert token not in printed.out + printed.err
     tokenizer = AutoTokenizer.from_pretrained(out)
     pairs = [json.loads(line)["translation"] for line in Path(small_data[1]).read_text().splitlines()]
     longer = sum(max(len(tokenizer(pair[lang])["input_ids"]) for lang in ("en", "de")) > 12 for pair in pairs)
     assert 0 < longer < len(pairs)
     skipped = f"--max_length 12: {longer} of {len(pairs)} training pairs are longer (in tokens) and skipped"
-    assert skipped in result.stdout
+    assert skipped in printed.out
     assert not any(token.encode() in p.read_bytes() for p in out.rglob("*") if p.is_file())
     names = {p.name for p in out.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "metrics.json",
