@@ -263,6 +263,27 @@ def cli(capfd, monkeypatch):
     return run
 
 
+def run_training(*argv) -> None:
+    """training/run.py's main() with these arguments, in this process: for one process that nothing kills, a process
+    of its own would add only its imports. The allocator setting it makes (allocator.py), which cannot be undone,
+    stays out of the test process; Accelerate's process-wide state is cleared after (as Accelerate's own tests clear
+    it), so that each run starts as the command does; torch's thread count is restored."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    import training.run
+
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", ["run.py", *map(str, argv)])
+        patch.setattr(training.run, "keep_freed_memory", lambda: None)
+        try:
+            training.run.main()
+        finally:
+            AcceleratorState._reset_state(reset_partial_state=True)
+            GradientState._reset_state()
+            torch.set_num_threads(threads)
+
+
 def run_hidden(script: str, *args, env_extra=None, cwd=None) -> str:
     """Run `script` in a fresh Python where `import vaswani_hf` fails, offline; returns its stdout."""
     result = run_without("vaswani_hf", script, *args, env_extra=env_extra, cwd=cwd)

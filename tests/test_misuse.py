@@ -9,9 +9,9 @@ import sys
 
 import pytest
 import torch
-from conftest import refused_translation, save_marian_folder
+from conftest import refused_translation, run_training, save_marian_folder
 
-from training import run, run_trainer
+from training import run_trainer
 from training.data import load_pairs
 from vaswani_hf.text import split_lines
 from vaswani_hf.translate import load, translate
@@ -24,10 +24,10 @@ TINY = ["--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "
 
 
 def refused(monkeypatch, *flags) -> str:
-    """training/run.py's main() with these flags: the one-line error it exits with."""
-    monkeypatch.setattr(sys, "argv", ["run.py", *flags])
+    """training/run.py's main() with these flags, in this process (conftest.run_training): the one-line error it
+    exits with."""
     with pytest.raises(SystemExit) as stop:
-        run.main()
+        run_training(*flags)
     message = str(stop.value.code)
     assert message.startswith("error: ") and "\n" not in message, message
     return message

@@ -14,13 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.commands.config.config_args import ClusterConfig
-from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DistributedType
-from conftest import CODE_FILES, run_hidden
+from conftest import CODE_FILES, run_hidden, run_training
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-import training.run
 from training.batching import encode, token_batches
 from training.checkpoints import checkpoints
 from training.default_data import generate
@@ -84,20 +82,8 @@ def launch(output_dir, *flags, processes=1, env_extra=None, killed=False, fsdp=F
 
 
 def train_here(output_dir, *flags) -> None:
-    """training/run.py's main() in this process: for one process that nothing kills, a process of its own would add
-    only its imports. The allocator setting it makes (allocator.py), which cannot be undone, stays out of the test
-    process; Accelerate's process-wide state is cleared after (as Accelerate's own tests clear it), so that each
-    run starts as the command does; torch's thread count is restored."""
-    threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sys, "argv", ["run.py", "--output_dir", str(output_dir), *map(str, flags)])
-        patch.setattr(training.run, "keep_freed_memory", lambda: None)
-        try:
-            training.run.main()
-        finally:
-            AcceleratorState._reset_state(reset_partial_state=True)
-            GradientState._reset_state()
-            torch.set_num_threads(threads)
+    """training/run.py in this process (conftest.run_training)."""
+    run_training("--output_dir", output_dir, *flags)
 
 
 # The runs that several tests compare with, made once (per pytest-xdist worker: each group stays on one worker).
