@@ -100,6 +100,7 @@ def test_base_with_37000_vocabulary_has_63_1_million_parameters():
         ({"position_encoding_frequencies": "t2t"}, "position_encoding_frequencies"),
         ({"position_offset": -1}, "position_offset"),
         ({"position_offset": 1.5}, "position_offset"),
+        ({"activation_function": "tanh"}, "activation_function"),
         ({"d_model": 2, "num_heads": 1, "position_encoding_frequencies": "fairseq"}, "d_model"),
     ],
 )

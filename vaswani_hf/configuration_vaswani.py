@@ -40,6 +40,9 @@ class VaswaniConfig(PretrainedConfig):
             Dropout on attention weights; 0 in the authors' code at paper time.
         activation_dropout (`float`, defaults to 0.0):
             Dropout after the feed-forward ReLU; 0 in the authors' code at paper time.
+        activation_function (`str`, defaults to `"relu"`):
+            The feed-forward network's non-linearity: `"relu"` (§3.3), or `"swish"` or `"gelu"` (transformers'
+            `ACT2FN`). A deviation, for converted models (OPUS-MT's Marian models use swish).
         layer_norm_eps (`float`, defaults to 1e-6):
             LayerNorm epsilon of the authors' code.
         position_embedding (`str`, defaults to `"sinusoidal"`):
@@ -61,6 +64,9 @@ class VaswaniConfig(PretrainedConfig):
         tie_word_embeddings (`bool`, defaults to `True`):
             One matrix for the source embedding, the target embedding and the pre-softmax projection (§3.4).
             `False` gives three independent matrices.
+        add_final_logits_bias (`bool`, defaults to `False`):
+            Add a fixed bias vector to the logits (the buffer `final_logits_bias`, saved with the weights and not
+            trained), as Marian does. A deviation, for converted models; the paper's projection has no bias (§3.4).
         normalize_before (`bool`, defaults to `False`):
             `False` is the paper's post-LN, `LayerNorm(x + Dropout(Sublayer(x)))` (§3.1). `True` is the pre-LN
             variant of later tensor2tensor releases, `x + Dropout(Sublayer(LayerNorm(x)))` with a final LayerNorm
@@ -94,6 +100,7 @@ class VaswaniConfig(PretrainedConfig):
     dropout: float | int = 0.1
     attention_dropout: float | int = 0.0
     activation_dropout: float | int = 0.0
+    activation_function: str = "relu"
     layer_norm_eps: float = 1e-6
     position_embedding: str = "sinusoidal"
     position_encoding_layout: str = "interleaved"
@@ -102,6 +109,7 @@ class VaswaniConfig(PretrainedConfig):
     max_position_embeddings: int = 1024
     scale_embedding: bool = True
     tie_word_embeddings: bool = True
+    add_final_logits_bias: bool = False
     normalize_before: bool = False
     use_cache: bool = True
     is_encoder_decoder: bool = True
@@ -143,7 +151,8 @@ class VaswaniConfig(PretrainedConfig):
             raise ValueError(
                 f"VaswaniConfig: the sinusoidal encoding needs an even d_model, got d_model={self.d_model}"
             )
-        for name, allowed in (("position_encoding_layout", ("interleaved", "halves")),
+        for name, allowed in (("activation_function", ("relu", "swish", "gelu")),
+                              ("position_encoding_layout", ("interleaved", "halves")),
                               ("position_encoding_frequencies", ("paper", "fairseq"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"VaswaniConfig: {name}={getattr(self, name)!r} must be one of {allowed}")

@@ -9,10 +9,12 @@ The engines are optional dependencies: `pip install "vaswani_hf[export]"`.
 """
 
 import argparse
+import contextlib
 import importlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from transformers.utils.logging import disable_progress_bar
@@ -35,6 +37,20 @@ def check_packages(engine: str) -> None:
     if missing:
         raise SystemExit(f"error: vaswani-export {engine} needs {', '.join(missing)}: "
                          f"pip install {' '.join(missing)}  (or pip install \"vaswani_hf[export]\")")
+
+
+@contextlib.contextmanager
+def written_whole(output: str | Path) -> Iterator[Path]:
+    """A folder to fill, renamed to `output` when the block ends without error: under its name there is a whole
+    folder or none. The temporary folder beside it is removed either way (only a killed process leaves it)."""
+    output = Path(output).resolve()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent)) / "model"
+    try:
+        yield partial
+        os.replace(partial, output)
+    finally:
+        shutil.rmtree(partial.parent)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,14 +81,8 @@ def main(argv: list[str] | None = None) -> None:
 
         options = {}
         usage = f"vaswani_hf.onnx_runtime.OnnxSeq2Seq({args.output!r}) decodes with it"
-    output = Path(args.output).resolve()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent)) / "model"
-    try:
+    with written_whole(args.output) as partial:
         export(model, tokenizer, partial, **options)
-        os.replace(partial, output)
-    finally:
-        shutil.rmtree(partial.parent)  # ours alone; only a killed export leaves it behind
     print(f"wrote {args.output}: {usage}")
 
 

@@ -14,6 +14,9 @@ Deviations from the paper — this is the one list. By default there are none in
   * `normalize_before=True` switches to pre-LN with a final LayerNorm per stack (off by default).
   * `tie_word_embeddings=False` unties the source embedding, target embedding and output projection (off by default).
   * `attention_dropout` / `activation_dropout` exist as options; they are 0 by default, as in the authors' code.
+  * For models converted from other implementations (`vaswani-convert`): the feed-forward non-linearity
+    (`activation_function="swish"` or `"gelu"`) and a fixed bias added to the logits (`add_final_logits_bias`,
+    Marian's); ReLU and no bias by default.
   * For models converted from other implementations, the sinusoid table's layout (`position_encoding_layout=
     "halves"`: sines, then cosines), its frequencies (`position_encoding_frequencies="fairseq"`) and where positions
     start (`position_offset`, fairseq's padding index + 1) are options; the paper's table by default.
@@ -33,6 +36,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers import initialization as init
+from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
@@ -200,6 +204,7 @@ class VaswaniLayer(GradientCheckpointingLayer):
         self.normalize_before = config.normalize_before
         self.fc1 = nn.Linear(config.d_model, config.d_ff)
         self.fc2 = nn.Linear(config.d_ff, config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]  # ReLU (§3.3) unless converted from elsewhere
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def sublayer_input(self, hidden_states: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
@@ -214,7 +219,7 @@ class VaswaniLayer(GradientCheckpointingLayer):
     def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """§3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, as a residual sub-layer."""
         residual = hidden_states
-        hidden_states = nn.functional.relu(self.fc1(self.sublayer_input(hidden_states, self.final_layer_norm)))
+        hidden_states = self.activation_fn(self.fc1(self.sublayer_input(hidden_states, self.final_layer_norm)))
         if self.training:
             hidden_states = nn.functional.dropout(hidden_states, p=self.config.activation_dropout)
         return self.add_and_norm(residual, self.fc2(hidden_states), self.final_layer_norm)
@@ -304,6 +309,8 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        if getattr(module, "final_logits_bias", None) is not None:
+            init.zeros_(module.final_logits_bias)
 
     def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
         embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
@@ -313,6 +320,10 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             decoder.embed_tokens = self._get_resized_embeddings(
                 decoder.embed_tokens, embeddings.weight.shape[0], mean_resizing=mean_resizing
             )
+        bias = getattr(self, "final_logits_bias", None)
+        if bias is not None:  # new tokens get no bias, as in Marian
+            rows = embeddings.weight.shape[0]
+            self.final_logits_bias = nn.Buffer(nn.functional.pad(bias[:, :rows], (0, max(0, rows - bias.shape[1]))))
         return embeddings
 
 
@@ -550,6 +561,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = VaswaniModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.add_final_logits_bias:  # Marian's fixed output bias (a deviation, for converted models)
+            self.final_logits_bias = nn.Buffer(torch.zeros(1, config.vocab_size))
         self.post_init()
 
     @can_return_tuple
@@ -583,6 +596,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             decoder_inputs_embeds=decoder_inputs_embeds, cache=cache, use_cache=use_cache, **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        if self.config.add_final_logits_bias:
+            logits = logits + self.final_logits_bias
         loss = None if labels is None else self.seq2seq_loss(logits, labels, num_items_in_batch)
         # The model's outputs, with the logits in place of its last hidden state.
         rest = {key: value for key, value in outputs.items() if key != "last_hidden_state"}

@@ -27,6 +27,7 @@ import torch
 from ctranslate2.converters.converter import Converter
 from ctranslate2.converters.transformers import BartLoader, register_loader
 from ctranslate2.specs import transformer_spec
+from ctranslate2.specs.common_spec import Activation
 from ctranslate2.specs.model_spec import NumpyVariable, Variable, visit_spec
 
 from .gnmt import EXTRA_OUTPUT_LENGTH
@@ -34,6 +35,7 @@ from .modeling_vaswani import sinusoidal_position_encoding
 
 # CTranslate2 truncates inputs to 1024 tokens (`max_input_length`); §6.1 lets outputs run 50 longer.
 POSITIONS = 1024 + EXTRA_OUTPUT_LENGTH
+ACTIVATIONS = {"relu": Activation.RELU, "swish": Activation.SWISH, "gelu": Activation.GELU}
 
 
 @register_loader("VaswaniConfig")
@@ -48,23 +50,24 @@ class VaswaniLoader(BartLoader):
         config = model.config
         if config.d_k != config.d_v:
             raise ValueError(f"CTranslate2 has one head width; this model has d_k={config.d_k}, d_v={config.d_v}")
-        head_dim = None if config.d_k * config.num_heads == config.d_model else config.d_k
+        options = {"pre_norm": config.normalize_before, "activation": ACTIVATIONS[config.activation_function],
+                   "head_dim": None if config.d_k * config.num_heads == config.d_model else config.d_k}
         stacks = (
-            transformer_spec.TransformerEncoderSpec(
-                config.num_layers, config.num_heads, pre_norm=config.normalize_before, head_dim=head_dim
-            ),
-            transformer_spec.TransformerDecoderSpec(
-                config.num_decoder_layers, config.num_heads, pre_norm=config.normalize_before, head_dim=head_dim
-            ),
+            transformer_spec.TransformerEncoderSpec(config.num_layers, config.num_heads, **options),
+            transformer_spec.TransformerDecoderSpec(config.num_decoder_layers, config.num_heads, **options),
         )
         spec = SaturationSafeSpec(*stacks)
         self.set_encoder(spec.encoder, model.model.encoder)
         self.set_decoder(spec.decoder, model.model.decoder)
         self.set_linear(spec.decoder.projection, model.lm_head)
+        if config.add_final_logits_bias:  # Marian's output bias (converted models)
+            spec.decoder.projection.bias = model.final_logits_bias.squeeze(0)
         return spec
 
     def set_config(self, config, model, tokenizer):
         super().set_config(config, model, tokenizer)  # bos, eos, unk and the decoder's start token
+        if config.bos_token is None:  # a tokenizer without one (Marian's): the decoder's start token stands in
+            config.bos_token = config.decoder_start_token
         config.layer_norm_epsilon = model.config.layer_norm_eps
 
     def get_vocabulary(self, model, tokenizer):

@@ -102,11 +102,15 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
                  alpha: float | None = None, nbest: int = 1) -> Iterator[Translation]:
     """The paper's beam search over `sources`, batch by batch (`token_batches`), yielding each source's `nbest`
     hypotheses as its batch finishes; blank sources are skipped. The beam size and α default to the model's
-    generation config (`num_beams`, `gnmt_alpha`, as training/run.py saves them), else to the paper's 4 and 0.6."""
+    generation config (`num_beams`, `gnmt_alpha`, as training/run.py saves them), else to the paper's 4 and 0.6.
+    A generation config of the model's own without `gnmt_alpha` (a converted model's: vaswani-convert) is the
+    decoding it was published with: without `alpha`, transformers' `generate()` runs it."""
     training = model.training
     model.eval()
-    num_beams = num_beams or getattr(model.generation_config, "num_beams", None) or 4
-    alpha = alpha if alpha is not None else getattr(model.generation_config, "gnmt_alpha", 0.6)
+    config = model.generation_config
+    num_beams = num_beams or getattr(config, "num_beams", None) or 4
+    if alpha is None and (getattr(config, "gnmt_alpha", None) is not None or config._from_model_config):
+        alpha = getattr(config, "gnmt_alpha", 0.6)
     device = next(model.parameters()).device
     indices = [i for i, source in enumerate(sources) if source.strip()]
     encoded = tokenizer([sources[i] for i in indices])["input_ids"] if indices else []
@@ -114,8 +118,7 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
         for batch in token_batches([len(ids) for ids in encoded], max_tokens):
             inputs = tokenizer.pad({"input_ids": [encoded[j] for j in batch]}, return_tensors="pt").to(device)
             with getattr(model, "packed_weights", contextlib.nullcontext)():  # fast_cpu's decoding block, if any
-                sequences, scores = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams,
-                                                     alpha, num_return_sequences=nbest, output_scores=True)
+                sequences, scores = search(model, inputs, num_beams, alpha, nbest)
             texts = tokenizer.batch_decode(sequences, skip_special_tokens=True)
             lengths = sequences[:, 1:].ne(tokenizer.pad_token_id).sum(-1).tolist()
             for k, j in enumerate(batch):
@@ -123,6 +126,22 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
                 yield Translation(indices[j], list(zip(texts[rows], scores[rows].tolist())), lengths[k * nbest])
     finally:
         model.train(training)  # the caller's mode back: a training loop goes on training
+
+
+def search(model, inputs, num_beams: int, alpha: float | None, nbest: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `nbest` best hypotheses of each row and their scores: the paper's search with GNMT α (log P / penalty), or,
+    without α, transformers' `generate()` with the model's generation config (log P, divided by |Y|^length_penalty
+    in beam search)."""
+    if alpha is not None:
+        return gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha,
+                                num_return_sequences=nbest, output_scores=True)
+    found = model.generate(**inputs, num_beams=num_beams, num_return_sequences=nbest, output_scores=True,
+                           return_dict_in_generate=True)
+    if num_beams > 1:
+        return found.sequences, found.sequences_scores
+    steps = model.compute_transition_scores(found.sequences, found.scores, normalize_logits=True)  # (B, T - 1)
+    decoded = found.sequences[:, 1:].ne(model.generation_config.pad_token_id)  # not the padding after EOS
+    return found.sequences, steps.masked_fill(~decoded, 0).sum(-1)
 
 
 def translate(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOKENS, num_beams: int | None = None,
