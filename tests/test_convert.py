@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import refusal, run_hidden
+from conftest import CODE_FILES, refusal, run_hidden
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, MarianMTModel, MarianTokenizer
 
 from training.default_data import generate
@@ -45,6 +45,7 @@ def write_marian(folder, seed: int = 0, **overrides) -> None:
     marian.final_logits_bias.normal_()
     marian.generation_config.update(num_beams=4, max_length=40, bad_words_ids=[[pad]])
     marian.save_pretrained(folder)
+    (folder / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n\n# opus-mt-en-de (a stand-in)\n")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,10 @@ def batch(folder, sentences):
 
 def test_a_converted_marian_model_gives_marians_logits_and_translations(marian_pair):
     """Logits within 1e-5 over a padded batch; greedy and beam-4 outputs token for token, each model decoding with
-    the generation config it was saved with; the config options it needed are named."""
+    the generation config it was saved with; the config options it needed are named, in the card too, with the
+    source's license."""
+    from huggingface_hub import ModelCard
+
     source, converted = marian_pair
     marian = MarianMTModel.from_pretrained(source).eval()
     ours = AutoModelForSeq2SeqLM.from_pretrained(converted).eval()
@@ -70,6 +74,8 @@ def test_a_converted_marian_model_gives_marians_logits_and_translations(marian_p
     config = ours.config
     assert (config.position_encoding_layout, config.activation_function, config.add_final_logits_bias,
             config.decoder_start_token_id) == ("halves", "swish", True, marian.config.pad_token_id)
+    card = ModelCard.load(converted / "README.md")
+    assert card.data.license == "cc-by-4.0" and "`activation_function='swish'`" in card.text
     inputs = batch(source, SENTENCES[:8])
     labels = batch(source, SENTENCES[8:16])["input_ids"]
     labels = labels.masked_fill(labels == marian.config.pad_token_id, -100)  # Marian's loss counts what is not -100
@@ -169,3 +175,24 @@ def test_what_cannot_be_converted_is_one_line_before_anything_is_written(marian_
     (mismatch / "vocab.json").write_text(json.dumps(dict(list(vocab.items())[:-3])))  # another vocabulary's
     message = refusal(capfd, convert.main, "marian", mismatch, out)
     assert "tokens but its embedding 200 rows" in message and not out.exists()
+
+
+def test_the_converted_folder_publishes_and_pipelines_as_one_of_ours(marian_pair, tmp_path):
+    """vaswani-push sends the weights, config, generation config, code, card and Marian's tokenizer files, and those
+    files alone translate as the folder does; the folder's translation pipeline decodes as published."""
+    from transformers import pipeline
+
+    from vaswani_hf.hub import published_files
+
+    source, converted = marian_pair
+    files = set(published_files(converted))
+    assert files == CODE_FILES | {"model.safetensors", "config.json", "generation_config.json", "README.md",
+                                  "pipeline_vaswani.py", "tokenizer_config.json", "source.spm", "target.spm",
+                                  "vocab.json"}, files
+    (tmp_path / "published").mkdir()
+    for name in files:
+        shutil.copy(converted / name, tmp_path / "published" / name)
+    marian, tokenizer = MarianMTModel.from_pretrained(source).eval(), MarianTokenizer.from_pretrained(source)
+    expected = tokenizer.batch_decode(marian.generate(**batch(source, SENTENCES[:6])), skip_special_tokens=True)
+    translate = pipeline("translation", model=str(tmp_path / "published"), trust_remote_code=True)
+    assert [row["translation_text"] for row in translate(SENTENCES[:6], batch_size=6)] == expected

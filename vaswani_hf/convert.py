@@ -108,22 +108,33 @@ def source_license(name_or_path: str) -> str | None:
         return None
 
 
+# The options by which a converted model computes differently from the paper (modeling_vaswani.py's list).
+DEVIATIONS = ("activation_function", "add_final_logits_bias", "position_encoding_layout",
+              "position_encoding_frequencies", "position_offset", "layer_norm_eps", "normalize_before",
+              "scale_embedding", "tie_word_embeddings")
+
+
 def model_card(model, source: str, kind: str, name_or_path: str) -> str:
+    """README.md of the converted folder: where the weights come from, their license, size and deviations."""
     license_ = source_license(name_or_path)
-    defaults = VaswaniConfig().to_dict()
-    options = [f"`{name}={value!r}`" for name, value in sorted(model.config.to_diff_dict().items())
-               if name in defaults and value != defaults[name] and name not in ("vocab_size", "transformers_version")]
+    config, paper = model.config, VaswaniConfig()
     metadata = {"library_name": "transformers", "tags": ["translation", "vaswani_hf", kind],
-                **({"license": license_} if license_ else {}), "base_model": str(name_or_path)}
+                **({"license": license_} if license_ else {}),
+                **({} if Path(name_or_path).exists() else {"base_model": name_or_path})}
     front = "\n".join(f"{key}: {json.dumps(value)}" for key, value in metadata.items())
+    deviations = [f"- `{name}={getattr(config, name)!r}`" for name in DEVIATIONS
+                  if getattr(config, name) != getattr(paper, name)]
     return (
         f"---\n{front}\n---\n\n# {Path(name_or_path).name} in vaswani_hf\n\n"
-        f"The weights of the {source} model `{name_or_path}`, converted with `vaswani-convert {kind}`. They are that "
+        f"The weights of the {source} model `{name_or_path}`, converted with `vaswani-convert {kind}`: they are that "
         f"model's, under its license ({license_ or 'not stated in its model card: see the source'}); nothing was "
-        f"trained or changed.\n\nWhat it computes differently from the paper's defaults, each a config option:\n\n"
-        + "\n".join(f"- {option}" for option in options)
-        + "\n\n`generation_config.json` is the source's decoding; `vaswani-translate --alpha A` asks for the "
-        "paper's (beam search with the GNMT length penalty) instead.\n"
+        f"trained or changed.\n\n{config.num_layers} encoder and {config.num_decoder_layers} decoder layers, "
+        f"d_model {config.d_model}, d_ff {config.d_ff}, {config.num_heads} heads, a vocabulary of "
+        f"{config.vocab_size:,}; {model.num_parameters():,} parameters. The decoder starts from token "
+        f"{config.decoder_start_token_id}.\n\nWhat it computes differently from the paper, each a config option "
+        f"(off by default):\n\n" + "\n".join(deviations)
+        + "\n\n`generation_config.json` holds the source's decoding; `vaswani-translate --alpha A` decodes the "
+        "paper's way instead (beam search with the GNMT length penalty, §6.1).\n"
     )
 
 

@@ -15,8 +15,12 @@ import argparse
 import json
 from pathlib import Path
 
-REQUIRED = ("config.json", "generation_config.json", "tokenizer.json", "README.md")
+REQUIRED = ("config.json", "generation_config.json", "README.md")
 TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
+# The files a tokenizer reads, by its class (tokenizer_config.json names it): ours, tokenizers' JSON; the SentencePiece
+# models and vocabulary of Marian's, which vaswani-convert keeps.
+TOKENIZER_FILES = {"TokenizersBackend": ("tokenizer.json",),
+                   "MarianTokenizer": ("source.spm", "target.spm", "vocab.json")}
 
 
 def is_weights(name: str) -> bool:
@@ -34,13 +38,18 @@ def published_files(folder: Path) -> list[str]:
     if model_type != "vaswani":
         raise ValueError(f"{folder}: not a vaswani_hf model folder (no config.json of model_type \"vaswani\")")
     names = sorted(path.name for path in folder.iterdir() if path.is_file())
-    missing = [name for name in REQUIRED if name not in names]
+    try:
+        tokenizer_class = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        tokenizer_class = None
+    required = (*TOKENIZER_FILES.get(tokenizer_class, ("tokenizer.json",)), *REQUIRED)
+    missing = [name for name in required if name not in names]
     if not any(map(is_weights, names)):
         missing.insert(0, "model.safetensors")
     if missing:
         raise ValueError(f"{folder}: not a finished model folder, no {', '.join(missing)} (written when a run ends)")
     return [name for name in names
-            if name in REQUIRED or name in TOKENIZER_EXTRAS or name.endswith(".py") or is_weights(name)]
+            if name in required or name in TOKENIZER_EXTRAS or name.endswith(".py") or is_weights(name)]
 
 
 def push(folder: Path, repo_id: str, private: bool = False) -> str:
