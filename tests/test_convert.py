@@ -2,7 +2,11 @@
 built here in their own format (nothing is downloaded): a MarianMTModel folder with a SentencePiece tokenizer, as
 OPUS-MT's are laid out. Their reference is transformers' own implementation of each."""
 
+import argparse
+import collections
+import io
 import json
+import re
 import shutil
 
 import pytest
@@ -43,9 +47,19 @@ def write_marian(folder, seed: int = 0, **overrides) -> None:
     torch.manual_seed(seed)
     marian = MarianMTModel(MarianConfig(**values))
     marian.final_logits_bias.normal_()
+    randomize_layer_norms(marian)
     marian.generation_config.update(num_beams=4, max_length=40, bad_words_ids=[[pad]])
     marian.save_pretrained(folder)
     (folder / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n\n# opus-mt-en-de (a stand-in)\n")
+
+
+def randomize_layer_norms(model) -> None:
+    """Gains and biases drawn at random, so that a LayerNorm put in another's place changes the outputs."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.normal_(1.0, 0.3)
+                module.bias.normal_(0.0, 0.3)
 
 
 @pytest.fixture(scope="module")
@@ -196,3 +210,206 @@ def test_the_converted_folder_publishes_and_pipelines_as_one_of_ours(marian_pair
     expected = tokenizer.batch_decode(marian.generate(**batch(source, SENTENCES[:6])), skip_special_tokens=True)
     translate = pipeline("translation", model=str(tmp_path / "published"), trust_remote_code=True)
     assert [row["translation_text"] for row in translate(SENTENCES[:6], batch_size=6)] == expected
+
+
+# fairseq: a release folder as fairseq writes it (model.pt, dict.en.txt, dict.de.txt, bpecodes), from a random FSMT
+# model (transformers' port of fairseq's Transformer), which is the reference.
+
+MOSES_SENTENCES = ['He said: "A well-known man\'s dog -- isn\'t it red?"', "Ein Hund & eine Katze (groß) für 5,50 €.",
+                   "It's 20% cheaper - really!", "«Nein», sagte sie."]
+
+
+def moses(text: str, lang: str = "en") -> str:
+    """fairseq's preprocessing of WMT text, as Moses' scripts did it: punctuation normalized, then tokenized."""
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    normalized = MosesPunctNormalizer(lang=lang).normalize(text)
+    return MosesTokenizer(lang=lang).tokenize(normalized, aggressive_dash_splits=True, return_str=True, escape=True)
+
+
+def write_fairseq(folder, fused: bool, old_names: bool, seed: int = 0):
+    """The folder, and the FSMT model its weights come from. `fused`: attention projections stored as one
+    `in_proj_weight` (fairseq before 2020); `old_names`: LayerNorms as `layer_norms.N` and no stored output
+    projection (shared with the embeddings), as the 2018 releases of Ott et al. hold them."""
+    from subword_nmt.apply_bpe import BPE
+    from subword_nmt.learn_bpe import learn_bpe
+    from transformers import FSMTConfig, FSMTForConditionalGeneration
+
+    folder.mkdir(parents=True)
+    pairs = generate()["train"][:2000]
+    text = "".join(moses(en, "en") + "\n" + moses(de, "de") + "\n" for en, de in pairs)
+    with open(folder / "bpecodes", "w", encoding="utf-8") as codes:
+        learn_bpe(io.StringIO(text), codes, num_symbols=120)
+    with open(folder / "bpecodes", encoding="utf-8") as codes:
+        bpe = BPE(codes)
+    counts = collections.Counter(word for line in text.splitlines() for word in bpe.process_line(line).split())
+    dictionary = "".join(f"{word} {count}\n" for word, count in counts.most_common())
+    for lang in ("en", "de"):  # one joint dictionary, under both names
+        (folder / f"dict.{lang}.txt").write_text(dictionary, encoding="utf-8")
+    size = len(counts) + 4
+    torch.manual_seed(seed)
+    fsmt = FSMTForConditionalGeneration(FSMTConfig(
+        langs=["en", "de"], src_vocab_size=size, tgt_vocab_size=size, d_model=16, encoder_layers=2, decoder_layers=3,
+        encoder_ffn_dim=24, decoder_ffn_dim=24, encoder_attention_heads=4, decoder_attention_heads=4,
+        max_position_embeddings=128, init_std=0.3, forced_eos_token_id=None, tie_word_embeddings=True)).eval()
+    with torch.no_grad():  # --share_all_embeddings: one matrix for both embeddings and the output projection
+        fsmt.model.encoder.embed_tokens.weight.copy_(fsmt.model.decoder.embed_tokens.weight)
+    randomize_layer_norms(fsmt)
+    weights = {name.removeprefix("model."): tensor.clone() for name, tensor in fsmt.state_dict().items()
+               if ".embed_positions." not in name}
+    weights |= {"encoder.version": torch.tensor([3.0]), "decoder.version": torch.tensor([3.0]),
+                "encoder.embed_positions._float_tensor": torch.tensor([]),
+                "decoder.embed_positions._float_tensor": torch.tensor([])}
+    if fused:
+        for name in [name for name in weights if name.endswith((".q_proj.weight", ".q_proj.bias"))]:
+            kind = name.rsplit(".", 1)[1]
+            parts = [weights.pop(name.replace(".q_proj.", f".{part}_proj.")) for part in ("q", "k", "v")]
+            weights[name.replace(f"q_proj.{kind}", f"in_proj_{kind}")] = torch.cat(parts)
+    if old_names:
+        del weights["decoder.output_projection.weight"]
+        for stack, norms in (("encoder", ["self_attn", "final"]), ("decoder", ["self_attn", "encoder_attn", "final"])):
+            for name in [name for name in weights if name.startswith(stack) and "_layer_norm." in name]:
+                index = norms.index(name.split(".")[3].removesuffix("_layer_norm"))
+                weights[re.sub(r"\.\w+_layer_norm\.", f".layer_norms.{index}.", name)] = weights.pop(name)
+    args = argparse.Namespace(
+        arch="transformer_vaswani_wmt_en_de_big", task="translation", source_lang="en", target_lang="de",
+        encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=24, decoder_ffn_embed_dim=24,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_layers=2, decoder_layers=3,
+        encoder_normalize_before=False, decoder_normalize_before=False, encoder_learned_pos=False,
+        decoder_learned_pos=False, share_all_embeddings=True, share_decoder_input_output_embed=True,
+        dropout=0.3, attention_dropout=0.1, relu_dropout=0.0, max_source_positions=1024, max_target_positions=1024,
+        adaptive_softmax_cutoff=None, label_smoothing=0.1, lr=[0.001], optimizer="adam")
+    torch.save({"args": args, "model": weights, "extra_state": {"epoch": 7, "val_loss": 3.91},
+                "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
+                                       "optimizer_name": "FairseqAdam", "num_updates": 1000}],
+                "last_optimizer_state": None}, folder / "model.pt")
+    return fsmt
+
+
+def fairseq_ids(folder, sentences: list[str]) -> list[list[int]]:
+    """fairseq's own pipeline: Moses, subword-nmt's BPE (the package fairseq calls), the dictionary, then </s>."""
+    from subword_nmt.apply_bpe import BPE
+
+    with open(folder / "bpecodes", encoding="utf-8") as codes:
+        bpe = BPE(codes)
+    lines = (folder / "dict.en.txt").read_text(encoding="utf-8").splitlines()
+    index = {word: i for i, word in enumerate(["<s>", "<pad>", "</s>", "<unk>", *(l.split()[0] for l in lines)])}
+    return [[index.get(word, 3) for word in bpe.process_line(moses(text)).split()] + [2] for text in sentences]
+
+
+@pytest.mark.parametrize("fused, old_names", [(True, True), (False, False)], ids=["2018 layout", "split layout"])
+def test_a_converted_fairseq_checkpoint_gives_fairseqs_logits_translations_and_ids(tmp_path, fused, old_names):
+    """Against FSMT with the same weights: logits within 1e-5 over a padded batch, greedy and beam-4 outputs token
+    for token; the tokenizer's ids are fairseq's pipeline's (Moses + subword-nmt + dictionary) on 300 sentences."""
+    fsmt = write_fairseq(tmp_path / "release", fused, old_names)
+    convert.main(["fairseq", str(tmp_path / "release"), str(tmp_path / "converted")])
+    ours = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "converted").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "converted")
+    sentences = SENTENCES + MOSES_SENTENCES
+    assert tokenizer(sentences)["input_ids"] == fairseq_ids(tmp_path / "release", sentences)
+    assert (ours.config.position_encoding_frequencies, ours.config.position_offset) == ("fairseq", 2)
+    inputs = tokenizer(sentences[:8], return_tensors="pt", padding=True)
+    targets = tokenizer(sentences[8:16], return_tensors="pt", padding=True)["input_ids"][:, :5]
+    decoder_inputs = torch.cat([torch.full((8, 1), 2), targets[:, :-1]], dim=1)  # </s> starts, as in fairseq
+    with torch.no_grad():  # FSMT, given a cache, would decode the last of the decoder inputs alone
+        expected = fsmt(**inputs, decoder_input_ids=decoder_inputs, use_cache=False).logits
+        found = ours(**inputs, decoder_input_ids=decoder_inputs).logits
+    torch.testing.assert_close(found, expected, atol=1e-5, rtol=0)
+    inputs = tokenizer(SENTENCES[:24], return_tensors="pt", padding=True)
+    for options in ({"num_beams": 1}, {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True}):
+        assert torch.equal(ours.generate(**inputs, max_new_tokens=30, **options),
+                           fsmt.generate(**inputs, max_new_tokens=30, **options)), options
+
+
+@pytest.fixture(scope="module")
+def fairseq_release(tmp_path_factory):
+    """(release folder, the FSMT model its weights come from)."""
+    folder = tmp_path_factory.mktemp("fairseq") / "release"
+    return folder, write_fairseq(folder, fused=True, old_names=True)
+
+
+def edited_release(release, folder, *, remove=(), checkpoint=None, dictionary=None):
+    """A copy of the release folder without the files `remove`, with `checkpoint(state)` saved as model.pt, or
+    dict.de.txt replaced by `dictionary(text)`."""
+    shutil.copytree(release, folder)
+    for name in remove:
+        (folder / name).unlink()
+    if checkpoint:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            state = torch.load(release / "model.pt", weights_only=True, map_location="cpu")
+        torch.save(checkpoint(state), folder / "model.pt")
+    if dictionary:
+        (folder / "dict.de.txt").write_text(dictionary((folder / "dict.de.txt").read_text()))
+    return folder
+
+
+def test_a_fairseq_folder_that_cannot_be_converted_is_one_line_before_anything_is_written(fairseq_release, tmp_path,
+                                                                                          capfd):
+    """Foreign classes in the pickle are named and never unpickled; missing files, another kind of checkpoint, a
+    damaged one, dictionaries that differ or do not fit the embedding: one line each, and OUT is not written."""
+    from fractions import Fraction
+
+    fairseq_release, out = fairseq_release[0], tmp_path / "out"
+    embedding = "encoder.embed_tokens.weight"
+    cases = {
+        "holds fractions.Fraction, which is not allowed": {"checkpoint": lambda s: {**s, "extra_state": Fraction(1)}},
+        "has no dict.de.txt, bpecodes": {"remove": ("dict.de.txt", "bpecodes")},
+        "has no model.pt": {"remove": ("model.pt",)},
+        "not a fairseq checkpoint with its training arguments (it holds ['model'])":
+            {"checkpoint": lambda state: {"model": state["model"]}},
+        "source and target dictionaries differ": {"dictionary": lambda text: "x" + text},
+        "its dictionary has": {"checkpoint": lambda s: {**s, "model": {**s["model"],
+                                                                       embedding: s["model"][embedding][1:]}}},
+        "has encoder_learned_pos, which vaswani_hf does not compute": {"checkpoint": lambda s: {
+            **s, "args": argparse.Namespace(**{**vars(s["args"]), "encoder_learned_pos": True})}},
+    }
+    for number, (expected, edit) in enumerate(cases.items()):
+        release = edited_release(fairseq_release, tmp_path / f"case{number}", **edit)
+        message = refusal(capfd, convert.main, "fairseq", release, out)
+        assert expected in message, message
+        assert not out.exists() and not list(tmp_path.glob(".out.*"))
+    damaged = edited_release(fairseq_release, tmp_path / "damaged")
+    (damaged / "model.pt").write_bytes((fairseq_release / "model.pt").read_bytes()[:1000])
+    assert "not a readable torch checkpoint" in refusal(capfd, convert.main, "fairseq", damaged, out)
+
+
+def test_a_converted_fairseq_folder_translates_exports_and_publishes(fairseq_release, tmp_path, cli):
+    """vaswani-translate decodes as Ott et al. did (beam 4, length penalty 0.6: FSMT's generate() with those); the
+    published files alone make the folder's pipeline; CTranslate2 scores pairs as the model does."""
+    import ctranslate2
+    from transformers import pipeline
+
+    from vaswani_hf import export
+    from vaswani_hf.hub import published_files
+
+    release, fsmt = fairseq_release
+    converted = tmp_path / "converted"
+    convert.main(["fairseq", str(release), str(converted), "--license", "mit"])
+    assert "under its license (mit)" in (converted / "README.md").read_text()
+    tokenizer = AutoTokenizer.from_pretrained(converted)
+    sources = SENTENCES[:10]
+    published = fsmt.generate(**tokenizer(sources, return_tensors="pt", padding=True), num_beams=4,
+                              length_penalty=0.6, early_stopping=True, max_new_tokens=200)
+    expected = tokenizer.batch_decode(published, skip_special_tokens=True)
+    result = cli("--model", converted, "--quiet", "--no_fast_cpu", stdin="\n".join(sources) + "\n")
+    assert result.returncode == 0 and result.stdout.splitlines() == expected, result.stderr
+
+    files = set(published_files(converted))
+    assert {"vocab-src.json", "vocab-tgt.json", "merges.txt", "tokenizer_config.json", "README.md"} <= files
+    (tmp_path / "published").mkdir()
+    for name in files:
+        shutil.copy(converted / name, tmp_path / "published" / name)
+    translate = pipeline("translation", model=str(tmp_path / "published"), trust_remote_code=True)
+    assert [row["translation_text"] for row in translate(sources, batch_size=4)] == expected
+
+    export.main(["ctranslate2", str(converted), str(tmp_path / "ct2")])
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=torch.get_num_threads())
+    ours = AutoModelForSeq2SeqLM.from_pretrained(converted).eval()
+    pairs = list(zip(SENTENCES[:6], SENTENCES[6:12], strict=True))
+    tokens = [tokenizer.convert_ids_to_tokens(tokenizer(source)["input_ids"]) for source, _ in pairs]
+    targets = [tokenizer.convert_ids_to_tokens(tokenizer(target)["input_ids"])[:-1] for _, target in pairs]
+    for (source, target), result in zip(pairs, translator.score_batch(tokens, targets), strict=True):
+        inputs = tokenizer(source, text_target=target, return_tensors="pt")
+        with torch.no_grad():
+            log_probs = ours(**inputs).logits.log_softmax(-1)[0].gather(-1, inputs["labels"][0, :, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(result.log_probs), log_probs, atol=1e-4, rtol=0)

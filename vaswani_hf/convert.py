@@ -1,6 +1,7 @@
 """`vaswani-convert`: published weights of the paper's architecture as a vaswani_hf model folder.
 
     vaswani-convert marian Helsinki-NLP/opus-mt-en-de opus-mt-en-de     # a MarianMTModel folder or Hub id
+    vaswani-convert fairseq wmt16.en-de.joined-dict.transformer wmt16-en-de   # fairseq's release folder
 
 What it writes is an ordinary vaswani_hf folder: safetensors weights, config, the code files, the source's tokenizer,
 the generation config the source was published with, and a model card naming the source and its license. The
@@ -13,6 +14,15 @@ docstring of `modeling_vaswani.py`), and the weights are copied unchanged:
   non-linearity of its config (`activation_function`; swish for OPUS-MT), LayerNorm epsilon 1e-5, a fixed output bias
   (`add_final_logits_bias`), decoding that starts from the padding token. Its tokenizer is transformers'
   `MarianTokenizer` (SentencePiece), saved as it is: `pip install "vaswani_hf[convert]"`.
+- fairseq (the Transformers of Ott et al., 2018, trained on WMT as the paper was): the sinusoids in two halves with
+  fairseq's frequencies (`position_encoding_frequencies="fairseq"`), positions that start after the padding index
+  (`position_offset=2`), LayerNorm epsilon 1e-5, decoding that starts from `</s>`. The folder as fairseq releases it:
+  `model.pt`, `dict.SRC.txt`, `dict.TGT.txt` (one joint vocabulary) and `bpecodes`. The checkpoint, a pickle, is
+  read with `torch.load(weights_only=True)` and one class allowed besides tensors and builtins, `argparse.Namespace`
+  (its training arguments); old checkpoints' fused attention projections (`in_proj_weight`) and layer-norm names are
+  renamed as fairseq itself upgrades them. The tokenizer is transformers' `FSMTTokenizer` (Moses, then the BPE of
+  `bpecodes`), written from the dictionary and the codes; the generation config is the paper's beam 4 with
+  fairseq's length penalty 0.6 (`length_penalty`, |Y|^0.6), as Ott et al. decoded.
 
 OUT must not exist; it is written under a temporary name beside it and renamed when whole, so a failed or killed
 conversion leaves nothing under its name.
@@ -20,19 +30,22 @@ conversion leaves nothing under its name.
 
 import argparse
 import copy
-import importlib
+import importlib.util
 import json
+import pickle
+import re
+import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from transformers.utils.logging import disable_progress_bar
 
 from .configuration_vaswani import VaswaniConfig
 from .export import written_whole
 from .modeling_vaswani import VaswaniForConditionalGeneration
 
-SOURCE_PACKAGES = {"marian": ("sentencepiece", "sacremoses")}
+SOURCE_PACKAGES = {"marian": ("sentencepiece", "sacremoses"), "fairseq": ("sacremoses",)}
 
 
 def check_packages(source: str) -> None:
@@ -75,6 +88,8 @@ def from_marian(name_or_path: str):
     """(model, tokenizer) of a MarianMTModel folder or Hub id, with the generation config it was published with."""
     from transformers import MarianMTModel
 
+    if Path(name_or_path).is_dir() and not (Path(name_or_path) / "config.json").is_file():
+        raise ValueError(f"{name_or_path} is not a model folder (no config.json there)")
     source = AutoConfig.from_pretrained(name_or_path)
     if source.model_type != "marian":
         raise ValueError(f"{name_or_path} holds a {source.model_type!r} model, not a Marian one")
@@ -94,7 +109,140 @@ def from_marian(name_or_path: str):
     return model.eval(), tokenizer
 
 
-CONVERTERS = {"marian": from_marian}
+FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0-3 of every fairseq dictionary
+# Old fairseq layers kept their LayerNorms in a list (fairseq renames them on load, as here).
+OLD_LAYER_NORMS = {"encoder": ("self_attn_layer_norm", "final_layer_norm"),
+                   "decoder": ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")}
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A fairseq checkpoint, unpickled with only tensors, builtins and `argparse.Namespace` allowed."""
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        found = re.search(r"GLOBAL (\S+)", str(error))
+        what = found.group(1) if found else str(error).strip().splitlines()[0]
+        raise ValueError(f"{path} holds {what}, which is not allowed (only tensors, builtins and argparse.Namespace "
+                         "are read from a pickle): refused") from None
+    except (RuntimeError, EOFError) as error:
+        raise ValueError(f"{path} is not a readable torch checkpoint ({str(error).strip().splitlines()[0]})") from None
+    keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+    if "model" not in keys or not isinstance(state.get("args"), argparse.Namespace):
+        raise ValueError(f"{path} is not a fairseq checkpoint with its training arguments (it holds {keys})")
+    return state
+
+
+def read_dictionary(path: Path) -> list[str]:
+    """fairseq's Dictionary: its four special symbols, then one word per line ("word count [#fairseq:overwrite]")."""
+    words = list(FAIRSEQ_SPECIALS)
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        fields = line.rstrip().rsplit(" ", 2 if line.rstrip().endswith("#fairseq:overwrite") else 1)
+        if len(fields) < 2 or not fields[1].isdigit():
+            raise ValueError(f"{path}, line {number}: not \"word count\" ({line[:40]!r})")
+        words.append(fields[0])
+    return words
+
+
+def fairseq_config(args: argparse.Namespace, vocab_size: int) -> VaswaniConfig:
+    """The VaswaniConfig computing what the fairseq Transformer of `args` computes (a ValueError names what has no
+    counterpart here)."""
+    def arg(name, default=None):
+        return getattr(args, name, default)
+
+    unsupported = [f"encoder_{name} != decoder_{name}"
+                   for name in ("embed_dim", "ffn_embed_dim", "attention_heads", "normalize_before")
+                   if arg(f"encoder_{name}") != arg(f"decoder_{name}")]
+    unsupported += [name for name in ("encoder_learned_pos", "decoder_learned_pos", "no_token_positional_embeddings",
+                                      "layernorm_embedding", "adaptive_softmax_cutoff", "cross_self_attention")
+                    if arg(name)]
+    activation = arg("activation_fn", "relu")
+    if activation not in ("relu", "gelu"):
+        unsupported.append(f"activation_fn={activation!r}")
+    if unsupported:
+        raise ValueError(f"its model ({arg('arch')}) has {', '.join(unsupported)}, which vaswani_hf does not compute")
+    return VaswaniConfig(
+        vocab_size=vocab_size, d_model=args.encoder_embed_dim, d_ff=args.encoder_ffn_embed_dim,
+        num_heads=args.encoder_attention_heads, num_layers=args.encoder_layers, num_decoder_layers=args.decoder_layers,
+        dropout=arg("dropout", 0.1), attention_dropout=arg("attention_dropout", 0.0),
+        activation_dropout=arg("activation_dropout", arg("relu_dropout", 0.0)), activation_function=activation,
+        layer_norm_eps=1e-5, position_encoding_layout="halves", position_encoding_frequencies="fairseq",
+        position_offset=FAIRSEQ_SPECIALS.index("<pad>") + 1, max_position_embeddings=arg("max_source_positions", 1024),
+        scale_embedding=not arg("no_scale_embedding", False), tie_word_embeddings=bool(arg("share_all_embeddings")),
+        normalize_before=bool(arg("encoder_normalize_before")),
+        bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,  # fairseq's <s>, <pad>, </s>
+    )
+
+
+def fairseq_weights(weights: dict) -> dict:
+    """fairseq's parameters under our names: the same names under `model.`, old LayerNorm lists and fused attention
+    projections (`in_proj_weight`: queries, keys, values stacked) split, the output projection as `lm_head`."""
+    ours = {}
+    for name, tensor in weights.items():
+        if name.endswith((".version", "._float_tensor")):  # a format number; the sinusoids' device placeholder
+            continue
+        norms = OLD_LAYER_NORMS[name.split(".", 1)[0]]
+        name = re.sub(r"\.layer_norms\.(\d)\.", lambda m, norms=norms: f".{norms[int(m.group(1))]}.", name)
+        if name in ("decoder.embed_out", "decoder.output_projection.weight"):
+            ours["lm_head.weight"] = tensor
+        elif re.search(r"\.in_proj_(weight|bias)$", name):
+            for part, chunk in zip(("q", "k", "v"), tensor.chunk(3), strict=True):
+                ours["model." + name.replace("in_proj_", f"{part}_proj.")] = chunk
+        else:
+            ours["model." + name] = tensor
+    ours.setdefault("lm_head.weight", ours.get("model.decoder.embed_tokens.weight"))  # tied, stored once
+    return ours
+
+
+def fsmt_tokenizer(words: list[str], codes: Path, source_lang: str, target_lang: str):
+    """transformers' FSMTTokenizer for fairseq's Moses + subword-nmt pipeline: the dictionary with subword-nmt's
+    "@@" continuation marks turned into end-of-word marks ("</w>"), and the codes as ranked merges."""
+    from transformers import FSMTTokenizer
+
+    vocab = {word if word in FAIRSEQ_SPECIALS else word[:-2] if word.endswith("@@") else f"{word}</w>": i
+             for i, word in enumerate(words)}
+    merges = [" ".join(line.split()[:2]) for line in codes.read_text(encoding="utf-8").splitlines()
+              if line.strip() and not line.startswith("#version")]
+    with tempfile.TemporaryDirectory() as folder:
+        files = {name: Path(folder) / name for name in ("vocab.json", "merges.txt")}
+        files["vocab.json"].write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        files["merges.txt"].write_text("".join(merge + "\n" for merge in merges), encoding="utf-8")
+        return FSMTTokenizer(langs=[source_lang, target_lang], src_vocab_file=str(files["vocab.json"]),
+                             tgt_vocab_file=str(files["vocab.json"]), merges_file=str(files["merges.txt"]))
+
+
+def from_fairseq(folder: str):
+    """(model, tokenizer) of a fairseq Transformer release folder, decoding as Ott et al. (2018) did."""
+    folder = Path(folder)
+    if not (folder / "model.pt").is_file():
+        raise ValueError(f"{folder} has no model.pt (fairseq's release folder: model.pt, dict.SRC.txt, dict.TGT.txt, "
+                         "bpecodes)")
+    state = read_checkpoint(folder / "model.pt")
+    args = state["args"]
+    source_lang, target_lang = getattr(args, "source_lang", None), getattr(args, "target_lang", None)
+    needed = [f"dict.{source_lang}.txt", f"dict.{target_lang}.txt", "bpecodes"]
+    missing = [name for name in needed if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(f"{folder} has no {', '.join(missing)} (its checkpoint: {source_lang}-{target_lang})")
+    words = read_dictionary(folder / needed[0])
+    if read_dictionary(folder / needed[1]) != words:
+        raise ValueError("its source and target dictionaries differ; vaswani_hf has one joint vocabulary (§3.4)")
+    config = fairseq_config(args, len(words))
+    weights = fairseq_weights(state["model"])
+    rows = {name: tuple(weights[name].shape) for name in ("model.encoder.embed_tokens.weight", "lm_head.weight")
+            if name in weights}
+    if any(shape[0] != len(words) for shape in rows.values()):
+        raise ValueError(f"its dictionary has {len(words)} words but its embeddings {rows}")
+    model = VaswaniForConditionalGeneration(config)
+    model.load_state_dict(weights, strict=True)
+    model.generation_config = GenerationConfig(
+        num_beams=4, length_penalty=0.6, max_new_tokens=200, early_stopping=True,  # fairseq-generate --beam 4 --lenpen
+        bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2)  # 0.6 (max_len_b 200)
+    model.generation_config._from_model_config = False
+    return model.eval(), fsmt_tokenizer(words, folder / "bpecodes", source_lang, target_lang)
+
+
+CONVERTERS = {"marian": from_marian, "fairseq": from_fairseq}
 
 
 def source_license(name_or_path: str) -> str | None:
@@ -108,15 +256,16 @@ def source_license(name_or_path: str) -> str | None:
         return None
 
 
+SOURCE_NAMES = {"marian": "Marian", "fairseq": "fairseq"}
 # The options by which a converted model computes differently from the paper (modeling_vaswani.py's list).
 DEVIATIONS = ("activation_function", "add_final_logits_bias", "position_encoding_layout",
               "position_encoding_frequencies", "position_offset", "layer_norm_eps", "normalize_before",
               "scale_embedding", "tie_word_embeddings")
 
 
-def model_card(model, source: str, kind: str, name_or_path: str) -> str:
+def model_card(model, kind: str, name_or_path: str, license_: str | None = None) -> str:
     """README.md of the converted folder: where the weights come from, their license, size and deviations."""
-    license_ = source_license(name_or_path)
+    license_ = license_ or source_license(name_or_path)
     config, paper = model.config, VaswaniConfig()
     metadata = {"library_name": "transformers", "tags": ["translation", "vaswani_hf", kind],
                 **({"license": license_} if license_ else {}),
@@ -126,10 +275,10 @@ def model_card(model, source: str, kind: str, name_or_path: str) -> str:
                   if getattr(config, name) != getattr(paper, name)]
     return (
         f"---\n{front}\n---\n\n# {Path(name_or_path).name} in vaswani_hf\n\n"
-        f"The weights of the {source} model `{name_or_path}`, converted with `vaswani-convert {kind}`: they are that "
-        f"model's, under its license ({license_ or 'not stated in its model card: see the source'}); nothing was "
-        f"trained or changed.\n\n{config.num_layers} encoder and {config.num_decoder_layers} decoder layers, "
-        f"d_model {config.d_model}, d_ff {config.d_ff}, {config.num_heads} heads, a vocabulary of "
+        f"The weights of the {SOURCE_NAMES[kind]} model `{name_or_path}`, converted with `vaswani-convert {kind}`: "
+        f"they are that model's, under its license ({license_ or 'not stated in its model card: see the source'}); "
+        f"nothing was trained or changed.\n\n{config.num_layers} encoder and {config.num_decoder_layers} decoder "
+        f"layers, d_model {config.d_model}, d_ff {config.d_ff}, {config.num_heads} heads, a vocabulary of "
         f"{config.vocab_size:,}; {model.num_parameters():,} parameters. The decoder starts from token "
         f"{config.decoder_start_token_id}.\n\nWhat it computes differently from the paper, each a config option "
         f"(off by default):\n\n" + "\n".join(deviations)
@@ -143,14 +292,16 @@ def main(argv: list[str] | None = None) -> None:
     sources = parser.add_subparsers(dest="source", required=True)
     marian = sources.add_parser("marian", help="a MarianMTModel (the OPUS-MT models): folder or Hub id")
     marian.add_argument("model", help="a MarianMTModel folder or Hub repository id")
-    for source in (marian,):
+    fairseq = sources.add_parser("fairseq", help="a fairseq Transformer checkpoint folder, as fairseq releases it")
+    fairseq.add_argument("model", help="the folder of model.pt, dict.SRC.txt, dict.TGT.txt and bpecodes")
+    for source in (marian, fairseq):
         source.add_argument("output", help="the folder to write (must not exist)")
+        source.add_argument("--license", help="the weights' license, for the model card (default: what the source's "
+                                              "own card declares; fairseq's release folders have none)")
     args = parser.parse_args(argv)
 
     if Path(args.output).exists():
         raise SystemExit(f"error: {args.output} exists: give a folder that does not")
-    if Path(args.model).is_dir() and not (Path(args.model) / "config.json").is_file():
-        raise SystemExit(f"error: {args.model} is not a model folder (no config.json there)")
     check_packages(args.source)
     disable_progress_bar()
     try:
@@ -160,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     with written_whole(args.output) as partial:
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-        (partial / "README.md").write_text(model_card(model, "Marian", args.source, args.model))
+        (partial / "README.md").write_text(model_card(model, args.source, args.model, args.license))
     print(f"wrote {args.output}: vaswani-translate --model {args.output} translates with it")
 
 

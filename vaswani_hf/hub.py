@@ -18,9 +18,10 @@ from pathlib import Path
 REQUIRED = ("config.json", "generation_config.json", "README.md")
 TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
 # The files a tokenizer reads, by its class (tokenizer_config.json names it): ours, tokenizers' JSON; the SentencePiece
-# models and vocabulary of Marian's, which vaswani-convert keeps.
+# models and vocabulary of Marian's and the Moses + BPE files of fairseq's, which vaswani-convert writes.
 TOKENIZER_FILES = {"TokenizersBackend": ("tokenizer.json",),
-                   "MarianTokenizer": ("source.spm", "target.spm", "vocab.json")}
+                   "MarianTokenizer": ("source.spm", "target.spm", "vocab.json"),
+                   "FSMTTokenizer": ("vocab-src.json", "vocab-tgt.json", "merges.txt")}
 
 
 def is_weights(name: str) -> bool:

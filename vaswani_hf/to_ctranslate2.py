@@ -66,8 +66,12 @@ class VaswaniLoader(BartLoader):
 
     def set_config(self, config, model, tokenizer):
         super().set_config(config, model, tokenizer)  # bos, eos, unk and the decoder's start token
-        if config.bos_token is None:  # a tokenizer without one (Marian's): the decoder's start token stands in
-            config.bos_token = config.decoder_start_token
+        # Tokens a converted model's tokenizer does not name (Marian's has no BOS; FSMT's calls </s> its separator):
+        # the model's own ids, and the decoder's start token for a missing BOS.
+        for name, token_id in (("bos_token", model.config.bos_token_id), ("eos_token", model.config.eos_token_id)):
+            if getattr(config, name) is None:
+                token = None if token_id is None else tokenizer.convert_ids_to_tokens(token_id)
+                setattr(config, name, token or config.decoder_start_token)
         config.layer_norm_epsilon = model.config.layer_norm_eps
 
     def get_vocabulary(self, model, tokenizer):
