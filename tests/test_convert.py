@@ -8,6 +8,7 @@ import io
 import json
 import re
 import shutil
+import sys
 
 import pytest
 import torch
@@ -343,6 +344,27 @@ def edited_release(release, folder, *, remove=(), checkpoint=None, dictionary=No
     return folder
 
 
+def test_fairseqs_meters_in_a_checkpoint_are_read_without_fairseq(fairseq_release, tmp_path, monkeypatch):
+    """fairseq's trainer pickles its meters (fairseq.meters.AverageMeter, ...) into extra_state; such a checkpoint
+    converts where fairseq is not installed, its meters received by stand-ins that run no code of theirs."""
+    import types
+
+    module = types.ModuleType("fairseq.meters")
+    for name in ("AverageMeter", "TimeMeter"):
+        setattr(module, name, type(name, (), {"__module__": "fairseq.meters"}))
+    meters = collections.OrderedDict(train_loss=module.AverageMeter(), wps=module.TimeMeter())
+    meters["train_loss"].__dict__.update(val=3.9, avg=4.2, sum=420.0, count=100)
+    meters["wps"].__dict__.update(init=0, start=1.5e9, n=1000)
+    monkeypatch.setitem(sys.modules, "fairseq", types.ModuleType("fairseq"))
+    monkeypatch.setitem(sys.modules, "fairseq.meters", module)
+    release = edited_release(fairseq_release[0], tmp_path / "release",
+                             checkpoint=lambda s: {**s, "extra_state": {"train_meters": meters}})
+    monkeypatch.delitem(sys.modules, "fairseq.meters")
+    monkeypatch.delitem(sys.modules, "fairseq")
+    convert.main(["fairseq", str(release), str(tmp_path / "out")])
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
 def test_a_fairseq_folder_that_cannot_be_converted_is_one_line_before_anything_is_written(fairseq_release, tmp_path,
                                                                                           capfd):
     """Foreign classes in the pickle are named and never unpickled; missing files, another kind of checkpoint, a
@@ -352,7 +374,7 @@ def test_a_fairseq_folder_that_cannot_be_converted_is_one_line_before_anything_i
     fairseq_release, out = fairseq_release[0], tmp_path / "out"
     embedding = "encoder.embed_tokens.weight"
     cases = {
-        "holds fractions.Fraction, which is not allowed": {"checkpoint": lambda s: {**s, "extra_state": Fraction(1)}},
+        "is refused: it holds fractions.Fraction (only": {"checkpoint": lambda s: {**s, "extra_state": Fraction(1)}},
         "has no dict.de.txt, bpecodes": {"remove": ("dict.de.txt", "bpecodes")},
         "has no model.pt": {"remove": ("model.pt",)},
         "not a fairseq checkpoint with its training arguments (it holds ['model'])":

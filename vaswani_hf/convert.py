@@ -17,12 +17,13 @@ docstring of `modeling_vaswani.py`), and the weights are copied unchanged:
 - fairseq (the Transformers of Ott et al., 2018, trained on WMT as the paper was): the sinusoids in two halves with
   fairseq's frequencies (`position_encoding_frequencies="fairseq"`), positions that start after the padding index
   (`position_offset=2`), LayerNorm epsilon 1e-5, decoding that starts from `</s>`. The folder as fairseq releases it:
-  `model.pt`, `dict.SRC.txt`, `dict.TGT.txt` (one joint vocabulary) and `bpecodes`. The checkpoint, a pickle, is
-  read with `torch.load(weights_only=True)` and one class allowed besides tensors and builtins, `argparse.Namespace`
-  (its training arguments); old checkpoints' fused attention projections (`in_proj_weight`) and layer-norm names are
-  renamed as fairseq itself upgrades them. The tokenizer is transformers' `FSMTTokenizer` (Moses, then the BPE of
-  `bpecodes`), written from the dictionary and the codes; the generation config is the paper's beam 4 with
-  fairseq's length penalty 0.6 (`length_penalty`, |Y|^0.6), as Ott et al. decoded.
+  `model.pt`, `dict.SRC.txt`, `dict.TGT.txt` (one joint vocabulary) and `bpecodes`. The checkpoint, a pickle, is read
+  with `torch.load(weights_only=True)` and an allow-list besides tensors and builtins: `argparse.Namespace` (its
+  training arguments) and fairseq's meters, which stand-ins without code receive (`ALLOWED_GLOBALS`); old
+  checkpoints' fused attention projections (`in_proj_weight`) and layer-norm names are renamed as fairseq itself
+  upgrades them. The tokenizer is transformers' `FSMTTokenizer` (Moses, then the BPE of `bpecodes`), written from the
+  dictionary and the codes; the generation config is the paper's beam 4 with fairseq's length penalty 0.6
+  (`length_penalty`, |Y|^0.6), as Ott et al. decoded.
 
 OUT must not exist; it is written under a temporary name beside it and renamed when whole, so a failed or killed
 conversion leaves nothing under its name.
@@ -115,16 +116,32 @@ OLD_LAYER_NORMS = {"encoder": ("self_attn_layer_norm", "final_layer_norm"),
                    "decoder": ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")}
 
 
+class Inert:
+    """Stands in, when a checkpoint is read, for a class of fairseq's training bookkeeping (its meters): it keeps the
+    pickled state and runs none of fairseq's code (fairseq need not be installed)."""
+
+    def __setstate__(self, state):
+        self.state = state
+
+
+# What fairseq's checkpoints of the paper's model hold besides tensors and builtins: the training arguments, and the
+# meters of its training loop (fairseq.meters until 2019, fairseq.logging.meters since), read as `Inert`.
+FAIRSEQ_METERS = [f"fairseq.{module}.{name}" for module in ("meters", "logging.meters")
+                  for name in ("AverageMeter", "TimeMeter", "StopwatchMeter")]
+ALLOWED_GLOBALS = [argparse.Namespace, *((Inert, name) for name in FAIRSEQ_METERS)]
+
+
 def read_checkpoint(path: Path) -> dict:
-    """A fairseq checkpoint, unpickled with only tensors, builtins and `argparse.Namespace` allowed."""
+    """A fairseq checkpoint, unpickled with only tensors, builtins and `ALLOWED_GLOBALS` allowed."""
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with torch.serialization.safe_globals(ALLOWED_GLOBALS):
             state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         found = re.search(r"GLOBAL (\S+)", str(error))
-        what = found.group(1) if found else str(error).strip().splitlines()[0]
-        raise ValueError(f"{path} holds {what}, which is not allowed (only tensors, builtins and argparse.Namespace "
-                         "are read from a pickle): refused") from None
+        detail = str(error).split("WeightsUnpickler error:", 1)[-1].strip().splitlines()
+        what = f"it holds {found.group(1)}" if found else detail[0] if detail else "it holds something else"
+        raise ValueError(f"{path} is refused: {what} (only tensors, builtins, argparse.Namespace and fairseq's meters "
+                         "are read from its pickle)") from None
     except (RuntimeError, EOFError) as error:
         raise ValueError(f"{path} is not a readable torch checkpoint ({str(error).strip().splitlines()[0]})") from None
     keys = sorted(state) if isinstance(state, dict) else type(state).__name__
