@@ -23,7 +23,7 @@ NOT_RUN = {
     "accelerate launch training/run.py --preset base": "GPUs and a Hub dataset (benchmarks/gpu_check.py runs one GPU)",
     "accelerate launch --config_file training/accelerate_configs/fsdp_two_nodes.yaml": "two machines with GPUs",
     "#!/bin/bash": "a SLURM cluster",
-    "vaswani-convert marian": "released weights to download (tests/test_convert.py converts stand-ins in both formats)",
+    "vaswani-convert marian": "released weights to download (tests/test_convert.py converts stand-ins of both)",
 }
 # Lines run at a small size: the README's command, then what the test appends (flags win over the preset's values).
 TINY = ("--d_model 32 --d_ff 64 --num_heads 4 --num_layers 3 --vocab_size 300 --max_train_minutes 0.05 "
