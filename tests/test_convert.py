@@ -185,6 +185,9 @@ def test_what_cannot_be_converted_is_one_line_before_anything_is_written(marian_
         message = refusal(capfd, convert.main, "marian", model, output)
         assert expected in message, message
         assert not out.exists() and not list(tmp_path.glob(".out.*"))
+    damaged = edited_copy(source, tmp_path / "damaged")
+    (damaged / "model.safetensors").write_bytes((source / "model.safetensors").read_bytes()[:5000])
+    assert "cannot convert" in refusal(capfd, convert.main, "marian", damaged, out) and not out.exists()
     mismatch = edited_copy(source, tmp_path / "mismatch")
     vocab = json.loads((mismatch / "vocab.json").read_text())
     (mismatch / "vocab.json").write_text(json.dumps(dict(list(vocab.items())[:-3])))  # another vocabulary's
@@ -382,6 +385,8 @@ def test_a_fairseq_folder_that_cannot_be_converted_is_one_line_before_anything_i
         "source and target dictionaries differ": {"dictionary": lambda text: "x" + text},
         "its dictionary has": {"checkpoint": lambda s: {**s, "model": {**s["model"],
                                                                        embedding: s["model"][embedding][1:]}}},
+        "do not fit the model its config describes (missing: model.encoder.layers.1.fc1.weight)": {"checkpoint":
+            lambda s: {**s, "model": {k: v for k, v in s["model"].items() if k != "encoder.layers.1.fc1.weight"}}},
         "has encoder_learned_pos, which vaswani_hf does not compute": {"checkpoint": lambda s: {
             **s, "args": argparse.Namespace(**{**vars(s["args"]), "encoder_learned_pos": True})}},
     }

@@ -39,6 +39,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from transformers.utils.logging import disable_progress_bar
 
@@ -85,6 +86,22 @@ def marian_config(marian) -> VaswaniConfig:
     )
 
 
+def with_weights(config: VaswaniConfig, weights: dict) -> VaswaniForConditionalGeneration:
+    """The model of `config` holding `weights`, every one of its parameters and nothing else (a ValueError names the
+    first that are missing, left over or of another shape)."""
+    model = VaswaniForConditionalGeneration(config)
+    expected = model.state_dict()
+    problems = {"missing": sorted(set(expected) - set(weights)), "not ours": sorted(set(weights) - set(expected)),
+                "of another shape": sorted(name for name in set(expected) & set(weights)
+                                           if expected[name].shape != weights[name].shape)}
+    found = [f"{kind}: {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}" for kind, names in problems.items()
+             if names]
+    if found:
+        raise ValueError(f"its weights do not fit the model its config describes ({'; '.join(found)})")
+    model.load_state_dict(weights, strict=True)
+    return model
+
+
 def from_marian(name_or_path: str):
     """(model, tokenizer) of a MarianMTModel folder or Hub id, with the generation config it was published with."""
     from transformers import MarianMTModel
@@ -103,8 +120,7 @@ def from_marian(name_or_path: str):
     # to, and the positions are computed, not stored.
     weights = {name: tensor for name, tensor in marian.state_dict().items()
                if name != "model.shared.weight" and ".embed_positions." not in name}
-    model = VaswaniForConditionalGeneration(config)
-    model.load_state_dict(weights, strict=True)
+    model = with_weights(config, weights)
     model.generation_config = copy.deepcopy(marian.generation_config)
     model.generation_config._from_model_config = False  # the decoding it was published with (vaswani-translate)
     return model.eval(), tokenizer
@@ -198,7 +214,7 @@ def fairseq_weights(weights: dict) -> dict:
     for name, tensor in weights.items():
         if name.endswith((".version", "._float_tensor")):  # a format number; the sinusoids' device placeholder
             continue
-        norms = OLD_LAYER_NORMS[name.split(".", 1)[0]]
+        norms = OLD_LAYER_NORMS.get(name.split(".", 1)[0], ())
         name = re.sub(r"\.layer_norms\.(\d)\.", lambda m, norms=norms: f".{norms[int(m.group(1))]}.", name)
         if name in ("decoder.embed_out", "decoder.output_projection.weight"):
             ours["lm_head.weight"] = tensor
@@ -250,8 +266,7 @@ def from_fairseq(folder: str):
             if name in weights}
     if any(shape[0] != len(words) for shape in rows.values()):
         raise ValueError(f"its dictionary has {len(words)} words but its embeddings {rows}")
-    model = VaswaniForConditionalGeneration(config)
-    model.load_state_dict(weights, strict=True)
+    model = with_weights(config, weights)
     model.generation_config = GenerationConfig(
         num_beams=4, length_penalty=0.6, max_new_tokens=200, early_stopping=True,  # fairseq-generate --beam 4 --lenpen
         bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2)  # 0.6 (max_len_b 200)
@@ -323,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     disable_progress_bar()
     try:
         model, tokenizer = CONVERTERS[args.source](args.model)
-    except (OSError, ValueError, RuntimeError) as error:  # RuntimeError: weights that do not fit the config
+    except (OSError, ValueError, RuntimeError, SafetensorError) as error:  # missing, damaged, another kind
         raise SystemExit(f"error: cannot convert {args.model}: {str(error).strip().splitlines()[0]}") from None
     with written_whole(args.output) as partial:
         model.save_pretrained(partial)
