@@ -2,10 +2,11 @@
 
 Decodes the paper's way (§6.1): beam search with the GNMT length penalty and a limit of source length + 50, with
 the beam size and α the model was saved with (else the paper's 4 and 0.6), using this package's code (no remote
-code runs). Made for large files: lines are read a window at a time, sorted by length inside the window and cut
-into batches of at most `--max_tokens` source tokens (padding included), so memory stays bounded; translations
-are written as their batches finish, in input order, one output line per input line (an empty line stays empty);
-a progress bar on stderr counts lines and tokens/s.
+code runs); a converted model (`vaswani-convert`) decodes as its source was published unless `--alpha` is given.
+Made for large files: lines are read a window at a time, sorted by length inside the window and cut into batches of
+at most `--max_tokens` source tokens (padding included), so memory stays bounded; translations are written as their
+batches finish, in input order, one output line per input line (an empty line stays empty); a progress bar on
+stderr counts lines and tokens/s.
 
     vaswani-translate --model outputs/run --input sources.txt --output translations.txt --max_tokens 4096
     echo "A man is riding a bike." | vaswani-translate --model outputs/run --num_beams 1 --device cpu
@@ -228,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"Source tokens per batch, padding included (default {MAX_TOKENS}).")
     parser.add_argument("--num_beams", type=int, help="Beam size (default: the model's generation config, else 4).")
     parser.add_argument("--alpha", type=float,
-                        help="GNMT length penalty α (default: the model's gnmt_alpha, else 0.6).")
+                        help="GNMT length penalty α (default: the model's gnmt_alpha, else 0.6; a converted model "
+                             "decodes as published unless this is given).")
     parser.add_argument("--window", type=int, default=WINDOW,
                         help=f"Lines read, sorted by length and batched together (default {WINDOW}).")
     parser.add_argument("--nbest", type=int, default=1,
