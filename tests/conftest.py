@@ -2,6 +2,7 @@
 without vaswani_hf for the remote-code tests."""
 
 import contextlib
+import functools
 import io
 import math
 import os
@@ -231,13 +232,13 @@ def refused_translation(capfd, monkeypatch, *args, stdin: bytes = b"") -> str:
 
 
 @pytest.fixture
-def cli(capfd, monkeypatch):
-    """`vaswani-translate ARGS < stdin`, run in this process (`main(args)`: a fresh process would add only its
-    imports; the console script itself runs in test_readme.py and test_output_streams_as_batches_finish), as a
-    CompletedProcess: the exit status, what it wrote to stdout and stderr (captured at the file descriptors), and
-    an error's message on stderr with status 1, as the interpreter writes a SystemExit's. The allocator setting it
-    makes first (allocator.py), which cannot be undone, stays out of the test process; transformers' progress bars,
-    which it turns off, are turned back on after."""
+def console(capfd, monkeypatch):
+    """`COMMAND ARGS < stdin` for one of our console scripts, run in this process as its `main(args)` (a fresh process
+    would add only its imports; each console script itself runs in test_readme.py): `console(main, *args,
+    stdin=...)` gives a CompletedProcess with the exit status, what it wrote to stdout and stderr (captured at the file
+    descriptors), and an error's message on stderr with status 1, as the interpreter writes a SystemExit's. The
+    allocator setting vaswani-translate makes first (allocator.py), which cannot be undone, stays out of the test
+    process; transformers' progress bars, which the commands turn off, are turned back on after."""
     from transformers.utils.logging import enable_progress_bar, is_progress_bar_enabled
 
     from vaswani_hf import translate
@@ -245,13 +246,13 @@ def cli(capfd, monkeypatch):
     monkeypatch.setattr(translate, "keep_freed_memory", lambda: None)
     bars = is_progress_bar_enabled()
 
-    def run(*args, stdin: str | bytes = b"") -> subprocess.CompletedProcess:
+    def run(main, *args, stdin: str | bytes = b"") -> subprocess.CompletedProcess:
         data = stdin if isinstance(stdin, bytes) else stdin.encode()
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
         capfd.readouterr()
         code, message = 0, ""
         try:
-            translate.main([str(arg) for arg in args])
+            main([str(arg) for arg in args])
         except SystemExit as stop:
             code, message = (1, f"{stop.code}\n") if isinstance(stop.code, str) else (stop.code or 0, "")
         finally:
@@ -261,6 +262,14 @@ def cli(capfd, monkeypatch):
         return subprocess.CompletedProcess(args, code, out, err + message)
 
     return run
+
+
+@pytest.fixture
+def cli(console):
+    """`vaswani-translate ARGS < stdin` in this process (`console`)."""
+    from vaswani_hf import translate
+
+    return functools.partial(console, translate.main)
 
 
 def run_training(*argv) -> None:

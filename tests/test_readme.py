@@ -1,10 +1,14 @@
 """The README's commands and code, run as a reader would run them, so that the guide cannot rot: each shell and Python
 block, in order, in one fresh folder, with a small model where a block names a bigger one (SMALLER), and only the
-blocks listed in NOT_RUN left out, each with its reason. The Hub is huggingface_hub's calls recorded
-(tests/upload_capture), not the network."""
+blocks listed in NOT_RUN left out, each with its reason. Training lines, the quick start's translation and the Python
+blocks run as processes of their own; our other console-script lines as their `main(args)` here (IN_PROCESS). The
+Hub is huggingface_hub's calls recorded (tests/upload_capture), not the network."""
 
+import importlib
+import itertools
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -31,11 +35,31 @@ TINY = ("--d_model 32 --d_ff 64 --num_heads 4 --num_layers 3 --vocab_size 300 --
 SMALLER = {"accelerate launch training/run.py --preset cpu-small": TINY,
            "accelerate launch training/run.py --preset cpu-medium": TINY}
 SKIPPED_LINES = {"python -m pytest": "the suite itself", "ruff check .": "tests/test_lint.py runs it"}
+# Our console scripts, run as `main(args)` in this process (conftest's `console`: a process of their own would add only
+# its imports, 5-7 s each); the quick start's `echo ... | vaswani-translate` runs the installed script itself.
+IN_PROCESS = {"vaswani-translate": "vaswani_hf.translate", "vaswani-attention": "vaswani_hf.visualize",
+              "vaswani-export": "vaswani_hf.export", "vaswani-push": "vaswani_hf.hub"}
 
 
 def blocks_to_run() -> list[tuple[str, str]]:
     return [(language, code) for language, code in BLOCKS
             if not any(code.startswith(first) for first in NOT_RUN)]
+
+
+def commands(blocks: list[tuple[str, str]]) -> list[list[str]]:
+    """What runs `blocks` in order: each shell line (with SMALLER's flags), and consecutive Python blocks in one
+    interpreter, as a reader pastes them into one session, each block with names of its own."""
+    found = []  # (language, command)
+    for language, code in blocks:
+        if language == "python" and found and found[-1][0] == "python":
+            found[-1][1][-1] += f"\nexec({code!r}, {{}})"
+        elif language == "python":
+            found.append((language, [sys.executable, "-c", f"exec({code!r}, {{}})"]))
+        else:
+            found += [(language, ["bash", "-c", line + next((" " + extra for start, extra in SMALLER.items()
+                                                              if line.startswith(start)), "")])
+                      for line in shell_lines(code) if not any(line.startswith(s) for s in SKIPPED_LINES)]
+    return [command for _, command in found]
 
 
 def shell_lines(code: str) -> list[str]:
@@ -66,8 +90,30 @@ def test_ci_runs_the_readmes_set_up():
     assert ci == shell_lines(setup) + ["python -m pytest"]
 
 
+def run_here(console, monkeypatch, folder, words: list[str]) -> subprocess.CompletedProcess:
+    """A line of one of our console scripts (`IN_PROCESS`) in this process, in `folder`, with its `< FILE` and
+    `> FILE` redirections; the Hub's two calls recorded as the upload_capture of the subprocesses records them."""
+    import huggingface_hub
+    from upload_capture.sitecustomize import recorders
+
+    main = importlib.import_module(IN_PROCESS[words[0]]).main
+    redirections = ("<", ">")
+    redirected = {word: folder / name for word, name in itertools.pairwise(words) if word in redirections}
+    args = [word for before, word in itertools.pairwise(words)
+            if word not in redirections and before not in redirections]
+    create_repo, upload_folder = recorders(str(folder / "upload.json"))
+    with monkeypatch.context() as patch:
+        patch.chdir(folder)
+        patch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+        patch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+        result = console(main, *args, stdin=redirected["<"].read_bytes() if "<" in redirected else b"")
+    if ">" in redirected:
+        redirected[">"].write_text(result.stdout)
+    return result
+
+
 @pytest.mark.long(minutes=3)
-def test_the_readmes_blocks_run_in_order(tmp_path):
+def test_the_readmes_blocks_run_in_order(tmp_path, console, monkeypatch):
     """Every block not in NOT_RUN, in the README's order, in one folder: the quick start trains `outputs/run` (a small
     model for a few seconds) that the later blocks translate, export, push and load; the own-data block trains on
     aligned text files written here from the embedded data."""
@@ -84,17 +130,14 @@ def test_the_readmes_blocks_run_in_order(tmp_path):
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "upload_capture")]),
            "UPLOAD_CAPTURE": str(tmp_path / "upload.json"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    for language, code in blocks_to_run():
-        if language == "python":
-            commands = [[sys.executable, "-c", code]]
+    for command in commands(blocks_to_run()):
+        words = shlex.split(command[-1]) if command[0] == "bash" else [""]
+        if words[0] in IN_PROCESS:
+            result = run_here(console, monkeypatch, tmp_path, words)
         else:
-            commands = [["bash", "-c", line + next((" " + extra for start, extra in SMALLER.items()
-                                                    if line.startswith(start)), "")]
-                        for line in shell_lines(code) if not any(line.startswith(s) for s in SKIPPED_LINES)]
-        for command in commands:
             result = subprocess.run(command, cwd=tmp_path, env=env, check=False, capture_output=True, text=True,
                                     timeout=900)
-            assert result.returncode == 0, f"{command[-1]}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        assert result.returncode == 0, f"{command[-1]}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     assert (tmp_path / "outputs" / "run" / "model.safetensors").is_file()
     assert (tmp_path / "translations.txt").read_text().count("\n") == 3
     assert (tmp_path / "upload.json").is_file()
