@@ -1,6 +1,8 @@
 """`vaswani-convert`: a converted model computes what its source computes. The sources are random-weight stand-ins
 built here in their own format (nothing is downloaded): a MarianMTModel folder with a SentencePiece tokenizer, as
-OPUS-MT's are laid out. Their reference is transformers' own implementation of each."""
+OPUS-MT's are laid out, and fairseq release folders (model.pt with `args`, dictionaries, bpecodes). The references
+are transformers' MarianMTModel and FSMT (its port of fairseq's Transformer) with the same weights, and for
+fairseq's tokenization its own pipeline: Moses, subword-nmt, the dictionary."""
 
 import argparse
 import collections
@@ -21,7 +23,7 @@ from vaswani_hf import convert
 SENTENCES = [en for en, _ in generate()["test"][:300]]
 
 
-def write_marian(folder, seed: int = 0, **overrides) -> None:
+def write_marian(folder) -> None:
     """A tiny MarianMTModel in OPUS-MT's layout: a unigram SentencePiece model shared by both sides, vocab.json with
     </s> 0, <unk> 1 and <pad> last (the decoder's start), swish, scaled embeddings, a random output bias, and the
     generation config OPUS-MT models are published with (beam 4, never <pad>). The weights are drawn wide (std 0.3)
@@ -44,8 +46,8 @@ def write_marian(folder, seed: int = 0, **overrides) -> None:
               "decoder_ffn_dim": 24, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
               "activation_function": "swish", "scale_embedding": True, "max_position_embeddings": 128,
               "pad_token_id": pad, "decoder_start_token_id": pad, "eos_token_id": 0, "forced_eos_token_id": 0,
-              "init_std": 0.3, "dropout": 0.1, **overrides}
-    torch.manual_seed(seed)
+              "init_std": 0.3, "dropout": 0.1}
+    torch.manual_seed(0)
     marian = MarianMTModel(MarianConfig(**values))
     marian.final_logits_bias.normal_()
     randomize_layer_norms(marian)
@@ -231,7 +233,7 @@ def moses(text: str, lang: str = "en") -> str:
     return MosesTokenizer(lang=lang).tokenize(normalized, aggressive_dash_splits=True, return_str=True, escape=True)
 
 
-def write_fairseq(folder, fused: bool, old_names: bool, seed: int = 0):
+def write_fairseq(folder, fused: bool, old_names: bool):
     """The folder, and the FSMT model its weights come from. `fused`: attention projections stored as one
     `in_proj_weight` (fairseq before 2020); `old_names`: LayerNorms as `layer_norms.N` and no stored output
     projection (shared with the embeddings), as the 2018 releases of Ott et al. hold them."""
@@ -251,7 +253,7 @@ def write_fairseq(folder, fused: bool, old_names: bool, seed: int = 0):
     for lang in ("en", "de"):  # one joint dictionary, under both names
         (folder / f"dict.{lang}.txt").write_text(dictionary, encoding="utf-8")
     size = len(counts) + 4
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     fsmt = FSMTForConditionalGeneration(FSMTConfig(
         langs=["en", "de"], src_vocab_size=size, tgt_vocab_size=size, d_model=16, encoder_layers=2, decoder_layers=3,
         encoder_ffn_dim=24, decoder_ffn_dim=24, encoder_attention_heads=4, decoder_attention_heads=4,
