@@ -269,3 +269,17 @@ def test_the_forward_compiles_as_one_graph(model):
     torch.testing.assert_close(compiled(input_ids=source, decoder_input_ids=target, use_cache=False).logits,
                                model(input_ids=source, decoder_input_ids=target, use_cache=False).logits,
                                atol=1e-5, rtol=0)
+
+
+def test_resizing_the_vocabulary_keeps_marians_output_bias_and_gives_new_tokens_none():
+    """`add_final_logits_bias`: the bias follows the vocabulary as MarianMTModel's does (rows kept, new ones 0)."""
+    model = tiny_model(add_final_logits_bias=True)
+    with torch.no_grad():
+        model.final_logits_bias.normal_()
+    bias = model.final_logits_bias.clone()
+    model.resize_token_embeddings(56, mean_resizing=False)
+    assert model.final_logits_bias.shape == (1, 56)
+    assert torch.equal(model.final_logits_bias[:, :53], bias) and not model.final_logits_bias[:, 53:].any()
+    model.resize_token_embeddings(50)
+    assert torch.equal(model.final_logits_bias, bias[:, :50])
+    assert model(input_ids=random_ids(1, 4, 50), decoder_input_ids=random_ids(1, 3, 50)).logits.shape[-1] == 50
