@@ -12,18 +12,22 @@ chooses on the validation set), the peer with transformers' length penalty 0.6. 
 and a `comparison.json` stay in --output_dir. `--no_test` leaves test2016 out of both (for making choices);
 `--skip_peer` runs ours only.
 
-Beyond the whole sets, both models' translations are scored on the harder set "valid-long" (the quarter of validation
-with the longest sources, 254 of 1,014 sentences: longer sentences and rarer words than validation as a whole, which
-the 25-minute recipe was found to fit) and by source-length quartile (four bins of equal count, by source words).
+Beyond the whole sets, both models' translations are scored by source-length quartile (four bins of equal count, by
+source words) and on two harder quarters of validation, the whole of which the 25-minute recipe was found to fit:
+"valid-long", the 254 longest sources (14-27 words), and "valid-rare", the 253 sources whose rarest words are rarest
+in the training sources (words lowercased, compared by training count: each holds a word seen at most twice in
+training, 130 a word never seen; 81 are in valid-long too).
 Ours are decoded from the saved model (`vaswani_hf.translate`, as `vaswani-translate` decodes), the peer's are the
 files its script writes. `--score_only DIR` scores an earlier run's folders again, training nothing.
 """
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,13 +83,27 @@ def length_quartiles(sources: list[str]) -> list[list[int]]:
     return [sorted(order[k * len(order) // 4:(k + 1) * len(order) // 4]) for k in range(4)]
 
 
+def words(sentence: str) -> list[str]:
+    return re.findall(r"\w+", sentence.lower())
+
+
+def rarest_quarter(sources: list[str], training_sources: list[str]) -> list[int]:
+    """The indices of the quarter of `sources` whose words are rarest in `training_sources`: sentences ordered by
+    their words' training counts, each sentence's sorted smallest first (its rarest word decides, then the next)."""
+    counts = Counter(word for sentence in training_sources for word in words(sentence))
+    order = sorted(range(len(sources)), key=lambda i: sorted(counts[word] for word in words(sources[i])))
+    return sorted(order[:len(order) // 4])
+
+
+def bleu(hypotheses: list[str], references: list[str], rows) -> float:
+    return BLEU().corpus_score([hypotheses[i] for i in rows], [[references[i] for i in rows]]).score
+
+
 def scored(hypotheses: list[str], references: list[str], sources: list[str]) -> dict:
     """sacreBLEU of the whole set and of each source-length quartile (with its range of source words)."""
-    def bleu(rows):
-        return BLEU().corpus_score([hypotheses[i] for i in rows], [[references[i] for i in rows]]).score
-
     bins = length_quartiles(sources)
-    return {"bleu": bleu(range(len(sources))), "quartiles": [bleu(rows) for rows in bins],
+    return {"bleu": bleu(hypotheses, references, range(len(sources))),
+            "quartiles": [bleu(hypotheses, references, rows) for rows in bins],
             "quartile_words": [[min(words), max(words)] for words in ([len(sources[i].split()) for i in rows]
                                                                       for rows in bins)]}
 
@@ -105,16 +123,19 @@ def translations(args, out: Path, name: str, split: str) -> list[str]:
 
 
 def harder_sets(args, rows: dict, folders: dict) -> None:
-    """Each row gets valid-long and the length quartiles of valid and test2016."""
+    """Each row gets valid-long, valid-rare and the length quartiles of valid and test2016."""
+    rare = rarest_quarter(read_lines(args.data / "valid.en"), read_lines(args.data / "train.en"))
     for name, row in rows.items():
         for split in ("valid", "test2016"):
             if split == "test2016" and args.no_test:
                 continue
             sources, references = (read_lines(args.data / f"{split}.{lang}") for lang in ("en", "de"))
-            found = scored(translations(args, folders[name], name, split), references, sources)
+            hypotheses = translations(args, folders[name], name, split)
+            found = scored(hypotheses, references, sources)
             row[f"{split}_by_length"] = found
             if split == "valid":
                 row["valid_long"] = found["quartiles"][3]
+                row["valid_rare"] = bleu(hypotheses, references, rare)
 
 
 def positive_minutes(text: str) -> float:
@@ -170,20 +191,21 @@ def main():
 def print_table(comparison: dict) -> None:
     rows = comparison["rows"]
     print(f"\n{comparison['minutes']:g} minutes of training each, {comparison['cpu']}")
-    print(f"| {'run':<34} | steps | valid | valid-long | test2016 | test2016 by source-length quartile |")
-    print(f"|{'-' * 36}|------:|------:|-----------:|---------:|------------------------------------|")
+    print(f"| {'run':<34} | steps | valid | valid-long | valid-rare | test2016 | test2016 by source-length quartile |")
+    print(f"|{'-' * 36}|------:|------:|-----------:|-----------:|---------:|------------------------------------|")
     for name, row in rows.items():
         test = row.get("test2016_by_length")
         test_bleu = f"{test['bleu']:.2f}" if test else "-"
         bins = " / ".join(f"{value:.2f}" for value in test["quartiles"]) if test else "-"
         print(f"| {name:<34} | {row['steps']:>5} | {row['valid']['bleu']:>5.2f} | {row['valid_long']:>10.2f} | "
-              f"{test_bleu:>8} | {bins:<34} |")
+              f"{row['valid_rare']:>10.2f} | {test_bleu:>8} | {bins:<34} |")
     if test := next(iter(rows.values())).get("test2016_by_length"):
         edges = ", ".join(f"{low}-{high}" for low, high in test["quartile_words"])
         print(f"test2016 quartiles, source words: {edges}")
     if len(rows) == 2:
         (a, b) = rows.values()
-        margins = {"valid": a["valid"]["bleu"] - b["valid"]["bleu"], "valid-long": a["valid_long"] - b["valid_long"]}
+        margins = {"valid": a["valid"]["bleu"] - b["valid"]["bleu"], "valid-long": a["valid_long"] - b["valid_long"],
+                   "valid-rare": a["valid_rare"] - b["valid_rare"]}
         if "test2016_by_length" in a:
             margins["test2016"] = a["test2016_by_length"]["bleu"] - b["test2016_by_length"]["bleu"]
             margins |= {f"test2016 Q{k + 1}": x - y for k, (x, y) in enumerate(
