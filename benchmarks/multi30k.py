@@ -14,9 +14,9 @@ and a `comparison.json` stay in --output_dir. `--no_test` leaves test2016 out of
 
 Beyond the whole sets, both models' translations are scored by source-length quartile (four bins of equal count, by
 source words) and on two harder quarters of validation, the whole of which the 25-minute recipe was found to fit:
-"valid-long", the 254 longest sources (14-27 words), and "valid-rare", the 253 sources whose rarest words are rarest
-in the training sources (words lowercased, compared by training count: each holds a word seen at most twice in
-training, 130 a word never seen; 81 are in valid-long too).
+"valid-long", the longest sources, and "valid-rare", the sources whose rarest words are rarest in the training
+sources (words lowercased, compared by training count). On Multi30k: valid-long is 254 sentences of 14-27 words;
+valid-rare 253, each with a word seen at most twice in training, 130 with a word never seen, 81 also in valid-long.
 Ours are decoded from the saved model (`vaswani_hf.translate`, as `vaswani-translate` decodes), the peer's are the
 files its script writes. `--score_only DIR` scores an earlier run's folders again, training nothing.
 """
