@@ -1,8 +1,11 @@
 """How many of a finished run's checkpoints to average (§6.1), judged on validation: for each window of the last
-K checkpoints, the averaged model's per-token NLL and its beam-4 sacreBLEU at each GNMT α.
+K checkpoints, the averaged model's per-token NLL and its beam-4 sacreBLEU at each GNMT α, on the whole set and on
+its two harder quarters as `multi30k.py` defines them ("long": the longest sources; "rare": the sources whose words
+are rarest in --training_source).
 
     python benchmarks/averaging_window.py RUN_DIR --windows 15,10,5,3,1 --alphas 1.2,1.4
-        [--source ../shared/data/multi30k/valid.en --reference ../shared/data/multi30k/valid.de]
+        [--source ../shared/data/multi30k/valid.en --reference ../shared/data/multi30k/valid.de
+         --training_source ../shared/data/multi30k/train.en]
 
 RUN_DIR is a `training/run.py` output folder that still holds its checkpoints (the tokenizer and config come from
 it). Use the validation set, never the test set: this chooses `--average_share` and `--average_checkpoints`.
@@ -19,12 +22,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from multi30k import bleu, length_quartiles, rarest_quarter
 from transformers import AutoTokenizer
 
 from training.averaging import average_checkpoints
 from training.batching import encode
 from training.checkpoints import WEIGHTS_FILE, checkpoints
-from training.evaluation import score, translate, validation_loss
+from training.evaluation import translate, validation_loss
 from vaswani_hf import VaswaniForConditionalGeneration
 from vaswani_hf.kernels import cpu_name
 from vaswani_hf.text import read_lines
@@ -43,6 +47,7 @@ def main():
     parser.add_argument("--alphas", type=numbers, default=[1.4])
     parser.add_argument("--source", type=Path, default=DATA / "valid.en")
     parser.add_argument("--reference", type=Path, default=DATA / "valid.de")
+    parser.add_argument("--training_source", type=Path, default=DATA / "train.en")
     args = parser.parse_args()
     found = checkpoints(args.run_dir)
     if len(found) < max(args.windows):
@@ -51,16 +56,19 @@ def main():
     tokenizer = AutoTokenizer.from_pretrained(args.run_dir)
     model = VaswaniForConditionalGeneration.from_pretrained(args.run_dir).eval()
     encoded = encode(tokenizer, list(zip(sources, references, strict=True)))
+    sets = {"all": range(len(sources)), "long": length_quartiles(sources)[3],
+            "rare": rarest_quarter(sources, read_lines(args.training_source))}
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads; {args.run_dir}: {len(found)} checkpoints")
     for window in args.windows:
         start = time.perf_counter()
         model.load_state_dict(average_checkpoints([path / WEIGHTS_FILE for path in found[-window:]]), strict=False)
         model.tie_weights()
         nll = validation_loss(model, *encoded, tokenizer.pad_token_id, 2048, "cpu")
-        bleu = {alpha: score(translate(model, tokenizer, sources, num_beams=4, alpha=alpha), references)["bleu"]
-                for alpha in args.alphas}
-        print(json.dumps({"last": window, "from": found[-window].name, "nll": round(nll, 4),
-                          "bleu": {str(alpha): round(value, 2) for alpha, value in bleu.items()},
+        scores = {}
+        for alpha in args.alphas:
+            hypotheses = translate(model, tokenizer, sources, num_beams=4, alpha=alpha)
+            scores[str(alpha)] = {name: round(bleu(hypotheses, references, rows), 2) for name, rows in sets.items()}
+        print(json.dumps({"last": window, "from": found[-window].name, "nll": round(nll, 4), "bleu": scores,
                           "seconds": round(time.perf_counter() - start)}), flush=True)
 
 
