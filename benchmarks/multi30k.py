@@ -37,6 +37,7 @@ from sacrebleu.metrics import BLEU
 
 from training.arguments import read_preset
 from vaswani_hf.kernels import cpu_name
+from vaswani_hf.text import read_lines
 
 PEER = ROOT.parent / "shared" / "baselines" / "train_marian.py"
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -71,10 +72,6 @@ def peer(args, out: Path) -> dict:
     results = json.loads((out / "results.json").read_text())
     return {"steps": results["train"]["steps"], "valid": results["eval"]["valid_beam4"],
             "test2016": results["eval"]["test2016_beam4"]}
-
-
-def read_lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines()
 
 
 def length_quartiles(sources: list[str]) -> list[list[int]]:
