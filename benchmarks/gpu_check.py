@@ -3,7 +3,7 @@
     python benchmarks/gpu_check.py --output_dir runs/gpu-check          # on a GPU: the base model, about 5 minutes
     python benchmarks/gpu_check.py --tiny --output_dir runs/gpu-tiny    # on a CPU: tiny sizes, the same code (tests)
 
-Six parts; each runs even when another fails:
+Eight parts; each runs even when another fails:
 
 1. speed: a training step (forward, cross-entropy, backward, fused Adam) of ours and of MarianMTModel at the same
    size, interleaved, in bf16 autocast and in float32 (TF32 allowed): tokens/s and peak memory above the weights
@@ -19,7 +19,14 @@ Six parts; each runs even when another fails:
    imported (`trust_remote_code=True`); its translations must equal `vaswani-translate`'s (the package's loader and
    search) sentence for sentence;
 6. transforms: what a GPU transform of ours could gain in bf16 training, beside parts 1's eager models: the token
-   ids' values left unread (no host wait in the forward), and `torch.compile` (compile time reported).
+   ids' values left unread (no host wait in the forward), and `torch.compile` of each model (compile time reported);
+7. profile: where a bf16 training step's time goes (torch.profiler): the GPU's kernel time over the step's wall time
+   (near 1, the GPU computes all along; far below, it waits for the host to launch kernels), the kernels launched,
+   and the kernels that take most of the GPU's time, for both models;
+8. loop: where training/run.py's step loses against part 1's bare step (ours, bf16, one batch of part 1's shape):
+   the bare step; the same with run.py's padded batch (random lengths, padding masks) and a cross-entropy; run.py's
+   own step (`accumulate_gradients`: its label-smoothed loss and token counts, through Accelerate); and the same
+   with run.py's collation of the batch from token lists inside the step: milliseconds and host waits per step.
 
 Writes gpu_check.json (every figure, the device, the versions, each target and whether it was met) and gpu_check.md
 (the table) to --output_dir, after every part. Exits 1 if a part failed or a check of parts 4-5 did not hold; a
@@ -47,11 +54,13 @@ sys.path.insert(0, str(ROOT))  # vaswani_hf and training/ without installing the
 
 import torch
 import transformers
-from speed import SIZES, build, generate, paper_adam, peak_memory, random_tokens, train_step
+from speed import PAD, SIZES, build, generate, paper_adam, peak_memory, random_tokens, train_step
+from torch import nn
 
 from training.default_data import generate as grammar_pairs
 from vaswani_hf.gnmt import gnmt_beam_search
 from vaswani_hf.kernels import cpu_name
+from vaswani_hf.modeling_vaswani import shift_tokens_right
 
 # What each part runs on: the paper's base model on a GPU; tiny sizes on a CPU, so the tests run every line.
 SHAPES = {
@@ -386,7 +395,8 @@ def transforms(device: torch.device, shape: dict, output_dir: Path) -> dict:
     size, (batch, length) = shape["size"], shape["train"]
     both = models(device, size)
     optimizers = {name: paper_adam(model) for name, model in both.items()}
-    compiled = torch.compile(both["ours"], backend="inductor" if device.type == "cuda" else "aot_eager")
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    compiled = {name: torch.compile(model, backend=backend) for name, model in both.items()}
     source = random_tokens(batch, length, size["vocab_size"], 20).to(device)
     target = random_tokens(batch, length, size["vocab_size"], 21).to(device)
 
@@ -397,12 +407,15 @@ def transforms(device: torch.device, shape: dict, output_dir: Path) -> dict:
         with ids_unread():
             step(both["ours"], optimizers["ours"])()
 
-    start = time.perf_counter()
-    step(compiled, optimizers["ours"])()
-    synchronize(device)
-    compile_seconds = time.perf_counter() - start
+    compile_seconds = {}
+    for name, model in compiled.items():
+        start = time.perf_counter()
+        step(model, optimizers[name])()
+        synchronize(device)
+        compile_seconds[name] = time.perf_counter() - start
     calls = {"marian": step(both["marian"], optimizers["marian"]), "ours": step(both["ours"], optimizers["ours"]),
-             "ours, ids unread": unread, "ours, torch.compile": step(compiled, optimizers["ours"])}
+             "ours, ids unread": unread,
+             **{f"{name}, torch.compile": step(model, optimizers[name]) for name, model in compiled.items()}}
     seconds = interleaved(device, shape["repeats"], calls)
     from torch._dynamo.utils import counters
 
@@ -410,8 +423,94 @@ def transforms(device: torch.device, shape: dict, output_dir: Path) -> dict:
             "compile_seconds": compile_seconds, "graph_breaks": sum(counters["graph_break"].values())}
 
 
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")  # the profiler's names
+
+
+def profile(device: torch.device, shape: dict, output_dir: Path) -> dict:
+    """Part 7: where a bf16 training step's time goes, per model: the step's wall time (median of unprofiled steps),
+    the GPU's kernel time in one profiled step and its share of the wall time, the kernels launched, and the five
+    kernels of most GPU time (on a CPU only the wall time: the profiler sees no device)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiled
+
+    size, (batch, length) = shape["size"], shape["train"]
+    both = models(device, size)
+    optimizers = {name: paper_adam(model) for name, model in both.items()}
+    source = random_tokens(batch, length, size["vocab_size"], 30).to(device)
+    target = random_tokens(batch, length, size["vocab_size"], 31).to(device)
+    steps = {name: partial(train_step, model.train(), optimizers[name], source, target, torch.bfloat16)
+             for name, model in both.items()}
+    wall = interleaved(device, shape["repeats"], steps)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    result = {}
+    for name, step in steps.items():
+        with profiled(activities=activities) as profiler:
+            step()
+            synchronize(device)
+        result[name] = {"wall_ms": 1e3 * wall[name]}
+        if device.type == "cuda":
+            events = profiler.key_averages()
+            # The device's own events (kernels, copies), each once: not the CPU ops that launched them, nor the
+            # device-side ranges of annotations (the optimizer's step)
+            kernels = [event for event in events
+                       if event.device_type != DeviceType.CPU and not event.is_user_annotation]
+            kernel_ms = sum(event.self_device_time_total for event in kernels) / 1e3
+            top = sorted(kernels, key=lambda event: -event.self_device_time_total)[:5]
+            result[name].update(kernel_ms=kernel_ms, busy=kernel_ms / (1e3 * wall[name]),
+                                launches=sum(event.count for event in events if event.key in LAUNCHES),
+                                top_kernels=[{"kernel": event.key[:120], "ms": event.self_device_time_total / 1e3,
+                                              "calls": event.count} for event in top])
+    return result
+
+
+def loop(device: torch.device, shape: dict, output_dir: Path) -> dict:
+    """Part 8: run.py's training step taken apart, against part 1's bare step (module docstring)."""
+    import random
+
+    from accelerate import Accelerator
+
+    from training.batching import collate
+    from training.run import accumulate_gradients
+
+    size, (batch, length) = shape["size"], shape["train"]
+    accelerator = Accelerator(mixed_precision="bf16", cpu=device.type == "cpu")
+    model = build("ours", size)
+    model, optimizer = accelerator.prepare(model, paper_adam(model))
+    draw = random.Random(40)
+    sources, targets = ([[draw.randrange(3, size["vocab_size"]) for _ in range(draw.randint(length // 2, length))]
+                         for _ in range(batch)] for _ in range(2))
+    sources[0], targets[0] = ([3] * length for _ in range(2))  # one row of full length: part 1's shape
+    inputs = collate(range(batch), sources, targets, PAD, device)  # (batch, length), as part 1's
+    source = random_tokens(batch, length, size["vocab_size"], 41).to(device)
+    target = random_tokens(batch, length, size["vocab_size"], 42).to(device)
+
+    def padded():
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            labels = inputs["labels"]
+            decoder_input_ids = shift_tokens_right(labels, PAD, model.config.decoder_start_token_id)
+            logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                           decoder_input_ids=decoder_input_ids).logits
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def run_step(collated: bool):
+        batches = [collate(range(batch), sources, targets, PAD, device) if collated else inputs]
+        accumulate_gradients(accelerator, model, batches, sum(map(len, targets)), 0.1)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    calls = {"bare": partial(train_step, model.train(), optimizer, source, target, torch.bfloat16), "padded": padded,
+             "run.py step": partial(run_step, False), "run.py step, collated": partial(run_step, True)}
+    seconds = interleaved(device, shape["repeats"], calls)
+    return {name: {"ms": 1e3 * value, "over_bare": value / seconds["bare"], "host_waits": count_syncs(device, call)}
+            for name, (call, value) in ((name, (calls[name], seconds[name])) for name in calls)}
+
+
 PARTS = {"speed": speed, "decoding": decoding, "syncs": synchronisations, "training": training, "remote": remote,
-         "transforms": transforms}
+         "transforms": transforms, "profile": profile, "loop": loop}
 
 
 def checks(report: dict) -> dict:
@@ -492,9 +591,22 @@ def markdown(report: dict) -> str:
         if variant in variants:
             marian, ours = variants["marian"]["tokens_per_second"], variants[variant]["tokens_per_second"]
             lines.append(f"| training tokens/s, bf16, {variant} | {marian:.0f} | {ours:.0f} | {ours / marian:.2f}x |")
+    if "marian, torch.compile" in variants:
+        marian, ours = (variants[f"{name}, torch.compile"]["tokens_per_second"] for name in ("marian", "ours"))
+        lines.append(f"| training tokens/s, bf16, both compiled | {marian:.0f} | {ours:.0f} | {ours / marian:.2f}x |")
+    steps = report.get("profile", {})
+    for key, title, digits in (("wall_ms", "bf16 training step, wall ms", 1), ("kernel_ms", "its GPU kernel ms", 1),
+                               ("busy", "GPU busy share of it", 2), ("launches", "kernels launched in it", 0)):
+        if "ours" in steps and steps["ours"].get(key) is not None:
+            marian, ours = steps["marian"][key], steps["ours"][key]
+            lines.append(f"| {title} | {marian:.{digits}f} | {ours:.{digits}f} | |")
     if variants:
-        lines.append(f"\ntorch.compile: {report['transforms']['compile_seconds']:.0f} s to compile, "
-                     f"{report['transforms']['graph_breaks']} graph breaks")
+        seconds = ", ".join(f"{name} {value:.0f} s" for name, value in report["transforms"]["compile_seconds"].items())
+        lines.append(f"\ntorch.compile: {seconds} to compile, {report['transforms']['graph_breaks']} graph breaks")
+    if "loop" in report:
+        lines.append("\nrun.py's step taken apart (ours, bf16; ms per step, over the bare step, host waits): "
+                     + "; ".join(f"{name} {v['ms']:.1f} ms ({v['over_bare']:.2f}x, {v['host_waits']} waits)"
+                                 for name, v in report["loop"].items()))
     for name, fused in report.get("speed", {}).get("fused_attention", {}).items():
         lines.append(f"\n{name}: SDPA's fused kernels alone (no math fallback), bf16, padded sources: {fused}")
     for part in ("speed", "decoding"):
