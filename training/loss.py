@@ -21,4 +21,5 @@ def label_smoothed_nll(logits: torch.Tensor, labels: torch.Tensor, epsilon: floa
     nll = -log_probs.gather(-1, gold).squeeze(-1)  # (B, T)
     others = -log_probs.sum(-1) - nll  # -Σ_{k≠gold} log p_k
     smoothed = (1 - epsilon) * nll + epsilon / (vocab_size - 1) * others
-    return smoothed[keep].sum(), nll[keep].sum(), keep.sum()
+    # Sums over the kept positions, masked rather than indexed: indexing by a mask would wait for the GPU
+    return smoothed.where(keep, 0.0).sum(), nll.where(keep, 0.0).sum(), keep.sum()

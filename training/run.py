@@ -143,6 +143,8 @@ def main():
     start_time = time.time() - state["elapsed_seconds"]
 
     def seconds() -> float:  # the run's time by the main process's clock, on every process
+        if world == 1:
+            return time.time() - start_time  # nothing to share: no tensor whose reading would wait for a GPU
         now = torch.tensor([time.time() - start_time], dtype=torch.float64, device=accelerator.device)
         return broadcast(now).item()
 
@@ -171,9 +173,11 @@ def main():
         if args.dropout_epochs:  # P_drop fitted to the run's expected length; config.json keeps the last value
             expected_epochs = (budget.expected if budget else args.max_steps) / batches.steps_per_epoch
             config.dropout = fitted_dropout(expected_epochs, model_args.dropout, args.dropout_epochs)
+        ids = batches.step(step)
         inputs = [collate(range(len(sources)), sources, targets, tokenizer.pad_token_id, accelerator.device)
-                  for sources, targets in batches.step(step)]
-        loss, step_tokens = accumulate_gradients(accelerator, model, inputs, args.label_smoothing)
+                  for sources, targets in ids]
+        local_tokens = sum(len(target) for _, targets in ids for target in targets)
+        loss, step_tokens = accumulate_gradients(accelerator, model, inputs, local_tokens, args.label_smoothing)
         learning_rate = scheduler.get_last_lr()[0]
         fault_point(f"step-{step + 1}")
         entry = {"step": step + 1, "loss": loss, "learning_rate": learning_rate, "tokens": step_tokens}
@@ -319,13 +323,15 @@ def time_budget(args, d_model: int) -> TimeBudget | None:
         raise SystemExit(str(error)) from None
 
 
-def accumulate_gradients(accelerator, model, inputs: list[dict], label_smoothing: float) -> tuple[float, int]:
-    """Forward and backward over this process's batches of one optimizer step. §5.1/§5.4: the label-smoothed loss
-    is summed over the step's target tokens on every process and divided by their number; returns that loss (for
-    the log) and the number."""
+def accumulate_gradients(accelerator, model, inputs: list[dict], local_tokens: int,
+                         label_smoothing: float) -> tuple[float, int]:
+    """Forward and backward over this process's batches of one optimizer step, which hold `local_tokens` target
+    tokens (counted from the token lists: no GPU is waited for). §5.1/§5.4: the label-smoothed loss is summed over
+    the step's target tokens on every process and divided by their number; returns that loss (for the log) and the
+    number."""
     config = unwrap(model).config
-    local_tokens = sum(int(x["labels"].ne(-100).sum()) for x in inputs)
-    step_tokens = accelerator.reduce(torch.tensor(local_tokens, device=accelerator.device), "sum").item()
+    step_tokens = local_tokens if accelerator.num_processes == 1 else int(accelerator.reduce(
+        torch.tensor(local_tokens, device=accelerator.device), "sum").item())
     step_loss = torch.zeros((), device=accelerator.device)
     for a, batch in enumerate(inputs):
         with gradient_sync(accelerator, model, a == len(inputs) - 1), accelerator.autocast():
