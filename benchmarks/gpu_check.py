@@ -58,6 +58,7 @@ from speed import PAD, SIZES, build, generate, paper_adam, peak_memory, random_t
 from torch import nn
 
 from training.default_data import generate as grammar_pairs
+from vaswani_hf import fast_gpu
 from vaswani_hf.gnmt import gnmt_beam_search
 from vaswani_hf.kernels import cpu_name
 from vaswani_hf.modeling_vaswani import shift_tokens_right
@@ -390,10 +391,11 @@ def ids_unread():
 
 def transforms(device: torch.device, shape: dict, output_dir: Path) -> dict:
     """Part 6: what a GPU transform of ours could gain in a bf16 training step, beside eager ours and Marian: the ids'
-    values left unread, and torch.compile (inductor's default mode on a GPU; AOTAutograd alone on a CPU, where
-    --tiny only shows that the model compiles)."""
+    values left unread, `vaswani_hf.fast_gpu` (fused projections), and torch.compile (inductor's default mode on a
+    GPU; AOTAutograd alone on a CPU, where --tiny only shows that the model compiles)."""
     size, (batch, length) = shape["size"], shape["train"]
     both = models(device, size)
+    fused = fast_gpu(build("ours", size).to(device))
     optimizers = {name: paper_adam(model) for name, model in both.items()}
     backend = "inductor" if device.type == "cuda" else "aot_eager"
     compiled = {name: torch.compile(model, backend=backend) for name, model in both.items()}
@@ -414,7 +416,7 @@ def transforms(device: torch.device, shape: dict, output_dir: Path) -> dict:
         synchronize(device)
         compile_seconds[name] = time.perf_counter() - start
     calls = {"marian": step(both["marian"], optimizers["marian"]), "ours": step(both["ours"], optimizers["ours"]),
-             "ours, ids unread": unread,
+             "ours, ids unread": unread, "ours, fast_gpu": step(fused, paper_adam(fused)),
              **{f"{name}, torch.compile": step(model, optimizers[name]) for name, model in compiled.items()}}
     seconds = interleaved(device, shape["repeats"], calls)
     from torch._dynamo.utils import counters
@@ -429,13 +431,13 @@ LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaun
 def profile(device: torch.device, shape: dict, output_dir: Path) -> dict:
     """Part 7: where a bf16 training step's time goes, per model: the step's wall time (median of unprofiled steps),
     the GPU's kernel time in one profiled step and its share of the wall time, the kernels launched, and the five
-    kernels of most GPU time (on a CPU only the wall time: the profiler sees no device)."""
+    kernels of most GPU time (on a CPU only the wall time: the profiler sees no device); ours also with fast_gpu."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiled
 
     size, (batch, length) = shape["size"], shape["train"]
-    both = models(device, size)
+    both = {**models(device, size), "ours, fast_gpu": fast_gpu(build("ours", size).to(device))}
     optimizers = {name: paper_adam(model) for name, model in both.items()}
     source = random_tokens(batch, length, size["vocab_size"], 30).to(device)
     target = random_tokens(batch, length, size["vocab_size"], 31).to(device)
@@ -587,7 +589,7 @@ def markdown(report: dict) -> str:
             shown = "–" if marian is None else f"{marian:g}"
             lines.append(f"| host synchronisations, {kind} | {shown} | {ours:g} | |")
     variants = report.get("transforms", {}).get("bf16", {})
-    for variant in ("ours, ids unread", "ours, torch.compile"):
+    for variant in ("ours, ids unread", "ours, fast_gpu", "ours, torch.compile"):
         if variant in variants:
             marian, ours = variants["marian"]["tokens_per_second"], variants[variant]["tokens_per_second"]
             lines.append(f"| training tokens/s, bf16, {variant} | {marian:.0f} | {ours:.0f} | {ours / marian:.2f}x |")
@@ -597,9 +599,10 @@ def markdown(report: dict) -> str:
     steps = report.get("profile", {})
     for key, title, digits in (("wall_ms", "bf16 training step, wall ms", 1), ("kernel_ms", "its GPU kernel ms", 1),
                                ("busy", "GPU busy share of it", 2), ("launches", "kernels launched in it", 0)):
-        if "ours" in steps and steps["ours"].get(key) is not None:
-            marian, ours = steps["marian"][key], steps["ours"][key]
-            lines.append(f"| {title} | {marian:.{digits}f} | {ours:.{digits}f} | |")
+        for name, suffix in (("ours", ""), ("ours, fast_gpu", " (ours: fast_gpu)")):
+            if name in steps and steps[name].get(key) is not None:
+                marian, ours = steps["marian"][key], steps[name][key]
+                lines.append(f"| {title}{suffix} | {marian:.{digits}f} | {ours:.{digits}f} | |")
     if variants:
         seconds = ", ".join(f"{name} {value:.0f} s" for name, value in report["transforms"]["compile_seconds"].items())
         lines.append(f"\ntorch.compile: {seconds} to compile, {report['transforms']['graph_breaks']} graph breaks")

@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from .allocator import keep_freed_memory
 from .configuration_vaswani import VaswaniConfig
 from .fast_cpu import fast_cpu
+from .fast_gpu import fast_gpu
 from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
 from .pipeline_vaswani import TranslationPipeline
 from .quantization import quantize_int8
@@ -37,6 +38,7 @@ __all__ = [
     "VaswaniModel",
     "VaswaniPreTrainedModel",
     "fast_cpu",
+    "fast_gpu",
     "keep_freed_memory",
     "quantize_int8",
     "register",

@@ -28,6 +28,9 @@ Deviations from the paper — this is the one list. By default there are none in
     copy whose linear layers compute in int8 on the CPU; the paper decodes in float32 (off by default).
   * CPU kernels: `vaswani_hf.fast_cpu(model)` makes a model's float32 CPU products run in kernels chosen by
     measurement (`fast_cpu.py`): the same products, rounded differently (on by default in our tools, on a CPU).
+  * Fused projections: `vaswani_hf.fast_gpu(model)` computes each attention's projections of one input as one
+    product (`fast_gpu.py`), for GPUs, where launching kernels paces a step: the same products, rounded differently
+    (off by default).
 """
 
 import math
@@ -157,8 +160,6 @@ class VaswaniAttention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, length = hidden_states.shape[:2]
-        query = self.q_proj(hidden_states).view(batch_size, length, -1, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
-
         is_cross = key_value_states is not None
         is_encoder_decoder_cache = isinstance(cache, EncoderDecoderCache)
         if is_cross:
@@ -168,15 +169,17 @@ class VaswaniAttention(nn.Module):
 
         if is_cross and own_cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change during decoding: its keys and values are computed once.
+            query = self.q_proj(hidden_states)
             key, value = own_cache.layers[self.layer_idx].keys, own_cache.layers[self.layer_idx].values
         else:
-            source = key_value_states if is_cross else hidden_states
-            key = self.k_proj(source).unflatten(-1, (-1, self.d_k)).transpose(1, 2)  # (B, h, S, d_k)
-            value = self.v_proj(source).unflatten(-1, (-1, self.d_v)).transpose(1, 2)  # (B, h, S, d_v)
+            query, key, value = self.projections(hidden_states, key_value_states if is_cross else hidden_states)
+            key = key.unflatten(-1, (-1, self.d_k)).transpose(1, 2)  # (B, h, S, d_k)
+            value = value.unflatten(-1, (-1, self.d_v)).transpose(1, 2)  # (B, h, S, d_v)
             if own_cache is not None:
                 key, value = own_cache.update(key, value, self.layer_idx)
                 if is_cross:
                     cache.is_updated[self.layer_idx] = True
+        query = query.view(batch_size, length, -1, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
 
         group = batch_size // key.shape[0] if is_cross else 1  # query rows per source row (beams sharing it)
         if group > 1:  # (n·B, h, T, d_k) -> (B, h, n·T, d_k)
@@ -189,6 +192,13 @@ class VaswaniAttention(nn.Module):
             weights = weights.unflatten(2, (group, length)).transpose(1, 2).flatten(0, 1)
         output = output.reshape(batch_size, length, -1).contiguous()  # (B, T, h * d_v); (B, n·T, ...) is (n·B, T, ...)
         return self.out_proj(output), weights
+
+    def projections(
+        self, hidden_states: torch.Tensor, source: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q W^Q from `hidden_states`, K W^K and V W^V from `source` (the same tensor in self-attention), the heads
+        side by side: (B, T, h·d_k), (B, S, h·d_k), (B, S, h·d_v)."""
+        return self.q_proj(hidden_states), self.k_proj(source), self.v_proj(source)
 
 
 class VaswaniLayer(GradientCheckpointingLayer):

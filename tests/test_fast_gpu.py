@@ -1,0 +1,90 @@
+"""vaswani_hf.fast_gpu: each attention's projections of one input as one product — the function of the plain model,
+its parameters and files unchanged, and the number of products the fusion promises."""
+
+import collections
+import copy
+
+import pytest
+import torch
+from conftest import PAD, random_ids, tiny_model
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vaswani_hf import fast_gpu
+from vaswani_hf.fast_gpu import FusedProjections
+
+PRODUCTS = ("aten.addmm.default", "aten.mm.default")  # what nn.functional.linear runs as on a CPU
+
+
+class Products(TorchDispatchMode):
+    """Counts the matrix products dispatched inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) in PRODUCTS:
+            self.count[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def padded_batch():
+    source, labels = random_ids(3, 7, seed=1), random_ids(3, 5, seed=2)
+    source[0, 4:] = PAD
+    labels[1, 3:] = -100
+    return {"input_ids": source, "attention_mask": source.ne(PAD).long(), "labels": labels}
+
+
+def test_training_gives_the_plain_models_loss_and_gradients():
+    plain = tiny_model().train()
+    fused = fast_gpu(copy.deepcopy(plain))
+    losses = []
+    for model in (plain, fused):
+        loss = model(**padded_batch()).loss
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[1], losses[0])
+    grads = {name: parameter.grad for name, parameter in plain.named_parameters()}
+    for name, parameter in fused.named_parameters():
+        torch.testing.assert_close(parameter.grad, grads[name], msg=name)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+@torch.no_grad()
+def test_decoding_with_the_cache_gives_the_plain_models_sequences(num_beams):
+    plain = tiny_model()
+    fused = fast_gpu(copy.deepcopy(plain))
+    batch = padded_batch()
+    outputs = [model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                              num_beams=num_beams, max_new_tokens=8, output_scores=True,
+                              return_dict_in_generate=True) for model in (plain, fused)]
+    assert torch.equal(outputs[1].sequences, outputs[0].sequences)
+    torch.testing.assert_close(outputs[1].scores, outputs[0].scores)
+
+
+def test_the_parameters_and_saved_files_are_the_plain_models_and_twice_is_once(tmp_path):
+    plain = tiny_model()
+    fused = fast_gpu(fast_gpu(copy.deepcopy(plain)))
+    assert [type(m) for m in fused.modules()].count(FusedProjections) == 2 + 2 * 3  # 2 encoder, 3 decoder layers
+    assert plain.state_dict().keys() == fused.state_dict().keys()
+    assert all(torch.equal(value, fused.state_dict()[key]) for key, value in plain.state_dict().items())
+    plain.save_pretrained(tmp_path / "plain")
+    fused.save_pretrained(tmp_path / "fused")
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / "fused" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
+
+
+@torch.no_grad()
+def test_self_attention_runs_one_product_for_q_k_v_and_encoder_decoder_attention_one_for_k_v():
+    """Products in a forward, by the architecture: each encoder layer runs its self-attention's Q, K, V and output
+    projections and the FFN's two; each decoder layer adds encoder-decoder attention's four; then the logits. Fused:
+    Q, K, V as one product, and K, V as one."""
+    batch = padded_batch()
+    model = tiny_model()
+    config = model.config
+    plain_count = config.num_layers * (4 + 2) + config.num_decoder_layers * (4 + 4 + 2) + 1
+    fused_count = config.num_layers * (2 + 2) + config.num_decoder_layers * (2 + 3 + 2) + 1
+    for transform, expected in ((lambda m: m, plain_count), (fast_gpu, fused_count)):
+        with Products() as products:
+            transform(model)(**batch)
+        assert sum(products.count.values()) == expected
