@@ -507,8 +507,8 @@ def loop(device: torch.device, shape: dict, output_dir: Path) -> dict:
     calls = {"bare": partial(train_step, model.train(), optimizer, source, target, torch.bfloat16), "padded": padded,
              "run.py step": partial(run_step, False), "run.py step, collated": partial(run_step, True)}
     seconds = interleaved(device, shape["repeats"], calls)
-    return {name: {"ms": 1e3 * value, "over_bare": value / seconds["bare"], "host_waits": count_syncs(device, call)}
-            for name, (call, value) in ((name, (calls[name], seconds[name])) for name in calls)}
+    return {name: {"ms": 1e3 * seconds[name], "over_bare": seconds[name] / seconds["bare"],
+                   "host_waits": count_syncs(device, call)} for name, call in calls.items()}
 
 
 PARTS = {"speed": speed, "decoding": decoding, "syncs": synchronisations, "training": training, "remote": remote,
