@@ -25,7 +25,8 @@ def sequence_log_prob(model, source, hypothesis):
 
 def brute_force(model, source, vocab, max_length, alpha, min_new_tokens):
     """Score every hypothesis: ended by EOS within max_length tokens (after at least min_new_tokens others), or cut
-    at max_length. All of them, best first: [(hypothesis, penalized score)]."""
+    at max_length. All of them, best first, the cut ones after all that ended (tensor2tensor returns a cut one only
+    where none ended): [(hypothesis, penalized score)]."""
     scored = []
     for length in range(1 + min_new_tokens, max_length + 1):
         for prefix in itertools.product([t for t in range(vocab) if t != EOS], repeat=length - 1):
@@ -35,7 +36,7 @@ def brute_force(model, source, vocab, max_length, alpha, min_new_tokens):
                     continue
                 score = sequence_log_prob(model, source, hypothesis) / gnmt_length_penalty(length, alpha)
                 scored.append((hypothesis, score))
-    return sorted(scored, key=lambda pair: -pair[1])
+    return sorted(scored, key=lambda pair: (pair[0][-1] != EOS, -pair[1]))
 
 
 def hypotheses(found: torch.Tensor) -> list[list[int]]:
@@ -60,16 +61,18 @@ def test_an_exhaustive_beam_returns_the_brute_force_best(alpha, min_new_tokens):
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_the_n_best_are_the_brute_force_n_best_with_their_scores(alpha):
-    vocab, max_length, n = 5, 3, 4
+@pytest.mark.parametrize(("max_length", "min_new_tokens"), [(3, 1), (1, 0)])  # (1, 0): one ends, three are cut
+def test_the_n_best_are_the_brute_force_n_best_with_their_scores(alpha, max_length, min_new_tokens):
+    vocab, n = 5, 4
     for seed in range(3):
         model = sharpened_model(seed, vocab)
         source = torch.randint(3, vocab, (2, 4), generator=torch.Generator().manual_seed(seed))
         found, scores = gnmt_beam_search(model, source, num_beams=vocab ** max_length, alpha=alpha,
-                                         max_new_tokens=max_length, num_return_sequences=n, output_scores=True)
+                                         max_new_tokens=max_length, min_new_tokens=min_new_tokens,
+                                         num_return_sequences=n, output_scores=True)
         assert found.shape[0] == scores.shape[0] == 2 * n
         for row in range(2):
-            expected = brute_force(model, source[row : row + 1], vocab, max_length, alpha, 1)[:n]
+            expected = brute_force(model, source[row : row + 1], vocab, max_length, alpha, min_new_tokens)[:n]
             assert hypotheses(found[row * n : (row + 1) * n]) == [hypothesis for hypothesis, _ in expected]
             torch.testing.assert_close(scores[row * n : (row + 1) * n], torch.tensor([s for _, s in expected]),
                                        atol=1e-5, rtol=0)

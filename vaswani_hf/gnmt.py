@@ -6,7 +6,10 @@ The length penalty is GNMT's (Wu et al., 2016): a hypothesis Y scores log P(Y|X)
 lp(Y) = ((5 + |Y|) / 6)^α, |Y| counting the generated tokens including EOS. transformers' beam search divides
 by |Y|^α instead, which is why this search exists. It follows tensor2tensor's: 2K candidates per step, the K best
 that did not end stay alive, the ended ones compete for the finished slots (the best one, or the n best) by their
-penalized score, and a sentence stops as soon as no alive hypothesis can beat its n-th best finished one.
+penalized score, and a sentence stops as soon as no alive hypothesis can beat its n-th best finished one. As there,
+a hypothesis still alive at the length limit is cut and returned only where fewer than n ended with EOS: it fills
+the slots they left, after them. (Competing as ended ones, the cut ones won where a model repeats itself: a loop
+of likely tokens gains more from lp(Y) than it loses in log P.)
 
 A hypothesis cannot end before its first token (`min_new_tokens=1`, as fairseq's default `min_len`): an empty
 translation of a non-empty source is never the answer, but a briefly trained model can score it best (an EOS
@@ -84,6 +87,7 @@ def gnmt_beam_search(
     finished_scores = torch.full((batch_size, n), float("-inf"), device=device)
     finished = torch.full((batch_size, n, max_limit + 1), pad, device=device)
     finished_lengths = torch.ones(batch_size, n, dtype=torch.long, device=device)
+    finished_by_eos = torch.zeros(batch_size, n, dtype=torch.bool, device=device)
     done = torch.zeros(batch_size, dtype=torch.bool, device=device)
     rows = torch.arange(batch_size, device=device)
 
@@ -99,9 +103,11 @@ def gnmt_beam_search(
         top_scores, top_index = candidates.topk(min(2 * num_beams, candidates.shape[1]), dim=-1)  # (B, 2K)
         top_beams, top_tokens = top_index // vocab_size, top_index % vocab_size
 
-        # Hypotheses that end here (EOS, or the source's length limit) compete for the n finished slots; at equal
-        # scores the earlier one keeps its slot (a stable sort, the finished ones first).
-        ends = (top_tokens == eos) | (step >= limits).unsqueeze(-1)
+        # Hypotheses that end here (EOS, or the source's length limit) compete for the n finished slots: those ended
+        # by EOS first, then by penalized score; at equal scores the earlier one keeps its slot (stable sorts, the
+        # finished ones first).
+        by_eos = (top_tokens == eos) & top_scores.isfinite()  # (not the -inf candidates of empty beams)
+        ends = by_eos | (step >= limits).unsqueeze(-1)
         penalized = torch.where(ends, top_scores / gnmt_length_penalty(step, alpha), float("-inf"))  # (B, 2K)
         if ((penalized > finished_scores[:, -1:]) & ~done.unsqueeze(-1)).any():
             history = tokens.view(batch_size, num_beams, -1)[rows.unsqueeze(-1), top_beams]  # (B, 2K, t)
@@ -109,11 +115,15 @@ def gnmt_beam_search(
             ended[..., :step] = history
             ended[..., step] = top_tokens
             scores, order = torch.cat([finished_scores, penalized], -1).sort(dim=-1, descending=True, stable=True)
+            by_eos_first = torch.cat([finished_by_eos, by_eos], -1).gather(1, order).sort(
+                dim=-1, descending=True, stable=True).indices
+            scores, order = scores.gather(1, by_eos_first), order.gather(1, by_eos_first)
             row_done = done.unsqueeze(-1)  # a finished row keeps its n hypotheses
             keep = order[:, :n].masked_fill(row_done, 0) + torch.arange(n, device=device) * row_done
             finished = torch.cat([finished, ended], 1).gather(1, keep.unsqueeze(-1).expand(-1, -1, max_limit + 1))
             finished_scores = torch.where(row_done, finished_scores, scores[:, :n])
             finished_lengths = torch.cat([finished_lengths, torch.full_like(top_tokens, step + 1)], -1).gather(1, keep)
+            finished_by_eos = torch.cat([finished_by_eos, by_eos], -1).gather(1, keep)
 
         # The K best hypotheses that did not end stay alive.
         alive_scores, keep = torch.where(ends, float("-inf"), top_scores).topk(num_beams, dim=-1)  # (B, K)
