@@ -3,14 +3,15 @@
     python benchmarks/multi30k.py                                  # cpu-medium and the peer, 25 minutes each
     python benchmarks/multi30k.py --minutes 10 --preset cpu-small  # any preset, any budget
     python benchmarks/multi30k.py --no_test -- --warmup_share 0.2  # choosing: validation only; after --, run.py flags
+    python benchmarks/multi30k.py --minutes 30 --peer_minutes 34   # each side the steps it makes on another CPU
 
 Runs `training/run.py` with the preset, then the peer (`../shared/baselines/train_marian.py`: d_model 256, 3+3
-layers, BPE 8k, beam 4), one after the other with the same training budget on the same CPU, and prints each one's
-steps, validation (all 1,014 sentences) and test2016 sacreBLEU and chrF, and the CPU. Both decode with beam 4: ours
-with the preset's GNMT α (`cpu-medium`: 1.4, chosen on validation; with `-- --alpha_candidates A B ...` the α the run
-chooses on the validation set), the peer with transformers' length penalty 0.6. The folders
-and a `comparison.json` stay in --output_dir. `--no_test` leaves test2016 out of both (for making choices);
-`--skip_peer` runs ours only.
+layers, BPE 8k, beam 4), one after the other with the same training budget (unless `--peer_minutes` gives the peer
+another) on the same CPU, and prints each one's steps, validation (all 1,014 sentences) and test2016 sacreBLEU and
+chrF, and the CPU. Both decode with beam 4: ours with the preset's GNMT α (`cpu-medium`: 1.4, chosen on validation;
+with `-- --alpha_candidates A B ...` the α the run chooses on the validation set), the peer with transformers' length
+penalty 0.6. The folders and a `comparison.json` stay in --output_dir. `--no_test` leaves test2016 out of both (for
+making choices); `--skip_peer` runs ours only.
 
 Beyond the whole sets, both models' translations are scored by source-length quartile (four bins of equal count, by
 source words) and on two harder quarters of validation, the whole of which the 25-minute recipe was found to fit:
@@ -66,7 +67,7 @@ def ours(args, out: Path, extra: list[str]) -> dict:
 
 
 def peer(args, out: Path) -> dict:
-    command = [sys.executable, str(args.peer), "--data", str(args.data), "--budget_min", str(args.minutes),
+    command = [sys.executable, str(args.peer), "--data", str(args.data), "--budget_min", str(args.peer_minutes),
                "--out", str(out)]
     run(command, out.with_suffix(".log"))
     results = json.loads((out / "results.json").read_text())
@@ -144,6 +145,9 @@ def positive_minutes(text: str) -> float:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=positive_minutes, default=25)
+    parser.add_argument("--peer_minutes", type=positive_minutes,
+                        help="The peer's budget (default: --minutes): to stand in for a CPU on which the two models "
+                             "make other numbers of steps than here.")
     parser.add_argument("--preset", default="cpu-medium")
     parser.add_argument("--data", type=Path, default=DATA,
                         help="A folder with train, valid and test2016 .en/.de files.")
@@ -155,6 +159,7 @@ def main():
                         help="Score the folders of an earlier run (its comparison.json, ours/, marian/) again.")
     args, extra = parser.parse_known_args()
     extra = [flag for flag in extra if flag != "--"]
+    args.peer_minutes = args.peer_minutes or args.minutes
     read_preset(args.preset)  # an unknown preset: one line, before any folder or process
     for name in ("train", "valid", "test2016"):
         if not (args.data / f"{name}.en").is_file():
@@ -175,8 +180,8 @@ def main():
         rows = {f"ours ({args.preset})": ours(args, args.output_dir / "ours", extra)}
         if not args.skip_peer:
             rows["MarianMTModel + Seq2SeqTrainer"] = peer(args, args.output_dir / "marian")
-        comparison = {"cpu": cpu_name(), "minutes": args.minutes, "preset": args.preset, "run_flags": extra,
-                      "rows": rows}
+        comparison = {"cpu": cpu_name(), "minutes": args.minutes, "peer_minutes": args.peer_minutes,
+                      "preset": args.preset, "run_flags": extra, "rows": rows}
     (args.output_dir / "comparison.json").write_text(json.dumps(comparison, indent=1))  # kept if scoring fails
     folders = {name: args.output_dir / ("ours" if name.startswith("ours") else "marian") for name in rows}
     harder_sets(args, rows, folders)
@@ -187,7 +192,10 @@ def main():
 
 def print_table(comparison: dict) -> None:
     rows = comparison["rows"]
-    print(f"\n{comparison['minutes']:g} minutes of training each, {comparison['cpu']}")
+    minutes, peer_minutes = comparison["minutes"], comparison.get("peer_minutes", comparison["minutes"])
+    budget = f"{minutes:g} minutes of training each" if minutes == peer_minutes else \
+        f"{minutes:g} minutes of training, the peer {peer_minutes:g}"
+    print(f"\n{budget}, {comparison['cpu']}")
     print(f"| {'run':<34} | steps | valid | valid-long | valid-rare | test2016 | test2016 by source-length quartile |")
     print(f"|{'-' * 36}|------:|------:|-----------:|-----------:|---------:|------------------------------------|")
     for name, row in rows.items():

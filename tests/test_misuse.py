@@ -82,6 +82,7 @@ def test_run_trainer_refuses_an_unknown_preset_in_one_line():
     (["--minutes", "0"], "--minutes"),
     (["--minutes", "-5"], "--minutes"),
     (["--minutes", "nan"], "--minutes"),
+    (["--peer_minutes", "0"], "--peer_minutes"),
 ])
 def test_the_side_by_side_refuses_a_wrong_flag_in_one_line_before_any_folder_or_run(tmp_path, monkeypatch, capsys,
                                                                                    flags, named):
