@@ -8,8 +8,7 @@ by |Y|^α instead, which is why this search exists. It follows tensor2tensor's: 
 that did not end stay alive, the ended ones compete for the finished slots (the best one, or the n best) by their
 penalized score, and a sentence stops as soon as no alive hypothesis can beat its n-th best finished one. As there,
 a hypothesis still alive at the length limit is cut and returned only where fewer than n ended with EOS: it fills
-the slots they left, after them. (Competing as ended ones, the cut ones won where a model repeats itself: a loop
-of likely tokens gains more from lp(Y) than it loses in log P.)
+the slots they left, after them.
 
 A hypothesis cannot end before its first token (`min_new_tokens=1`, as fairseq's default `min_len`): an empty
 translation of a non-empty source is never the answer, but a briefly trained model can score it best (an EOS
