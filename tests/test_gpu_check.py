@@ -31,7 +31,8 @@ def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
     assert report["remote"]["equal"] == report["remote"]["sentences"] == 8
     for part, kinds in (("speed", ("bf16", "fp32")), ("decoding", ("greedy", "beam4"))):
         for kind in kinds:
-            assert all(report[part][kind][name]["tokens_per_second"] > 0 for name in ("ours", "marian"))
+            names = ("ours", "marian", "ours, fast_gpu") if part == "speed" else ("ours", "marian")
+            assert all(report[part][kind][name]["tokens_per_second"] > 0 for name in names)
     assert report["decoding"]["gnmt"]["ours"]["tokens_per_second"] > 0
     assert report["speed"]["fused_attention"] == {"marian": "yes", "ours": "yes"}
     assert report["syncs"]["decoding step"] == {"marian": None, "ours": None}  # counted on a GPU only
@@ -39,10 +40,15 @@ def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
     assert set(report["transforms"]["bf16"]) == {"marian", "ours", "ours, ids unread", "ours, fast_gpu",
                                                  "ours, torch.compile", "marian, torch.compile"}
     assert all(report["profile"][name]["wall_ms"] > 0 for name in ("ours", "marian", "ours, fast_gpu"))
-    assert set(report["loop"]) == {"bare", "padded", "run.py step", "run.py step, collated"}
+    assert set(report["loop"]) == {"bare", "padded", "run.py step", "run.py step, collated",
+                                   "run.py step, collated, fast_gpu"}
     assert report["loop"]["bare"]["over_bare"] == 1.0 and report["loop"]["bare"]["host_waits"] is None
     table = (tmp_path / "check" / "gpu_check.md").read_text()
     assert "| training tokens/s, bf16 autocast |" in table and table in result.stdout
+    assert "| training tokens/s, bf16 autocast (ours: fast_gpu) |" in table
+    assert report["targets"]["training tokens/s, bf16"]["ours / marian"] == pytest.approx(
+        report["speed"]["bf16"]["ours, fast_gpu"]["tokens_per_second"]
+        / report["speed"]["bf16"]["marian"]["tokens_per_second"])  # as run.py trains on a GPU
 
 
 def passing_report() -> dict:

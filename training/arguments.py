@@ -106,6 +106,9 @@ class RecipeArguments:
         "help": "auto (bf16/fp16 on GPUs, fp32 on CPU), no, fp16, bf16."})
     fast_cpu: bool = field(default=True, metadata={
         "help": "On a CPU, kernels chosen by measurement (vaswani_hf.fast_cpu); --no_fast_cpu: torch's own."})
+    fast_gpu: bool = field(default=True, metadata={
+        "help": "On a GPU, each attention's projections of one input as one product (vaswani_hf.fast_gpu); "
+                "--no_fast_gpu: one product each, as the model file writes them."})
     logging_steps: int = 10
     eval_steps: int = field(default=5000, metadata={"help": "Validation loss and BLEU every N steps (0: never)."})
     eval_max_sentences: int = field(default=500, metadata={"help": "Validation sentences decoded for BLEU."})
