@@ -30,7 +30,7 @@ Deviations from the paper — this is the one list. By default there are none in
     measurement (`fast_cpu.py`): the same products, rounded differently (on by default in our tools, on a CPU).
   * Fused projections: `vaswani_hf.fast_gpu(model)` computes each attention's projections of one input as one
     product (`fast_gpu.py`), for GPUs, where launching kernels paces a step: the same products, rounded differently
-    (off by default).
+    (on by default in our tools, on a GPU).
 """
 
 import math
