@@ -498,7 +498,7 @@ def loop(device: torch.device, shape: dict, output_dir: Path) -> dict:
             labels = inputs["labels"]
             decoder_input_ids = shift_tokens_right(labels, PAD, model.config.decoder_start_token_id)
             logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                           decoder_input_ids=decoder_input_ids).logits
+                           decoder_input_ids=decoder_input_ids, use_cache=False).logits
             loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
         loss.backward()
         optimizer.step()

@@ -74,11 +74,12 @@ def random_tokens(batch: int, length: int, vocab_size: int, seed: int) -> torch.
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, source: torch.Tensor, target: torch.Tensor,
                autocast: torch.dtype | None = None) -> None:
-    """Forward (under autocast to `autocast`, if given), the cross-entropy, backward and an Adam step."""
+    """Forward (under autocast to `autocast`, if given), the cross-entropy, backward and an Adam step. No decoding
+    cache is built, as each trains: Seq2SeqTrainer's labels turn Marian's off, and training/run.py asks for none."""
     decoder_input_ids = torch.cat([torch.full_like(target[:, :1], BOS), target[:, :-1]], dim=1)
     with torch.autocast(source.device.type, dtype=autocast, enabled=autocast is not None):
         logits = model(input_ids=source, attention_mask=torch.ones_like(source),
-                       decoder_input_ids=decoder_input_ids).logits
+                       decoder_input_ids=decoder_input_ids, use_cache=False).logits
         loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
     loss.backward()
     optimizer.step()

@@ -47,7 +47,7 @@ def loss(model, batch):
     config = model.config
     decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id, config.decoder_start_token_id)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   decoder_input_ids=decoder_input_ids).logits
+                   decoder_input_ids=decoder_input_ids, use_cache=False).logits
     return label_smoothed_nll(logits, batch["labels"])[0]
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from accelerate.commands.config.config_args import ClusterConfig
 from accelerate.utils import DistributedType
-from conftest import CODE_FILES, run_hidden, run_training
+from conftest import CODE_FILES, run_hidden, run_training, tiny_model
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
@@ -381,6 +381,34 @@ def test_validation_during_training_leaves_the_training_as_it_was(tmp_path, smal
     validated = history(tmp_path / "validated")
     assert sum("validation_loss" in h for h in validated) == 4
     assert [h["loss"] for h in validated] == [h["loss"] for h in history(whole_run)]
+
+
+def test_a_training_step_builds_no_decoding_cache(monkeypatch):
+    """run.py's step computes its own loss, without labels: it must still ask for no cache, which would copy each
+    layer's keys and values (and, on a GPU, launch some 70 kernels a step for nothing)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from transformers.cache_utils import EncoderDecoderCache
+
+    import vaswani_hf.modeling_vaswani
+    from training.batching import collate
+    from training.run import accumulate_gradients
+
+    class Refused(EncoderDecoderCache):
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("a training step built a decoding cache")
+
+    monkeypatch.setattr(vaswani_hf.modeling_vaswani, "EncoderDecoderCache", Refused)
+    model = tiny_model().train()
+    sources, targets = [[5, 6, 7], [8, 9]], [[10, 11, 2], [12, 2]]
+    try:
+        accelerator = Accelerator(cpu=True)
+        loss, tokens = accumulate_gradients(accelerator, model, [collate(range(2), sources, targets, 0, "cpu")], 5,
+                                            0.1)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    assert tokens == 5 and loss > 0 and all(p.grad is not None for p in model.parameters())
 
 
 @pytest.mark.xdist_group("whole_run")

@@ -330,7 +330,8 @@ def accumulate_gradients(accelerator, model, inputs: list[dict], local_tokens: i
     """Forward and backward over this process's batches of one optimizer step, which hold `local_tokens` target
     tokens (counted from the token lists: no GPU is waited for). §5.1/§5.4: the label-smoothed loss is summed over
     the step's target tokens on every process and divided by their number; returns that loss (for the log) and the
-    number."""
+    number. The forward builds no decoding cache (`use_cache=False`, as labels would ask): one would copy each layer's
+    keys and values."""
     config = unwrap(model).config
     step_tokens = local_tokens if accelerator.num_processes == 1 else int(accelerator.reduce(
         torch.tensor(local_tokens, device=accelerator.device), "sum").item())
@@ -339,7 +340,7 @@ def accumulate_gradients(accelerator, model, inputs: list[dict], local_tokens: i
         with gradient_sync(accelerator, model, a == len(inputs) - 1), accelerator.autocast():
             decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id, config.decoder_start_token_id)
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           decoder_input_ids=decoder_input_ids).logits
+                           decoder_input_ids=decoder_input_ids, use_cache=False).logits
             loss_sum, _, _ = label_smoothed_nll(logits, batch["labels"], label_smoothing)
             # DDP and FSDP average gradients over processes: scale so the step's sum is divided by its tokens.
             accelerator.backward(loss_sum * accelerator.num_processes / step_tokens)
