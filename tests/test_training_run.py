@@ -385,7 +385,7 @@ def test_validation_during_training_leaves_the_training_as_it_was(tmp_path, smal
 
 def test_a_training_step_builds_no_decoding_cache(monkeypatch):
     """run.py's step computes its own loss, without labels: it must still ask for no cache, which would copy each
-    layer's keys and values (and, on a GPU, launch some 70 kernels a step for nothing)."""
+    layer's keys and values (and, on an H100, launch some 50 kernels a step for nothing)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
     from transformers.cache_utils import EncoderDecoderCache
