@@ -1,6 +1,6 @@
 """The GPU path, checked end to end by one command, made ready before a GPU is at hand (README, "GPUs").
 
-    python benchmarks/gpu_check.py --output_dir runs/gpu-check          # on a GPU: the base model, about 5 minutes
+    python benchmarks/gpu_check.py --output_dir runs/gpu-check          # on a GPU: the base model, about 6 minutes
     python benchmarks/gpu_check.py --tiny --output_dir runs/gpu-tiny    # on a CPU: tiny sizes, the same code (tests)
 
 Eight parts; each runs even when another fails:
@@ -8,7 +8,9 @@ Eight parts; each runs even when another fails:
 1. speed: a training step (forward, cross-entropy, backward, fused Adam) of ours (plain, and with
    `vaswani_hf.fast_gpu` as training/run.py trains it on a GPU) and of MarianMTModel at the same size, interleaved,
    in bf16 autocast and in float32 (TF32 allowed): tokens/s and peak memory above the weights and Adam's state
-   (benchmarks/speed.py's models and step);
+   (benchmarks/speed.py's models and step). On a GPU it runs in three fresh processes (`--speed_processes`), since
+   the same code's ratio to Marian moves by about 10% from process to process; ours over Marian is the median of
+   the processes' ratios;
 2. decoding: greedy and beam-4 `generate()` of both, and the paper's GNMT search (ours), exactly the same number
    of new tokens each, float32 (TF32 allowed): tokens/s;
 3. synchronisations: the host waits for the GPU (`torch.cuda.set_sync_debug_mode`) in one decoding step (a forward
@@ -89,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny sizes, on any device (the tests' way)")
     parser.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS),
                         help="some of the parts (remote translates what training wrote: give both)")
+    parser.add_argument("--speed_processes", type=int, default=None,
+                        help="fresh processes part 1 runs in, one after another (default: 3 on a GPU, 1 with --tiny)")
     args = parser.parse_args(argv)
     output_dir = Path(args.output_dir)
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
@@ -101,13 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # float32 as GPUs train it
 
     shape = SHAPES["tiny" if args.tiny else "gpu"]
+    processes = args.speed_processes or (1 if args.tiny else 3)
+    parts = {**PARTS, "speed": partial(speed_in_processes, processes, args.tiny)} if processes > 1 else PARTS
     report = {"date": datetime.date.today().isoformat(), "device": device_name(device), "host": cpu_name(),
               "versions": versions(),
               "shape": {k: v for k, v in shape.items() if k != "model_flags"}, "errors": {}}
     for name in args.parts:
         start = time.perf_counter()
         try:
-            report[name] = PARTS[name](device, shape, output_dir)
+            report[name] = parts[name](device, shape, output_dir)
         except Exception:  # noqa: BLE001 — every part runs; what broke is reported in full
             report["errors"][name] = traceback.format_exc()
             print(report["errors"][name], file=sys.stderr)
@@ -186,6 +192,23 @@ def speed(device: torch.device, shape: dict, output_dir: Path) -> dict:
     result["fused_attention"] = {name: fused_attention(model, source, target) for name, model in both.items()
                                  if name != FAST}
     return result
+
+
+def speed_in_processes(processes: int, tiny: bool, device: torch.device, shape: dict, output_dir: Path) -> dict:
+    """Part 1 in `processes` fresh processes, one after another: each process's figures under "processes", and
+    each figure's median over them in part 1's own layout."""
+    runs = []
+    for index in range(processes):
+        folder = output_dir / f"speed-{index + 1}"
+        command = [sys.executable, __file__, "--parts", "speed", "--speed_processes", "1", "--output_dir", str(folder),
+                   *(["--tiny"] if tiny else [])]
+        result = subprocess.run(command, check=False, capture_output=True, text=True)
+        if result.returncode:
+            raise RuntimeError(f"part 1's process {index + 1} failed:\n{result.stdout[-2000:]}{result.stderr[-3000:]}")
+        runs.append(json.loads((folder / "gpu_check.json").read_text())["speed"])
+    medians = {kind: {name: {key: statistics.median(run[kind][name][key] for run in runs) for key in figures}
+                      for name, figures in runs[0][kind].items()} for kind in ("bf16", "fp32")}
+    return {**runs[0], **medians, "processes": runs}
 
 
 def fused_attention(model, source: torch.Tensor, target: torch.Tensor) -> str:
@@ -536,8 +559,11 @@ def checks(report: dict) -> dict:
 
 
 def ratio(report: dict, part: str, kind: str, key: str = "tokens_per_second", ours: str = "ours") -> float | None:
+    """Ours over Marian; for a part run in several processes, the median of the processes' ratios (each process
+    sets both models' pace)."""
+    runs = report.get(part, {}).get("processes") or [report.get(part, {})]
     try:
-        return report[part][kind][ours][key] / report[part][kind]["marian"][key]
+        return statistics.median(run[kind][ours][key] / run[kind]["marian"][key] for run in runs)
     except (KeyError, TypeError, ZeroDivisionError):
         return None
 
@@ -580,9 +606,9 @@ def markdown(report: dict) -> str:
         if name not in values:
             return
         marian = values.get("marian", {}).get(key) if isinstance(values.get("marian"), dict) else None
-        ours = values[name][key]
+        ours, quotient = values[name][key], ratio(report, part, kind, key, name)
         shown = f"{marian:.{digits}f}" if marian is not None else "–"
-        quotient = f"{ours / marian:.2f}x" if marian else "–"
+        quotient = f"{quotient:.2f}x" if quotient else "–"
         lines.append(f"| {title} | {shown} | {ours:.{digits}f} | {quotient} |")
 
     for name, suffix in (("ours", ""), (FAST, " (ours: fast_gpu)")):
@@ -626,6 +652,11 @@ def markdown(report: dict) -> str:
         if part in report:
             rounds = report["shape"]["repeats"]
             lines.append(f"\n{part}: {report[part]['batch']}, median of {rounds} interleaved rounds")
+    if "processes" in report.get("speed", {}):
+        runs = [{"speed": run} for run in report["speed"]["processes"]]
+        lines.append(f"speed: in {len(runs)} processes: each figure their median, ours / Marian the median of their "
+                     "ratios; bf16 training, ours (fast_gpu) / Marian by process: "
+                     + ", ".join(f"{ratio(run, 'speed', 'bf16', ours=FAST):.2f}x" for run in runs))
     if "training" in report:
         t = report["training"]
         lines.append(

@@ -12,14 +12,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_check import checks
+from gpu_check import checks, ratio
 
 
 @pytest.mark.long
 def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
     """Two launches of training/run.py, a resume, a fresh process without vaswani_hf, both models side by side."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny",
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--speed_processes", "2",
                "--output_dir", str(tmp_path / "check")]
     result = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -46,9 +46,20 @@ def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
     table = (tmp_path / "check" / "gpu_check.md").read_text()
     assert "| training tokens/s, bf16 autocast |" in table and table in result.stdout
     assert "| training tokens/s, bf16 autocast (ours: fast_gpu) |" in table
-    assert report["targets"]["training tokens/s, bf16"]["ours / marian"] == pytest.approx(
-        report["speed"]["bf16"]["ours, fast_gpu"]["tokens_per_second"]
-        / report["speed"]["bf16"]["marian"]["tokens_per_second"])  # as run.py trains on a GPU
+    runs = report["speed"]["processes"]  # part 1 in two processes, as on a GPU in three
+    assert len(runs) == 2 and "speed: in 2 processes" in table
+    assert report["targets"]["training tokens/s, bf16"]["ours / marian"] == pytest.approx(sum(
+        run["bf16"]["ours, fast_gpu"]["tokens_per_second"] / run["bf16"]["marian"]["tokens_per_second"]
+        for run in runs) / 2)  # as run.py trains on a GPU: the median (here the mean) of the processes' ratios
+
+
+def test_a_ratio_over_processes_is_the_median_of_their_ratios():
+    """Each process sets both models' pace, so its own ratio is the paired figure. Here the median of the three
+    ratios is 1.233, where the ratio of the medians (102 over 100), or their mean, would say otherwise."""
+    runs = [{"bf16": {"marian": {"tokens_per_second": m}, "ours": {"tokens_per_second": o}}}
+            for m, o in ((100.0, 102.0), (80.0, 99.0), (120.0, 148.0))]  # ratios 1.02, 1.2375, 1.2333
+    assert ratio({"speed": {"processes": runs}}, "speed", "bf16") == pytest.approx(148 / 120)
+    assert ratio({"speed": runs[1]}, "speed", "bf16") == pytest.approx(99 / 80)  # one process: its own ratio
 
 
 def passing_report() -> dict:
