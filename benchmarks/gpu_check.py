@@ -608,8 +608,7 @@ def markdown(report: dict) -> str:
         marian = values.get("marian", {}).get(key) if isinstance(values.get("marian"), dict) else None
         ours, quotient = values[name][key], ratio(report, part, kind, key, name)
         shown = f"{marian:.{digits}f}" if marian is not None else "–"
-        quotient = f"{quotient:.2f}x" if quotient else "–"
-        lines.append(f"| {title} | {shown} | {ours:.{digits}f} | {quotient} |")
+        lines.append(f"| {title} | {shown} | {ours:.{digits}f} | {f'{quotient:.2f}x' if quotient else '–'} |")
 
     for name, suffix in (("ours", ""), (FAST, " (ours: fast_gpu)")):
         row(f"training tokens/s, bf16 autocast{suffix}", "speed", "bf16", name=name)
