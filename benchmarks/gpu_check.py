@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speed_processes", type=int, default=None,
                         help="fresh processes part 1 runs in, one after another (default: 3 on a GPU, 1 with --tiny)")
     args = parser.parse_args(argv)
+    if args.speed_processes is not None and args.speed_processes < 1:
+        raise SystemExit(f"error: --speed_processes {args.speed_processes}: part 1 needs at least one process")
     output_dir = Path(args.output_dir)
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise SystemExit(f"error: --output_dir {output_dir} is not a new or empty folder")

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_check import checks, ratio
+from gpu_check import checks, main, ratio
 
 
 @pytest.mark.long
@@ -60,6 +60,12 @@ def test_a_ratio_over_processes_is_the_median_of_their_ratios():
             for m, o in ((100.0, 102.0), (80.0, 99.0), (120.0, 148.0))]  # ratios 1.02, 1.2375, 1.2333
     assert ratio({"speed": {"processes": runs}}, "speed", "bf16") == pytest.approx(148 / 120)
     assert ratio({"speed": runs[1]}, "speed", "bf16") == pytest.approx(99 / 80)  # one process: its own ratio
+
+
+def test_too_few_speed_processes_is_a_one_line_error_before_any_work(tmp_path):
+    with pytest.raises(SystemExit, match="^error: --speed_processes 0: part 1 needs at least one process$"):
+        main(["--tiny", "--speed_processes", "0", "--output_dir", str(tmp_path / "check")])
+    assert not (tmp_path / "check").exists()
 
 
 def passing_report() -> dict:
