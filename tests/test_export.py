@@ -2,9 +2,11 @@
 own model on a briefly trained EN-DE model (conftest's `translation_folder`)."""
 
 import sys
+import warnings
 from pathlib import Path
 
 import ctranslate2
+import numpy as np
 import pytest
 import torch
 from conftest import refusal, save_marian_folder
@@ -18,6 +20,7 @@ from vaswani_hf.export import main as export_main
 from vaswani_hf.gnmt import gnmt_beam_search
 from vaswani_hf.onnx_runtime import OnnxSeq2Seq
 from vaswani_hf.to_ctranslate2 import export as export_ctranslate2
+from vaswani_hf.to_ctranslate2 import seven_bits
 from vaswani_hf.translate import translate
 
 PAIRS = generate()["test"][:40]
@@ -130,6 +133,18 @@ def test_ctranslate2_int8_errs_no_more_than_twice_our_own_int8(trained, ct2_fold
     ours = (token_log_probs(quantize_int8(model), tokenizer) - reference).abs().mean()
     theirs = (ct2_log_probs(ct2_folders["int8"], tokenizer) - reference).abs().mean()
     assert 0 < theirs < 2 * ours, (theirs, ours)
+
+
+def test_int8_weights_keep_to_7_bits_and_a_row_of_zeros_stays_zero():
+    """A fresh model's padding embedding is a row of zeros: its scale must stay finite (63 / 0 is not)."""
+    weight = np.array([[0.5, -0.3, 0.1], [0.0, 0.0, 0.0], [-2e-30, 0.6e-30, 0.0]], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy warns on an overflowing scale and on casting NaN to int8
+        quantized, scale = seven_bits(weight)
+    assert np.isfinite(scale).all() and scale.dtype == np.float32
+    assert quantized.tolist()[:2] == [[63, -38, 13], [0, 0, 0]]  # round(w · 63 / max |w|)
+    assert np.abs(quantized[2]).max() == 63  # a tiny row keeps its shape
+    assert (np.abs(quantized / scale[:, None] - weight) <= 0.5 / scale[:, None]).all()  # half a step at most
 
 
 def test_exporting_leaves_the_model_untouched(trained, tmp_path):

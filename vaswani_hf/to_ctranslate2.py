@@ -115,9 +115,17 @@ class SaturationSafeSpec(transformer_spec.TransformerSpec):
         for spec, weight in weights.values():
             if isinstance(spec.weight, str):  # an alias of a matrix quantized elsewhere
                 continue
-            scale = 63.0 / np.maximum(np.abs(weight).max(axis=1), np.finfo(np.float32).tiny)
-            spec.weight = NumpyVariable(np.rint(weight * scale[:, None]).astype(np.int8))
-            spec.weight_scale = NumpyVariable(scale.astype(np.float32))
+            quantized, scale = seven_bits(weight)
+            spec.weight, spec.weight_scale = NumpyVariable(quantized), NumpyVariable(scale)
+
+
+def seven_bits(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`weight` (float32, one row per output) as int8 in -63..63 and each row's scale (int8 = weight · scale). As in
+    CTranslate2's own quantization, a row of zeros gets scale 1 and a tiny row a finite scale."""
+    peak = np.abs(weight).max(axis=1)
+    peak = np.maximum(np.where(peak == 0, 63.0, peak), 63.0 / np.finfo(np.float32).max)
+    scale = (63.0 / peak).astype(np.float32)
+    return np.rint(weight * scale[:, None]).astype(np.int8), scale
 
 
 class VaswaniConverter(Converter):
