@@ -67,7 +67,8 @@ def final_evaluation(final, tokenizer, pairs, validation, args, say) -> dict:
         args.length_penalty_alpha = max(scores, key=lambda alpha: scores[alpha]["bleu"])  # one candidate: that one
         if len(scores) > 1:
             metrics["alpha_search"] = {alpha: scored["bleu"] for alpha, scored in scores.items()}
-            say(f"GNMT α by validation BLEU: {metrics['alpha_search']} -> {args.length_penalty_alpha}")
+            searched = ", ".join(f"{alpha}: {bleu:.2f}" for alpha, bleu in metrics["alpha_search"].items())
+            say(f"GNMT α by validation BLEU: {searched} -> {args.length_penalty_alpha}")
         loss = validation_loss(final, *validation, tokenizer.pad_token_id, args.max_tokens, device)
         metrics["validation"] = {"loss": loss, "perplexity": math.exp(min(loss, 50)),
                                  **scores[args.length_penalty_alpha]}
