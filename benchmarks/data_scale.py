@@ -6,13 +6,13 @@
 Writes synthetic aligned corpora (two made-up languages of a million words built from syllables, drawn by Zipf's law
 with exponent 1.2, so that about 9% of running words lie beyond the 10,000 most frequent, as in news text; sentence
 lengths log-normal like WMT's, median 20 words), then for each size and number of processes runs `training/run.py` as a
-user would (`accelerate launch`, cpu-small's model sizes as flags, `--bpe_sample 100000`) twice: cold (a new output
-folder and an empty datasets cache) and warm (the same run resumed from its checkpoint). For each it reports the peak
-resident memory (and the private part of it) of every training process and of the tokenizing workers, the seconds from
-the launch until the run's first checkpoint is written (its first optimizer step done, then a checkpoint of a few MB),
-and the token cache's size on disk; beside them, the run's tokenization speed against `tokenizer(texts)` (what every
-process did before the cache) on 100,000 pairs of the same corpus with the same tokenizer. The slopes from the two
-largest sizes project to 4.5M and 36M pairs. Writes `data_scale.json` and `data_scale.md` in --work_dir.
+user would (`accelerate launch`, a 3+3-layer model of d_model 256 given as flags, `--bpe_sample 100000`) twice: cold (a
+new output folder and an empty datasets cache) and warm (the same run resumed from its checkpoint). For each it reports
+the peak resident memory (and the private part of it) of every training process and of the tokenizing workers, the
+seconds from the launch until the run's first checkpoint is written (its first optimizer step done, then a checkpoint
+of a few MB), and the token cache's size on disk; beside them, the run's tokenization speed against `tokenizer(texts)`
+(what every process did before the cache) on 100,000 pairs of the same corpus with the same tokenizer. The slopes from
+the two largest sizes project to 4.5M and 36M pairs. Writes `data_scale.json` and `data_scale.md` in --work_dir.
 """
 
 import argparse
