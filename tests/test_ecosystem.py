@@ -92,25 +92,6 @@ def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_fold
         translator(42)
 
 
-def test_the_pipeline_loads_from_the_folder_without_the_package(translation_folder, tmp_path):
-    """With trust_remote_code the folder's own code runs: the paper's decoding (GNMT, beam 4), as
-    generation_config.json asks."""
-    model, tokenizer = load_local(translation_folder)
-    expected = [translate(model, tokenizer, [s])[0] for s in SOURCES]
-    out = run_hidden(
-        """
-        import json, sys
-        from transformers import pipeline
-        translator = pipeline("translation", model=sys.argv[1], trust_remote_code=True)
-        assert type(translator).__module__.startswith("transformers_modules"), type(translator).__module__
-        assert not any(name.startswith("vaswani_hf") for name in sys.modules)
-        print(json.dumps(translator(json.loads(sys.argv[2]), batch_size=2)))
-        """,
-        translation_folder, json.dumps(SOURCES), env_extra={"HF_MODULES_CACHE": str(tmp_path / "modules")},
-    )
-    assert [r["translation_text"] for r in json.loads(out.splitlines()[-1])] == expected
-
-
 # --- the Hub, both ways -------------------------------------------------------------------------------------
 
 def test_the_folder_declares_its_pipeline_and_code(translation_folder):
@@ -124,7 +105,8 @@ def test_the_folder_declares_its_pipeline_and_code(translation_folder):
 def test_one_decoding_however_the_folder_is_loaded(translation_folder, tmp_path, cli):
     """The beam size and GNMT α a run saved (run.py chooses α on the validation set) are what generation_config.json
     asks for, and every way of loading the folder decodes with them: the installed class's generate(), the pipeline,
-    vaswani-translate, and the folder's own code under trust_remote_code without the package."""
+    vaswani-translate, and the folder's own code under trust_remote_code without the package (the model's and the
+    pipeline's classes from the folder, batched two sources at a time)."""
     model, tokenizer = load_local(translation_folder)
     chosen = tmp_path / "chosen"
     data = training_data(DataArguments(), {"train": generate_default_data()["train"][:10]})
@@ -152,7 +134,11 @@ def test_one_decoding_however_the_folder_is_loaded(translation_folder, tmp_path,
         inputs = tokenizer(json.loads(sys.argv[2]), return_tensors="pt", padding=True)
         direct = tokenizer.batch_decode(model.generate(**inputs), skip_special_tokens=True)
         translator = pipeline("translation", model=sys.argv[1], trust_remote_code=True)
-        print(json.dumps([direct, [r["translation_text"] for r in translator(json.loads(sys.argv[2]))]]))
+        for loaded in (model, translator):
+            assert type(loaded).__module__.startswith("transformers_modules"), type(loaded).__module__
+        piped = [r["translation_text"] for r in translator(json.loads(sys.argv[2]), batch_size=2)]
+        assert not any(name.startswith("vaswani_hf") for name in sys.modules)
+        print(json.dumps([direct, piped]))
         """,
         chosen, json.dumps(sources), env_extra={"HF_MODULES_CACHE": str(tmp_path / "modules")},
     )
