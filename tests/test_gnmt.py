@@ -16,11 +16,12 @@ def test_length_penalty_is_gnmts():
 
 
 @torch.no_grad()
-def sequence_log_prob(model, source, hypothesis):
-    """log P(hypothesis | source) by one teacher-forced forward pass."""
-    decoder_input = torch.tensor([[BOS] + hypothesis[:-1]])
-    log_probs = model(input_ids=source, decoder_input_ids=decoder_input).logits[0].log_softmax(-1)
-    return log_probs[torch.arange(len(hypothesis)), torch.tensor(hypothesis)].sum().item()
+def sequence_log_probs(model, source, hypotheses: list[list[int]]) -> list[float]:
+    """log P(hypothesis | source) of hypotheses of one length, each teacher-forced (one forward pass for them all)."""
+    targets = torch.tensor(hypotheses)
+    decoder_input = torch.cat([torch.full((len(hypotheses), 1), BOS), targets[:, :-1]], dim=1)
+    logits = model(input_ids=source.expand(len(hypotheses), -1), decoder_input_ids=decoder_input).logits
+    return logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1).sum(-1).tolist()
 
 
 def brute_force(model, source, vocab, max_length, alpha, min_new_tokens):
@@ -29,13 +30,12 @@ def brute_force(model, source, vocab, max_length, alpha, min_new_tokens):
     where none ended): [(hypothesis, penalized score)]."""
     scored = []
     for length in range(1 + min_new_tokens, max_length + 1):
-        for prefix in itertools.product([t for t in range(vocab) if t != EOS], repeat=length - 1):
-            for last in range(vocab):
-                hypothesis = [*prefix, last]
-                if last != EOS and length < max_length:
-                    continue
-                score = sequence_log_prob(model, source, hypothesis) / gnmt_length_penalty(length, alpha)
-                scored.append((hypothesis, score))
+        prefixes = itertools.product([t for t in range(vocab) if t != EOS], repeat=length - 1)
+        ending = [EOS] if length < max_length else range(vocab)
+        candidates = [[*prefix, last] for prefix in prefixes for last in ending]
+        log_probs = sequence_log_probs(model, source, candidates)
+        scored += [(hypothesis, log_prob / gnmt_length_penalty(length, alpha))
+                   for hypothesis, log_prob in zip(candidates, log_probs, strict=True)]
     return sorted(scored, key=lambda pair: (pair[0][-1] != EOS, -pair[1]))
 
 
