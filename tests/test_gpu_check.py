@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from gpu_check import checks, main, ratio
 
 
-@pytest.mark.long
+@pytest.mark.long(minutes=1.5)
 def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
     """Two launches of training/run.py, a resume, a fresh process without vaswani_hf, both models side by side."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

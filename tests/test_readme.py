@@ -112,7 +112,7 @@ def run_here(console, monkeypatch, folder, words: list[str]) -> subprocess.Compl
     return result
 
 
-@pytest.mark.long(minutes=3)
+@pytest.mark.long(minutes=1.9)
 def test_the_readmes_blocks_run_in_order(tmp_path, console, monkeypatch):
     """Every block not in NOT_RUN, in the README's order, in one folder: the quick start trains `outputs/run` (a small
     model for a few seconds) that the later blocks translate, export, push and load; the own-data block trains on
