@@ -3,15 +3,16 @@ ratio leaves for our decoder.
 
     python benchmarks/beam_budget.py                 # small size, target 1.9x
     python benchmarks/beam_budget.py --size base
+    python benchmarks/beam_budget.py --beams 1       # a greedy call
     python benchmarks/beam_budget.py --keep-freed-memory   # glibc keeps freed memory for reuse (allocator.py)
 
 For each model, interleaved in one process (median of --repeats calls each):
-  * the real call (16 sources of 32 tokens, 32 new tokens, beam 4, as in speed.py);
+  * the real call (16 sources of 32 tokens, 32 new tokens, beam 4 or --beams, as in speed.py);
   * the same call with a decoder that costs nothing (its forward returns fixed logits): transformers' beam-search
     loop, its logits processors and the encoder — the floor no decoder can go below;
   * the page faults of the real call;
-and for ours the decoder's linear products alone, back to back with nothing between them (packed weights, 64
-rows: 16 sources x 4 beams, 32 steps) — the floor of our decoder's arithmetic. The budget is what the target
+and for ours the decoder's linear products alone, back to back with nothing between them (packed weights, 16
+sources x the beams, 32 steps) — the floor of our decoder's arithmetic. The budget is what the target
 ratio leaves for our 32 decoder steps: Marian's call / target - our loop floor.
 """
 
@@ -28,12 +29,10 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 from vaswani_hf import fast_cpu, keep_freed_memory
 from vaswani_hf.kernels import cpu_name
 
-BEAMS = 4
 
-
-def decoder_products_ms(model, repeats: int) -> float:
-    """32 steps of our decoder's linear products on 64 rows, back to back."""
-    rows = GENERATE_BATCH * BEAMS
+def decoder_products_ms(model, beams: int, repeats: int) -> float:
+    """32 steps of our decoder's linear products on 16 x `beams` rows, back to back."""
+    rows = GENERATE_BATCH * beams
     layers = [layer for decoder_layer in model.model.decoder.layers for layer in (
         decoder_layer.self_attn.q_proj, decoder_layer.self_attn.k_proj, decoder_layer.self_attn.v_proj,
         decoder_layer.self_attn.out_proj, decoder_layer.encoder_attn.q_proj, decoder_layer.encoder_attn.out_proj,
@@ -57,6 +56,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=list(SIZES), default="small")
     parser.add_argument("--target", type=float, default=1.9)
+    parser.add_argument("--beams", type=int, default=4, help="the beam size of the call (1: greedy)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--keep-freed-memory", action="store_true", help="vaswani_hf.keep_freed_memory() first")
@@ -66,7 +66,7 @@ def main():
         keep_freed_memory()
     size = SIZES[args.size]
     models = {"marian": build("marian", size).eval(), "ours": fast_cpu(build("ours", size)).eval()}
-    free_logits = torch.randn(GENERATE_BATCH * BEAMS, 1, size["vocab_size"])
+    free_logits = torch.randn(GENERATE_BATCH * args.beams, 1, size["vocab_size"])
 
     def free_forward(self, *args, cache=None, **kwargs):
         return Seq2SeqLMOutput(logits=free_logits.clone(), cache=cache)
@@ -81,7 +81,7 @@ def main():
                     type(model).forward = free_forward
                 start, faults_before = time.perf_counter(), page_faults()
                 try:
-                    generate(model, prompt, BEAMS)
+                    generate(model, prompt, args.beams)
                 finally:
                     type(model).forward = real_forward
                 if repeat:
@@ -89,10 +89,10 @@ def main():
                     faults.setdefault((name, label), []).append(page_faults() - faults_before)
     ms = {key: statistics.median(values) for key, values in timings.items()}
     steps = {name: ms[name, "call"] - ms[name, "loop"] for name in models}
-    products = decoder_products_ms(models["ours"], args.repeats)
+    products = decoder_products_ms(models["ours"], args.beams, args.repeats)
     budget = ms["marian", "call"] / args.target - ms["ours", "loop"]
 
-    print(f"\n**{args.size}**, beam {BEAMS}, {cpu_name()}, {args.threads} threads, median ms of {args.repeats}\n")
+    print(f"\n**{args.size}**, beam {args.beams}, {cpu_name()}, {args.threads} threads, median ms of {args.repeats}\n")
     print("| | MarianMTModel | ours |\n|---|---:|---:|")
     print(f"| generate() call | {ms['marian', 'call']:.0f} | {ms['ours', 'call']:.0f} |")
     print(f"| loop floor: the call with a decoder that costs nothing | {ms['marian', 'loop']:.0f} | "
