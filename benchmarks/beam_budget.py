@@ -61,6 +61,8 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--keep-freed-memory", action="store_true", help="vaswani_hf.keep_freed_memory() first")
     args = parser.parse_args()
+    if args.beams < 1:
+        raise SystemExit(f"error: --beams {args.beams}: a call needs at least one beam")
     torch.set_num_threads(args.threads)
     if args.keep_freed_memory:
         keep_freed_memory()
