@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The wheels benchmarks/gpu_check.py needs on the lent GPU machine beyond what its image holds (Python 3.12, torch,
+# accelerate, pyarrow, tokenizers, sacrebleu; transformers 5.17, older than ours): downloaded here from PyPI into .whl/
+# (git ignores it), at the versions installed here, which the tests passed with. About 15 MB: the working tree and the
+# wheels travel together, 64 MiB at most.
+#
+#     bash benchmarks/gpu_wheels.sh
+#
+# Then one call of the device tool, `carry: [".whl"]`, timeout 480 s (the whole check takes about 6 minutes;
+# its training runs stay there, the report and the table come back):
+#
+#     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+#         .whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py \
+#         --output_dir /tmp/check; cp /tmp/check/gpu_check.json /tmp/check/gpu_check.md $OUT/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# transformers and what ours needs newer than the image's; datasets and evaluate, which it lacks, and theirs.
+packages=(transformers regex datasets evaluate dill multiprocess fsspec)
+pinned=$(python -c 'import importlib.metadata as m, sys; print(" ".join(f"{p}=={m.version(p)}" for p in sys.argv[1:]))' \
+    "${packages[@]}")
+rm -rf .whl
+python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $pinned
+echo "$pinned: $(du -sh .whl | cut -f1) in .whl/"
