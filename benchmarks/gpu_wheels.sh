@@ -17,8 +17,16 @@ cd "$(dirname "$0")/.."
 
 # transformers and what ours needs newer than the image's; datasets and evaluate, which it lacks, and theirs.
 packages=(transformers regex datasets evaluate dill multiprocess fsspec)
-pinned=$(python -c 'import importlib.metadata as m, sys; print(" ".join(f"{p}=={m.version(p)}" for p in sys.argv[1:]))' \
-    "${packages[@]}")
+pinned=$(python - "${packages[@]}" <<'EOF'
+import importlib.metadata as metadata
+import sys
+
+try:
+    print(" ".join(f"{name}=={metadata.version(name)}" for name in sys.argv[1:]))
+except metadata.PackageNotFoundError as error:
+    sys.exit(f"error: {error.name} is not installed here: pip install -e '.[test,export]' first (README, Install)")
+EOF
+)
 rm -rf .whl
 python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $pinned
