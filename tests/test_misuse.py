@@ -70,6 +70,28 @@ def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypat
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("precision", "capabilities", "warned"), [
+    ("bf16", {"avx2": True}, True),  # as the AMD EPYC of family 23 reports
+    ("bf16", {"avx2": True, "avx512_bf16": True}, False),
+    ("bf16", {"amx_bf16": True}, False),
+    ("bf16", {"bf16": True}, False),  # an Arm CPU's name for it
+    ("no", {"avx2": True}, False),
+])
+def test_bf16_on_a_cpu_without_bfloat16_instructions_is_warned_of_at_the_start(tmp_path, monkeypatch, capsys, data,
+                                                                              precision, capabilities, warned):
+    """bfloat16 autocast took 10x float32's step on such a CPU (benchmarks/README.md): the run says so as it starts.
+    This one is then refused for its output folder, so nothing but the start runs."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("someone else's\n")
+    assert "--overwrite_output_dir" in refused(monkeypatch, *TINY, *data, "--output_dir", str(out),
+                                               "--mixed_precision", precision)
+    printed = capsys.readouterr().out
+    assert ("warning: --mixed_precision bf16 on a CPU without bfloat16 instructions" in printed) == warned
+
+
 def test_run_trainer_refuses_an_unknown_preset_in_one_line():
     with pytest.raises(SystemExit) as stop:
         run_trainer.parse_arguments(["--preset", "cpu-tiny", "--output_dir", "unused"])

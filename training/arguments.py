@@ -184,7 +184,7 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
         raise SystemExit(f"error: --mixed_precision {args.mixed_precision}: one of auto, no, fp16, bf16")
     if args.mixed_precision == "fp16" and not gpu:
         raise SystemExit("error: --mixed_precision fp16 needs a GPU (float16 autocast is not run on the CPU): "
-                         "use bf16 or no")
+                         "use no (float32) or bf16")
     try:  # the model's own checks (sizes, heads, dropout, positions), with a stand-in for the tokenizer's ids
         config = model_args.config(_StandInTokenizer(model_args.vocab_size))
     except ValueError as error:
