@@ -8,11 +8,11 @@ Eight parts; each runs even when another fails:
 1. speed: a training step (forward, cross-entropy, backward, fused Adam) of ours (plain, and with
    `vaswani_hf.fast_gpu` as training/run.py trains it on a GPU) and of MarianMTModel at the same size, interleaved,
    in bf16 autocast and in float32 (TF32 allowed): tokens/s and peak memory above the weights and Adam's state
-   (benchmarks/speed.py's models and step). On a GPU it runs in three fresh processes (`--speed_processes`), since
+   (benchmarks/speed.py's models and step). On a GPU it runs in three fresh processes (`--processes`), since
    the same code's ratio to Marian moves by about 10% from process to process; ours over Marian is the median of
    the processes' ratios;
 2. decoding: greedy and beam-4 `generate()` of both, and the paper's GNMT search (ours), exactly the same number
-   of new tokens each, float32 (TF32 allowed): tokens/s;
+   of new tokens each, float32 (TF32 allowed): tokens/s; on a GPU in three fresh processes, as part 1;
 3. synchronisations: the host waits for the GPU (`torch.cuda.set_sync_debug_mode`) in one decoding step (a forward
    of one token with a filled cache), and per new token in greedy, beam-4 and GNMT decoding (from two lengths);
 4. training: `accelerate launch --num_processes 1 training/run.py --preset base` on the embedded grammar's pairs,
@@ -83,6 +83,7 @@ LOSS_FALLS = 1.0  # nats: the last tenth of the steps' mean loss at least this f
 RESUMED_TOLERANCE = 0.02  # relative: a GPU's kernels need not add in the same order twice
 SENTENCES = 16  # translated by part 5
 FAST = "ours, fast_gpu"  # ours as training/run.py trains it on a GPU
+PAIRED = {"speed": ("bf16", "fp32"), "decoding": ("greedy", "beam4", "gnmt")}  # parts 1 and 2: their figures' kinds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,11 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny sizes, on any device (the tests' way)")
     parser.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS),
                         help="some of the parts (remote translates what training wrote: give both)")
-    parser.add_argument("--speed_processes", type=int, default=None,
-                        help="fresh processes part 1 runs in, one after another (default: 3 on a GPU, 1 with --tiny)")
+    parser.add_argument("--processes", type=int, default=None,
+                        help="fresh processes parts 1 and 2 each run in, one after another (default: 3 on a GPU, 1 "
+                        "with --tiny)")
     args = parser.parse_args(argv)
-    if args.speed_processes is not None and args.speed_processes < 1:
-        raise SystemExit(f"error: --speed_processes {args.speed_processes}: part 1 needs at least one process")
+    if args.processes is not None and args.processes < 1:
+        raise SystemExit(f"error: --processes {args.processes}: parts 1 and 2 need at least one process")
     output_dir = Path(args.output_dir)
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise SystemExit(f"error: --output_dir {output_dir} is not a new or empty folder")
@@ -107,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # float32 as GPUs train it
 
     shape = SHAPES["tiny" if args.tiny else "gpu"]
-    processes = args.speed_processes or (1 if args.tiny else 3)
-    parts = {**PARTS, "speed": partial(speed_in_processes, processes, args.tiny)} if processes > 1 else PARTS
+    processes = args.processes or (1 if args.tiny else 3)
+    parts = {**PARTS, **{part: partial(in_processes, part, processes, args.tiny) for part in PAIRED}}
     report = {"date": datetime.date.today().isoformat(), "device": device_name(device), "host": cpu_name(),
               "versions": versions(),
               "shape": {k: v for k, v in shape.items() if k != "model_flags"}, "errors": {}}
@@ -196,20 +198,22 @@ def speed(device: torch.device, shape: dict, output_dir: Path) -> dict:
     return result
 
 
-def speed_in_processes(processes: int, tiny: bool, device: torch.device, shape: dict, output_dir: Path) -> dict:
-    """Part 1 in `processes` fresh processes, one after another: each process's figures under "processes", and
-    each figure's median over them in part 1's own layout."""
+def in_processes(part: str, processes: int, tiny: bool, device: torch.device, shape: dict, output_dir: Path) -> dict:
+    """Part 1 or 2 (`part`) in `processes` fresh processes, one after another: each process's figures under
+    "processes", and each figure's median over them in the part's own layout. In one process: the part itself."""
+    if processes == 1:
+        return PARTS[part](device, shape, output_dir)
     runs = []
     for index in range(processes):
-        folder = output_dir / f"speed-{index + 1}"
-        command = [sys.executable, __file__, "--parts", "speed", "--speed_processes", "1", "--output_dir", str(folder),
+        folder = output_dir / f"{part}-{index + 1}"
+        command = [sys.executable, __file__, "--parts", part, "--processes", "1", "--output_dir", str(folder),
                    *(["--tiny"] if tiny else [])]
         result = subprocess.run(command, check=False, capture_output=True, text=True)
         if result.returncode:
-            raise RuntimeError(f"part 1's process {index + 1} failed:\n{result.stdout[-2000:]}{result.stderr[-3000:]}")
-        runs.append(json.loads((folder / "gpu_check.json").read_text())["speed"])
+            raise RuntimeError(f"{part}'s process {index + 1} failed:\n{result.stdout[-2000:]}{result.stderr[-3000:]}")
+        runs.append(json.loads((folder / "gpu_check.json").read_text())[part])
     medians = {kind: {name: {key: statistics.median(run[kind][name][key] for run in runs) for key in figures}
-                      for name, figures in runs[0][kind].items()} for kind in ("bf16", "fp32")}
+                      for name, figures in runs[0][kind].items()} for kind in PAIRED[part]}
     return {**runs[0], **medians, "processes": runs}
 
 
@@ -649,15 +653,18 @@ def markdown(report: dict) -> str:
                                  for name, v in report["loop"].items()))
     for name, fused in report.get("speed", {}).get("fused_attention", {}).items():
         lines.append(f"\n{name}: SDPA's fused kernels alone (no math fallback), bf16, padded sources: {fused}")
-    for part in ("speed", "decoding"):
+    by_process = {"speed": {"bf16 training, ours (fast_gpu)": ("bf16", FAST)},
+                  "decoding": {"greedy": ("greedy", "ours"), "beam 4": ("beam4", "ours")}}
+    for part, figures in by_process.items():
         if part in report:
             rounds = report["shape"]["repeats"]
             lines.append(f"\n{part}: {report[part]['batch']}, median of {rounds} interleaved rounds")
-    if "processes" in report.get("speed", {}):
-        runs = [{"speed": run} for run in report["speed"]["processes"]]
-        lines.append(f"speed: in {len(runs)} processes: each figure their median, ours / Marian the median of their "
-                     "ratios; bf16 training, ours (fast_gpu) / Marian by process: "
-                     + ", ".join(f"{ratio(run, 'speed', 'bf16', ours=FAST):.2f}x" for run in runs))
+        if "processes" in report.get(part, {}):
+            runs = [{part: run} for run in report[part]["processes"]]
+            lines.append(f"{part}: in {len(runs)} processes: each figure their median, ours / Marian the median of "
+                         "their ratios; by process: " + "; ".join(
+                             f"{title} " + ", ".join(f"{ratio(run, part, kind, ours=name):.2f}x" for run in runs)
+                             for title, (kind, name) in figures.items()))
     if "training" in report:
         t = report["training"]
         lines.append(

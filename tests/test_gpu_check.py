@@ -19,7 +19,7 @@ from gpu_check import checks, main, ratio
 def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
     """Two launches of training/run.py, a resume, a fresh process without vaswani_hf, both models side by side."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--speed_processes", "2",
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--processes", "2",
                "--output_dir", str(tmp_path / "check")]
     result = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -46,11 +46,14 @@ def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
     table = (tmp_path / "check" / "gpu_check.md").read_text()
     assert "| training tokens/s, bf16 autocast |" in table and table in result.stdout
     assert "| training tokens/s, bf16 autocast (ours: fast_gpu) |" in table
-    runs = report["speed"]["processes"]  # part 1 in two processes, as on a GPU in three
-    assert len(runs) == 2 and "speed: in 2 processes" in table
-    assert report["targets"]["training tokens/s, bf16"]["ours / marian"] == pytest.approx(sum(
-        run["bf16"]["ours, fast_gpu"]["tokens_per_second"] / run["bf16"]["marian"]["tokens_per_second"]
-        for run in runs) / 2)  # as run.py trains on a GPU: the median (here the mean) of the processes' ratios
+    for part, target, kind, name in (("speed", "training tokens/s, bf16", "bf16", "ours, fast_gpu"),
+                                     ("decoding", "greedy tokens/s", "greedy", "ours"),
+                                     ("decoding", "beam-4 tokens/s", "beam4", "ours")):
+        runs = report[part]["processes"]  # parts 1 and 2 in two processes each, as on a GPU in three
+        assert len(runs) == 2 and f"{part}: in 2 processes" in table
+        assert report["targets"][target]["ours / marian"] == pytest.approx(sum(
+            run[kind][name]["tokens_per_second"] / run[kind]["marian"]["tokens_per_second"]
+            for run in runs) / 2)  # the median (here the mean) of the processes' ratios
 
 
 def test_a_ratio_over_processes_is_the_median_of_their_ratios():
@@ -62,9 +65,9 @@ def test_a_ratio_over_processes_is_the_median_of_their_ratios():
     assert ratio({"speed": runs[1]}, "speed", "bf16") == pytest.approx(99 / 80)  # one process: its own ratio
 
 
-def test_too_few_speed_processes_is_a_one_line_error_before_any_work(tmp_path):
-    with pytest.raises(SystemExit, match="^error: --speed_processes 0: part 1 needs at least one process$"):
-        main(["--tiny", "--speed_processes", "0", "--output_dir", str(tmp_path / "check")])
+def test_too_few_processes_is_a_one_line_error_before_any_work(tmp_path):
+    with pytest.raises(SystemExit, match="^error: --processes 0: parts 1 and 2 need at least one process$"):
+        main(["--tiny", "--processes", "0", "--output_dir", str(tmp_path / "check")])
     assert not (tmp_path / "check").exists()
 
 
