@@ -1,6 +1,6 @@
 """The GPU path, checked end to end by one command, made ready before a GPU is at hand (README, "GPUs").
 
-    python benchmarks/gpu_check.py --output_dir runs/gpu-check          # on a GPU: the base model, about 6 minutes
+    python benchmarks/gpu_check.py --output_dir runs/gpu-check          # on a GPU: the base model, about 7.5 minutes
     python benchmarks/gpu_check.py --tiny --output_dir runs/gpu-tiny    # on a CPU: tiny sizes, the same code (tests)
 
 Eight parts; each runs even when another fails:

@@ -6,7 +6,7 @@
 #
 #     bash benchmarks/gpu_wheels.sh
 #
-# Then one call of the device tool, `carry: [".whl"]`, timeout 480 s (the whole check takes about 6 minutes;
+# Then one call of the device tool, `carry: [".whl"]`, timeout 540 s (the whole check takes about 7.5 minutes;
 # its training runs stay there, the report and the table come back):
 #
 #     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
