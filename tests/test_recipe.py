@@ -90,6 +90,55 @@ def test_smoothed_loss_is_the_cross_entropy_against_gold_1_minus_eps_others_eps_
     torch.testing.assert_close(label_smoothed_nll(logits, labels, epsilon)[0], expected)
 
 
+def smoothed_reference(logits, labels, epsilon):
+    """The smoothed loss sum as the formula writes it: -Σ q log_softmax(z) over the kept positions, in float32."""
+    vocab = logits.shape[-1]
+    target = torch.full(logits.shape, epsilon / (vocab - 1))
+    target.scatter_(-1, labels.clamp(min=0).unsqueeze(-1), 1 - epsilon)
+    per_token = -(target * logits.float().log_softmax(-1)).sum(-1)
+    return per_token.where(labels != -100, 0.0).sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_smoothed_loss_gradient_is_autograds_through_the_formula_block_by_block(dtype):
+    """The gradient is computed by hand (softmax - q, block by block: 3 rows at a time, the last block short) in the
+    logits' own dtype; autograd through the float32 formula is the reference, cast as autocast's backward casts it."""
+    logits = random_logits(seed=2, shape=(2, 5, 13)).to(dtype).requires_grad_()
+    labels = torch.tensor([[1, 2, 3, -100, -100], [4, 5, 6, 7, 12]])
+    reference = logits.detach().clone().requires_grad_()
+    smoothed, _, _ = label_smoothed_nll(logits, labels, 0.1, chunk_rows=3)
+    expected = smoothed_reference(reference, labels, 0.1)
+    torch.testing.assert_close(smoothed, expected)
+    (0.37 * smoothed).backward()
+    (0.37 * expected).backward()
+    assert logits.grad.dtype == dtype
+    torch.testing.assert_close(logits.grad, reference.grad)
+    torch.testing.assert_close(logits, reference)  # the logits themselves untouched
+    assert logits.grad[0, 3:].abs().max() == 0  # ignored positions
+
+
+def test_smoothed_loss_makes_no_float32_copy_of_the_whole_logits():
+    """At the paper's batch the logits are 25,000 x 37,000: the forward and backward convert one block of rows to
+    float32 at a time (here 4 of 30 rows), never the whole tensor, as log_softmax of logits.float() would."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestFloat32(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, tuple | list) else [out]:
+                if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32:
+                    LargestFloat32.largest = max(LargestFloat32.largest, tensor.numel())
+            return out
+
+    logits = random_logits(seed=3, shape=(3, 10, 17)).bfloat16().requires_grad_()
+    labels = torch.randint(0, 17, (3, 10), generator=torch.Generator().manual_seed(3))
+    with LargestFloat32():
+        label_smoothed_nll(logits, labels, 0.1, chunk_rows=4)[0].backward()
+    assert 0 < LargestFloat32.largest <= 4 * 17
+
+
 def test_averaged_checkpoints_are_the_element_wise_mean(tmp_path):
     generator = torch.Generator().manual_seed(0)
     checkpoints = [{"w": torch.randn(4, 3, generator=generator), "b": torch.randn(3, generator=generator),

@@ -5,21 +5,68 @@ The paper's form (tensor2tensor): the gold token gets probability 1 - ε and eac
 the same.) The loss is the cross-entropy against that distribution, summed over the non-pad target tokens;
 the caller divides by the number of target tokens of the whole optimizer step (§5.1: batches are counted in
 tokens), across processes and accumulation steps.
+
+With z the logits of one position, g its gold token and lse = log Σ_k exp z_k, the loss of the position is
+
+    (1 - ε) (lse - z_g) + ε / (V - 1) Σ_{k≠g} (lse - z_k)  =  lse - (1 - ε) z_g - ε / (V - 1) (Σ_k z_k - z_g)
+
+and its gradient softmax(z) - q, q the smoothed distribution. Both are computed a block of rows at a time in float32
+from the logits as the model returns them (bfloat16 under autocast): at the paper's batch the logits are 25,000 x
+37,000, and a float32 copy of them, with log_softmax's output and their gradients, would take some 15 GB.
 """
 
 import torch
 
+CHUNK_ELEMENTS = 1 << 27  # logits converted to float32 at a time: 512 MB, a few blocks at the paper's batch
 
-def label_smoothed_nll(logits: torch.Tensor, labels: torch.Tensor, epsilon: float = 0.1,
-                       ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+
+def label_smoothed_nll(logits: torch.Tensor, labels: torch.Tensor, epsilon: float = 0.1, ignore_index: int = -100,
+                       chunk_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (smoothed loss sum, NLL sum, number of target tokens) over the positions whose label is not
-    `ignore_index`. logits: (B, T, V); labels: (B, T)."""
-    vocab_size = logits.shape[-1]
-    log_probs = logits.float().log_softmax(-1)  # (B, T, V)
-    keep = labels.ne(ignore_index)
-    gold = labels.clamp(min=0).unsqueeze(-1)
-    nll = -log_probs.gather(-1, gold).squeeze(-1)  # (B, T)
-    others = -log_probs.sum(-1) - nll  # -Σ_{k≠gold} log p_k
-    smoothed = (1 - epsilon) * nll + epsilon / (vocab_size - 1) * others
-    # Sums over the kept positions, masked rather than indexed: indexing by a mask would wait for the GPU
-    return smoothed.where(keep, 0.0).sum(), nll.where(keep, 0.0).sum(), keep.sum()
+    `ignore_index`; only the first has a gradient, in the logits' dtype. logits: (B, T, V); labels: (B, T).
+    `chunk_rows`: positions per float32 block (default: CHUNK_ELEMENTS of logits)."""
+    rows = chunk_rows or max(1, CHUNK_ELEMENTS // logits.shape[-1])
+    return LabelSmoothedNLL.apply(logits, labels, epsilon, ignore_index, rows)
+
+
+class LabelSmoothedNLL(torch.autograd.Function):
+    """The module docstring's loss and gradient, block by block: what is kept for backward is the logits themselves
+    (alive anyway until the step ends) and one float per position."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, epsilon, ignore_index, chunk_rows):
+        vocab_size = logits.shape[-1]
+        flat = logits.reshape(-1, vocab_size)  # (N, V), a view
+        keep = labels.reshape(-1).ne(ignore_index)  # (N,)
+        gold = labels.reshape(-1).clamp(min=0)
+        lse = torch.empty(len(flat), device=flat.device)  # (N,) float32
+        total = torch.empty_like(lse)
+        for start in range(0, len(flat), chunk_rows):
+            block = flat[start: start + chunk_rows].float()  # (n, V)
+            torch.logsumexp(block, -1, out=lse[start: start + chunk_rows])
+            torch.sum(block, -1, out=total[start: start + chunk_rows])
+        gold_logit = flat.gather(-1, gold.unsqueeze(-1)).squeeze(-1).float()
+        nll = lse - gold_logit
+        smoothed = nll + epsilon * (gold_logit - (total - gold_logit) / (vocab_size - 1))
+        ctx.save_for_backward(logits, lse, gold, keep)
+        ctx.epsilon, ctx.chunk_rows = epsilon, chunk_rows
+        # Sums over the kept positions, masked rather than indexed: indexing by a mask would wait for the GPU
+        nll_sum, count = nll.where(keep, 0.0).sum(), keep.sum()
+        ctx.mark_non_differentiable(nll_sum, count)
+        return smoothed.where(keep, 0.0).sum(), nll_sum, count
+
+    @staticmethod
+    def backward(ctx, grad_smoothed, grad_nll, grad_count):
+        logits, lse, gold, keep = ctx.saved_tensors
+        vocab_size, epsilon, rows = logits.shape[-1], ctx.epsilon, ctx.chunk_rows
+        flat = logits.reshape(-1, vocab_size)
+        grad = torch.empty_like(flat)
+        other = epsilon / (vocab_size - 1)  # q of every token but the gold one
+        scale = keep.float() * grad_smoothed  # (N,): ignored positions get no gradient
+        for start in range(0, len(flat), rows):
+            end = start + rows
+            block = flat[start:end].to(torch.float32, copy=True)  # a copy: float32 logits stay as they are
+            block.sub_(lse[start:end, None]).exp_().sub_(other)  # softmax(z) - q, but for the gold token's q:
+            block.scatter_add_(-1, gold[start:end, None], block.new_full((len(block), 1), other - (1 - epsilon)))
+            grad[start:end] = block.mul_(scale[start:end, None])
+        return grad.view_as(logits), None, None, None, None
