@@ -28,7 +28,7 @@ Eight parts; each runs even when another fails:
    and the kernels that take most of the GPU's time, for both models;
 8. loop: where training/run.py's step loses against part 1's bare step (ours, bf16, one batch of part 1's shape):
    the bare step; the same with run.py's padded batch (random lengths, padding masks) and a cross-entropy; run.py's
-   own step (`accumulate_gradients`: its label-smoothed loss and token counts, through Accelerate); and the same
+   own step (training/step.py: its label-smoothed loss and token counts, through Accelerate); and the same
    with run.py's collation of the batch from token lists inside the step, also with fast_gpu (as run.py trains on
    a GPU): milliseconds and host waits per step.
 
@@ -506,7 +506,7 @@ def loop(device: torch.device, shape: dict, output_dir: Path) -> dict:
     from accelerate import Accelerator
 
     from training.batching import collate
-    from training.run import accumulate_gradients
+    from training.step import TrainingStep
 
     size, (batch, length) = shape["size"], shape["train"]
     accelerator = Accelerator(mixed_precision="bf16", cpu=device.type == "cpu")
@@ -535,7 +535,7 @@ def loop(device: torch.device, shape: dict, output_dir: Path) -> dict:
 
     def run_step(collated: bool, model=model, optimizer=optimizer):
         batches = [collate(range(batch), sources, targets, PAD, device) if collated else inputs]
-        accumulate_gradients(accelerator, model, batches, sum(map(len, targets)), 0.1)
+        TrainingStep(accelerator, model, 0.1)(batches, sum(map(len, targets)))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

@@ -61,6 +61,10 @@ def data(tmp_path):
     (["--streaming"], "--streaming needs --bpe_sample"),
     (["--streaming", "--bpe_sample", "100", "--dropout_epochs", "0", "1"], "--dropout_epochs counts epochs"),
     (["--shuffle_buffer", "0"], "--shuffle_buffer 0"),
+    (["--max_tokens", "-1"], "--max_tokens -1"),
+    (["--pad_to_multiple_of", "0"], "--pad_to_multiple_of 0"),
+    (["--compile", "inducer"], "--compile inducer"),
+    (["--compile", "inductor", "--dropout_epochs", "0", "1"], "add --compile no"),
 ])
 def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypatch, data, flags, named):
     if "fp16" in flags and torch.cuda.is_available():

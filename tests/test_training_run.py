@@ -195,6 +195,22 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_pat
 
 
 @pytest.mark.xdist_group("one_process_run")
+def test_a_compiled_run_trains_as_the_eager_run_and_compiles_once(tmp_path, small_data, one_process_run):
+    """--compile aot_eager: torch.compile's dynamo and AOTAutograd (inductor's front end, without its C++ compiler on a
+    CPU) over the model. Its losses and gradient norms are the eager run's, and its 8 batches of different shapes
+    (2 a step) make one graph: the sizes are symbolic from the first compile."""
+    result = launch(tmp_path / "compiled", *ONE_PROCESS, *small_data, "--compile", "aot_eager", "--no_fast_cpu")
+    eager, compiled = history(one_process_run), history(tmp_path / "compiled")
+    assert len({h["tokens"] for h in eager}) > 1
+    assert [h["loss"] for h in compiled] == pytest.approx([h["loss"] for h in eager], rel=1e-6)
+    assert [h["grad_norm"] for h in compiled] == pytest.approx([h["grad_norm"] for h in eager], rel=1e-6)
+    metrics = json.loads((tmp_path / "compiled" / "metrics.json").read_text())
+    assert metrics["compiled_graphs"] == 1 and json.loads((one_process_run / "metrics.json").read_text())[
+        "compiled_graphs"] == 0
+    assert "step 1: torch.compile has compiled 1 graph(s) so far" in result.stdout + result.stderr
+
+
+@pytest.mark.xdist_group("one_process_run")
 def test_fsdp_shards_over_two_processes_and_trains_like_one_process(tmp_path, one_process_run, fsdp_run):
     """`accelerate launch --use_fsdp --fsdp_version 2` with 2 CPU processes: sharded (not DDP in disguise), equal to
     1 process with the same global batch, with validation and beam search inside the run and at its end."""
@@ -392,7 +408,7 @@ def test_a_training_step_builds_no_decoding_cache(monkeypatch):
 
     import vaswani_hf.modeling_vaswani
     from training.batching import collate
-    from training.run import accumulate_gradients
+    from training.step import TrainingStep
 
     class Refused(EncoderDecoderCache):
         def __init__(self, *args, **kwargs):
@@ -403,8 +419,7 @@ def test_a_training_step_builds_no_decoding_cache(monkeypatch):
     sources, targets = [[5, 6, 7], [8, 9]], [[10, 11, 2], [12, 2]]
     try:
         accelerator = Accelerator(cpu=True)
-        loss, tokens = accumulate_gradients(accelerator, model, [collate(range(2), sources, targets, 0, "cpu")], 5,
-                                            0.1)
+        loss, tokens = TrainingStep(accelerator, model, 0.1)([collate(range(2), sources, targets, 0, "cpu")], 5)
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()

@@ -94,7 +94,14 @@ class RecipeArguments:
         "help": "E0 E1: fit P_drop to the epochs the run is expected to make (with a budget as measured, else by "
                 "--max_steps): none up to E0, rising linearly to --dropout at E1 (training/budget.py; not the "
                 "paper's)."})
-    max_tokens: int = field(default=4096, metadata={"help": "Padded tokens per batch and process."})
+    max_tokens: int = field(default=0, metadata={
+        "help": "Padded tokens per batch and process (pairs x longer side); 0: on a GPU the most its memory holds, "
+                "up to --tokens_per_step (fewest batches a step, found by trial steps), on a CPU 4096."})
+    pad_to_multiple_of: int = field(default=1, metadata={
+        "help": "Pad each batch's source and target widths to a multiple of this (1: to the longest pair)."})
+    compile: str = field(default="auto", metadata={
+        "help": "torch.compile the training step: auto (inductor on a GPU, unless --dropout_epochs; none on a CPU), "
+                "no, or a torch.compile backend (inductor, aot_eager, ...)."})
     tokens_per_step: int = field(default=25000, metadata={
         "help": "Tokens per optimizer step, reached by accumulation."})
     warmup_steps: int = 4000
@@ -149,7 +156,8 @@ def parse_arguments() -> tuple[DataArguments, ModelArguments, RecipeArguments]:
 def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: RecipeArguments, gpu: bool) -> None:
     """Every flag checked before any work: a wrong value is a one-line SystemExit naming the flag."""
     at_least = {"max_length": (data_args.max_length, 1), "vocab_size": (model_args.vocab_size, 8),
-                "max_steps": (args.max_steps, 1), "max_tokens": (args.max_tokens, 1),
+                "max_steps": (args.max_steps, 1), "max_tokens": (args.max_tokens, 0),
+                "pad_to_multiple_of": (args.pad_to_multiple_of, 1),
                 "tokens_per_step": (args.tokens_per_step, 1), "warmup_steps": (args.warmup_steps, 1),
                 "logging_steps": (args.logging_steps, 1), "eval_steps": (args.eval_steps, 0),
                 "eval_max_sentences": (args.eval_max_sentences, 1), "save_steps": (args.save_steps, 0),
@@ -180,6 +188,14 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
         raise SystemExit("error: --dropout_epochs counts epochs of a corpus whose size --streaming does not know")
     if any(alpha < 0 for alpha in args.alpha_candidates or []):
         raise SystemExit(f"error: --alpha_candidates {args.alpha_candidates}: α must be at least 0")
+    if args.compile not in ("auto", "no"):
+        from torch._dynamo import list_backends
+
+        if args.compile not in list_backends(exclude_tags=()):
+            raise SystemExit(f"error: --compile {args.compile}: auto, no, or one of {list_backends()}")
+        if epochs is not None:
+            raise SystemExit("error: --dropout_epochs changes P_drop at every step, which a compiled step would be "
+                             "compiled again for: add --compile no")
     if args.mixed_precision not in ("auto", "no", "fp16", "bf16"):
         raise SystemExit(f"error: --mixed_precision {args.mixed_precision}: one of auto, no, fp16, bf16")
     if args.mixed_precision == "fp16" and not gpu:

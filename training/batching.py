@@ -89,7 +89,8 @@ class EpochBatches:
         self.rows = kept if self.skipped else None  # the rows of the pairs batched (None: all)
         if self.skipped:
             source, target = source[kept], target[kept]
-        self.train, self.lengths, self.max_tokens, self.seed = train, (source, target), max_tokens, seed
+        self.train, self.lengths = train.with_format("arrow"), (source, target)  # rows read as Arrow tables
+        self.max_tokens, self.seed = max_tokens, seed
         self.accumulation, self.rank, self.world = accumulation, rank, world
         self.epoch, self.batches = 0, token_batches(source, target, max_tokens, seed, 0)
         self.padding = padding_fraction(self.batches, source, target)
@@ -98,7 +99,7 @@ class EpochBatches:
             raise ValueError(f"{len(self.batches)} batches cannot fill one optimizer step of {accumulation * world}: "
                              "lower --tokens_per_step")
 
-    def step(self, step: int) -> list[tuple[list, list]]:
+    def step(self, step: int) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
         """The source and target ids of this process's batches for optimizer step `step` (counted from 0)."""
         if self.epoch != step // self.steps_per_epoch:
             self.epoch = step // self.steps_per_epoch
@@ -107,7 +108,16 @@ class EpochBatches:
         mine = [self.batches[offset + a * self.world + self.rank] for a in range(self.accumulation)]
         if self.rows is not None:
             mine = [self.rows[batch] for batch in mine]
-        return [(rows["source_ids"], rows["target_ids"]) for rows in map(self.train.__getitem__, mine)]
+        return [tuple(rows_of(table[column]) for column in ("source_ids", "target_ids"))
+                for table in map(self.train.__getitem__, mine)]
+
+
+def rows_of(column) -> list[np.ndarray]:
+    """The rows of an Arrow column of id lists, as numpy views of its memory."""
+    column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    offsets = column.offsets.to_numpy()
+    values = column.values.to_numpy()[offsets[0]: offsets[-1]]
+    return np.split(values, offsets[1:-1] - offsets[0])
 
 
 def encode(tokenizer, pairs):
@@ -115,18 +125,23 @@ def encode(tokenizer, pairs):
     return tokenizer([s for s, _ in pairs])["input_ids"], tokenizer([t for _, t in pairs])["input_ids"]
 
 
-def collate(indices, sources, targets, pad_id, device):
-    """Right-padded source ids and mask, and labels with -100 at padding (the model shifts them itself). To a GPU
-    the ids go from pinned memory, so the host does not wait for the copies (nor for the GPU's work before them)."""
-    source_width = max(len(sources[i]) for i in indices)
-    target_width = max(len(targets[i]) for i in indices)
-    input_ids = torch.full((len(indices), source_width), pad_id)
-    labels = torch.full((len(indices), target_width), -100)
-    for row, i in enumerate(indices):
-        input_ids[row, : len(sources[i])] = torch.tensor(sources[i])
-        labels[row, : len(targets[i])] = torch.tensor(targets[i])
+def collate(indices, sources, targets, pad_id, device, multiple: int = 1):
+    """Right-padded source ids and mask, and labels with -100 at padding (the model shifts them itself), each width
+    rounded up to a multiple of `multiple` (few distinct shapes, for a compiled step). To a GPU the ids go from
+    pinned memory, so the host does not wait for the copies (nor for the GPU's work before them)."""
+    input_ids = padded([sources[i] for i in indices], pad_id, multiple)
+    labels = padded([targets[i] for i in indices], -100, multiple)
     if torch.device(device).type == "cuda":
         input_ids, labels = (ids.pin_memory().to(device, non_blocking=True) for ids in (input_ids, labels))
     else:
         input_ids, labels = input_ids.to(device), labels.to(device)
     return {"input_ids": input_ids, "attention_mask": input_ids.ne(pad_id).long(), "labels": labels}
+
+
+def padded(rows: list, value: int, multiple: int) -> torch.Tensor:
+    """`rows` of ids (lists or arrays) as one (rows, width) tensor, filled out with `value`."""
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    width = -(-int(lengths.max()) // multiple) * multiple
+    ids = np.full((len(rows), width), value, np.int64)
+    ids[np.arange(width) < lengths[:, None]] = np.concatenate(rows)  # row by row, as a boolean index orders them
+    return torch.from_numpy(ids)

@@ -93,11 +93,11 @@ def gradient_sync(accelerator, model, sync: bool):
             yield
 
 
-def clip_gradients(accelerator, model, max_norm: float) -> float:
+def clip_gradients(accelerator, model, max_norm: float) -> torch.Tensor:
     """Scale the step's gradients to a global L2 norm of at most `max_norm`, the norm taken over the whole model
-    (every process's shard under FSDP); returns the norm before scaling."""
+    (every process's shard under FSDP); returns the norm before scaling, on the device (reading it would wait)."""
     norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
-    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def full_state_dict(model) -> dict[str, torch.Tensor]:

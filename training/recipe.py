@@ -6,7 +6,7 @@ from pathlib import Path
 from training.arguments import DataArguments, RecipeArguments
 
 NOT_RECIPE = ("push_to_hub", "hub_model_id", "hub_private_repo", "resume_from_checkpoint", "output_dir",
-              "overwrite_output_dir", "fast_cpu", "fast_gpu", "replay_schedule")
+              "overwrite_output_dir", "fast_cpu", "fast_gpu", "replay_schedule", "compile")
 # The paper's recipe values (§5, §6.1) that a run may change; sizes are choices, not deviations.
 PAPER_RECIPE = {"tokens_per_step": 25000, "warmup_steps": 4000, "lr_scale": 1.0, "label_smoothing": 0.1,
                 "num_beams": 4, "length_penalty_alpha": 0.6}

@@ -55,23 +55,20 @@ from training.data import DataError, as_pairs, load_run_data
 from training.distributed import (
     clip_gradients,
     describe,
-    gradient_sync,
     held_parameters,
     prepare,
-    unwrap,
     whole_model,
 )
 from training.evaluation import evaluate_model, final_evaluation
 from training.faults import fault_point
 from training.hub import write_output_folder
-from training.loss import label_smoothed_nll
 from training.recipe import NOT_RECIPE, recipe_deviations, training_data
 from training.schedule import inverse_sqrt_lr, paper_optimizer
+from training.step import TrainingStep, largest_batch, read_values
 from training.streaming import StreamedBatches
 from training.tokenizer import corpus_texts, train_joint_bpe
 from training.tokens import WordEncoder, token_dataset
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, fast_gpu, keep_freed_memory
-from vaswani_hf.modeling_vaswani import shift_tokens_right
 
 BFLOAT16_CPU = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")  # torch.cpu.get_capabilities()'s: x86, then Arm
 
@@ -103,6 +100,7 @@ def main():
     speed = {"cpu": fast_cpu if args.fast_cpu else None, "cuda": fast_gpu if args.fast_gpu else None}.get(
         accelerator.device.type) or (lambda model: model)
     model = speed(VaswaniForConditionalGeneration(config))
+    max_tokens = batch_tokens(accelerator, model, resumed, args, data_args.max_length)
     budget = time_budget(args, config.d_model)
     model, optimizer, scheduler = prepare(
         accelerator, model,
@@ -112,15 +110,15 @@ def main():
     # §5.1 batching, `accumulation` batches of this process and of every other per optimizer step: from the
     # tokens cached on disk (training/batching.py, training/tokens.py), or read as training goes (--streaming).
     world, rank = accelerator.num_processes, accelerator.process_index
-    accumulation = max(1, math.ceil(args.tokens_per_step / (args.max_tokens * world)))
+    accumulation = max(1, math.ceil(args.tokens_per_step / (max_tokens * world)))
     if data_args.streaming:
-        batches = StreamedBatches(data["train"], WordEncoder(tokenizer), rank, world, args.max_tokens,
+        batches = StreamedBatches(data["train"], WordEncoder(tokenizer), rank, world, max_tokens,
                                   data_args.max_length, data_args.shuffle_buffer, args.seed, accumulation)
         corpus = f"training pairs streamed (each process its own part, batched {data_args.shuffle_buffer:,} at a time)"
     else:
         train = token_dataset(accelerator, data["train"], tokenizer, output_dir, say)  # memory-mapped
         try:
-            batches = EpochBatches(train, data_args.max_length, args.max_tokens, args.seed, accumulation, rank, world)
+            batches = EpochBatches(train, data_args.max_length, max_tokens, args.seed, accumulation, rank, world)
         except ValueError as error:
             raise SystemExit(f"error: {error}") from None
         if batches.skipped:
@@ -129,12 +127,16 @@ def main():
         corpus = f"{batches.pairs} training pairs (padding {batches.padding:.1%})"
     say(f"{corpus}, vocabulary {len(tokenizer)}, {accelerator.unwrap_model(model).num_parameters() / 1e6:.1f}M "
         f"parameters ({distributed['parameters_held_by_the_main_process']:,} held by the main process), {world} "
-        f"process(es), {accumulation} accumulated batch(es) of <= {args.max_tokens} tokens per step")
+        f"process(es), {accumulation} accumulated batch(es) of <= {max_tokens} tokens per step")
+    backend = compile_backend(args, accelerator.device)
+    train_step = TrainingStep(accelerator, model, args.label_smoothing, backend)
+    if backend:
+        say(f"the training step is compiled by torch.compile ({backend}): the first steps wait for it")
 
-    state = {"history": [], "elapsed_seconds": 0.0, "model": asdict(model_args)}
+    state = {"history": [], "elapsed_seconds": 0.0, "model": asdict(model_args), "max_tokens": max_tokens}
     step = 0
     if resumed:
-        state = load_checkpoint(accelerator, model, optimizer, resumed)
+        state = {**load_checkpoint(accelerator, model, optimizer, resumed), "max_tokens": max_tokens}
         step = state.pop("step")
         scheduler.load_state_dict({**state.pop("scheduler"), "lr_lambdas": [None]})  # JSON, not a pickle
         if data_args.streaming:
@@ -154,6 +156,8 @@ def main():
 
     last_check = last_save = state["elapsed_seconds"]
     window_tokens, window_start = 0, time.time()
+    unread = []  # history entries whose loss (and gradient norm) are still on the device: read every logging step
+    compiled = 0  # graphs torch.compile has made for the step
     progress = training_progress(budget, args.max_steps, step, last_check, not accelerator.is_local_main_process)
     model.train()
     # A budgeted run records what it fitted (training/budget.py), or replays such a record instead of the clock.
@@ -178,10 +182,10 @@ def main():
             expected_epochs = (budget.expected if budget else args.max_steps) / batches.steps_per_epoch
             config.dropout = fitted_dropout(expected_epochs, model_args.dropout, args.dropout_epochs)
         ids = batches.step(step)
-        inputs = [collate(range(len(sources)), sources, targets, tokenizer.pad_token_id, accelerator.device)
-                  for sources, targets in ids]
+        inputs = [collate(range(len(sources)), sources, targets, tokenizer.pad_token_id, accelerator.device,
+                          args.pad_to_multiple_of) for sources, targets in ids]
         local_tokens = sum(len(target) for _, targets in ids for target in targets)
-        loss, step_tokens = accumulate_gradients(accelerator, model, inputs, local_tokens, args.label_smoothing)
+        loss, step_tokens = train_step(inputs, local_tokens)
         learning_rate = scheduler.get_last_lr()[0]
         fault_point(f"step-{step + 1}")
         entry = {"step": step + 1, "loss": loss, "learning_rate": learning_rate, "tokens": step_tokens}
@@ -193,16 +197,21 @@ def main():
         step += 1
         window_tokens += step_tokens
         state["history"].append(entry)
+        unread.append(entry)
         if not budget:
             progress.update(1)
         if step % args.logging_steps == 0 or step == 1:
+            read_values(unread)  # the one wait for the device in `logging_steps` steps
             tokens_per_second = window_tokens / (time.time() - window_start)
             window_tokens, window_start = 0, time.time()
             steps = {"step": f"{step}/~{budget.expected:.0f}"} if budget else {}
-            progress.set_postfix(**steps, loss=f"{loss:.3f}", lr=f"{learning_rate:.2e}",
+            progress.set_postfix(**steps, loss=f"{entry['loss']:.3f}", lr=f"{learning_rate:.2e}",
                                  tok_s=f"{tokens_per_second:.0f}")
-            accelerator.log({"train/loss": loss, "train/learning_rate": learning_rate,
+            accelerator.log({"train/loss": entry["loss"], "train/learning_rate": learning_rate,
                              "train/target_tokens_per_second": tokens_per_second}, step=step)
+            if train_step.compilations() != compiled:
+                compiled = train_step.compilations()
+                progress.write(f"step {step}: torch.compile has compiled {compiled} graph(s) so far")
 
         elapsed, previous = seconds(), last_check
         last_check = elapsed
@@ -213,6 +222,7 @@ def main():
         else:
             evaluate_now = args.eval_steps and step % args.eval_steps == 0
         if validation and evaluate_now:
+            read_values(unread)
             fitted["evaluations"].append(step)
             evaluated = whole_model(accelerator, model, lambda: speed(VaswaniForConditionalGeneration(config)))
             if accelerator.is_main_process:
@@ -230,6 +240,7 @@ def main():
         else:
             save_now = crossed(previous, elapsed, budget.save_interval())
         if save_now:
+            read_values(unread)
             fitted["checkpoints"].append(step)
             state["elapsed_seconds"] = elapsed
             state["scheduler"] = scheduler_state(scheduler)
@@ -238,6 +249,7 @@ def main():
             save_checkpoint(accelerator, model, optimizer, output_dir, step, state, keep=args.average_checkpoints)
             last_save = elapsed
     progress.close()
+    read_values(unread)
 
     # The final model: the average of the last K checkpoints (§6.1), the current weights among them.
     state["elapsed_seconds"] = time.time() - start_time
@@ -255,6 +267,7 @@ def main():
         fault_point("average")
         final.to(accelerator.device)
         metrics = {"train_steps": step, "train_minutes": state["elapsed_seconds"] / 60, "distributed": distributed,
+                   "max_tokens": max_tokens, "compiled_graphs": train_step.compilations(),
                    "averaged_checkpoints": [p.name for p in averaged], "history": state["history"]}
         metrics.update(final_evaluation(final, tokenizer, pairs, validation, args, say))
         publish(final, tokenizer, output_dir, metrics, {"train": data["train"], **pairs}, data_args, model_args, args,
@@ -330,27 +343,25 @@ def time_budget(args, d_model: int) -> TimeBudget | None:
         raise SystemExit(str(error)) from None
 
 
-def accumulate_gradients(accelerator, model, inputs: list[dict], local_tokens: int,
-                         label_smoothing: float) -> tuple[float, int]:
-    """Forward and backward over this process's batches of one optimizer step, which hold `local_tokens` target
-    tokens (counted from the token lists: no GPU is waited for). §5.1/§5.4: the label-smoothed loss is summed over
-    the step's target tokens on every process and divided by their number; returns that loss (for the log) and the
-    number. The forward builds no decoding cache (`use_cache=False`, as labels would ask): one would copy each layer's
-    keys and values."""
-    config = unwrap(model).config
-    step_tokens = local_tokens if accelerator.num_processes == 1 else int(accelerator.reduce(
-        torch.tensor(local_tokens, device=accelerator.device), "sum").item())
-    step_loss = torch.zeros((), device=accelerator.device)
-    for a, batch in enumerate(inputs):
-        with gradient_sync(accelerator, model, a == len(inputs) - 1), accelerator.autocast():
-            decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id, config.decoder_start_token_id)
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           decoder_input_ids=decoder_input_ids, use_cache=False).logits
-            loss_sum, _, _ = label_smoothed_nll(logits, batch["labels"], label_smoothing)
-            # DDP and FSDP average gradients over processes: scale so the step's sum is divided by its tokens.
-            accelerator.backward(loss_sum * accelerator.num_processes / step_tokens)
-        step_loss += loss_sum.detach()
-    return accelerator.reduce(step_loss, "sum").item() / step_tokens, step_tokens
+def batch_tokens(accelerator, model, resumed: Path | None, args, max_length: int) -> int:
+    """The most padded tokens of a batch (--max_tokens): the flag's; with 0, a resumed run's own, else on a GPU the
+    largest that fits its memory (training/step.py), on a CPU 4,096."""
+    if args.max_tokens:
+        return args.max_tokens
+    if resumed and "max_tokens" in (saved := json.loads((resumed / STATE_FILE).read_text())):
+        return saved["max_tokens"]
+    if accelerator.device.type != "cuda":
+        return 4096
+    tokens = largest_batch(accelerator, model, args.tokens_per_step, max_length)
+    accelerator.print(f"--max_tokens 0: batches of up to {tokens} tokens fit this GPU's memory")
+    return tokens
+
+
+def compile_backend(args, device: torch.device) -> str | None:
+    """The torch.compile backend of the training step (--compile), or None for eager."""
+    if args.compile == "auto":
+        return "inductor" if device.type == "cuda" and not args.dropout_epochs else None
+    return None if args.compile == "no" else args.compile
 
 
 def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:

@@ -1,0 +1,123 @@
+"""One optimizer step's forward and backward over this process's batches (§5.1, §5.4), at the pace of the device.
+
+- Nothing in the step waits for the device: the step's target tokens are counted from the token lists, and the
+  loss comes back as a tensor that training/run.py reads every `--logging_steps`. On a GPU the host meanwhile reads
+  and pads the next step's batches: they are ready when the GPU is.
+- `--compile` runs the model through `torch.compile` (inductor on a GPU), its sizes symbolic from the first compile
+  (`dynamic=True`: a run's batches differ in rows and lengths, and compiling for each shape would recompile until
+  dynamo gives up); a run compiles a few times, which `compilations()` counts. The loss stays outside the graph
+  (training/loss.py computes it block by block).
+- Largest batches (`--max_tokens 0` on a GPU, `fewest_batches`): an optimizer step in as few batches as the GPU's
+  memory holds, found by trial steps at the sizes that would divide the step evenly.
+"""
+
+import math
+
+import torch
+from accelerate.utils import broadcast_object_list
+
+from training.distributed import gradient_sync, unwrap
+from training.loss import label_smoothed_nll
+from vaswani_hf.modeling_vaswani import shift_tokens_right
+
+MEMORY_SHARE = 0.9  # of the GPU's memory, for the trial step's peak and Adam's two moments
+
+
+class TrainingStep:
+    """`step(inputs, local_tokens)`: forward and backward over the step's batches of this process (`inputs`, from
+    training/batching.py `collate`), which hold `local_tokens` target tokens. §5.1/§5.4: the label-smoothed loss is
+    summed over the step's target tokens on every process and divided by their number; returns that loss, a tensor
+    on the device, and the number. The forward builds no decoding cache (`use_cache=False`, as labels would ask):
+    one would copy each layer's keys and values."""
+
+    def __init__(self, accelerator, model, label_smoothing: float, backend: str | None = None):
+        self.accelerator, self.model, self.label_smoothing = accelerator, model, label_smoothing
+        self.forward = torch.compile(model, backend=backend, dynamic=True) if backend else model
+        self.graphs = compiled_graphs()  # dynamo's count is per process: this step's are those compiled after
+
+    def __call__(self, inputs: list[dict], local_tokens: int) -> tuple[torch.Tensor, int]:
+        accelerator, config = self.accelerator, unwrap(self.model).config
+        step_tokens = local_tokens if accelerator.num_processes == 1 else int(accelerator.reduce(
+            torch.tensor(local_tokens, device=accelerator.device), "sum").item())
+        step_loss = torch.zeros((), device=accelerator.device)
+        for a, batch in enumerate(inputs):
+            with gradient_sync(accelerator, self.model, a == len(inputs) - 1), accelerator.autocast():
+                decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id,
+                                                       config.decoder_start_token_id)
+                logits = self.forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                      decoder_input_ids=decoder_input_ids, use_cache=False).logits
+                loss_sum, _, _ = label_smoothed_nll(logits, batch["labels"], self.label_smoothing)
+                # DDP and FSDP average gradients over processes: scale so the step's sum is divided by its tokens.
+                accelerator.backward(loss_sum * accelerator.num_processes / step_tokens)
+            step_loss += loss_sum.detach()
+        return accelerator.reduce(step_loss, "sum") / step_tokens, step_tokens
+
+    def compilations(self) -> int:
+        """Graphs compiled for this step so far (0 uncompiled)."""
+        return compiled_graphs() - self.graphs if self.forward is not self.model else 0
+
+
+def read_values(entries: list[dict]) -> None:
+    """The losses and gradient norms that steps left on the device in these history entries, as floats, read with
+    one wait for the device; empties `entries`."""
+    pending = [(entry, key) for entry in entries for key in ("loss", "grad_norm") if key in entry]
+    if pending:
+        values = torch.stack([entry[key] for entry, key in pending]).tolist()
+        for (entry, key), value in zip(pending, values):
+            entry[key] = value
+    entries.clear()
+
+
+def compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def fewest_batches(tokens_per_step: int, fits, most: int = 64) -> int:
+    """The largest batch, in tokens, that divides an optimizer step of `tokens_per_step` evenly into k batches
+    (ceil(tokens_per_step / k), k = 1, 2, ...) and for which `fits(tokens)` holds; `fits` is tried O(log most) times,
+    largest batches first (it must hold for every size below one it holds for)."""
+    size = lambda k: math.ceil(tokens_per_step / k)
+    if not fits(size(most)):
+        raise SystemExit(f"error: not even a batch of {size(most)} tokens fits this device's memory: give a smaller "
+                         "--max_tokens")
+    low, high = 1, most  # fits(size(high)) holds
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(size(middle)) else (middle + 1, high)
+    return size(high)
+
+
+def largest_batch(accelerator, model, tokens_per_step: int, max_length: int) -> int:
+    """Every process calls this before the model is prepared. The main process's GPU's largest batch for this model
+    (`fewest_batches`, with trial steps at `max_length`, the widest pairs a run batches), shared with every process so
+    that all batch alike."""
+    found = [0]
+    if accelerator.is_main_process:
+        model.to(accelerator.device)
+        with torch.random.fork_rng(devices=[accelerator.device]):  # trial dropout: the run's draws stay its own
+            found[0] = fewest_batches(tokens_per_step, lambda tokens: trial_fits(accelerator, model, tokens,
+                                                                                  max_length))
+    return broadcast_object_list(found)[0]
+
+
+def trial_fits(accelerator, model, tokens: int, length: int) -> bool:
+    """Whether a training step's forward and backward of `tokens` source and target tokens (rows of `length`), with
+    Adam's two float32 moments beside, keeps within MEMORY_SHARE of the GPU's memory."""
+    device = accelerator.device
+    ids = torch.full((max(1, tokens // length), length), model.config.eos_token_id, device=device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    try:
+        with accelerator.autocast():
+            logits = model(input_ids=ids, decoder_input_ids=ids, use_cache=False).logits
+            label_smoothed_nll(logits, ids)[0].backward()
+        del logits
+        moments = 2 * sum(parameter.numel() * 4 for parameter in model.parameters())
+        return torch.cuda.max_memory_allocated(device) + moments <= MEMORY_SHARE * torch.cuda.mem_get_info(device)[1]
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
