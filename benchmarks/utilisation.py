@@ -1,0 +1,415 @@
+"""How much of a GPU training/run.py's step uses: the paper's batch, base and big, bf16, against MarianMTModel trained
+by Seq2SeqTrainer on the same batches.
+
+    python benchmarks/utilisation.py --output_dir runs/mfu                    # on a GPU: base and big, 3 processes
+    python benchmarks/utilisation.py --sizes base --processes 1 --output_dir runs/mfu-base
+    python benchmarks/utilisation.py --tiny --output_dir runs/mfu-tiny        # on a CPU: tiny sizes, the same code
+
+Data: synthetic token pairs with lengths drawn like WMT14 EN-DE's under a 37,000-token BPE (log-normal, mean about 27
+tokens, a tail to 256; targets about 10% longer), written as training/run.py writes its tokens (an Arrow file of
+`source_ids`, `target_ids` and lengths) and batched by its `EpochBatches` at the paper's 25,000 tokens a step.
+
+Each size, in each of `--processes` fresh processes (ours / Marian is the median of their ratios):
+
+1. ours: run.py's step as run.py runs it on a GPU — its batches, collation, `TrainingStep` (torch.compile unless
+   `--compile no`; the label-smoothed loss block by block; nothing read from the GPU but every `--logging_steps`),
+   fused Adam and the §5.3 schedule, in as few batches a step as the GPU's memory holds (`--max_tokens 0`). After
+   `--warmup` steps (compiling), `--steps` timed ones: target tokens/s, seconds a step, peak memory, the host's
+   seconds a step reading and padding batches (which the GPU does not wait for unless they exceed its step), host
+   waits in a step;
+2. FLOPs: the timed steps' forward and backward again, eager, under `torch.utils.flop_counter.FlopCounterMode` (the
+   matrix products and attention), beside 6 x the weights each (padded) token passes through, which leaves attention's
+   products out (on a CPU FlopCounterMode counts no attention: the two agree); MFU = those
+   FLOPs / the timed steps' seconds / the GPU's dense bf16 peak (PEAKS);
+3. Marian: MarianMTModel at the same size, by `Seq2SeqTrainer` (bf16, fused AdamW, label smoothing 0.1) on the same
+   batches, accumulated as ours: target tokens/s of its timed steps;
+4. projected: the paper's recipes on this GPU at the measured seconds a step (base 100k steps, big 300k).
+
+Writes utilisation.json and utilisation.md to --output_dir.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np
+import torch
+
+from training.batching import EpochBatches, collate
+from training.distributed import prepare, unwrap
+from training.loss import label_smoothed_nll
+from training.schedule import paper_optimizer
+from training.step import TrainingStep, largest_batch, read_values
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, fast_gpu
+from vaswani_hf.kernels import cpu_name
+from vaswani_hf.modeling_vaswani import shift_tokens_right
+
+# Dense bf16 tensor-core peaks, FLOP/s (the sparse figures are twice these: never used), by a part of the GPU's name.
+PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12,
+         "V100": 125e12}
+SIZES = {
+    "base": {"d_model": 512, "d_ff": 2048, "num_heads": 8, "num_layers": 6, "dropout": 0.1, "recipe_steps": 100_000},
+    "big": {"d_model": 1024, "d_ff": 4096, "num_heads": 16, "num_layers": 6, "dropout": 0.3, "recipe_steps": 300_000},
+    "tiny": {"d_model": 32, "d_ff": 64, "num_heads": 4, "num_layers": 2, "dropout": 0.1, "recipe_steps": 100_000},
+}
+VOCAB, TOKENS_PER_STEP, MAX_LENGTH, PAD, BOS, EOS = 37000, 25000, 256, 0, 1, 2
+TINY = {"vocab": 300, "tokens_per_step": 800, "pairs": 3000, "warmup": 2, "steps": 4}  # --tiny: on a CPU
+TARGETS = {"base": {"mfu": 0.20, "over_marian": 2.0}, "big": {"mfu": 0.30, "over_marian": 2.0}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output_dir", required=True, help="a new or empty folder")
+    parser.add_argument("--sizes", nargs="+", choices=["base", "big"], default=["base", "big"])
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes, on any device (the tests' way)")
+    parser.add_argument("--processes", type=int, default=None, help="fresh processes per size (default: 3 on a GPU, "
+                                                                     "1 with --tiny)")
+    parser.add_argument("--warmup", type=int, default=None, help="steps before timing (default 10; --tiny 2)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20; --tiny 4)")
+    parser.add_argument("--compile", default="auto", help="as training/run.py's (auto: inductor on a GPU)")
+    parser.add_argument("--max_tokens", type=int, default=0, help="as run.py's (0: the most the GPU's memory holds)")
+    parser.add_argument("--pad_to_multiple_of", type=int, default=1)
+    parser.add_argument("--no_fast_gpu", action="store_true", help="without vaswani_hf.fast_gpu (run.py applies it)")
+    parser.add_argument("--logging_steps", type=int, default=10)
+    parser.add_argument("--skip_marian", action="store_true")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a size, measured in this process (a child's way)
+    args = parser.parse_args(argv)
+    for name in ("processes", "warmup", "steps", "max_tokens", "pad_to_multiple_of", "logging_steps"):
+        low = 0 if name in ("warmup", "max_tokens") else 1
+        if getattr(args, name) is not None and getattr(args, name) < low:
+            raise SystemExit(f"error: --{name} {getattr(args, name)}: must be at least {low}")
+    output_dir = Path(args.output_dir)
+    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+        raise SystemExit(f"error: --output_dir {output_dir} is not a new or empty folder")
+    if not torch.cuda.is_available() and not args.tiny:
+        raise SystemExit("error: no CUDA GPU here: add --tiny to run the benchmark's code at tiny sizes on the CPU")
+    args.warmup = TINY["warmup"] if args.warmup is None and args.tiny else 10 if args.warmup is None else args.warmup
+    args.steps = TINY["steps"] if args.steps is None and args.tiny else args.steps or 20
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if args.one:
+        result = measure(args.one, args)
+        (output_dir / "utilisation.json").write_text(json.dumps(result, indent=1) + "\n")
+        return 0
+
+    processes = args.processes or (1 if args.tiny else 3)
+    report = {"date": datetime.date.today().isoformat(), "device": device_name(), "host": cpu_name(),
+              "torch": torch.__version__, "flags": {k: v for k, v in vars(args).items() if k not in ("one",)},
+              "sizes": {}}
+    for size in (["tiny"] if args.tiny else args.sizes):
+        runs = []
+        for index in range(processes):
+            folder = output_dir / f"{size}-{index + 1}"
+            command = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--one", size,
+                       "--output_dir", str(folder)]
+            started = time.perf_counter()
+            result = subprocess.run(command, check=False, capture_output=True, text=True)
+            print(f"utilisation: {size}, process {index + 1}: {time.perf_counter() - started:.0f} s", flush=True)
+            if result.returncode:
+                raise SystemExit(f"error: {size}'s process {index + 1} failed:\n{result.stderr[-3000:]}")
+            runs.append(json.loads((folder / "utilisation.json").read_text()))
+        report["sizes"][size] = summary(size, runs)
+        (output_dir / "utilisation.json").write_text(json.dumps(report, indent=1) + "\n")
+    (output_dir / "utilisation.md").write_text(markdown(report))
+    print((output_dir / "utilisation.md").read_text())
+    return 0
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
+
+
+def peak_flops(name: str) -> float | None:
+    return next((peak for key, peak in PEAKS.items() if key in name), None)
+
+
+def wmt_like_pairs(count: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Source and target lengths like WMT14 EN-DE's under a joint BPE of 37,000 (about 27 tokens on average, a
+    log-normal tail cut at MAX_LENGTH; targets about 10% longer), with </s> counted."""
+    rng = np.random.default_rng(seed)
+    source = np.clip(np.round(rng.lognormal(3.1, 0.62, count)), 1, MAX_LENGTH).astype(np.int32)
+    target = np.clip(np.round(source * rng.lognormal(0.08, 0.2, count)), 1, MAX_LENGTH).astype(np.int32)
+    return source, target
+
+
+def token_file(folder: Path, source: np.ndarray, target: np.ndarray, vocab: int):
+    """The pairs, random ids of these lengths ending in </s>, as training/tokens.py writes a run's tokens."""
+    import datasets
+    import pyarrow as pa
+    from datasets.arrow_writer import ArrowWriter
+
+    from training.tokens import FEATURES
+
+    rng = np.random.default_rng(1)
+
+    def lists(lengths):
+        offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+        ids = rng.integers(4, vocab, offsets[-1], dtype=np.int32)
+        ids[offsets[1:] - 1] = EOS
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids))
+
+    path = folder / "tokens.arrow"
+    with ArrowWriter(features=FEATURES, path=str(path)) as writer:
+        writer.write_table(pa.table({"source_ids": lists(source), "target_ids": lists(target),
+                                     "source_length": pa.array(source), "target_length": pa.array(target)}))
+        writer.finalize()
+    return datasets.Dataset.from_file(str(path))
+
+
+def measure(size: str, args) -> dict:
+    """One size in this process: ours (run.py's step), its FLOPs, and Marian by Seq2SeqTrainer."""
+    from accelerate import Accelerator
+
+    tiny = size == "tiny"
+    vocab, tokens_per_step = (TINY["vocab"], TINY["tokens_per_step"]) if tiny else (VOCAB, TOKENS_PER_STEP)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    accelerator = Accelerator(mixed_precision="bf16", cpu=device.type == "cpu")
+    shape = {key: value for key, value in SIZES[size].items() if key != "recipe_steps"}
+    config = VaswaniConfig(vocab_size=vocab, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
+                           decoder_start_token_id=BOS, **shape)
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(config)
+    if device.type == "cuda" and not args.no_fast_gpu:
+        fast_gpu(model)
+    if args.max_tokens:
+        max_tokens = args.max_tokens
+    elif device.type == "cuda":
+        max_tokens = largest_batch(accelerator, model, tokens_per_step, MAX_LENGTH)
+    else:
+        max_tokens = tokens_per_step // 2  # two batches a step: the accumulation runs too
+    accumulation = math.ceil(tokens_per_step / max_tokens)
+    model, optimizer, scheduler = prepare(accelerator, model, lambda m: paper_optimizer(m, config.d_model))
+    workspace = Path(tempfile.mkdtemp())
+    lengths = wmt_like_pairs(TINY["pairs"] if tiny else 400_000, vocab)
+    batches = EpochBatches(token_file(workspace, *lengths, vocab), MAX_LENGTH, max_tokens, 0, accumulation, 0, 1)
+    backend = {"auto": "inductor" if device.type == "cuda" else None, "no": None}.get(args.compile, args.compile)
+    step = TrainingStep(accelerator, model, 0.1, backend)
+    model.train()
+
+    host, inputs_of = [], {}
+
+    def one_step(index: int, unread: list) -> int:
+        started = time.perf_counter()
+        ids = batches.step(index)
+        inputs = [collate(range(len(s)), s, t, PAD, device, args.pad_to_multiple_of) for s, t in ids]
+        host.append(time.perf_counter() - started)
+        inputs_of[index] = [(s, t) for s, t in ids]
+        loss, tokens = step(inputs, sum(len(target) for _, targets in ids for target in targets))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        unread.append({"loss": loss})
+        if (index + 1) % args.logging_steps == 0:
+            read_values(unread)
+        return tokens
+
+    started = time.perf_counter()
+    unread = []
+    for index in range(args.warmup):
+        one_step(index, unread)
+    read_values(unread)
+    synchronize(device)
+    warmup_seconds = time.perf_counter() - started
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    host.clear()
+    timed = range(args.warmup, args.warmup + args.steps)
+    started = time.perf_counter()
+    tokens = sum(one_step(index, unread) for index in timed)
+    read_values(unread)
+    synchronize(device)
+    seconds = time.perf_counter() - started
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+    waits = host_waits(device, lambda: one_step(args.warmup + args.steps, []))
+
+    flops = counted_flops(accelerator, unwrap(model), [inputs_of[index] for index in timed], device,
+                          args.pad_to_multiple_of)
+    passed = weights_passed(unwrap(model))
+    padded = side_tokens([inputs_of[index] for index in timed])
+    estimate = 6 * sum(passed[side] * count for side, count in padded.items())
+    result = {
+        "size": size, "parameters": unwrap(model).num_parameters(), "max_tokens": max_tokens,
+        "batches_per_step": accumulation, "compile": backend or "no", "compiled_graphs": step.compilations(),
+        "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds, "steps": args.steps,
+        "seconds_per_step": seconds / args.steps, "target_tokens_per_step": tokens / args.steps,
+        "target_tokens_per_second": tokens / seconds, "peak_memory_gib": peak,
+        "host_data_seconds_per_step": statistics.median(host), "host_waits_per_step": waits,
+        "flops_per_step": flops / args.steps, "estimated_flops_per_step": estimate / args.steps,
+        "tflops_per_second": flops / seconds / 1e12,
+    }
+    peak_rate = peak_flops(device_name())
+    result["mfu"] = flops / seconds / peak_rate if peak_rate else None
+    if not args.skip_marian:
+        del model, optimizer, step
+        release(device)
+        result["marian"] = marian(size, config, [inputs_of[index] for index in range(args.warmup + args.steps)],
+                                  accumulation, args.warmup, device, workspace, args.pad_to_multiple_of)
+    return result
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def release(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def host_waits(device: torch.device, call) -> int | None:
+    """Times `call()` makes the host wait for the GPU (torch's sync debug mode); None on a CPU."""
+    if device.type != "cuda":
+        call()
+        return None
+    import warnings
+
+    synchronize(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(warning.message) for warning in caught)
+
+
+def counted_flops(accelerator, model, steps: list, device: torch.device, multiple: int) -> float:
+    """FLOPs of these steps' forward and backward passes (the ids of each step's batches), eager, as
+    FlopCounterMode counts them; the gradients are dropped after."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        for batches in steps:
+            for sources, targets in batches:
+                batch = collate(range(len(sources)), sources, targets, PAD, device, multiple)
+                with accelerator.autocast():
+                    decoder_input_ids = shift_tokens_right(batch["labels"], PAD, BOS)
+                    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                   decoder_input_ids=decoder_input_ids, use_cache=False).logits
+                    label_smoothed_nll(logits, batch["labels"])[0].backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def weights_passed(model) -> dict[str, int]:
+    """The weights of the matrix products a source token and a target token pass through: the encoder's layers and
+    the encoder-decoder attention's keys and values; the rest of the decoder's layers and the output projection."""
+    matrices = lambda module: sum(p.numel() for p in module.parameters() if p.dim() == 2)
+    cross = sum(matrices(layer.encoder_attn.k_proj) + matrices(layer.encoder_attn.v_proj)
+                for layer in model.model.decoder.layers)
+    return {"source": matrices(model.model.encoder.layers) + cross,
+            "target": matrices(model.model.decoder.layers) - cross + model.lm_head.weight.numel()}
+
+
+def side_tokens(steps: list) -> dict[str, int]:
+    """Source and target tokens of these steps, padding included (what the products compute over)."""
+    counted = {"source": 0, "target": 0}
+    for batches in steps:
+        for sources, targets in batches:
+            counted["source"] += len(sources) * max(map(len, sources))
+            counted["target"] += len(targets) * max(map(len, targets))
+    return counted
+
+
+def marian(size: str, config: VaswaniConfig, steps: list, accumulation: int, warmup: int, device: torch.device,
+           workspace: Path, multiple: int) -> dict:
+    """MarianMTModel of the same size trained by Seq2SeqTrainer on the same batches (one batch a trainer
+    micro-batch, `accumulation` of them a step): target tokens/s of the steps after `warmup`."""
+    from speed import build
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+
+    shape = {"d_model": config.d_model, "num_layers": config.num_layers, "num_heads": config.num_heads,
+             "d_ff": config.d_ff, "vocab_size": config.vocab_size}
+    model = build("marian", shape).to(device)
+    batches = [collate(range(len(s)), s, t, PAD, "cpu", multiple) for step in steps for s, t in step]
+    for batch in batches:  # as DataCollatorForSeq2Seq(model=...) adds them, which the Trainer's label smoothing needs
+        batch["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=batch["labels"])
+    tokens = [sum(len(target) for _, targets in step for target in targets) for step in steps]
+    times = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, *unused, **unused_too):
+            synchronize(device)
+            times.append(time.perf_counter())
+
+    gpu = device.type == "cuda"
+    arguments = Seq2SeqTrainingArguments(
+        output_dir=str(workspace / "marian"), max_steps=len(steps), per_device_train_batch_size=1,
+        gradient_accumulation_steps=accumulation, learning_rate=7e-4, lr_scheduler_type="inverse_sqrt",
+        warmup_steps=4000, adam_beta2=0.98, adam_epsilon=1e-9, weight_decay=0.0, max_grad_norm=0.0,
+        label_smoothing_factor=0.1, bf16=True, optim="adamw_torch_fused" if gpu else "adamw_torch",
+        logging_steps=10, save_strategy="no", report_to=[], disable_tqdm=True, dataloader_pin_memory=gpu,
+        remove_unused_columns=False, use_cpu=not gpu, train_sampling_strategy="sequential")
+    trainer = Seq2SeqTrainer(model=model, args=arguments, train_dataset=batches,
+                             data_collator=lambda features: features[0], callbacks=[Clock()])
+    trainer.train()
+    seconds = times[-1] - times[warmup - 1] if warmup else times[-1] - times[0]
+    counted = tokens[warmup:] if warmup else tokens[1:]
+    return {"target_tokens_per_second": sum(counted) / seconds, "seconds_per_step": seconds / len(counted)}
+
+
+def summary(size: str, runs: list[dict]) -> dict:
+    """Each figure's median over the processes; ours / Marian the median of the processes' ratios; the projected
+    hours of the paper's recipe."""
+    keys = [key for key, value in runs[0].items() if isinstance(value, int | float) and key != "size"]
+    medians = {key: statistics.median(run[key] for run in runs) for key in keys if runs[0][key] is not None}
+    found = {**runs[0], **medians, "processes": runs}
+    if "marian" in runs[0]:
+        found["over_marian"] = statistics.median(
+            run["target_tokens_per_second"] / run["marian"]["target_tokens_per_second"] for run in runs)
+        found["marian"] = {"target_tokens_per_second": statistics.median(
+            run["marian"]["target_tokens_per_second"] for run in runs)}
+    found["recipe_steps"] = SIZES[size]["recipe_steps"]
+    found["recipe_hours"] = SIZES[size]["recipe_steps"] * found["seconds_per_step"] / 3600
+    targets = TARGETS.get(size, {})
+    found["targets"] = {
+        "mfu": {"target": targets.get("mfu"), "met": None if found.get("mfu") is None or "mfu" not in targets
+                else found["mfu"] >= targets["mfu"]},
+        "over_marian": {"target": targets.get("over_marian"),
+                        "met": None if "over_marian" not in found or "over_marian" not in targets
+                        else found["over_marian"] >= targets["over_marian"]}}
+    return found
+
+
+def markdown(report: dict) -> str:
+    header = ("| size | batches a step | target tokens/s | ours / Marian | TFLOP/s | MFU | peak GiB | s a step | "
+              "recipe hours | graphs | host s a step, waits |")
+    lines = [f"**{report['device']}**, {report['date']}; host {report['host']}; torch {report['torch']}", "", header,
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for size, s in report["sizes"].items():
+        ratio = f"{s['over_marian']:.2f}x" if "over_marian" in s else "–"
+        mfu = f"{s['mfu']:.1%}" if s.get("mfu") is not None else "–"
+        peak = f"{s['peak_memory_gib']:.1f}" if s.get("peak_memory_gib") is not None else "–"
+        cells = [size, f"{s['batches_per_step']} of <= {s['max_tokens']}", f"{s['target_tokens_per_second']:,.0f}",
+                 ratio, f"{s['tflops_per_second']:.1f}", mfu, peak, f"{s['seconds_per_step']:.3f}",
+                 f"{s['recipe_hours']:.1f} ({s['recipe_steps'] // 1000}k steps)", str(s["compiled_graphs"]),
+                 f"{s['host_data_seconds_per_step']:.3f}, {s['host_waits_per_step']}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    for size, s in report["sizes"].items():
+        by = ", ".join(f"{run['target_tokens_per_second']:,.0f}" for run in s["processes"])
+        lines.append(f"\n{size}: {len(s['processes'])} process(es), each figure the median; target tokens/s by "
+                     f"process {by}; FlopCounterMode {s['flops_per_step'] / 1e12:.2f} TFLOP a step, 6 x weights "
+                     f"passed {s['estimated_flops_per_step'] / 1e12:.2f}; compile {s['compile']}, warm-up "
+                     f"{s['warmup_steps']} steps in {s['warmup_seconds']:.0f} s; targets: " + ", ".join(
+                         f"{name} >= {t['target']} {'met' if t['met'] else 'missed' if t['met'] is False else '–'}"
+                         for name, t in s["targets"].items() if t["target"] is not None))
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

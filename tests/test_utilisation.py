@@ -1,0 +1,48 @@
+"""benchmarks/utilisation.py, the GPU utilisation benchmark, run at tiny sizes on the CPU: every line a GPU will run
+(but the compiler and the memory trials), before one is at hand."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from utilisation import main
+
+
+@pytest.mark.long(minutes=0.5)
+def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives(tmp_path):
+    """run.py's step and MarianMTModel by Seq2SeqTrainer on the same WMT-like batches, in a process of their own. On a
+    CPU FlopCounterMode counts the matrix products alone, so its count must equal 6 x the weights each padded source
+    and target token passes through (the benchmark's independent estimate; on a GPU attention adds to the count)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, str(ROOT / "benchmarks" / "utilisation.py"), "--tiny", "--warmup", "1", "--steps", "2",
+               "--output_dir", str(tmp_path / "out")]
+    result = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    tiny = json.loads((tmp_path / "out" / "utilisation.json").read_text())["sizes"]["tiny"]
+    assert tiny["flops_per_step"] == tiny["estimated_flops_per_step"] > 0
+    assert tiny["batches_per_step"] == 2 and tiny["steps"] == 2 and len(tiny["processes"]) == 1
+    assert tiny["target_tokens_per_second"] > 0 and tiny["marian"]["target_tokens_per_second"] > 0
+    assert tiny["over_marian"] == pytest.approx(
+        tiny["target_tokens_per_second"] / tiny["marian"]["target_tokens_per_second"])
+    assert tiny["compile"] == "no" and tiny["compiled_graphs"] == 0  # auto: compiled on a GPU only
+    assert tiny["mfu"] is None and tiny["host_waits_per_step"] is None  # no GPU: no peak, no waits to count
+    assert tiny["recipe_hours"] == pytest.approx(100_000 * tiny["seconds_per_step"] / 3600)
+    table = (tmp_path / "out" / "utilisation.md").read_text()
+    assert "| tiny | 2 of <= 400 |" in table and table in result.stdout
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--steps", "0"], "error: --steps 0: must be at least 1"),
+    (["--processes", "0"], "error: --processes 0: must be at least 1"),
+])
+def test_a_wrong_flag_is_one_line_before_any_work(tmp_path, flags, message):
+    with pytest.raises(SystemExit, match=f"^{message}$"):
+        main(["--tiny", *flags, "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
