@@ -16,8 +16,9 @@ Eight parts; each runs even when another fails:
 3. synchronisations: the host waits for the GPU (`torch.cuda.set_sync_debug_mode`) in one decoding step (a forward
    of one token with a filled cache), and per new token in greedy, beam-4 and GNMT decoding (from two lengths);
 4. training: `accelerate launch --num_processes 1 training/run.py --preset base` on the embedded grammar's pairs,
-   at the default mixed precision, with a checkpoint halfway; then the same command resumed from that checkpoint.
-   The loss must fall, and the resumed run's losses must follow the first run's;
+   at the default mixed precision (and compiled, on a GPU), with a checkpoint halfway; then the same command resumed
+   from that checkpoint, and the same run eager (`--compile no`). The loss must fall, the resumed run's losses must
+   follow the first run's, and the compiled run's last losses must be within 1% of the eager run's;
 5. remote code: the trained folder loaded by the translation pipeline in a fresh Python where vaswani_hf cannot be
    imported (`trust_remote_code=True`); its translations must equal `vaswani-translate`'s (the package's loader and
    search) sentence for sentence;
@@ -81,6 +82,7 @@ SHAPES = {
 TARGETS = {"training tokens/s, bf16": 1.1, "greedy tokens/s": 1.0, "beam-4 tokens/s": 1.0}
 LOSS_FALLS = 1.0  # nats: the last tenth of the steps' mean loss at least this far below the first tenth's
 RESUMED_TOLERANCE = 0.02  # relative: a GPU's kernels need not add in the same order twice
+COMPILED_TOLERANCE = 0.01  # relative, the last tenth's mean loss: issue 77
 SENTENCES = 16  # translated by part 5
 FAST = "ours, fast_gpu"  # ours as training/run.py trains it on a GPU
 PAIRED = {"speed": ("bf16", "fp32"), "decoding": ("greedy", "beam4", "gnmt")}  # parts 1 and 2: their figures' kinds
@@ -353,15 +355,20 @@ def training(device: torch.device, shape: dict, output_dir: Path) -> dict:
     run, timeout = output_dir / "run", 300
     first = launch(run, flags, timeout)
     resumed = launch(run, [*flags, "--resume_from_checkpoint", str(run / f"checkpoint-{steps // 2}")], timeout)
+    eager = launch(output_dir / "eager", [*flags, "--compile", "no"], timeout)
     losses = [entry["loss"] for entry in first["metrics"]["history"]]
     again = [entry["loss"] for entry in resumed["metrics"]["history"]]
+    eager_losses = [entry["loss"] for entry in eager["metrics"]["history"]]
     tenth = max(1, steps // 10)
     difference = max(abs(a - b) / a for a, b in zip(losses[steps // 2:], again[steps // 2:]))
     tokens = sum(entry["tokens"] for entry in first["metrics"]["history"])
     return {
         "steps": steps, "resumed_at": steps // 2,
         "mixed_precision": first["metrics"]["distributed"].get("mixed_precision"),
+        "compiled_graphs": first["metrics"]["compiled_graphs"], "max_tokens": first["metrics"]["max_tokens"],
         "first_loss": statistics.mean(losses[:tenth]), "last_loss": statistics.mean(losses[-tenth:]),
+        "eager_last_loss": statistics.mean(eager_losses[-tenth:]), "eager_train_minutes":
+        eager["metrics"]["train_minutes"],
         "resumed_last_loss": statistics.mean(again[-tenth:]), "resumed_max_relative_difference": difference,
         "resumed_identical": losses == again, "target_tokens_per_step": tokens / steps,
         "train_minutes": first["metrics"]["train_minutes"], "test_bleu": first["metrics"]["test"]["bleu"],
@@ -558,6 +565,9 @@ def checks(report: dict) -> dict:
         training = report["training"]
         found["loss falls"] = training["last_loss"] < training["first_loss"] - LOSS_FALLS
         found["resumed run follows the first"] = training["resumed_max_relative_difference"] <= RESUMED_TOLERANCE
+        eager = training["eager_last_loss"]
+        found["compiled run's loss within 1% of the eager run's"] = (
+            abs(training["last_loss"] - eager) <= COMPILED_TOLERANCE * eager)
     if "remote" in report:
         remote = report["remote"]
         found["remote code translates as vaswani-translate"] = remote["equal"] == remote["sentences"]
@@ -672,7 +682,9 @@ def markdown(report: dict) -> str:
             f"({t['mixed_precision']}): loss {t['first_loss']:.3f} -> {t['last_loss']:.3f} in "
             f"{t['train_minutes']:.1f} min, test sacreBLEU {t['test_bleu']:.1f}; resumed at step {t['resumed_at']}: "
             f"last loss {t['resumed_last_loss']:.3f}, at most {t['resumed_max_relative_difference']:.2%} from the "
-            f"first run's ({'identical' if t['resumed_identical'] else 'not identical'})")
+            f"first run's ({'identical' if t['resumed_identical'] else 'not identical'}); {t['compiled_graphs']} "
+            f"graph(s) compiled, batches of <= {t['max_tokens']} tokens; the same run eager (--compile no): last loss "
+            f"{t['eager_last_loss']:.3f} in {t['eager_train_minutes']:.1f} min")
     if "remote" in report:
         r = report["remote"]
         lines.append(f"\nremote code in a fresh process (pipeline, trust_remote_code=True): {r['equal']} of "

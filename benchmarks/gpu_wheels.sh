@@ -6,8 +6,9 @@
 #
 #     bash benchmarks/gpu_wheels.sh
 #
-# Then one call of the device tool, `carry: [".whl"]`, timeout 540 s (the whole check takes about 7.5 minutes;
-# its training runs stay there, the report and the table come back):
+# Then one call of the device tool, `carry: [".whl"]`: `bash benchmarks/gpu_session.sh` (timeout 590 s: the
+# utilisation benchmark and run.py's compiled training, its header says), or the whole GPU check (timeout 540 s,
+# about 7.5 minutes; its training runs stay there, the report and the table come back):
 #
 #     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
 #         .whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py \

@@ -26,6 +26,7 @@ def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
     report = json.loads((tmp_path / "check" / "gpu_check.json").read_text())
     assert report["errors"] == {}
     assert report["checks"] == {"loss falls": True, "resumed run follows the first": True,
+                                "compiled run's loss within 1% of the eager run's": True,
                                 "remote code translates as vaswani-translate": True}
     assert report["training"]["resumed_identical"] and report["training"]["mixed_precision"] == "no"
     assert report["remote"]["equal"] == report["remote"]["sentences"] == 8
@@ -71,15 +72,17 @@ def test_too_few_processes_is_a_one_line_error_before_any_work(tmp_path):
     assert not (tmp_path / "check").exists()
 
 
+TRAINED = {"first_loss": 6.0, "last_loss": 2.5, "eager_last_loss": 2.48, "resumed_max_relative_difference": 0.0}
+
+
 def passing_report() -> dict:
-    return {"training": {"first_loss": 6.0, "last_loss": 2.5, "resumed_max_relative_difference": 0.0},
-            "remote": {"sentences": 16, "equal": 16}}
+    return {"training": TRAINED, "remote": {"sentences": 16, "equal": 16}}
 
 
 @pytest.mark.parametrize("broken, failed", [
-    ({"training": {"first_loss": 6.0, "last_loss": 5.5, "resumed_max_relative_difference": 0.0}}, "loss falls"),
-    ({"training": {"first_loss": 6.0, "last_loss": 2.5, "resumed_max_relative_difference": 0.05}},
-     "resumed run follows the first"),
+    ({"training": {**TRAINED, "last_loss": 5.5, "eager_last_loss": 5.5}}, "loss falls"),
+    ({"training": {**TRAINED, "resumed_max_relative_difference": 0.05}}, "resumed run follows the first"),
+    ({"training": {**TRAINED, "eager_last_loss": 2.45}}, "compiled run's loss within 1% of the eager run's"),
     ({"remote": {"sentences": 16, "equal": 15}}, "remote code translates as vaswani-translate"),
 ])
 def test_each_check_fails_when_its_property_breaks(broken, failed):
