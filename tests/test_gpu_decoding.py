@@ -1,0 +1,31 @@
+"""benchmarks/gpu_decoding.py, the GPU decoding benchmark, run at tiny sizes on the CPU: every engine it times decodes
+the same batches to the same length (each asserts its output's length), before a GPU is at hand."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gpu_decoding import main
+
+
+def test_every_engine_decodes_the_sources_at_tiny_sizes_on_a_cpu(tmp_path, capsys):
+    main(["--tiny", "--sentences", "12", "--output_dir", str(tmp_path / "out")])
+    report = json.loads((tmp_path / "out" / "decoding.json").read_text())
+    assert report["errors"] == {}
+    assert set(report["engines"]) == {
+        "ours (GNMT search, vaswani-translate's)", "transformers beam search",
+        "transformers beam search, static cache (compiled on a GPU)", "CTranslate2 export, float32",
+        "CTranslate2 export, int8"}
+    assert all(engine["sentences_per_second"] > 0 for engine in report["engines"].values())
+    assert report["sentences"] == 12 and "| CTranslate2 export, int8 |" in capsys.readouterr().out
+
+
+def test_too_few_sentences_is_a_one_line_error_before_any_work(tmp_path):
+    with pytest.raises(SystemExit, match="^error: --sentences 0: must be at least 1$"):
+        main(["--tiny", "--sentences", "0", "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
