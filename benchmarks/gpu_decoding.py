@@ -28,9 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch
+from gpu_check import device_name, synchronize
 from speed import BOS, EOS, PAD, SIZES, build
 from transformers import GenerationConfig
-from utilisation import device_name, synchronize, wmt_like_pairs
+from utilisation import wmt_like_pairs
 
 from vaswani_hf.gnmt import gnmt_beam_search
 from vaswani_hf.kernels import cpu_name
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                "transformers beam search": lambda batch: transformers_beams(model, batch, device, static=False),
                "transformers beam search, static cache (compiled on a GPU)": lambda batch: transformers_beams(
                    model, batch, device, static=True)}
-    report = {"date": datetime.date.today().isoformat(), "device": device_name(), "host": cpu_name(),
+    report = {"date": datetime.date.today().isoformat(), "device": device_name(device), "host": cpu_name(),
               "torch": torch.__version__, "sentences": sentences, "batches": len(batches),
               "new_tokens": sum(len(batch) * new_tokens(batch) for batch in batches), "engines": {}, "errors": {}}
     try:
@@ -128,10 +129,11 @@ def ctranslate2_engines(model, device: torch.device) -> dict:
     VaswaniConverter(model.cpu(), tokens).convert(folder)
     model.to(device)
     types = ("float32", "float16", "int8_float16") if device.type == "cuda" else ("float32", "int8")
-    engines = {}
-    for compute in types:
-        translator = ctranslate2.Translator(folder, device=device.type, compute_type=compute)
+    engines, threads = {}, torch.get_num_threads()
+    for compute in types:  # on a CPU, on torch's threads (CTranslate2 sets OpenMP's count: torch's is set back)
+        translator = ctranslate2.Translator(folder, device=device.type, compute_type=compute, intra_threads=threads)
         engines[f"CTranslate2 export, {compute}"] = lambda batch, t=translator: ct2(t, batch)
+    torch.set_num_threads(threads)
     return engines
 
 

@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np
 import torch
+from gpu_check import count_syncs, device_name, release, synchronize
 
 from training.batching import EpochBatches, collate
 from training.distributed import prepare, unwrap
@@ -102,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     processes = args.processes or (1 if args.tiny else 3)
-    report = {"date": datetime.date.today().isoformat(), "device": device_name(), "host": cpu_name(),
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    report = {"date": datetime.date.today().isoformat(), "device": device_name(device), "host": cpu_name(),
               "torch": torch.__version__, "flags": {k: v for k, v in vars(args).items() if k not in ("one",)},
               "sizes": {}}
     for size in (["tiny"] if args.tiny else args.sizes):
@@ -122,10 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     (output_dir / "utilisation.md").write_text(markdown(report))
     print((output_dir / "utilisation.md").read_text())
     return 0
-
-
-def device_name() -> str:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
 
 
 def peak_flops(name: str) -> float | None:
@@ -230,7 +228,7 @@ def measure(size: str, args) -> dict:
     synchronize(device)
     seconds = time.perf_counter() - started
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
-    waits = host_waits(device, lambda: one_step(args.warmup + args.steps, []))
+    waits = count_syncs(device, lambda: one_step(args.warmup + args.steps, []))
 
     flops = counted_flops(accelerator, unwrap(model), [inputs_of[index] for index in timed], device,
                           args.pad_to_multiple_of)
@@ -247,7 +245,7 @@ def measure(size: str, args) -> dict:
         "flops_per_step": flops / args.steps, "estimated_flops_per_step": estimate / args.steps,
         "tflops_per_second": flops / seconds / 1e12,
     }
-    peak_rate = peak_flops(device_name())
+    peak_rate = peak_flops(device_name(device))
     result["mfu"] = flops / seconds / peak_rate if peak_rate else None
     if not args.skip_marian:
         del model, optimizer, step
@@ -255,37 +253,6 @@ def measure(size: str, args) -> dict:
         result["marian"] = marian(size, config, [inputs_of[index] for index in range(args.warmup + args.steps)],
                                   accumulation, args.warmup, device, workspace, args.pad_to_multiple_of)
     return result
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def release(device: torch.device) -> None:
-    import gc
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def host_waits(device: torch.device, call) -> int | None:
-    """Times `call()` makes the host wait for the GPU (torch's sync debug mode); None on a CPU."""
-    if device.type != "cuda":
-        call()
-        return None
-    import warnings
-
-    synchronize(device)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            call()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchronizing" in str(warning.message) for warning in caught)
 
 
 def counted_flops(accelerator, model, steps: list, device: torch.device, multiple: int) -> float:

@@ -279,7 +279,8 @@ def main():
 def publish(final, tokenizer, output_dir: Path, metrics: dict, pairs: dict, data_args, model_args, args, say) -> None:
     """The Hub-ready output folder (training/hub.py: weights, code, tokenizer, metrics, the model card with the
     recipe and its deviations from the paper), pushed with --push_to_hub."""
-    recipe = {**asdict(model_args), **{k: v for k, v in asdict(args).items() if k not in NOT_RECIPE}}
+    recipe = {**asdict(model_args), **{k: v for k, v in asdict(args).items() if k not in NOT_RECIPE},
+              "max_tokens": metrics["max_tokens"]}  # --max_tokens 0: the batch the run chose
     write_output_folder(
         final, tokenizer, output_dir, metrics, data=training_data(data_args, pairs),
         length_limit=f"trained on pairs of at most {data_args.max_length} tokens a side (longer ones were left out)",
