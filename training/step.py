@@ -75,13 +75,13 @@ def compiled_graphs() -> int:
 
 
 def fewest_batches(tokens_per_step: int, fits, most: int = 64) -> int:
-    """The largest batch, in tokens, that divides an optimizer step of `tokens_per_step` evenly into k batches
-    (ceil(tokens_per_step / k), k = 1, 2, ...) and for which `fits(tokens)` holds; `fits` is tried O(log most) times,
-    largest batches first (it must hold for every size below one it holds for)."""
+    """The largest batch, in tokens, that divides an optimizer step of `tokens_per_step` evenly into k <= `most`
+    batches (ceil(tokens_per_step / k)) and for which `fits(tokens)` holds: bisection over k, so `fits` is tried
+    about log2(most) + 1 times (it must hold for every size below one it holds for)."""
     size = lambda k: math.ceil(tokens_per_step / k)
     if not fits(size(most)):
-        raise SystemExit(f"error: not even a batch of {size(most)} tokens fits this device's memory: give a smaller "
-                         "--max_tokens")
+        raise SystemExit(f"error: not even a batch of {size(most)} tokens fits this device's memory: give "
+                         "--max_tokens below it, or a smaller model")
     low, high = 1, most  # fits(size(high)) holds
     while low < high:
         middle = (low + high) // 2
