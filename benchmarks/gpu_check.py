@@ -471,11 +471,7 @@ LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaun
 def profile(device: torch.device, shape: dict, output_dir: Path) -> dict:
     """Part 7: where a bf16 training step's time goes, per model: the step's wall time (median of unprofiled steps),
     the GPU's kernel time in one profiled step and its share of the wall time, the kernels launched, and the five
-    kernels of most GPU time (on a CPU only the wall time: the profiler sees no device); ours also with fast_gpu."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as profiled
-
+    kernels of most GPU time (`kernels_of`; on a CPU only the wall time); ours also with fast_gpu."""
     size, (batch, length) = shape["size"], shape["train"]
     both = {**models(device, size), FAST: fast_gpu(build("ours", size).to(device))}
     optimizers = {name: paper_adam(model) for name, model in both.items()}
@@ -484,26 +480,33 @@ def profile(device: torch.device, shape: dict, output_dir: Path) -> dict:
     steps = {name: partial(train_step, model.train(), optimizers[name], source, target, torch.bfloat16)
              for name, model in both.items()}
     wall = interleaved(device, shape["repeats"], steps)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    result = {}
-    for name, step in steps.items():
-        with profiled(activities=activities) as profiler:
-            step()
-            synchronize(device)
-        result[name] = {"wall_ms": 1e3 * wall[name]}
-        if device.type == "cuda":
-            events = profiler.key_averages()
-            # The device's own events (kernels, copies), each once: not the CPU ops that launched them, nor the
-            # device-side ranges of annotations (the optimizer's step)
-            kernels = [event for event in events
-                       if event.device_type != DeviceType.CPU and not event.is_user_annotation]
-            kernel_ms = sum(event.self_device_time_total for event in kernels) / 1e3
-            top = sorted(kernels, key=lambda event: -event.self_device_time_total)[:5]
-            result[name].update(kernel_ms=kernel_ms, busy=kernel_ms / (1e3 * wall[name]),
-                                launches=sum(event.count for event in events if event.key in LAUNCHES),
-                                top_kernels=[{"kernel": event.key[:120], "ms": event.self_device_time_total / 1e3,
-                                              "calls": event.count} for event in top])
-    return result
+    return {name: kernels_of(device, step, wall[name]) for name, step in steps.items()}
+
+
+def kernels_of(device: torch.device, step, wall_seconds: float, top: int = 5) -> dict:
+    """One profiled call of `step` (torch.profiler) beside its unprofiled wall time: on a GPU its kernels' time, their
+    share of the wall time (near 1, the GPU computes all along; far below, it waits for the host), the kernels
+    launched, and the `top` kernels of most GPU time; on a CPU the wall time alone."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiled
+
+    found = {"wall_ms": 1e3 * wall_seconds}
+    if device.type != "cuda":
+        return found
+    with profiled(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        step()
+        synchronize(device)
+    events = profiler.key_averages()
+    # The device's own events (kernels, copies), each once: not the CPU ops that launched them, nor the device-side
+    # ranges of annotations (the optimizer's step)
+    kernels = [event for event in events if event.device_type != DeviceType.CPU and not event.is_user_annotation]
+    kernel_ms = sum(event.self_device_time_total for event in kernels) / 1e3
+    slowest = sorted(kernels, key=lambda event: -event.self_device_time_total)[:top]
+    return {**found, "kernel_ms": kernel_ms, "busy": kernel_ms / (1e3 * wall_seconds),
+            "launches": sum(event.count for event in events if event.key in LAUNCHES),
+            "top_kernels": [{"kernel": event.key[:120], "ms": event.self_device_time_total / 1e3,
+                             "calls": event.count} for event in slowest]}
 
 
 def loop(device: torch.device, shape: dict, output_dir: Path) -> dict:

@@ -16,7 +16,7 @@ Each size, in each of `--processes` fresh processes (ours / Marian is the median
    fused Adam and the §5.3 schedule, in as few batches a step as the GPU's memory holds (`--max_tokens 0`). After
    `--warmup` steps (compiling), `--steps` timed ones: target tokens/s, seconds a step, peak memory, the host's
    seconds a step reading and padding batches (which the GPU does not wait for unless they exceed its step), host
-   waits in a step;
+   waits in a step, and one step profiled (the GPU's busy share, kernels launched, the 8 slowest kernels);
 2. FLOPs: the timed steps' forward and backward again, eager, under `torch.utils.flop_counter.FlopCounterMode` (the
    matrix products and attention), beside 6 x the weights each (padded) token passes through, which leaves attention's
    products out (on a CPU FlopCounterMode counts no attention: the two agree); MFU = those
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np
 import torch
-from gpu_check import count_syncs, device_name, release, synchronize
+from gpu_check import count_syncs, device_name, kernels_of, release, synchronize
 
 from training.batching import EpochBatches, collate
 from training.distributed import prepare, unwrap
@@ -196,39 +196,41 @@ def measure(size: str, args) -> dict:
 
     host, inputs_of = [], {}
 
-    def one_step(index: int, unread: list) -> int:
+    def one_step(index: int) -> tuple[torch.Tensor, int]:
+        """run.py's step `index`: its batches read and padded (the host's seconds kept), forward, backward, Adam."""
         started = time.perf_counter()
         ids = batches.step(index)
         inputs = [collate(range(len(s)), s, t, PAD, device, args.pad_to_multiple_of) for s, t in ids]
         host.append(time.perf_counter() - started)
-        inputs_of[index] = [(s, t) for s, t in ids]
+        inputs_of[index] = ids
         loss, tokens = step(inputs, sum(len(target) for _, targets in ids for target in targets))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        unread.append({"loss": loss})
-        if (index + 1) % args.logging_steps == 0:
-            read_values(unread)
-        return tokens
+        return loss, tokens
 
-    started = time.perf_counter()
-    unread = []
-    for index in range(args.warmup):
-        one_step(index, unread)
-    read_values(unread)
-    synchronize(device)
-    warmup_seconds = time.perf_counter() - started
+    def steps(indices: range) -> tuple[int, float]:
+        """Target tokens and seconds of these steps, the losses read every --logging_steps, as run.py reads them."""
+        started, tokens, unread = time.perf_counter(), 0, []
+        for index in indices:
+            loss, count = one_step(index)
+            tokens += count
+            unread.append({"loss": loss})
+            if (index + 1) % args.logging_steps == 0:
+                read_values(unread)
+        read_values(unread)
+        synchronize(device)
+        return tokens, time.perf_counter() - started
+
+    _, warmup_seconds = steps(range(args.warmup))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     host.clear()
     timed = range(args.warmup, args.warmup + args.steps)
-    started = time.perf_counter()
-    tokens = sum(one_step(index, unread) for index in timed)
-    read_values(unread)
-    synchronize(device)
-    seconds = time.perf_counter() - started
+    tokens, seconds = steps(timed)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
-    waits = count_syncs(device, lambda: one_step(args.warmup + args.steps, []))
+    waits = count_syncs(device, lambda: one_step(timed.stop))
+    profile = kernels_of(device, lambda: one_step(timed.stop + 1), seconds / args.steps, top=8)
 
     flops = counted_flops(accelerator, unwrap(model), [inputs_of[index] for index in timed], device,
                           args.pad_to_multiple_of)
@@ -238,6 +240,7 @@ def measure(size: str, args) -> dict:
     result = {
         "size": size, "parameters": unwrap(model).num_parameters(), "max_tokens": max_tokens,
         "batches_per_step": accumulation, "compile": backend or "no", "compiled_graphs": step.compilations(),
+        "graph_breaks": graph_breaks(), "profile": profile,
         "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds, "steps": args.steps,
         "seconds_per_step": seconds / args.steps, "target_tokens_per_step": tokens / args.steps,
         "target_tokens_per_second": tokens / seconds, "peak_memory_gib": peak,
@@ -253,6 +256,13 @@ def measure(size: str, args) -> dict:
         result["marian"] = marian(size, config, [inputs_of[index] for index in range(args.warmup + args.steps)],
                                   accumulation, args.warmup, device, workspace, args.pad_to_multiple_of)
     return result
+
+
+def graph_breaks() -> dict[str, int]:
+    """Why dynamo broke the compiled graph, and how often (its counters), for the GPU's report."""
+    from torch._dynamo.utils import counters
+
+    return {reason[:200]: count for reason, count in counters["graph_break"].most_common(8)}
 
 
 def counted_flops(accelerator, model, steps: list, device: torch.device, multiple: int) -> float:
@@ -375,6 +385,13 @@ def markdown(report: dict) -> str:
                      f"{s['warmup_steps']} steps in {s['warmup_seconds']:.0f} s; targets: " + ", ".join(
                          f"{name} >= {t['target']} {'met' if t['met'] else 'missed' if t['met'] is False else '–'}"
                          for name, t in s["targets"].items() if t["target"] is not None))
+        if "busy" in s["profile"]:  # on a GPU
+            p = s["profile"]
+            lines.append(f"{size}, one step profiled (process 1): GPU busy {p['busy']:.0%} of {p['wall_ms']:.0f} ms, "
+                         f"{p['launches']} kernels launched; slowest: " + "; ".join(
+                             f"{k['kernel'][:60]} {k['ms']:.1f} ms ({k['calls']})" for k in p["top_kernels"][:5]))
+        if s["graph_breaks"]:
+            lines.append(f"{size}: graph breaks: {s['graph_breaks']}")
     return "\n".join(lines) + "\n"
 
 

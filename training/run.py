@@ -211,7 +211,8 @@ def main():
                              "train/target_tokens_per_second": tokens_per_second}, step=step)
             if train_step.compilations() != compiled:
                 compiled = train_step.compilations()
-                progress.write(f"step {step}: torch.compile has compiled {compiled} graph(s) so far")
+                if accelerator.is_local_main_process:
+                    progress.write(f"step {step}: torch.compile has compiled {compiled} graph(s) so far")
 
         elapsed, previous = seconds(), last_check
         last_check = elapsed
