@@ -1,8 +1,11 @@
-"""training/step.py's choice of the largest batch: the fewest batches an optimizer step can be made of."""
+"""training/step.py: the largest batch (the fewest batches an optimizer step can be made of), bucketed widths, and a
+step that reads nothing from the device."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from training.step import fewest_batches
 
@@ -24,3 +27,79 @@ def test_the_batch_is_the_largest_even_share_of_the_step_that_fits(limit):
 def test_a_step_of_which_not_even_a_64th_fits_is_a_one_line_error():
     with pytest.raises(SystemExit, match="^error: not even a batch of 391 tokens fits this device's memory"):
         fewest_batches(25000, lambda tokens: tokens < 391)
+
+
+def step_of(model, batch, tokens: int):
+    """run.py's step (one process, eager) over one batch of `tokens` target tokens: its loss tensor and the
+    gradients it left."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    from training.step import TrainingStep
+
+    try:
+        loss, _ = TrainingStep(Accelerator(cpu=True), model, 0.1)([batch], tokens)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    gradients = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return loss, gradients
+
+
+SOURCES, TARGETS = [[5, 6, 7, 8, 9, 2], [10, 11, 2], [12, 2]], [[13, 14, 2], [15, 16, 17, 18, 2], [19, 2]]
+
+
+def test_widths_padded_to_a_multiple_give_the_same_loss_and_gradients():
+    """--pad_to_multiple_of 8 (bucketed widths, for compiled steps): the padding is masked in the encoder, in the
+    encoder-decoder attention and in the loss, so the step is the one padded to the longest pair."""
+    from conftest import tiny_model
+
+    from training.batching import collate
+
+    model = tiny_model().train()
+    exact = collate(range(3), SOURCES, TARGETS, 0, "cpu")
+    bucketed = collate(range(3), SOURCES, TARGETS, 0, "cpu", multiple=8)
+    assert exact["input_ids"].shape == (3, 6) and bucketed["input_ids"].shape == bucketed["labels"].shape == (3, 8)
+    loss, gradients = step_of(model, exact, 10)
+    loss_bucketed, gradients_bucketed = step_of(model, bucketed, 10)
+    torch.testing.assert_close(loss_bucketed, loss)
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(gradients_bucketed[name], gradient, msg=name)
+
+
+class StandIn(torch.nn.Module):
+    """A model that reads nothing to the host: logits from the decoder inputs' embeddings."""
+
+    def __init__(self):
+        from conftest import tiny_config
+
+        super().__init__()
+        self.config = tiny_config()
+        self.embed = torch.nn.Embedding(self.config.vocab_size, self.config.vocab_size)
+
+    def forward(self, input_ids, attention_mask, decoder_input_ids, use_cache):
+        return SimpleNamespace(logits=self.embed(decoder_input_ids))
+
+
+def test_the_step_reads_nothing_from_the_device_of_its_own():
+    """The loss comes back as a tensor and the step adds no read to the host (`.item()`, which on a GPU waits for
+    it) to the model's own: run.py reads the losses every --logging_steps. Counted at torch's dispatcher, where
+    `.item()` runs as `_local_scalar_dense`, around a model that reads nothing. (The model's eager forward reads
+    its ids and masks; compiled, it does not: benchmarks/utilisation.py counts a GPU's waits in a step.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from training.batching import collate
+
+    class Reads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Reads.count += func is torch.ops.aten._local_scalar_dense.default
+            return func(*args, **(kwargs or {}))
+
+    batch = collate(range(3), SOURCES, TARGETS, 0, "cpu")
+    with Reads():
+        loss, gradients = step_of(StandIn(), batch, 10)
+    assert isinstance(loss, torch.Tensor) and loss.dim() == 0 and Reads.count == 0
+    assert gradients["embed.weight"].abs().sum() > 0
