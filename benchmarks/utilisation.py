@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         low = 0 if name in ("warmup", "max_tokens") else 1
         if getattr(args, name) is not None and getattr(args, name) < low:
             raise SystemExit(f"error: --{name} {getattr(args, name)}: must be at least {low}")
+    if args.compile not in ("auto", "no") and args.compile not in torch._dynamo.list_backends(exclude_tags=()):
+        raise SystemExit(f"error: --compile {args.compile}: auto, no, or one of {torch._dynamo.list_backends()}")
     output_dir = Path(args.output_dir)
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise SystemExit(f"error: --output_dir {output_dir} is not a new or empty folder")
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     report = {"date": datetime.date.today().isoformat(), "device": device_name(device), "host": cpu_name(),
               "torch": torch.__version__, "flags": {k: v for k, v in vars(args).items() if k not in ("one",)},
-              "sizes": {}}
+              "sizes": {}, "errors": {}}
     for size in (["tiny"] if args.tiny else args.sizes):
         runs = []
         for index in range(processes):
@@ -116,14 +118,17 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             result = subprocess.run(command, check=False, capture_output=True, text=True)
             print(f"utilisation: {size}, process {index + 1}: {time.perf_counter() - started:.0f} s", flush=True)
-            if result.returncode:
-                raise SystemExit(f"error: {size}'s process {index + 1} failed:\n{result.stderr[-3000:]}")
+            if result.returncode:  # reported, and the next size still runs: a GPU's minutes are few
+                report["errors"][f"{size}, process {index + 1}"] = result.stderr[-3000:]
+                print(result.stderr[-3000:], file=sys.stderr)
+                break
             runs.append(json.loads((folder / "utilisation.json").read_text()))
-        report["sizes"][size] = summary(size, runs)
+        if runs:
+            report["sizes"][size] = summary(size, runs)
         (output_dir / "utilisation.json").write_text(json.dumps(report, indent=1) + "\n")
     (output_dir / "utilisation.md").write_text(markdown(report))
     print((output_dir / "utilisation.md").read_text())
-    return 0
+    return 1 if report["errors"] else 0
 
 
 def peak_flops(name: str) -> float | None:
@@ -392,6 +397,8 @@ def markdown(report: dict) -> str:
                              f"{k['kernel'][:60]} {k['ms']:.1f} ms ({k['calls']})" for k in p["top_kernels"][:5]))
         if s["graph_breaks"]:
             lines.append(f"{size}: graph breaks: {s['graph_breaks']}")
+    lines += [f"\n{name} FAILED: {error.strip().splitlines()[-1] if error.strip() else '?'}"
+              for name, error in report["errors"].items()]
     return "\n".join(lines) + "\n"
 
 

@@ -38,9 +38,31 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
     assert "| tiny | 2 of <= 400 |" in table and table in result.stdout
 
 
+def test_a_size_whose_process_fails_is_reported_and_the_benchmark_fails(tmp_path, capsys, monkeypatch):
+    """A GPU's minutes are few: a process that fails (here every process, as a compiler error would) is reported with
+    its error, the next size still runs, and the command fails."""
+    import utilisation
+
+    started = []
+
+    def failing(command, **kwargs):
+        started.append(command[command.index("--one") + 1])
+        return subprocess.CompletedProcess(command, 1, "", "Traceback ...\nBackendCompilerFailed: inductor raised")
+
+    monkeypatch.setattr(utilisation.subprocess, "run", failing)
+    monkeypatch.setattr(utilisation.torch.cuda, "is_available", lambda: True)  # base and big, as on a GPU
+    monkeypatch.setattr(utilisation, "device_name", lambda device: "a GPU")
+    assert main(["--processes", "2", "--output_dir", str(tmp_path / "out")]) == 1
+    report = json.loads((tmp_path / "out" / "utilisation.json").read_text())
+    assert started == ["base", "big"] and report["sizes"] == {}
+    assert list(report["errors"]) == ["base, process 1", "big, process 1"]
+    assert "base, process 1 FAILED: BackendCompilerFailed: inductor raised" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("flags", "message"), [
     (["--steps", "0"], "error: --steps 0: must be at least 1"),
     (["--processes", "0"], "error: --processes 0: must be at least 1"),
+    (["--compile", "inducer"], "error: --compile inducer: auto, no, or one of .*"),
 ])
 def test_a_wrong_flag_is_one_line_before_any_work(tmp_path, flags, message):
     with pytest.raises(SystemExit, match=f"^{message}$"):
