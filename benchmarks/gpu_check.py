@@ -352,7 +352,7 @@ def training(device: torch.device, shape: dict, output_dir: Path) -> dict:
     flags = ["--preset", "base", *shape["model_flags"], *write_pairs(output_dir / "data", shape["pairs"]),
              "--max_steps", str(steps), "--save_steps", str(steps // 2), "--save_minutes", "0", "--eval_steps", "0",
              "--warmup_steps", str(shape["warmup_steps"]), "--lr_scale", str(shape["lr_scale"])]
-    run, timeout = output_dir / "run", 300
+    run, timeout = output_dir / "run", 480  # a compiled run compiles first: about a minute on an H100
     first = launch(run, flags, timeout)
     resumed = launch(run, [*flags, "--resume_from_checkpoint", str(run / f"checkpoint-{steps // 2}")], timeout)
     eager = launch(output_dir / "eager", [*flags, "--compile", "no"], timeout)
