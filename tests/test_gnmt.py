@@ -94,6 +94,20 @@ def sharpened_model(seed: int, vocab: int):
     return model
 
 
+@pytest.mark.parametrize(("seed", "vocab"), [(1, 20), (2, 8), (5, 20)])
+def test_one_beam_is_greedy_decoding(seed, vocab):
+    """tensor2tensor decodes greedily when the beam size is 1, and so does the search: transformers' greedy
+    `generate()` (EOS forbidden at the first step, as the search forbids it) token for token. On these random
+    models a beam of one that also kept the best candidate ending by EOS aside finished some sentences otherwise."""
+    model = tiny_model(seed=seed, vocab_size=vocab)
+    with torch.no_grad():  # sharpened, so that EOS is often a close second
+        model.lm_head.weight.mul_(3)
+    source = random_ids(8, 6, vocab=vocab, seed=seed)
+    found = gnmt_beam_search(model, source, num_beams=1, alpha=0.6, max_new_tokens=12)
+    greedy = model.generate(input_ids=source, num_beams=1, max_new_tokens=12, min_new_tokens=1)
+    assert torch.equal(found[:, : greedy.shape[1]], greedy) and (found[:, greedy.shape[1] :] == PAD).all()
+
+
 def test_beam_4_is_batched_consistently_and_respects_the_length_limit(trained_model):
     source = random_ids(3, 7, seed=11)
     mask = torch.ones_like(source)

@@ -10,6 +10,9 @@ penalized score, and a sentence stops as soon as no alive hypothesis can beat it
 a hypothesis still alive at the length limit is cut and returned only where fewer than n ended with EOS: it fills
 the slots they left, after them.
 
+With one beam the search is greedy, as tensor2tensor decodes then: the most probable token at each step, no
+second candidate that ends kept aside.
+
 A hypothesis cannot end before its first token (`min_new_tokens=1`, as fairseq's default `min_len`): an empty
 translation of a non-empty source is never the answer, but a briefly trained model can score it best (an EOS
 of probability 1e-3 beats a 25-token translation with log P < -18 at α = 0.6). The paper does not address it;
@@ -99,7 +102,8 @@ def gnmt_beam_search(
         if step <= min_new_tokens:
             log_probs[..., eos] = float("-inf")
         candidates = (alive_scores.unsqueeze(-1) + log_probs).view(batch_size, -1)  # (B, K*V)
-        top_scores, top_index = candidates.topk(min(2 * num_beams, candidates.shape[1]), dim=-1)  # (B, 2K)
+        width = 2 * num_beams if num_beams > 1 else 1  # one beam: greedy, the most probable token alone
+        top_scores, top_index = candidates.topk(min(width, candidates.shape[1]), dim=-1)  # (B, 2K)
         top_beams, top_tokens = top_index // vocab_size, top_index % vocab_size
 
         # Hypotheses that end here (EOS, or the source's length limit) compete for the n finished slots: those ended
