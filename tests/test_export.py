@@ -1,6 +1,7 @@
 """`vaswani-export`: the CTranslate2 and ONNX exports, run by the real `ctranslate2` and `onnxruntime`, against our
 own model on a briefly trained EN-DE model (conftest's `translation_folder`)."""
 
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -168,6 +169,65 @@ def test_the_exported_folder_carries_the_tokenizer(trained, ct2_folders):
     _, tokenizer = trained
     copied = AutoTokenizer.from_pretrained(ct2_folders["float32"])
     assert copied(PAIRS[0][0])["input_ids"] == tokenizer(PAIRS[0][0])["input_ids"]
+
+
+def test_the_ctranslate2_engine_translates_greedily_as_the_torch_engine(translation_folder, cli, tmp_path,
+                                                                        monkeypatch):
+    """`vaswani-translate --engine ctranslate2`: the folder converted once into the cache, then CTranslate2 decodes;
+    with one beam its output is the torch engine's, line for line (sources of the embedded pairs, and one that runs
+    to its length limit: a sentence of one repeated word). The progress bar names the engine."""
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    sources = "\n".join([source for source, _ in PAIRS] + ["dog " * 30]) + "\n"
+    torch_engine = cli("--model", translation_folder, "--num_beams", "1", stdin=sources)
+    ct2_engine = cli("--model", translation_folder, "--num_beams", "1", "--engine", "ctranslate2", stdin=sources)
+    assert ct2_engine.returncode == 0, ct2_engine.stderr
+    assert len(set(torch_engine.stdout.splitlines())) > 10 and ct2_engine.stdout == torch_engine.stdout
+    assert "ctranslate2: 41 lines" in ct2_engine.stderr and "torch: 41 lines" in torch_engine.stderr
+    assert len(list((tmp_path / "cache" / "ctranslate2").iterdir())) == 1
+
+
+def test_the_ctranslate2_cache_is_keyed_by_the_weights(translation_folder, tmp_path, monkeypatch):
+    """The same folder twice: one conversion, reused. The folder with one weight changed: a conversion of its own,
+    which decodes what the changed weights say."""
+    from safetensors.torch import load_file, save_file
+
+    from vaswani_hf.to_ctranslate2 import cached_export
+
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    first = cached_export(str(translation_folder), "float32")
+    written = (first / "model.bin").stat().st_mtime_ns
+    assert cached_export(str(translation_folder), "float32") == first
+    assert (first / "model.bin").stat().st_mtime_ns == written  # not converted again
+    changed = tmp_path / "changed"
+    shutil.copytree(translation_folder, changed)
+    weights = load_file(changed / "model.safetensors")
+    weights["model.encoder.layers.0.fc1.bias"] += 1.0
+    save_file(weights, changed / "model.safetensors", metadata={"format": "pt"})
+    assert cached_export(str(changed), "float32") != first
+    assert cached_export(str(translation_folder), "int8") not in (first, cached_export(str(changed), "float32"))
+
+
+def test_the_ctranslate2_engine_gives_nbest_lines_and_int8(translation_folder, cli, tmp_path, monkeypatch):
+    """Beam 4 with its n best, in the torch engine's format ("line ||| translation ||| score", best first, with
+    CTranslate2's scores), and its int8 export: a line for every source."""
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    sources = "\n".join(source for source, _ in PAIRS[:6]) + "\n"
+    nbest = cli("--model", translation_folder, "--engine", "ctranslate2", "--nbest", "2", stdin=sources)
+    lines = [line.split(" ||| ") for line in nbest.stdout.splitlines()]
+    assert [int(line[0]) for line in lines] == [i for i in range(6) for _ in range(2)]
+    assert all(float(lines[k][2]) >= float(lines[k + 1][2]) for k in range(0, 12, 2))
+    int8 = cli("--model", translation_folder, "--engine", "ctranslate2", "--int8", stdin=sources)
+    assert int8.returncode == 0 and len(int8.stdout.splitlines()) == 6
+
+
+def test_the_ctranslate2_engine_refuses_in_one_line(translation_folder, cli, monkeypatch):
+    """A device CTranslate2 does not run on, and a missing package (named with the line that installs it), before
+    any model is read."""
+    assert cli("--model", translation_folder, "--engine", "ctranslate2", "--device", "meta",
+               stdin="A dog.\n").stderr.strip() == "error: --device meta: CTranslate2 runs on cpu or cuda"
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 fails, as where it is not installed
+    assert cli("--model", translation_folder, "--engine", "ctranslate2", stdin="A dog.\n").stderr.strip() == (
+        'error: --engine ctranslate2 needs ctranslate2: pip install ctranslate2 (or pip install "vaswani_hf[export]")')
 
 
 @pytest.mark.parametrize("engine", ["ctranslate2", "onnx"])

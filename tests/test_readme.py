@@ -126,6 +126,7 @@ def test_the_readmes_blocks_run_in_order(tmp_path, console, monkeypatch):
             rows = splits[split][: 2000 if split == "train" else 8]
             (tmp_path / "data" / f"{name}.{lang}").write_text("".join(row[side] + "\n" for row in rows))
     (tmp_path / "sources.txt").write_text("".join(en + "\n" for en, _ in splits["test"][:3]))
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))  # vaswani-translate --engine ctranslate2's
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "upload_capture")]),
            "UPLOAD_CAPTURE": str(tmp_path / "upload.json"),

@@ -12,9 +12,16 @@ stderr counts lines and tokens/s.
     echo "A man is riding a bike." | vaswani-translate --model outputs/run --num_beams 1 --device cpu
     vaswani-translate --model outputs/run --int8 < sources.txt     # int8 linear layers on the CPU (quantization.py)
     vaswani-translate --model outputs/run --nbest 4 < sources.txt  # "line ||| translation ||| score", 4 per line
+    vaswani-translate --model outputs/run --engine ctranslate2 < sources.txt   # the CTranslate2 export
 
 On a CPU the model is transformed by `vaswani_hf.fast_cpu` (kernels chosen by measurement); `--no_fast_cpu` decodes
-with torch's and transformers' own kernels, as the model files are written.
+with torch's and transformers' own kernels, as the model files are written. `--engine ctranslate2` decodes with the
+model's CTranslate2 export instead (to_ctranslate2.py's `CTranslate2Engine`, converted once into a cache): the same
+greedy tokens, its own beam search (log P / |Y|^α). In Python, `load_engine` gives either engine and `translate` or
+`translations` decode with it:
+
+    engine, tokenizer = load_engine("outputs/run", "ctranslate2")
+    translate(engine, tokenizer, ["A man is riding a bike."])
 """
 
 import argparse
@@ -50,34 +57,75 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool
         device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
     if int8 and device != "cpu":
         raise SystemExit(f"error: int8 runs on the CPU, not on {device}")
-    try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        raise SystemExit(f"error: --device {device}: not a device (cpu, cuda, cuda:1, ...)") from None
+    kind = device_kind(device)
     if kind == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"error: --device {device}: this machine has no CUDA GPU that torch can use")
+    _, tokenizer = checked(name_or_path)
+    with one_line_errors(name_or_path):
+        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
+    if fast and kind == "cpu":
+        fast_cpu(model)
+    return (quantize_int8(model) if int8 else model.to(device).eval()), tokenizer
+
+
+def device_kind(device: str) -> str:
+    try:
+        return torch.device(device).type
+    except RuntimeError:
+        raise SystemExit(f"error: --device {device}: not a device (cpu, cuda, cuda:1, ...)") from None
+
+
+def checked(name_or_path: str):
+    """(config, tokenizer) of a model folder or Hub repository, its weights not read: a missing or broken folder,
+    another kind of model or a tokenizer without padding exits with one line."""
     path = Path(name_or_path)
     # A Hub id is "name" or "owner/name"; a path whose folder exists here is local, and is not sent to the Hub.
     local = path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or (
         path.parent != Path(".") and path.parent.is_dir())
     if local and not (path / "config.json").is_file():
         raise SystemExit(f"error: {name_or_path} is not a model folder (no config.json there)")
-    try:
-        model_type = AutoConfig.from_pretrained(name_or_path).model_type
-        if model_type != "vaswani":
-            raise SystemExit(f"error: {name_or_path} holds a {model_type!r} model, not a vaswani_hf one")
+    with one_line_errors(name_or_path):
+        config = AutoConfig.from_pretrained(name_or_path)
+        if config.model_type != "vaswani":
+            raise SystemExit(f"error: {name_or_path} holds a {config.model_type!r} model, not a vaswani_hf one")
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
-    except Exception as error:  # noqa: BLE001 - unusable folders raise OSError, ValueError, KeyError, ...
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise SystemExit(f"error: cannot load a model from {name_or_path}: {message}") from None
     if tokenizer.pad_token_id is None:
         raise SystemExit(
             f"error: the tokenizer of {name_or_path} has no padding token (is tokenizer_config.json missing?)"
         )
-    if fast and kind == "cpu":
-        fast_cpu(model)
-    return (quantize_int8(model) if int8 else model.to(device).eval()), tokenizer
+    return config, tokenizer
+
+
+@contextlib.contextmanager
+def one_line_errors(name_or_path: str):
+    """Inside: what an unusable folder raises (OSError, ValueError, KeyError, ...) exits with its first line."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - unusable folders raise OSError, ValueError, KeyError, ...
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise SystemExit(f"error: cannot load a model from {name_or_path}: {message}") from None
+
+
+def load_engine(name_or_path: str, engine: str = "torch", device: str = "auto", int8: bool = False,
+                fast: bool = True):
+    """(engine, tokenizer): the torch model (`load`, `TorchEngine`) or its CTranslate2 export (to_ctranslate2.py's
+    `CTranslate2Engine`) on `device` (auto: a GPU if the engine finds one), int8 with `int8`."""
+    if engine == "torch":
+        model, tokenizer = load(name_or_path, device, int8, fast)
+        return TorchEngine(model, tokenizer), tokenizer
+    try:
+        import ctranslate2
+
+        from .to_ctranslate2 import CTranslate2Engine
+    except ImportError:
+        raise SystemExit('error: --engine ctranslate2 needs ctranslate2: pip install ctranslate2 (or pip install '
+                         '"vaswani_hf[export]")') from None
+    if device == "auto":
+        device = "cuda" if ctranslate2.get_cuda_device_count() else "cpu"
+    if device_kind(device) not in ("cpu", "cuda"):
+        raise SystemExit(f"error: --device {device}: CTranslate2 runs on cpu or cuda")
+    config, tokenizer = checked(name_or_path)
+    return CTranslate2Engine(name_or_path, config, tokenizer, device, int8), tokenizer
 
 
 class Translation(NamedTuple):
@@ -98,35 +146,54 @@ def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return [*batches, batch] if batch else batches
 
 
-@torch.no_grad()
 def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOKENS, num_beams: int | None = None,
                  alpha: float | None = None, nbest: int = 1) -> Iterator[Translation]:
     """The paper's beam search over `sources`, batch by batch (`token_batches`), yielding each source's `nbest`
     hypotheses as its batch finishes; blank sources are skipped. The beam size and α default to the model's
     generation config (`num_beams`, `gnmt_alpha`, as training/run.py saves them), else to the paper's 4 and 0.6.
     A generation config of the model's own without `gnmt_alpha` (a converted model's: vaswani-convert) is the
-    decoding it was published with: without `alpha`, transformers' `generate()` runs it."""
-    training = model.training
-    model.eval()
-    config = model.generation_config
+    decoding it was published with: without `alpha`, transformers' `generate()` runs it. `model`: a torch model,
+    or an engine that decodes token batches (`TorchEngine`, to_ctranslate2.py's `CTranslate2Engine`)."""
+    engine = TorchEngine(model, tokenizer) if isinstance(model, torch.nn.Module) else model
+    config = engine.generation_config
     num_beams = num_beams or getattr(config, "num_beams", None) or 4
     if alpha is None and (getattr(config, "gnmt_alpha", None) is not None or config._from_model_config):
         alpha = getattr(config, "gnmt_alpha", 0.6)
-    device = next(model.parameters()).device
     indices = [i for i, source in enumerate(sources) if source.strip()]
     encoded = tokenizer([sources[i] for i in indices])["input_ids"] if indices else []
-    try:
-        for batch in token_batches([len(ids) for ids in encoded], max_tokens):
-            inputs = tokenizer.pad({"input_ids": [encoded[j] for j in batch]}, return_tensors="pt").to(device)
-            with getattr(model, "packed_weights", contextlib.nullcontext)():  # fast_cpu's decoding block, if any
-                sequences, scores = search(model, inputs, num_beams, alpha, nbest)
-            texts = tokenizer.batch_decode(sequences, skip_special_tokens=True)
-            lengths = sequences[:, 1:].ne(tokenizer.pad_token_id).sum(-1).tolist()
-            for k, j in enumerate(batch):
-                rows = slice(k * nbest, (k + 1) * nbest)
-                yield Translation(indices[j], list(zip(texts[rows], scores[rows].tolist())), lengths[k * nbest])
-    finally:
-        model.train(training)  # the caller's mode back: a training loop goes on training
+    for batch in token_batches([len(ids) for ids in encoded], max_tokens):
+        hypotheses, scores = engine.decode([encoded[j] for j in batch], num_beams, alpha, nbest)
+        texts = tokenizer.batch_decode(hypotheses, skip_special_tokens=True)
+        for k, j in enumerate(batch):
+            rows = slice(k * nbest, (k + 1) * nbest)
+            yield Translation(indices[j], list(zip(texts[rows], scores[rows])), len(hypotheses[k * nbest]))
+
+
+class TorchEngine:
+    """Decodes batches of token ids with the torch model: the paper's search, or transformers' `generate()` (`search`).
+    `decode` returns each source's `nbest` hypotheses (ids after the start token, EOS included where one ended it),
+    best first, and their scores."""
+
+    name = "torch"
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        self.config, self.generation_config = model.config, model.generation_config
+
+    @torch.no_grad()
+    def decode(self, batch: list[list[int]], num_beams: int, alpha: float | None,
+               nbest: int) -> tuple[list[list[int]], list[float]]:
+        training = self.model.training
+        self.model.eval()
+        try:
+            device = next(self.model.parameters()).device
+            inputs = self.tokenizer.pad({"input_ids": batch}, return_tensors="pt").to(device)
+            with getattr(self.model, "packed_weights", contextlib.nullcontext)():  # fast_cpu's decoding block
+                sequences, scores = search(self.model, inputs, num_beams, alpha, nbest)
+        finally:
+            self.model.train(training)  # the caller's mode back: a training loop goes on training
+        pad = self.tokenizer.pad_token_id
+        return [[i for i in row if i != pad] for row in sequences[:, 1:].tolist()], scores.tolist()
 
 
 def search(model, inputs, num_beams: int, alpha: float | None, nbest: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,13 +266,13 @@ def count_lines(path: str) -> int:
     return count + (last != b"\n")
 
 
-def translated_windows(model, tokenizer, windows: Iterable[tuple[int, list[str]]], max_tokens: int, num_beams: int,
+def translated_windows(engine, tokenizer, windows: Iterable[tuple[int, list[str]]], max_tokens: int, num_beams: int,
                        alpha: float | None, nbest: int) -> Iterator[tuple[str, int, int]]:
     """(text to write, the input lines it answers, tokens translated) as batches finish, in input order."""
     for first_line, window in windows:
-        check_lengths(model.config, tokenizer, window, first_line)
+        check_lengths(engine.config, tokenizer, window, first_line)
         finished, written = {}, 0
-        done = translations(model, tokenizer, window, max_tokens, num_beams, alpha, nbest)
+        done = translations(engine, tokenizer, window, max_tokens, num_beams, alpha, nbest)
         for translation in itertools.chain(done, [None]):  # None: the window is translated
             if translation is not None:
                 finished[translation.index] = translation.hypotheses
@@ -237,6 +304,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="Hypotheses per line, as 'line ||| translation ||| score' (at most the beam size).")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: a GPU if there is one).")
     parser.add_argument("--int8", action="store_true", help="Int8 linear layers on the CPU (faster; a deviation).")
+    parser.add_argument("--engine", choices=("torch", "ctranslate2"), default="torch",
+                        help="torch: the model and the paper's search (default); ctranslate2: the model's CTranslate2 "
+                        "export, converted once into a cache ($VASWANI_HF_CACHE, else ~/.cache/vaswani_hf) and faster "
+                        "on some CPUs; its beam search divides log P by |Y|^alpha, not by the paper's GNMT penalty "
+                        "(greedy decoding is the same).")
     parser.add_argument("--no_fast_cpu", action="store_true",
                         help="On a CPU, torch's own kernels instead of those chosen by measurement "
                         "(vaswani_hf.fast_cpu).")
@@ -257,19 +329,19 @@ def main(argv: list[str] | None = None) -> None:
         first = next(windows, (1, []))  # read before the model loads: a first window that is not UTF-8 stops here
         keep_freed_memory()  # the decoding steps reuse the (beams x vocabulary) blocks they free (allocator.py)
         disable_progress_bar()  # transformers' bars; ours counts lines
-        model, tokenizer = load(args.model, args.device, args.int8, fast=not args.no_fast_cpu)
-        num_beams = args.num_beams or getattr(model.generation_config, "num_beams", None) or 4
+        engine, tokenizer = load_engine(args.model, args.engine, args.device, args.int8, fast=not args.no_fast_cpu)
+        num_beams = args.num_beams or getattr(engine.generation_config, "num_beams", None) or 4
         if args.nbest > num_beams:
             raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
-        check_lengths(model.config, tokenizer, first[1])  # before the progress bar draws itself
+        check_lengths(engine.config, tokenizer, first[1])  # before the progress bar draws itself
         progress = files.enter_context(tqdm(total=count_lines(args.input) if args.input else None, unit=" lines",
-                                            file=sys.stderr, disable=args.quiet))
+                                            file=sys.stderr, disable=args.quiet, desc=engine.name))
         # Written beside --output and renamed at the end: a run that fails or is killed leaves an earlier file whole,
         # and what it translated in OUTPUT.partial.
         partial = f"{args.output}.partial" if args.output else None
         output = files.enter_context(open(partial, "w", encoding="utf-8")) if args.output else sys.stdout
         start, tokens = time.perf_counter(), 0
-        for text, lines, new_tokens in translated_windows(model, tokenizer, itertools.chain([first], windows),
+        for text, lines, new_tokens in translated_windows(engine, tokenizer, itertools.chain([first], windows),
                                                           args.max_tokens, num_beams, args.alpha, args.nbest):
             output.write(text)
             output.flush()
