@@ -100,12 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.processes is not None and args.processes < 1:
         raise SystemExit(f"error: --processes {args.processes}: parts 1 and 2 need at least one process")
-    output_dir = Path(args.output_dir)
-    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        raise SystemExit(f"error: --output_dir {output_dir} is not a new or empty folder")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cpu" and not args.tiny:
-        raise SystemExit("error: no CUDA GPU here: add --tiny to run the check's code at tiny sizes on the CPU")
+    output_dir, device = output_and_device(args.output_dir, args.tiny)
     output_dir.mkdir(parents=True, exist_ok=True)
     os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is downloaded, here or in the processes it starts
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # float32 as GPUs train it
@@ -130,6 +125,18 @@ def main(argv: list[str] | None = None) -> int:
         write(report, output_dir)
     print((output_dir / "gpu_check.md").read_text())
     return 1 if report["errors"] or not all(report["checks"].values()) else 0
+
+
+def output_and_device(output_dir: str, tiny: bool) -> tuple[Path, torch.device]:
+    """A GPU benchmark's folder and device, or its one-line refusal before any work: a folder that is not new or
+    empty, or no CUDA GPU without --tiny."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+        raise SystemExit(f"error: --output_dir {output_dir} is not a new or empty folder")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and not tiny:
+        raise SystemExit("error: no CUDA GPU here: add --tiny to run this code at tiny sizes on the CPU")
+    return output_dir, device
 
 
 def device_name(device: torch.device) -> str:

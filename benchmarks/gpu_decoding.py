@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch
-from gpu_check import device_name, synchronize
+from gpu_check import device_name, output_and_device, synchronize
 from speed import BOS, EOS, PAD, SIZES, build
 from transformers import GenerationConfig
 from utilisation import wmt_like_pairs
@@ -49,13 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.sentences is not None and args.sentences < 1:
         raise SystemExit(f"error: --sentences {args.sentences}: must be at least 1")
-    output_dir = Path(args.output_dir)
-    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        raise SystemExit(f"error: --output_dir {output_dir} is not a new or empty folder")
-    if not torch.cuda.is_available() and not args.tiny:
-        raise SystemExit("error: no CUDA GPU here: add --tiny to run the benchmark's code at tiny sizes on the CPU")
-    output_dir.mkdir(parents=True)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    output_dir, device = output_and_device(args.output_dir, args.tiny)
+    output_dir.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     size = TINY["size"] if args.tiny else SIZES["base"]
     sentences = args.sentences or (TINY["sentences"] if args.tiny else 3000)

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np
 import torch
-from gpu_check import count_syncs, device_name, kernels_of, release, synchronize
+from gpu_check import count_syncs, device_name, kernels_of, output_and_device, release, synchronize
 
 from training.batching import EpochBatches, collate
 from training.distributed import prepare, unwrap
@@ -91,11 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: --{name} {getattr(args, name)}: must be at least {low}")
     if args.compile not in ("auto", "no") and args.compile not in torch._dynamo.list_backends(exclude_tags=()):
         raise SystemExit(f"error: --compile {args.compile}: auto, no, or one of {torch._dynamo.list_backends()}")
-    output_dir = Path(args.output_dir)
-    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        raise SystemExit(f"error: --output_dir {output_dir} is not a new or empty folder")
-    if not torch.cuda.is_available() and not args.tiny:
-        raise SystemExit("error: no CUDA GPU here: add --tiny to run the benchmark's code at tiny sizes on the CPU")
+    output_dir, device = output_and_device(args.output_dir, args.tiny)
     args.warmup = TINY["warmup"] if args.warmup is None and args.tiny else 10 if args.warmup is None else args.warmup
     args.steps = TINY["steps"] if args.steps is None and args.tiny else args.steps or 20
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -105,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     processes = args.processes or (1 if args.tiny else 3)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     report = {"date": datetime.date.today().isoformat(), "device": device_name(device), "host": cpu_name(),
               "torch": torch.__version__, "flags": {k: v for k, v in vars(args).items() if k not in ("one",)},
               "sizes": {}, "errors": {}}
