@@ -220,11 +220,16 @@ def test_the_ctranslate2_engine_gives_nbest_lines_and_int8(translation_folder, c
     assert int8.returncode == 0 and len(int8.stdout.splitlines()) == 6
 
 
-def test_the_ctranslate2_engine_refuses_in_one_line(translation_folder, cli, monkeypatch):
-    """A device CTranslate2 does not run on, and a missing package (named with the line that installs it), before
-    any model is read."""
+def test_the_ctranslate2_engine_refuses_in_one_line(translation_folder, cli, monkeypatch, tmp_path):
+    """A device CTranslate2 does not run on, a folder without its weights, and a missing package (named with the line
+    that installs it)."""
     assert cli("--model", translation_folder, "--engine", "ctranslate2", "--device", "meta",
                stdin="A dog.\n").stderr.strip() == "error: --device meta: CTranslate2 runs on cpu or cuda"
+    weightless = tmp_path / "weightless"
+    shutil.copytree(translation_folder, weightless, ignore=shutil.ignore_patterns("model.safetensors"))
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    refused = cli("--model", weightless, "--engine", "ctranslate2", stdin="A dog.\n").stderr.strip()
+    assert refused.startswith(f"error: cannot load a model from {weightless}: ") and "\n" not in refused
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 fails, as where it is not installed
     assert cli("--model", translation_folder, "--engine", "ctranslate2", stdin="A dog.\n").stderr.strip() == (
         'error: --engine ctranslate2 needs ctranslate2: pip install ctranslate2 (or pip install "vaswani_hf[export]")')

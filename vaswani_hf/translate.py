@@ -125,7 +125,8 @@ def load_engine(name_or_path: str, engine: str = "torch", device: str = "auto", 
     if device_kind(device) not in ("cpu", "cuda"):
         raise SystemExit(f"error: --device {device}: CTranslate2 runs on cpu or cuda")
     config, tokenizer = checked(name_or_path)
-    return CTranslate2Engine(name_or_path, config, tokenizer, device, int8), tokenizer
+    with one_line_errors(name_or_path):  # weights missing or damaged, a model CTranslate2 cannot hold
+        return CTranslate2Engine(name_or_path, config, tokenizer, device, int8), tokenizer
 
 
 class Translation(NamedTuple):
