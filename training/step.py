@@ -1,8 +1,9 @@
 """One optimizer step's forward and backward over this process's batches (§5.1, §5.4), at the pace of the device.
 
-- Nothing in the step waits for the device: the step's target tokens are counted from the token lists, and the
-  loss comes back as a tensor that training/run.py reads every `--logging_steps`. On a GPU the host meanwhile reads
-  and pads the next step's batches: they are ready when the GPU is.
+- On one process nothing in the step waits for the device: the step's target tokens are counted from the token
+  lists, and the loss comes back as a tensor that training/run.py reads every `--logging_steps`. On a GPU the host
+  meanwhile reads and pads the next step's batches: they are ready when the GPU is. (Several processes add up their
+  token counts first: one wait a step.)
 - `--compile` runs the model through `torch.compile` (inductor on a GPU), its sizes symbolic from the first compile
   (`dynamic=True`: a run's batches differ in rows and lengths, and compiling for each shape would recompile until
   dynamo gives up); a run compiles a few times, which `compilations()` counts. The loss stays outside the graph
