@@ -50,7 +50,7 @@ from training.batching import EpochBatches, collate
 from training.distributed import prepare, unwrap
 from training.loss import label_smoothed_nll
 from training.schedule import paper_optimizer
-from training.step import TrainingStep, largest_batch, read_values
+from training.step import TrainingStep, compile_backend, largest_batch, read_values
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, fast_gpu
 from vaswani_hf.kernels import cpu_name
 from vaswani_hf.modeling_vaswani import shift_tokens_right
@@ -190,7 +190,7 @@ def measure(size: str, args) -> dict:
     workspace = Path(tempfile.mkdtemp())
     lengths = wmt_like_pairs(TINY["pairs"] if tiny else 400_000, vocab)
     batches = EpochBatches(token_file(workspace, *lengths, vocab), MAX_LENGTH, max_tokens, 0, accumulation, 0, 1)
-    backend = {"auto": "inductor" if device.type == "cuda" else None, "no": None}.get(args.compile, args.compile)
+    backend = compile_backend(args.compile, device)
     step = TrainingStep(accelerator, model, 0.1, backend)
     model.train()
 
@@ -235,7 +235,7 @@ def measure(size: str, args) -> dict:
     flops = counted_flops(accelerator, unwrap(model), [inputs_of[index] for index in timed], device,
                           args.pad_to_multiple_of)
     passed = weights_passed(unwrap(model))
-    padded = side_tokens([inputs_of[index] for index in timed])
+    padded = side_tokens([inputs_of[index] for index in timed], args.pad_to_multiple_of)
     estimate = 6 * sum(passed[side] * count for side, count in padded.items())
     result = {
         "size": size, "parameters": unwrap(model).num_parameters(), "max_tokens": max_tokens,
@@ -293,13 +293,13 @@ def weights_passed(model) -> dict[str, int]:
             "target": matrices(model.model.decoder.layers) - cross + model.lm_head.weight.numel()}
 
 
-def side_tokens(steps: list) -> dict[str, int]:
-    """Source and target tokens of these steps, padding included (what the products compute over)."""
+def side_tokens(steps: list, multiple: int) -> dict[str, int]:
+    """Source and target tokens of these steps, padded as collate pads them (what the products compute over)."""
     counted = {"source": 0, "target": 0}
     for batches in steps:
         for sources, targets in batches:
-            counted["source"] += len(sources) * max(map(len, sources))
-            counted["target"] += len(targets) * max(map(len, targets))
+            for side, rows in (("source", sources), ("target", targets)):
+                counted[side] += len(rows) * -(-max(map(len, rows)) // multiple) * multiple
     return counted
 
 

@@ -64,7 +64,7 @@ from training.faults import fault_point
 from training.hub import write_output_folder
 from training.recipe import NOT_RECIPE, recipe_deviations, training_data
 from training.schedule import inverse_sqrt_lr, paper_optimizer
-from training.step import TrainingStep, largest_batch, read_values
+from training.step import TrainingStep, compile_backend, largest_batch, read_values
 from training.streaming import StreamedBatches
 from training.tokenizer import corpus_texts, train_joint_bpe
 from training.tokens import WordEncoder, token_dataset
@@ -128,7 +128,7 @@ def main():
     say(f"{corpus}, vocabulary {len(tokenizer)}, {accelerator.unwrap_model(model).num_parameters() / 1e6:.1f}M "
         f"parameters ({distributed['parameters_held_by_the_main_process']:,} held by the main process), {world} "
         f"process(es), {accumulation} accumulated batch(es) of <= {max_tokens} tokens per step")
-    backend = compile_backend(args, accelerator.device)
+    backend = compile_backend(args.compile, accelerator.device, bool(args.dropout_epochs))
     train_step = TrainingStep(accelerator, model, args.label_smoothing, backend)
     if backend:
         say(f"the training step is compiled by torch.compile ({backend}): the first steps wait for it")
@@ -357,13 +357,6 @@ def batch_tokens(accelerator, model, resumed: Path | None, args, max_length: int
     tokens = largest_batch(accelerator, model, args.tokens_per_step, max_length)
     accelerator.print(f"--max_tokens 0: batches of up to {tokens} tokens fit this GPU's memory")
     return tokens
-
-
-def compile_backend(args, device: torch.device) -> str | None:
-    """The torch.compile backend of the training step (--compile), or None for eager."""
-    if args.compile == "auto":
-        return "inductor" if device.type == "cuda" and not args.dropout_epochs else None
-    return None if args.compile == "no" else args.compile
 
 
 def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:

@@ -58,6 +58,14 @@ class TrainingStep:
         return compiled_graphs() - self.graphs if self.forward is not self.model else 0
 
 
+def compile_backend(choice: str, device: torch.device, dropout_changes: bool = False) -> str | None:
+    """The torch.compile backend of `--compile` `choice`, or None for eager: auto is inductor on a GPU, unless P_drop
+    changes from step to step (`--dropout_epochs`: each value would compile again), and eager on a CPU."""
+    if choice == "auto":
+        return "inductor" if device.type == "cuda" and not dropout_changes else None
+    return None if choice == "no" else choice
+
+
 def read_values(entries: list[dict]) -> None:
     """The losses and gradient norms that steps left on the device in these history entries, as floats, read with
     one wait for the device; empties `entries`."""
