@@ -6,10 +6,12 @@
 #
 # then the device call, `carry: [".whl"]`, timeout 590:
 #
-#     bash benchmarks/gpu_session.sh [PART ...]      # default: utilisation decoding training
+#     bash benchmarks/gpu_session.sh [PART ...]      # default: speed utilisation decoding training
 #
 # Parts, in the order given, each skipped when fewer seconds are left of the call's 580 than it needs, each leaving
 # its report in $OUT even when a later one fails:
+#   speed        benchmarks/speed.py --sizes small base on the host's CPU, pinned to cores 0 and 1 with 2 threads (the
+#                2-core machine's stand-in), in the background while the GPU parts run on the other cores: 5 min;
 #   utilisation  benchmarks/utilisation.py, base and big, 3 processes each (UTILISATION_PROCESSES=N): about 6 min;
 #   decoding     benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2: about 2 min;
 #   training     benchmarks/gpu_check.py --parts training remote: run.py's base preset compiled, resumed and eager,
@@ -37,14 +39,19 @@ run() {  # NAME SECONDS_NEEDED COMMAND...: the command under the time left, its 
         echo "gpu_session: $name skipped, $left s left of the $needed it needs"
         return
     fi
-    timeout "$left" "$@" $tiny > "$out/$name.log" 2>&1
+    timeout "$left" $pin "$@" $tiny > "$out/$name.log" 2>&1
     echo "gpu_session: $name ended ($?) at $((SECONDS - started)) s"
     tail -30 "$out/$name.log"
 }
 
-for part in "${@:-utilisation decoding training}"; do
+pin=""
+for part in "${@:-speed utilisation decoding training}"; do
     for name in $part; do
         case $name in
+            speed) sizes=${tiny:+--sizes small --repeats 1}
+                   PYTHONPATH=".:${PYTHONPATH:-}" timeout 570 taskset -c 0,1 python3 benchmarks/speed.py \
+                       ${sizes:---sizes small base} > "$out/speed.log" 2>&1 &
+                   [ "$(nproc)" -gt 2 ] && pin="taskset -c 2-$(($(nproc) - 1))" ;;
             utilisation) run utilisation 300 python3 benchmarks/utilisation.py --output_dir /tmp/gpu-session-u \
                              --processes "${UTILISATION_PROCESSES:-3}"
                          cp /tmp/gpu-session-u/utilisation.json "$out/" ;;
@@ -53,8 +60,10 @@ for part in "${@:-utilisation decoding training}"; do
             training) run training 240 python3 benchmarks/gpu_check.py --parts training remote \
                           --output_dir /tmp/gpu-session-t
                       cp /tmp/gpu-session-t/gpu_check.json "$out/" ;;
-            *) echo "error: unknown part $name: utilisation, decoding, training"; exit 1 ;;
+            *) echo "error: unknown part $name: speed, utilisation, decoding, training"; exit 1 ;;
         esac
     done
 done
+wait
+[ -f "$out/speed.log" ] && tail -40 "$out/speed.log"
 echo "gpu_session: $((SECONDS - started)) s"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The wheels benchmarks/gpu_check.py needs on the lent GPU machine beyond what its image holds (Python 3.12, torch,
 # accelerate, pyarrow, tokenizers, sacrebleu; transformers 5.17, older than ours): downloaded here from PyPI into .whl/
-# (git ignores it), at the versions installed here, which the tests passed with. About 15 MB: the working tree and the
-# wheels travel together, 64 MiB at most.
+# (git ignores it), at the versions installed here, which the tests passed with. About 58 MB, 43 of them ctranslate2's:
+# the working tree and the wheels travel together, 64 MiB at most.
 #
 #     bash benchmarks/gpu_wheels.sh
 #
@@ -16,8 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# transformers and what ours needs newer than the image's; datasets and evaluate, which it lacks, and theirs.
-packages=(transformers regex datasets evaluate dill multiprocess fsspec)
+# transformers and what ours needs newer than the image's; datasets, evaluate and ctranslate2, which it lacks, and theirs.
+packages=(transformers regex datasets evaluate dill multiprocess fsspec ctranslate2)
 pinned=$(python - "${packages[@]}" <<'EOF'
 import importlib.metadata as metadata
 import sys
