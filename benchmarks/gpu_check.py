@@ -16,9 +16,9 @@ Eight parts; each runs even when another fails:
 3. synchronisations: the host waits for the GPU (`torch.cuda.set_sync_debug_mode`) in one decoding step (a forward
    of one token with a filled cache), and per new token in greedy, beam-4 and GNMT decoding (from two lengths);
 4. training: `accelerate launch --num_processes 1 training/run.py --preset base` on the embedded grammar's pairs,
-   at the default mixed precision (and compiled, on a GPU), with a checkpoint halfway; then the same command resumed
-   from that checkpoint, and the same run eager (`--compile no`). The loss must fall, the resumed run's losses must
-   follow the first run's, and the compiled run's last losses must be within 1% of the eager run's;
+   at the default mixed precision (and compiled by inductor, on a GPU), with a checkpoint halfway; then the same
+   command resumed from that checkpoint, and the same run eager (`--compile no`). The loss must fall, the resumed
+   run's losses must follow the first run's, and the compiled run's last losses must be within 1% of the eager run's;
 5. remote code: the trained folder loaded by the translation pipeline in a fresh Python where vaswani_hf cannot be
    imported (`trust_remote_code=True`); its translations must equal `vaswani-translate`'s (the package's loader and
    search) sentence for sentence;
@@ -360,6 +360,7 @@ def training(device: torch.device, shape: dict, output_dir: Path) -> dict:
              "--max_steps", str(steps), "--save_steps", str(steps // 2), "--save_minutes", "0", "--eval_steps", "0",
              "--warmup_steps", str(shape["warmup_steps"]), "--lr_scale", str(shape["lr_scale"])]
     run, timeout = output_dir / "run", 480  # a compiled run compiles first: about a minute on an H100
+    flags += ["--compile", "inductor" if device.type == "cuda" else "no"]  # the eager run's last --compile wins
     first = launch(run, flags, timeout)
     resumed = launch(run, [*flags, "--resume_from_checkpoint", str(run / f"checkpoint-{steps // 2}")], timeout)
     eager = launch(output_dir / "eager", [*flags, "--compile", "no"], timeout)
@@ -491,20 +492,25 @@ def profile(device: torch.device, shape: dict, output_dir: Path) -> dict:
 
 
 def kernels_of(device: torch.device, step, wall_seconds: float, top: int = 5) -> dict:
-    """One profiled call of `step` (torch.profiler) beside its unprofiled wall time: on a GPU its kernels' time, their
-    share of the wall time (near 1, the GPU computes all along; far below, it waits for the host), the kernels
-    launched, and the `top` kernels of most GPU time; on a CPU the wall time alone."""
+    """One profiled call of `step` (torch.profiler) beside its unprofiled wall time: the `top` host calls of most
+    self time (operators, and on a GPU the CUDA runtime's calls: where the host's time goes); on a GPU also its
+    kernels' time, their share of the wall time (near 1, the GPU computes all along; far below, it waits for the
+    host), the kernels launched, and the `top` kernels of most GPU time."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiled
 
-    found = {"wall_ms": 1e3 * wall_seconds}
-    if device.type != "cuda":
-        return found
-    with profiled(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+    gpu = device.type == "cuda"
+    with profiled(activities=[ProfilerActivity.CPU, *[ProfilerActivity.CUDA] * gpu]) as profiler:
         step()
         synchronize(device)
     events = profiler.key_averages()
+    host = sorted((event for event in events if event.device_type == DeviceType.CPU and not event.is_user_annotation),
+                  key=lambda event: -event.self_cpu_time_total)[:top]
+    found = {"wall_ms": 1e3 * wall_seconds, "top_host": [
+        {"call": event.key[:120], "ms": event.self_cpu_time_total / 1e3, "calls": event.count} for event in host]}
+    if not gpu:
+        return found
     # The device's own events (kernels, copies), each once: not the CPU ops that launched them, nor the device-side
     # ranges of annotations (the optimizer's step)
     kernels = [event for event in events if event.device_type != DeviceType.CPU and not event.is_user_annotation]

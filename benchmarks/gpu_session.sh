@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
-# What a lent GPU machine runs for issue 77, in one call of the device tool (at most 10 minutes a call, 15 of device
-# time a session, a fresh machine's start included). Prepare here first:
+# What a lent GPU machine runs for issues 77 and 78, in one call of the device tool (at most 10 minutes a call, 15 of
+# device time a session, a fresh machine's start included). Prepare here first:
 #
 #     bash benchmarks/gpu_wheels.sh          # the wheels the GPU machine lacks, into .whl/
 #
 # then the device call, `carry: [".whl"]`, timeout 590:
 #
-#     bash benchmarks/gpu_session.sh [PART ...]      # default: speed utilisation decoding training
+#     bash benchmarks/gpu_session.sh [PART ...]      # default: speed base cudnn big compiled
 #
 # Parts, in the order given, each skipped when fewer seconds are left of the call's 580 than it needs, each leaving
-# its report in $OUT even when a later one fails:
-#   speed        benchmarks/speed.py --sizes small base on the host's CPU, pinned to cores 0 and 1 with 2 threads (the
-#                2-core machine's stand-in), in the background while the GPU parts run on the other cores: 5 min;
-#   utilisation  benchmarks/utilisation.py, base and big, 3 processes each (UTILISATION_PROCESSES=N): about 6 min;
-#   decoding     benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2: about 2 min;
-#   training     benchmarks/gpu_check.py --parts training remote: run.py's base preset compiled, resumed and eager,
-#                200 steps each, and the remote-code check: about 5 min.
-# What comes back (each part's log and JSON report) goes to the notebook (benchmarks/README.md) and the README's GPU
-# section. GPU_SESSION_TINY=1 runs the same parts here, at tiny sizes on the CPU, without the wheels (a dry run).
+# its report even when a later one fails (the slowest last: what is cut is the least needed):
+#   speed     benchmarks/speed.py --sizes small base on the host's CPU, pinned to cores 0 and 1 with 2 threads (the
+#             2-core machine's stand-in), in the background while the GPU parts run on the other cores: 5 min;
+#   base      utilisation.py, base, eager, SDPA without cuDNN's kernels, 3 processes, Marian beside: 2.5 min;
+#   cudnn     the same with cuDNN's attention kernels (torch's choice on a Hopper GPU), 1 process: 40 s;
+#   big       as base, big, 1 process: 1.5 min;
+#   compiled  as base, compiled by inductor, 1 process, no Marian: 5 min (2026-11-28: 5 of its 7 compiling);
+#   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2: 1.5 min;
+#   training  benchmarks/gpu_check.py --parts training remote: run.py's base preset compiled, resumed and eager,
+#             200 steps each, and the remote-code check: about 5 min.
+# Every part's log and reports come back as $OUT/gpu_session.tgz (and the speed log beside it); they go to the notebook
+# (benchmarks/README.md) and the README. GPU_SESSION_TINY=1 runs the same parts here, at tiny sizes on the CPU, without
+# the wheels (a dry run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
 out=${OUT:-/tmp/gpu-session}
-mkdir -p "$out"
+work=/tmp/gpu-session-parts
+rm -rf "$work" && mkdir -p "$out" "$work"
 tiny=${GPU_SESSION_TINY:+--tiny}
 if [ -z "$tiny" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -32,38 +37,46 @@ if [ -z "$tiny" ]; then
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-run() {  # NAME SECONDS_NEEDED COMMAND...: the command under the time left, its log and its report into $OUT
+pin=""
+run() {  # NAME SECONDS_NEEDED COMMAND...: the command under the time left, its log into the parts' folder
     local name=$1 needed=$2 left=$((580 - (SECONDS - started)))
     shift 2
     if [ "$left" -lt "$needed" ]; then
         echo "gpu_session: $name skipped, $left s left of the $needed it needs"
         return
     fi
-    timeout "$left" $pin "$@" $tiny > "$out/$name.log" 2>&1
+    timeout "$left" $pin "$@" $tiny > "$work/$name.log" 2>&1
     echo "gpu_session: $name ended ($?) at $((SECONDS - started)) s"
-    tail -30 "$out/$name.log"
+    tail -20 "$work/$name.log"
 }
 
-pin=""
-for part in "${@:-speed utilisation decoding training}"; do
+utilisation() {  # NAME SECONDS_NEEDED FLAGS...: benchmarks/utilisation.py into its own folder
+    local name=$1 needed=$2
+    shift 2
+    run "$name" "$needed" python3 benchmarks/utilisation.py --output_dir "$work/$name" "$@"
+}
+
+for part in "${@:-speed base cudnn big compiled}"; do
     for name in $part; do
         case $name in
             speed) sizes=${tiny:+--sizes small --repeats 1}
                    PYTHONPATH=".:${PYTHONPATH:-}" timeout 570 taskset -c 0,1 python3 benchmarks/speed.py \
                        ${sizes:---sizes small base} > "$out/speed.log" 2>&1 &
                    [ "$(nproc)" -gt 2 ] && pin="taskset -c 2-$(($(nproc) - 1))" ;;
-            utilisation) run utilisation 300 python3 benchmarks/utilisation.py --output_dir /tmp/gpu-session-u \
-                             --processes "${UTILISATION_PROCESSES:-3}"
-                         cp /tmp/gpu-session-u/utilisation.json "$out/" ;;
-            decoding) run decoding 100 python3 benchmarks/gpu_decoding.py --output_dir /tmp/gpu-session-d
-                      cp /tmp/gpu-session-d/decoding.json "$out/" ;;
+            base) utilisation base 150 --sizes base --processes 3 --no_cudnn_attention ;;
+            cudnn) utilisation cudnn 40 --sizes base --processes 1 --skip_marian ;;
+            big) utilisation big 90 --sizes big --processes 1 --no_cudnn_attention ;;
+            compiled) utilisation compiled 200 --sizes base --processes 1 --skip_marian --no_cudnn_attention \
+                          --compile inductor ;;
+            decoding) run decoding 100 python3 benchmarks/gpu_decoding.py --output_dir "$work/decoding" ;;
             training) run training 240 python3 benchmarks/gpu_check.py --parts training remote \
-                          --output_dir /tmp/gpu-session-t
-                      cp /tmp/gpu-session-t/gpu_check.json "$out/" ;;
-            *) echo "error: unknown part $name: speed, utilisation, decoding, training"; exit 1 ;;
+                          --output_dir "$work/training" ;;
+            *) echo "error: unknown part $name: speed, base, cudnn, big, compiled, decoding, training"; exit 1 ;;
         esac
     done
 done
 wait
+tar czf "$out/gpu_session.tgz" -C "$work" --exclude '*.arrow' --exclude '*.safetensors' --exclude '*.bin' \
+    --exclude '*.pt' .
 [ -f "$out/speed.log" ] && tail -40 "$out/speed.log"
 echo "gpu_session: $((SECONDS - started)) s"

@@ -11,12 +11,13 @@ tokens, a tail to 256; targets about 10% longer), written as training/run.py wri
 
 Each size, in each of `--processes` fresh processes (ours / Marian is the median of their ratios):
 
-1. ours: run.py's step as run.py runs it on a GPU — its batches, collation, `TrainingStep` (torch.compile unless
-   `--compile no`; the label-smoothed loss block by block; nothing read from the GPU but every `--logging_steps`),
-   fused Adam and the §5.3 schedule, in as few batches a step as the GPU's memory holds (`--max_tokens 0`). After
-   `--warmup` steps (compiling), `--steps` timed ones: target tokens/s, seconds a step, peak memory, the host's
-   seconds a step reading and padding batches (which the GPU does not wait for unless they exceed its step), host
-   waits in a step, and one step profiled (the GPU's busy share, kernels launched, the 8 slowest kernels);
+1. ours: run.py's step as run.py runs it on a GPU — its batches, collation, `TrainingStep` (eager, or compiled with
+   `--compile inductor`; SDPA without cuDNN's kernels with `--no_cudnn_attention`; the label-smoothed loss block by
+   block; nothing read from the GPU but every `--logging_steps`), fused Adam and the §5.3 schedule, in as few batches
+   a step as the GPU's memory holds (`--max_tokens 0`). After `--warmup` steps (compiling, if compiled), `--steps`
+   timed ones: target tokens/s, seconds a step, peak memory, the host's seconds a step reading and padding batches
+   (which the GPU does not wait for unless they exceed its step), host waits in a step, and one step profiled (the
+   GPU's busy share, kernels launched, the 8 slowest kernels);
 2. FLOPs: the timed steps' forward and backward again, eager, under `torch.utils.flop_counter.FlopCounterMode` (the
    matrix products and attention), beside 6 x the weights each (padded) token passes through, which leaves attention's
    products out (on a CPU FlopCounterMode counts no attention: the two agree); MFU = those
@@ -50,7 +51,7 @@ from training.batching import EpochBatches, collate
 from training.distributed import prepare, unwrap
 from training.loss import label_smoothed_nll
 from training.schedule import paper_optimizer
-from training.step import TrainingStep, compile_backend, largest_batch, read_values
+from training.step import TrainingStep, largest_batch, read_values
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, fast_gpu
 from vaswani_hf.kernels import cpu_name
 from vaswani_hf.modeling_vaswani import shift_tokens_right
@@ -77,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
                                                                      "1 with --tiny)")
     parser.add_argument("--warmup", type=int, default=None, help="steps before timing (default 10; --tiny 2)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20; --tiny 4)")
-    parser.add_argument("--compile", default="auto", help="as training/run.py's (auto: inductor on a GPU)")
+    parser.add_argument("--compile", default="no", help="as training/run.py's (a torch.compile backend, or no)")
+    parser.add_argument("--no_cudnn_attention", action="store_true",
+                        help="SDPA without cuDNN's kernels (flash, memory-efficient or math): cuDNN builds a plan for "
+                             "each new shape")
     parser.add_argument("--max_tokens", type=int, default=0, help="as run.py's (0: the most the GPU's memory holds)")
     parser.add_argument("--pad_to_multiple_of", type=int, default=1)
     parser.add_argument("--no_fast_gpu", action="store_true", help="without vaswani_hf.fast_gpu (run.py applies it)")
@@ -89,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         low = 0 if name in ("warmup", "max_tokens") else 1
         if getattr(args, name) is not None and getattr(args, name) < low:
             raise SystemExit(f"error: --{name} {getattr(args, name)}: must be at least {low}")
-    if args.compile not in ("auto", "no") and args.compile not in torch._dynamo.list_backends(exclude_tags=()):
-        raise SystemExit(f"error: --compile {args.compile}: auto, no, or one of {torch._dynamo.list_backends()}")
+    if args.compile != "no" and args.compile not in torch._dynamo.list_backends(exclude_tags=()):
+        raise SystemExit(f"error: --compile {args.compile}: no, or one of {torch._dynamo.list_backends()}")
     output_dir, device = output_and_device(args.output_dir, args.tiny)
     args.warmup = TINY["warmup"] if args.warmup is None and args.tiny else 10 if args.warmup is None else args.warmup
     args.steps = TINY["steps"] if args.steps is None and args.tiny else args.steps or 20
@@ -113,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             result = subprocess.run(command, check=False, capture_output=True, text=True)
             print(f"utilisation: {size}, process {index + 1}: {time.perf_counter() - started:.0f} s", flush=True)
+            if not result.returncode:  # each process's figures as they come: a GPU call can end before the report
+                print(json.dumps(brief(json.loads((folder / "utilisation.json").read_text()))), flush=True)
             if result.returncode:  # reported, and the next size still runs: a GPU's minutes are few
                 report["errors"][f"{size}, process {index + 1}"] = result.stderr[-3000:]
                 print(result.stderr[-3000:], file=sys.stderr)
@@ -124,6 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     (output_dir / "utilisation.md").write_text(markdown(report))
     print((output_dir / "utilisation.md").read_text())
     return 1 if report["errors"] else 0
+
+
+def brief(run: dict) -> dict:
+    """One process's headline figures."""
+    keys = ("seconds_per_step", "target_tokens_per_second", "mfu", "peak_memory_gib", "compiled_graphs",
+            "warmup_seconds")
+    return {**{key: run[key] for key in keys}, "busy": run["profile"].get("busy"),
+            "host_ms": {k["call"][:40]: round(k["ms"], 1) for k in run["profile"]["top_host"][:4]},
+            "marian_tokens_per_second": run.get("marian", {}).get("target_tokens_per_second")}
 
 
 def peak_flops(name: str) -> float | None:
@@ -190,7 +205,7 @@ def measure(size: str, args) -> dict:
     workspace = Path(tempfile.mkdtemp())
     lengths = wmt_like_pairs(TINY["pairs"] if tiny else 400_000, vocab)
     batches = EpochBatches(token_file(workspace, *lengths, vocab), MAX_LENGTH, max_tokens, 0, accumulation, 0, 1)
-    backend = compile_backend(args.compile, device)
+    backend = None if args.compile == "no" else args.compile
     step = TrainingStep(accelerator, model, 0.1, backend)
     model.train()
 
@@ -222,6 +237,8 @@ def measure(size: str, args) -> dict:
         synchronize(device)
         return tokens, time.perf_counter() - started
 
+    if args.no_cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     _, warmup_seconds = steps(range(args.warmup))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -240,6 +257,7 @@ def measure(size: str, args) -> dict:
     result = {
         "size": size, "parameters": unwrap(model).num_parameters(), "max_tokens": max_tokens,
         "batches_per_step": accumulation, "compile": backend or "no", "compiled_graphs": step.compilations(),
+        "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled(),
         "graph_breaks": graph_breaks(), "profile": profile,
         "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds, "steps": args.steps,
         "seconds_per_step": seconds / args.steps, "target_tokens_per_step": tokens / args.steps,
@@ -390,6 +408,8 @@ def markdown(report: dict) -> str:
             lines.append(f"{size}, one step profiled (process 1): GPU busy {p['busy']:.0%} of {p['wall_ms']:.0f} ms, "
                          f"{p['launches']} kernels launched; slowest: " + "; ".join(
                              f"{k['kernel'][:60]} {k['ms']:.1f} ms ({k['calls']})" for k in p["top_kernels"][:5]))
+        lines.append(f"{size}, the host's calls of most self time in that step: " + "; ".join(
+            f"{k['call'][:60]} {k['ms']:.1f} ms ({k['calls']})" for k in s["profile"]["top_host"]))
         if s["graph_breaks"]:
             lines.append(f"{size}: graph breaks: {s['graph_breaks']}")
     lines += [f"\n{name} FAILED: {error.strip().splitlines()[-1] if error.strip() else '?'}"

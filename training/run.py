@@ -64,7 +64,7 @@ from training.faults import fault_point
 from training.hub import write_output_folder
 from training.recipe import NOT_RECIPE, recipe_deviations, training_data
 from training.schedule import inverse_sqrt_lr, paper_optimizer
-from training.step import TrainingStep, compile_backend, largest_batch, read_values
+from training.step import TrainingStep, largest_batch, read_values
 from training.streaming import StreamedBatches
 from training.tokenizer import corpus_texts, train_joint_bpe
 from training.tokens import WordEncoder, token_dataset
@@ -128,7 +128,7 @@ def main():
     say(f"{corpus}, vocabulary {len(tokenizer)}, {accelerator.unwrap_model(model).num_parameters() / 1e6:.1f}M "
         f"parameters ({distributed['parameters_held_by_the_main_process']:,} held by the main process), {world} "
         f"process(es), {accumulation} accumulated batch(es) of <= {max_tokens} tokens per step")
-    backend = compile_backend(args.compile, accelerator.device, bool(args.dropout_epochs))
+    backend = None if args.compile == "no" else args.compile
     train_step = TrainingStep(accelerator, model, args.label_smoothing, backend)
     if backend:
         say(f"the training step is compiled by torch.compile ({backend}): the first steps wait for it")

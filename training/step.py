@@ -4,10 +4,11 @@
   lists, and the loss comes back as a tensor that training/run.py reads every `--logging_steps`. On a GPU the host
   meanwhile reads and pads the next step's batches: they are ready when the GPU is. (Several processes add up their
   token counts first: one wait a step.)
-- `--compile` runs the model through `torch.compile` (inductor on a GPU), its sizes symbolic from the first compile
-  (`dynamic=True`: a run's batches differ in rows and lengths, and compiling for each shape would recompile until
-  dynamo gives up); a run compiles a few times, which `compilations()` counts. The loss stays outside the graph
-  (training/loss.py computes it block by block).
+- `--compile BACKEND` runs the model through `torch.compile` (eager by default: on an H200 inductor's step was the
+  slower, benchmarks/README.md), its sizes symbolic from the first compile (`dynamic=True`: a run's batches differ
+  in rows and lengths, and compiling for each shape would recompile until dynamo gives up); a run compiles a few
+  times, which `compilations()` counts. The loss stays outside the graph (training/loss.py computes it block by
+  block).
 - Largest batches (`--max_tokens 0` on a GPU, `fewest_batches`): an optimizer step in as few batches as the GPU's
   memory holds, found by trial steps at the sizes that would divide the step evenly.
 """
@@ -56,14 +57,6 @@ class TrainingStep:
     def compilations(self) -> int:
         """Graphs compiled for this step so far (0 uncompiled)."""
         return compiled_graphs() - self.graphs if self.forward is not self.model else 0
-
-
-def compile_backend(choice: str, device: torch.device, dropout_changes: bool = False) -> str | None:
-    """The torch.compile backend of `--compile` `choice`, or None for eager: auto is inductor on a GPU, unless P_drop
-    changes from step to step (`--dropout_epochs`: each value would compile again), and eager on a CPU."""
-    if choice == "auto":
-        return "inductor" if device.type == "cuda" and not dropout_changes else None
-    return None if choice == "no" else choice
 
 
 def read_values(entries: list[dict]) -> None:
