@@ -1,6 +1,7 @@
 """Speed and memory of VaswaniForConditionalGeneration against transformers' MarianMTModel at identical sizes: the
 model as its files are written ("plain": torch's and transformers' kernels, as Marian's) and as `vaswani_hf.fast_cpu`
-transforms it ("ours": CPU kernels chosen by measurement, beams sharing their source's encoder row).
+transforms it ("ours": the decoding plan measured for this machine and size, in this process, as a first call of
+`vaswani-translate` measures it).
 
 Both models are built from random weights as the paper trains them (ReLU, shared embeddings scaled by
 sqrt(d_model), static sinusoidal positions, post-LN, dropout 0.1) and timed on the same random batches,
@@ -10,24 +11,22 @@ interleaved in one process; CTranslate2 and ONNX Runtime run our model, exported
     python benchmarks/speed.py                   # both sizes, 2 threads
     python benchmarks/speed.py --sizes small --repeats 3
     python benchmarks/speed.py --keep-freed-memory  # glibc keeps freed memory for reuse (allocator.py), both models
-    python benchmarks/speed.py --kernels torch,sdpa  # force our kernels instead of measuring (vaswani_hf/kernels.py)
-    python benchmarks/speed.py --ablate          # also fast_cpu without each of its decoding mechanisms
 
 Printed per size: medians of
   * training tokens/s: forward + backward + Adam step on 64 pairs of 32 source + 32 target tokens
     (tokens counted on both sides), the same cross-entropy on both models' logits;
   * greedy and beam-4 `generate()` tokens/s: 16 sources of 32 tokens, exactly 32 new tokens each (no EOS);
   * peak memory allocated by a training step above the weights and the optimizer state;
-  * the same generation with our int8 copy (`vaswani_hf.quantize_int8`, with the measured attention kernel, as
-    `vaswani-translate --int8` decodes) against Marian in float32;
+  * the same generation with our int8 copy (`vaswani_hf.quantize_int8`, as `vaswani-translate --int8` decodes)
+    against Marian in float32;
   * our model's greedy and beam-4 speed in CTranslate2, float32 and int8, and its greedy speed in ONNX Runtime
     (`vaswani-export onnx`, `OnnxSeq2Seq.greedy`), against ours in torch (the peer column then holds the engine);
-and the ratio ours / peer; then the CPU model and the kernels our model chose by measurement on it. With `--ablate`,
-the gain of each of fast_cpu's decoding mechanisms: fast_cpu's tokens/s over those of fast_cpu without beams sharing
-their source's encoder row (decoding.py), and without the decoding block in which weights are packed (kernels.py).
+and the ratio ours / peer; then fast_cpu's plan and the seconds of the calls it was chosen by.
 """
 
 import argparse
+import json
+import os
 import statistics
 import tempfile
 import time
@@ -39,7 +38,7 @@ from torch import nn
 from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory, quantize_int8
-from vaswani_hf.kernels import KERNELS, cpu_name
+from vaswani_hf.kernels import cache_root, cpu_name
 
 SIZES = {
     "small": {"d_model": 256, "num_layers": 3, "num_heads": 4, "d_ff": 1024, "vocab_size": 8000},
@@ -65,6 +64,17 @@ def build(name: str, size: dict, seed: int = 0, **options) -> nn.Module:
         pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS, forced_eos_token_id=None,
     )
     return MarianMTModel(config)
+
+
+def seconds(function, repeats: int) -> float:
+    """Median time of `repeats` calls after two warm-up calls."""
+    function(), function()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def random_tokens(batch: int, length: int, vocab_size: int, seed: int) -> torch.Tensor:
@@ -161,23 +171,9 @@ def ct2_generate(translator, source: torch.Tensor, num_beams: int) -> None:
                                max_decoding_length=NEW_TOKENS, length_penalty=1.0)
 
 
-def without(mechanism: str, model: nn.Module) -> nn.Module:
-    """A `fast_cpu` model with one decoding mechanism undone (for --ablate)."""
-    if mechanism == "shared rows":  # transformers' hooks again: one encoder row per beam
-        del model._expand_inputs_for_generation, model._reorder_cache
-    else:  # the class's generate(), outside a decoding block: no packed weights
-        model.generate = model._inner_generate
-    return model
-
-
-MECHANISMS = ("shared rows", "packed weights")
-
-
-def run_size(label: str, size: dict, repeats: int, threads: int, ablate: bool = False) -> None:
+def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
     models = {"marian": build("marian", size), "plain": build("ours", size), "ours": fast_cpu(build("ours", size))}
-    if ablate:
-        models.update({f"ours without {m}": without(m, fast_cpu(build("ours", size))) for m in MECHANISMS})
-    int8 = quantize_int8(fast_cpu(build("ours", size)))  # as `vaswani-translate --int8` decodes
+    int8 = quantize_int8(build("ours", size))  # as `vaswani-translate --int8` decodes
     optimizers = {name: paper_adam(model) for name, model in models.items()}
     timings = {}
 
@@ -192,8 +188,7 @@ def run_size(label: str, size: dict, repeats: int, threads: int, ablate: bool = 
         prompt = random_tokens(GENERATE_BATCH, SOURCE_LENGTH, size["vocab_size"], 1000 + repeat)
         for name, model in list(models.items())[:: 1 if repeat % 2 else -1]:  # each goes first in turn
             model.train()
-            if not name.startswith("ours without"):  # their training is fast_cpu's
-                timed(f"train {name}", partial(train_step, model, optimizers[name], source, target))
+            timed(f"train {name}", partial(train_step, model, optimizers[name], source, target))
             model.eval()
             for beams in (1, 4):
                 timed(f"beam{beams} {name}", partial(generate, model, prompt, beams))
@@ -222,7 +217,7 @@ def run_size(label: str, size: dict, repeats: int, threads: int, ablate: bool = 
     train_tokens = TRAIN_BATCH * 2 * TRAIN_LENGTH
     new_tokens = GENERATE_BATCH * NEW_TOKENS
     memory = {name: peak_memory(partial(train_step, model.train(), optimizers[name], source, target))
-              for name, model in models.items() if not name.startswith("ours without")}
+              for name, model in models.items()}
     print(f"\n**{label}**: d_model {size['d_model']}, {size['num_layers']}+{size['num_layers']} layers, "
           f"{size['num_heads']} heads, d_ff {size['d_ff']}, vocabulary {size['vocab_size']}; "
           f"{threads} threads, median of {repeats}\n")
@@ -247,16 +242,22 @@ def run_size(label: str, size: dict, repeats: int, threads: int, ablate: bool = 
             ct2, ours = (new_tokens / statistics.median(timings[f"{key} {n}"]) for n in (f"ct2-{compute}", ours_key))
             print(f"| {title} tokens/s, our model in CTranslate2 {compute} (`vaswani-export`) vs ours {compute} | "
                   f"{ct2:.0f} | {ours:.0f} | {ours / ct2:.2f}x |")
-    for mechanism in MECHANISMS if ablate else ():
-        for title, key in (("greedy", "beam1"), ("beam-4", "beam4")):
-            ours, undone = (new_tokens / statistics.median(timings[f"{key} {n}"])
-                            for n in ("ours", f"ours without {mechanism}"))
-            print(f"| {title} tokens/s, fast_cpu vs fast_cpu without {mechanism} | {undone:.0f} | {ours:.0f} | "
-                  f"{ours / undone:.2f}x |")
     if "beam1 onnx" in timings:
         engine, ours = (new_tokens / statistics.median(timings[f"beam1 {n}"]) for n in ("onnx", "ours"))
         print(f"| greedy tokens/s, our model in ONNX Runtime float32 (`vaswani-export onnx`) vs ours float32 | "
               f"{engine:.0f} | {ours:.0f} | {ours / engine:.2f}x |")
+    print(f"\nfast_cpu's plan for this size, measured in this process: {models['ours'].fast_cpu_plan}; its calls' "
+          f"best seconds: {plan_seconds(models['ours'])}")
+
+
+def plan_seconds(model: nn.Module) -> str:
+    """The seconds of each candidate the plan was measured with, from the plan kept in the cache."""
+    kept = [json.loads(path.read_text()) for path in cache_root("fast_cpu").glob("*.json")]
+    found = [entry for entry in kept if entry["sizes"]["d_model"] == model.config.d_model
+             and entry["sizes"]["vocab_size"] == model.config.vocab_size]
+    return "; ".join(f"{mode}: " + ", ".join(
+        f"{'+'.join(name for name, on in candidate.items() if on and name != 'seconds') or 'plain'} "
+        f"{candidate['seconds']:.3f}" for candidate in candidates) for mode, candidates in found[0]["seconds"].items())
 
 
 def main():
@@ -264,8 +265,6 @@ def main():
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--kernels", default="", help="comma-separated kernel names to force (VASWANI_KERNELS)")
-    parser.add_argument("--ablate", action="store_true", help="also fast_cpu without each decoding mechanism")
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="vaswani_hf.keep_freed_memory() for the whole process, as vaswani-translate and "
                         "training run")
@@ -273,13 +272,10 @@ def main():
     torch.set_num_threads(args.threads)
     if args.keep_freed_memory:
         keep_freed_memory()
-    if args.kernels:
-        KERNELS.force(*args.kernels.split(","))
+    os.environ["VASWANI_HF_CACHE"] = tempfile.mkdtemp()  # fast_cpu measures its plan here, as a first call does
     print(f"CPU: {cpu_name()}, {args.threads} threads")
     for label in args.sizes:
-        run_size(label, SIZES[label], args.repeats, args.threads, args.ablate)
-    print(f"\nKernels of our model (shape classes per kind of product): {KERNELS.summary()}"
-          + (f"; forced: {', '.join(KERNELS.forced)}" if KERNELS.forced else ""))
+        run_size(label, SIZES[label], args.repeats, args.threads)
 
 
 if __name__ == "__main__":

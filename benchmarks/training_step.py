@@ -7,7 +7,7 @@ The preset's model trained as `training/run.py` trains it: token batches of Mult
 the preset's size), the paper's label-smoothed loss, the run's Adam (`paper_optimizer`: fused where torch has it),
 the preset's gradient clipping and batches per step. P_drop is the preset's `dropout` unless `--dropout` gives the
 value a run fits (`--dropout_epochs`: none in a run of under 10 epochs). Prints seconds per step, the first 5 left
-out: eager (torch's kernels: training products are never chosen by timing, vaswani_hf/kernels.py), eager under
+out: eager (torch's kernels: fast_cpu changes nothing in training, vaswani_hf/kernels.py), eager under
 bfloat16 autocast (`--mixed_precision bf16`: plain `nn.Linear`) and compiled (`torch.compile(dynamic=True)`: plain
 `nn.Linear`, Inductor), the compile time, the eager step's top operators, and dropout's masks drawn four ways at the
 step's shapes (median of 50).
@@ -26,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from matmul import seconds
+from speed import seconds
 
 from training.arguments import ModelArguments
 from training.batching import collate, encode, token_batches

@@ -8,11 +8,15 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 # The tests never reach the Hub (they build what they need): offline, a call that would is refused at once instead of
 # waiting out the network's timeouts (push_to_hub's model card lookup took 24 s). Set before huggingface_hub loads.
 os.environ["HF_HUB_OFFLINE"] = "1"
+# What our tools keep once per machine (fast_cpu's plans, CTranslate2 exports) goes to the tests' own folder, never the
+# user's ~/.cache; the processes the tests start inherit it.
+os.environ["VASWANI_HF_CACHE"] = tempfile.mkdtemp(prefix="vaswani-hf-tests-")
 
 import pytest
 import torch

@@ -21,7 +21,6 @@ from training.checkpoints import (
     save_checkpoint,
     verified,
 )
-from vaswani_hf.kernels import KERNELS, VaswaniLinear
 
 
 class Killed(BaseException):
@@ -71,25 +70,6 @@ def test_resuming_from_nothing_is_a_one_line_error(tmp_path):
         resolve_checkpoint(tmp_path, "latest")
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         resolve_checkpoint(tmp_path, str(tmp_path / "checkpoint-9"))
-
-
-def test_a_resumed_run_decodes_with_the_kernels_its_checkpoint_recorded(tmp_path, accelerator, monkeypatch):
-    """The choices a run's decoding measured go into its checkpoints; loading one takes them back and keeps them,
-    so that a resumed run does not measure again (and perhaps choose otherwise) where the interrupted run had."""
-    monkeypatch.setattr(KERNELS, "chosen", {})
-    monkeypatch.setattr(KERNELS, "forced", ())
-    monkeypatch.setattr(KERNELS, "frozen", False)
-    layer = VaswaniLinear(6, 5)
-    layer, optimizer = accelerator.prepare(layer, torch.optim.Adam(layer.parameters()))
-    with torch.no_grad(), KERNELS.decoding():
-        layer(torch.randn(40, 6))
-    measured = dict(KERNELS.chosen)
-    assert len(measured) == 1
-    save_checkpoint(accelerator, layer, optimizer, tmp_path, 1, {"history": []}, keep=1)
-
-    monkeypatch.setattr(KERNELS, "chosen", {key: "not measured here" for key in measured})  # a fresh process
-    state = load_checkpoint(accelerator, layer, optimizer, tmp_path / "checkpoint-1")
-    assert KERNELS.chosen == measured and KERNELS.frozen and "kernels" not in state
 
 
 def saved_run(tmp_path, accelerator, steps):

@@ -11,8 +11,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_outputs import BaseModelOutput
 
 from vaswani_hf import fast_cpu
+from vaswani_hf.decoding import PLAIN
 from vaswani_hf.gnmt import gnmt_beam_search
-from vaswani_hf.kernels import KERNELS
 
 
 def padded_sources():
@@ -190,13 +190,12 @@ def in_repeated_layout(model):
 
 
 @pytest.fixture
-def sharing_model(trained_model, monkeypatch):
-    """A copy of the trained model transformed by `fast_cpu` (beams share their source's encoder row in generate()),
-    with torch's products and SDPA forced: only the layout differs from the plain model's."""
+def sharing_model(trained_model):
+    """A copy of the trained model transformed by `fast_cpu` with a plan that shares rows and packs nothing (beams
+    share their source's encoder row in generate()): only the layout differs from the plain model's."""
     import copy
 
-    monkeypatch.setattr(KERNELS, "forced", ("torch", "sdpa"))
-    return fast_cpu(copy.deepcopy(trained_model))
+    return fast_cpu(copy.deepcopy(trained_model), {**PLAIN, "beam": {"shared": True, "packed": False}})
 
 
 def test_beam_search_computes_one_encoder_row_per_source_and_returns_transformers_layout(sharing_model):
@@ -309,11 +308,11 @@ def test_other_attention_kernels_get_one_encoder_row_per_beam():
     registered kernel) get transformers' repeated rows in generate() of a transformed model, and a one-line error
     when called directly with shared rows."""
     AttentionInterface.register("vaswani_test_kernel", sdpa_attention_forward)
-    model = fast_cpu(tiny_model(seed=2))
+    model = fast_cpu(tiny_model(seed=2), {**PLAIN, "beam": {"shared": True, "packed": False}})
     model.set_attn_implementation("vaswani_test_kernel")
     source = random_ids(3, 7, seed=11)
     out = model.generate(source, **BEAM_4, return_dict_in_generate=True)
     assert out.cache.cross_attention_cache.layers[0].keys.shape[0] == 12
     encoder_outputs = model.get_encoder()(input_ids=source)
-    with pytest.raises(ValueError, match=r"\(eager, sdpa, vaswani_measured attention\) one per group"):
+    with pytest.raises(ValueError, match=r"\(eager, sdpa attention\) one per group"):
         model(encoder_outputs=encoder_outputs, decoder_input_ids=random_ids(12, 2))

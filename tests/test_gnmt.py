@@ -145,13 +145,14 @@ def test_a_saved_model_decodes_the_papers_way_however_it_is_loaded(tmp_path):
     assert torch.equal(model.generate(source, attention_mask=mask), expected)
     assert torch.equal(model.generate(input_ids=source, attention_mask=mask, num_beams=1, max_new_tokens=9), greedy)
 
-    # Transformed by fast_cpu, the folder's search runs inside a decoding block (it may reorder the weights once).
+    # Transformed by fast_cpu with a plan that packs, the folder's search runs inside a packing block.
     from vaswani_hf import fast_cpu
-    from vaswani_hf.kernels import KERNELS
+    from vaswani_hf.kernels import PACKING
 
     in_decoding_block = []
-    fast_cpu(model).lm_head.register_forward_hook(
-        lambda module, args, output: in_decoding_block.append(KERNELS.open_decoding_blocks > 0))
+    packing = {"greedy": {"packed": True}, "beam": {"shared": True, "packed": True}}
+    fast_cpu(model, packing).lm_head.register_forward_hook(
+        lambda module, args, output: in_decoding_block.append(PACKING.open > 0))
     assert torch.equal(model.generate(input_ids=source, attention_mask=mask), expected)
     assert in_decoding_block and all(in_decoding_block)
 

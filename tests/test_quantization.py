@@ -9,12 +9,12 @@ from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from vaswani_hf import fast_cpu, quantize_int8
-from vaswani_hf.kernels import VaswaniLinear
+from vaswani_hf.kernels import PackedLinear
 from vaswani_hf.quantization import Int8Linear, full_range_activations
 
 
 def test_the_int8_copy_quantizes_every_linear_layer_and_leaves_the_model_alone():
-    model = fast_cpu(tiny_model()).train()  # as vaswani-translate --int8 quantizes it
+    model = fast_cpu(tiny_model()).train()  # a transformed model: its layers are PackedLinear
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     linear_names = {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     quantized = quantize_int8(model)
@@ -22,7 +22,7 @@ def test_the_int8_copy_quantizes_every_linear_layer_and_leaves_the_model_alone()
     assert quantized_names == linear_names
     assert "lm_head" in linear_names
     assert len(linear_names) == 2 * (4 + 2) + 3 * (4 + 4 + 2) + 1  # attention, FFN, output
-    assert all(type(module) is VaswaniLinear for name, module in model.named_modules() if name in linear_names)
+    assert all(type(module) is PackedLinear for name, module in model.named_modules() if name in linear_names)
     assert all(torch.equal(tensor, before[name]) for name, tensor in model.state_dict().items())
     assert model.training and not quantized.training
 

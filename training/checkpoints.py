@@ -4,13 +4,13 @@ A checkpoint is a folder `checkpoint-<step>` holding the run's whole state as da
 (`model.safetensors`, gathered from every process whatever the layout: one process, DDP or FSDP), Adam's state
 (`optimizer.safetensors`, its hyperparameters as JSON in the header), each process's random generator states
 (`rng_state_<rank>.safetensors`), and `trainer_state.json` (the step, the run's history, the learning-rate
-schedule, and the CPU kernels the run's decoding chose by measurement). It is written under a temporary name and
+schedule). It is written under a temporary name and
 renamed into place when complete, so a kill during a save leaves the previous checkpoints untouched and never
 produces a half-written `checkpoint-<step>`.
 
-Training computes with torch's own kernels (vaswani_hf/kernels.py): the same command gives the same weights, however
-busy the machine. Decoding on a CPU may choose faster kernels by measurement, which round differently; a run resumed
-on a CPU of the same name decodes its validations with the choices its checkpoint recorded.
+Training computes with torch's own kernels: the same command gives the same weights, however busy the machine. (On a
+CPU, validation decodes with the plan `vaswani_hf.fast_cpu` measured once for the machine and kept: a resumed run
+decodes as the first did.)
 
 Nothing is pickled, written or read: safetensors and JSON only. Every file is fsynced before the rename, and
 trainer_state.json records each file's size and SHA-256, so a checkpoint damaged later (a full disk, a truncated
@@ -36,7 +36,6 @@ from torch.distributed.checkpoint.state_dict import (
 
 from training.distributed import full_state_dict, unwrap
 from training.faults import fault_point
-from vaswani_hf.kernels import KERNELS
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -143,7 +142,7 @@ def save_checkpoint(accelerator, model, optimizer, output_dir: str | Path, step:
             if file.is_file():
                 files[str(file.relative_to(temporary))] = {"bytes": file.stat().st_size, "sha256": _sha256(file)}
         with open(temporary / STATE_FILE, "w") as file:
-            json.dump({"step": step, **state, "kernels": KERNELS.state_dict(), "files": files}, file, indent=1)
+            json.dump({"step": step, **state, "files": files}, file, indent=1)
             file.flush()
             os.fsync(file.fileno())
         _fsync(temporary)
@@ -157,16 +156,12 @@ def save_checkpoint(accelerator, model, optimizer, output_dir: str | Path, step:
 
 
 def load_checkpoint(accelerator, model, optimizer, path: Path) -> dict:
-    """Restores model, optimizer, random generators and kernel choices from a checkpoint that `resolve_checkpoint`
-    found intact; returns trainer_state.json (the step, the run's state as saved)."""
+    """Restores model, optimizer and random generators from a checkpoint that `resolve_checkpoint` found intact;
+    returns trainer_state.json (the step, the run's state as saved)."""
     load_training_state(accelerator, model, optimizer, path)
     state = json.loads((path / STATE_FILE).read_text())
     state.pop("files", None)
-    kernels = state.pop("kernels", None)
-    if kernels and KERNELS.load_state_dict(kernels):
-        KERNELS.freeze()
-    elif kernels and kernels["chosen"]:
-        accelerator.print(f"the checkpoint's kernels were measured on {kernels['cpu']}: measuring them again here")
+    state.pop("kernels", None)  # kernel choices that checkpoints before 2026-11-28 kept
     return state
 
 

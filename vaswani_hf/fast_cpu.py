@@ -1,43 +1,125 @@
 # Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
-"""CPU speed as an explicit transform of a model object: `fast_cpu(model)`.
+"""CPU speed as an explicit transform of a model object: `fast_cpu(model)`, never slower than the plain model.
 
 The model files (`modeling_vaswani.py`, what travels to the Hub) use torch's `nn.Linear` and transformers' attention
-kernels, as Marian does. On a CPU, which kernel computes a product fastest depends on the machine (`kernels.py`);
-this transform, applied in place to one model object, lets it choose by measurement:
+kernels, as Marian does. This transform, applied in place to one model object, offers `generate()` two mechanisms
+(decoding.py): beams that share their source's encoder row (transformers' beam search), and linear layers that
+multiply by weights packed once per call into oneDNN's layout (`kernels.PackedLinear`). Which of them pays depends
+on the CPU and on the model's sizes: on one Xeon packing made greedy decoding of a small model 18% slower and of
+the base model 14% faster (benchmarks/README.md). So each is taken only where whole `generate()` calls were measured
+faster with it:
 
-* every `nn.Linear` becomes a `VaswaniLinear`: its float32 CPU products without gradient run in the kernel measured
-  fastest for their shape (torch's, oneDNN's, oneDNN's with the weight packed once per `generate()`); in training,
-  on a GPU, under autocast and under compilation it computes as `nn.Linear`;
-* attention runs the "vaswani_measured" kernel: SDPA, or without gradient the eager product where that is measured
-  faster for the shape;
-* `generate()` shares each source's encoder row among its beams and packs the weights once per call (`decoding.py`).
+* the plan: for greedy decoding, packed or not; for beam search, shared rows or not, and packed or not. A mechanism
+  is taken if the calls with it took at most `MARGIN` of the time of those without (best of `ROUNDS`, interleaved),
+  on `PROBE` random sources of the model's sizes; else the plain way stays;
+* measured once per CPU model, torch version, thread count and model sizes, and kept as JSON in
+  `$VASWANI_HF_CACHE/fast_cpu/` (else `~/.cache/vaswani_hf/fast_cpu/`); later calls read it back. The same machine
+  therefore decodes the same way, busy or quiet: the plan is timed once, the products never.
 
-The same products are computed, rounded differently, and only where no gradient flows: training is torch's, so a run
-gives the same weights transformed or not, quiet or busy. `vaswani-translate` and `training/run.py` apply it on a CPU
-unless told not to (`--no_fast_cpu`). Models loaded from a Hub repository's code take it as well (their layers are
-torch's), and a transformed model saves as any other: the same weights, the same code files, no kernel named in
-config.json.
+Training is torch's (the layers are `nn.Linear` wherever a gradient flows), so a run gives the same weights
+transformed or not. `vaswani-translate` and `training/run.py` apply it on a CPU unless told not to (`--no_fast_cpu`).
+Models loaded from a Hub repository's code take it as well, and a transformed model saves as any other.
 """
 
+import hashlib
+import json
+import os
+import tempfile
+import time
+
+import torch
 from torch import nn
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers import GenerationConfig
 
-from .decoding import share_source_rows
-from .kernels import MEASURED_ATTENTION, VaswaniLinear, measured_attention
-from .modeling_vaswani import eager_attention_forward
+from .decoding import PLAIN, share_source_rows
+from .kernels import ONEDNN, PackedLinear, cache_root, cpu_name
+
+PROBE = {"sources": 16, "source_length": 24, "new_tokens": 16}  # one generate() call of each candidate, a round
+ROUNDS = 3
+MARGIN = 0.97  # a mechanism must save at least 3% of the calls' time: less is this measurement's noise
+SIZES = ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layers", "num_decoder_layers")
 
 
-def fast_cpu(model: nn.Module) -> nn.Module:
-    """`model`, in place, with CPU kernels chosen by measurement (module docstring); applying it again changes
-    nothing."""
-    ALL_ATTENTION_FUNCTIONS.register(MEASURED_ATTENTION, measured_attention(eager_attention_forward))
-    ALL_MASK_ATTENTION_FUNCTIONS.register(MEASURED_ATTENTION, sdpa_mask)
+def fast_cpu(model: nn.Module, plan: dict | None = None) -> nn.Module:
+    """`model`, in place, with the decoding plan measured for this machine and the model's sizes (module docstring),
+    or `plan` as given (`decoding.PLAIN`'s layout); applying it again changes nothing but a given plan."""
     for module in model.modules():
         if type(module) is nn.Linear:
-            module.__class__ = VaswaniLinear  # the same parameters; the forward chooses its kernel
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(MEASURED_ATTENTION)
+            module.__class__ = PackedLinear  # the same parameters; packed only inside a packing block
     if hasattr(model, "generate"):
         share_source_rows(model)
+        model.fast_cpu_plan = plan or kept_plan(model)
     return model
+
+
+def kept_plan(model: nn.Module) -> dict:
+    """The plan kept for this machine and the model's sizes, measured now if none is (or it cannot be read)."""
+    facts = {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+             "sizes": {name: getattr(model.config, name, None) for name in SIZES}}
+    key = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+    path = cache_root("fast_cpu") / f"{key}.json"
+    try:
+        return json.loads(path.read_text())["plan"]
+    except (OSError, ValueError, KeyError):
+        pass
+    plan, seconds = measured_plan(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".partial", delete=False) as file:
+        json.dump({**facts, "plan": plan, "seconds": seconds, "probe": PROBE, "rounds": ROUNDS}, file, indent=1)
+    os.replace(file.name, path)  # whole or not at all: a killed process leaves no half-written plan
+    return plan
+
+
+CANDIDATES = {"greedy": [{"packed": False}, {"packed": True}],
+              "beam": [{"shared": False, "packed": False}, {"shared": True, "packed": False},
+                       {"shared": True, "packed": True}]}  # each after the one without its last mechanism
+
+
+def measured_plan(model: nn.Module) -> tuple[dict, dict]:
+    """The plan whole `generate()` calls were fastest with, greedy and beam 4, and each candidate's best seconds."""
+    config, device = model.config, next(model.parameters()).device
+    generator = torch.Generator().manual_seed(0)
+    source = torch.randint(4, config.vocab_size, (PROBE["sources"], PROBE["source_length"]), generator=generator)
+    training = model.training
+    plan, seconds = {}, {}
+    try:
+        model.eval()
+        for mode, listed in CANDIDATES.items():
+            listed = [candidate for candidate in listed if ONEDNN or not candidate["packed"]]
+            generation = GenerationConfig(  # exactly new_tokens a sequence: no end of sentence
+                num_beams=4 if mode == "beam" else 1, do_sample=False, max_new_tokens=PROBE["new_tokens"],
+                eos_token_id=None, pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
+                decoder_start_token_id=config.decoder_start_token_id)
+            calls = [{**PLAIN, mode: candidate} for candidate in listed]
+            for candidate in calls:  # warm-up: oneDNN makes its primitives, the weights are packed
+                seconds_of(model, candidate, input_ids=source.to(device), generation_config=generation)
+            times = [float("inf")] * len(calls)
+            for _ in range(ROUNDS):
+                for index, candidate in enumerate(calls):
+                    times[index] = min(times[index], seconds_of(model, candidate, input_ids=source.to(device),
+                                                                generation_config=generation))
+            plan[mode] = listed[chosen(times)]
+            seconds[mode] = [{**candidate, "seconds": t} for candidate, t in zip(listed, times)]
+    finally:
+        model.fast_cpu_plan = PLAIN
+        model.train(training)
+    return plan, seconds
+
+
+def seconds_of(model: nn.Module, plan: dict, **inputs) -> float:
+    """Seconds of one `generate(**inputs)` call under `plan`."""
+    model.fast_cpu_plan = plan
+    start = time.perf_counter()
+    with torch.no_grad():
+        model.generate(**inputs)
+    return time.perf_counter() - start
+
+
+def chosen(times: list[float]) -> int:
+    """The candidate to take, by index into times listed as in CANDIDATES: each takes over from the one chosen so far
+    only if it took at most MARGIN of its time, so the plain way (index 0) stays unless a mechanism pays."""
+    choice = 0
+    for index in range(1, len(times)):
+        if times[index] <= MARGIN * times[choice]:
+            choice = index
+    return choice

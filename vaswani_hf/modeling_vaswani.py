@@ -26,8 +26,9 @@ Deviations from the paper — this is the one list. By default there are none in
     ((5 + |Y|) / 6)^alpha is the paper's; transformers' `length_penalty` divides by |Y|^alpha instead.
   * Inference in int8: `vaswani_hf.quantize_int8(model)` (`quantization.py`; `vaswani-translate --int8`) returns a
     copy whose linear layers compute in int8 on the CPU; the paper decodes in float32 (off by default).
-  * CPU kernels: `vaswani_hf.fast_cpu(model)` makes a model's float32 CPU products run in kernels chosen by
-    measurement (`fast_cpu.py`): the same products, rounded differently (on by default in our tools, on a CPU).
+  * CPU decoding: `vaswani_hf.fast_cpu(model)` shares encoder rows among beams and multiplies by packed weights
+    where whole calls were measured faster on the machine (`fast_cpu.py`): the same products, rounded differently
+    (on by default in our tools, on a CPU).
   * Fused projections: `vaswani_hf.fast_gpu(model)` computes each attention's projections of one input as one
     product (`fast_gpu.py`), for GPUs, where launching kernels paces a step: the same products, rounded differently
     (on by default in our tools, on a GPU).
@@ -67,8 +68,8 @@ require_version("transformers>=5.24")
 logger = logging.get_logger(__name__)
 
 # The attention kernels whose masks broadcast over a block of query rows: beams sharing one encoder row attend to it
-# as one block (`VaswaniAttention`). "vaswani_measured" is the kernel `vaswani_hf.fast_cpu` registers.
-SHARED_SOURCE_KERNELS = ("eager", "sdpa", "vaswani_measured")
+# as one block (`VaswaniAttention`).
+SHARED_SOURCE_KERNELS = ("eager", "sdpa")
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:

@@ -24,7 +24,6 @@ Decoding in CTranslate2 is its own: its beam search divides scores by |Y|^length
 
 import copy
 import hashlib
-import os
 from pathlib import Path
 
 import ctranslate2
@@ -37,6 +36,7 @@ from ctranslate2.specs.common_spec import Activation
 from ctranslate2.specs.model_spec import NumpyVariable, Variable, visit_spec
 
 from .gnmt import EXTRA_OUTPUT_LENGTH
+from .kernels import cache_root
 from .modeling_vaswani import sinusoidal_position_encoding
 
 # CTranslate2 truncates inputs to 1024 tokens (`max_input_length`); §6.1 lets outputs run 50 longer.
@@ -152,15 +152,11 @@ def export(model, tokenizer, output_dir: str, quantization: str | None = None) -
     return str(output_dir)
 
 
-def cache_root() -> Path:
-    """Where converted models are kept: $VASWANI_HF_CACHE, else ~/.cache/vaswani_hf."""
-    return Path(os.environ.get("VASWANI_HF_CACHE") or Path.home() / ".cache" / "vaswani_hf") / "ctranslate2"
-
-
 def cached_export(name_or_path: str, quantization: str) -> Path:
-    """The model's CTranslate2 export in `quantization`, converted the first time and kept in `cache_root()` under a
-    key of what it is made from: the bytes of its weights, configuration and tokenizer, the quantization, this
-    converter's own code and CTranslate2's version. A folder whose weights change gets a new export."""
+    """The model's CTranslate2 export in `quantization`, converted the first time and kept in
+    `cache_root("ctranslate2")` under a key of what it is made from: the bytes of its weights, configuration and
+    tokenizer, the quantization, this converter's own code and CTranslate2's version. A folder whose weights change
+    gets a new export."""
     from transformers.utils import cached_file
 
     from .export import written_whole
@@ -172,7 +168,7 @@ def cached_export(name_or_path: str, quantization: str) -> Path:
         with open(cached_file(name_or_path, name), "rb") as file:
             for block in iter(lambda: file.read(1 << 24), b""):
                 key.update(block)
-    folder = cache_root() / key.hexdigest()[:32]
+    folder = cache_root("ctranslate2") / key.hexdigest()[:32]
     if not (folder / "model.bin").is_file():
         model, tokenizer = load(name_or_path, device="cpu", fast=False)
         with written_whole(folder) as partial:

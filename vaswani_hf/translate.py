@@ -14,8 +14,8 @@ stderr counts lines and tokens/s.
     vaswani-translate --model outputs/run --nbest 4 < sources.txt  # "line ||| translation ||| score", 4 per line
     vaswani-translate --model outputs/run --engine ctranslate2 < sources.txt   # the CTranslate2 export
 
-On a CPU the model is transformed by `vaswani_hf.fast_cpu` (kernels chosen by measurement); `--no_fast_cpu` decodes
-with torch's and transformers' own kernels, as the model files are written. `--engine ctranslate2` decodes with the
+On a CPU the float32 model is transformed by `vaswani_hf.fast_cpu` (what whole calls were measured faster with, on
+this machine, once); `--no_fast_cpu` decodes as the model files are written. `--engine ctranslate2` decodes with the
 model's CTranslate2 export instead (to_ctranslate2.py's `CTranslate2Engine`, converted once into a cache): the same
 greedy tokens, its own beam search (log P / |Y|^α). In Python, `load_engine` gives either engine and `translate` or
 `translations` decode with it:
@@ -51,8 +51,8 @@ WINDOW = 2000  # lines read, sorted by length and batched together
 
 def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool = True):
     """(model, tokenizer) from a model folder or Hub repository, in eval mode on `device` (with `int8`: the CPU
-    model's int8 copy; on a CPU with `fast`: transformed by `fast_cpu`); a missing or broken model, or another kind
-    of model, exits with a one-line message before its weights are read."""
+    model's int8 copy; else on a CPU with `fast`: transformed by `fast_cpu`); a missing or broken model, or another
+    kind of model, exits with a one-line message before its weights are read."""
     if device == "auto":
         device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
     if int8 and device != "cpu":
@@ -63,7 +63,7 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool
     _, tokenizer = checked(name_or_path)
     with one_line_errors(name_or_path):
         model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
-    if fast and kind == "cpu":
+    if fast and kind == "cpu" and not int8:
         fast_cpu(model)
     return (quantize_int8(model) if int8 else model.to(device).eval()), tokenizer
 
@@ -189,7 +189,7 @@ class TorchEngine:
         try:
             device = next(self.model.parameters()).device
             inputs = self.tokenizer.pad({"input_ids": batch}, return_tensors="pt").to(device)
-            with getattr(self.model, "packed_weights", contextlib.nullcontext)():  # fast_cpu's decoding block
+            with getattr(self.model, "packed_weights", lambda beams: contextlib.nullcontext())(num_beams):  # fast_cpu
                 sequences, scores = search(self.model, inputs, num_beams, alpha, nbest)
         finally:
             self.model.train(training)  # the caller's mode back: a training loop goes on training
@@ -311,8 +311,8 @@ def main(argv: list[str] | None = None) -> None:
                         "on some CPUs; its beam search divides log P by |Y|^alpha, not by the paper's GNMT penalty "
                         "(greedy decoding is the same).")
     parser.add_argument("--no_fast_cpu", action="store_true",
-                        help="On a CPU, torch's own kernels instead of those chosen by measurement "
-                        "(vaswani_hf.fast_cpu).")
+                        help="On a CPU, decode as the model files are written, not with what whole calls were "
+                        "measured faster with on this machine (vaswani_hf.fast_cpu).")
     parser.add_argument("--quiet", action="store_true", help="No progress bar on stderr.")
     args = parser.parse_args(argv)
     if min(args.max_tokens, args.window, args.nbest, args.num_beams or 1) < 1:
