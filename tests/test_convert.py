@@ -19,6 +19,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, Mar
 
 from training.default_data import generate
 from vaswani_hf import convert
+from vaswani_hf.gnmt import gnmt_beam_search
 
 SENTENCES = [en for en, _ in generate()["test"][:300]]
 
@@ -115,8 +116,8 @@ def test_the_converted_tokenizer_gives_marians_ids_and_text(marian_pair):
 
 
 def test_vaswani_translate_decodes_a_converted_model_as_published(marian_pair, cli):
-    """Without --alpha the source's own decoding (beam 4, transformers' length normalization); with --alpha the
-    paper's GNMT search."""
+    """Without --alpha the source's own decoding (beam 4, transformers' length normalization): Marian's translations;
+    with --alpha 0.6 the paper's GNMT search: the search's own translations, called directly."""
     source, converted = marian_pair
     marian, tokenizer = MarianMTModel.from_pretrained(source).eval(), MarianTokenizer.from_pretrained(source)
     sources = SENTENCES[:12]
@@ -125,7 +126,11 @@ def test_vaswani_translate_decodes_a_converted_model_as_published(marian_pair, c
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == expected
     paper = cli("--model", converted, "--quiet", "--no_fast_cpu", "--alpha", "0.6", stdin="\n".join(sources) + "\n")
-    assert paper.returncode == 0 and paper.stdout.count("\n") == len(sources)
+    assert paper.returncode == 0, paper.stderr
+    ours = AutoModelForSeq2SeqLM.from_pretrained(converted).eval()  # the paper's search at α 0.6, called directly
+    gnmt = tokenizer.batch_decode(gnmt_beam_search(ours, **batch(source, sources), num_beams=4, alpha=0.6),
+                                  skip_special_tokens=True)
+    assert paper.stdout.splitlines() == gnmt
 
 
 def test_a_converted_model_loads_without_the_package_and_exports(marian_pair, tmp_path):

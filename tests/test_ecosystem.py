@@ -527,12 +527,29 @@ def test_the_visualize_command_explains_a_missing_layer_in_one_line(translation_
     assert not (tmp_path / "pictures").exists()
 
 
-def test_write_pictures_draws_every_head(translation_folder, tmp_path):
+def test_write_pictures_draws_every_head_with_its_weights_and_tokens(translation_folder, tmp_path, monkeypatch):
+    """Each picture's figure, caught as it is closed: one heatmap per head holding that head's weights (queries down,
+    keys across), titled by the head, its axes labelled with the tokens; the PNG is the figure's size."""
+    import matplotlib.pyplot as plt
     from PIL import Image
 
     model, tokenizer = load_local(translation_folder)
     weights = attention_weights(model, tokenizer, SOURCES[2], "Die Kinder spielen.", layer=-1)
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", lambda figure: figures.append(figure))
     paths = write_pictures(weights, tmp_path, layer=1)
     assert [p.name for p in paths] == ["encoder_self_attention_layer1.png", "decoder_self_attention_layer1.png",
                                        "cross_attention_layer1.png"]
-    assert all(Image.open(p).size[0] > 300 for p in paths)
+    source, target = weights.source_tokens, weights.target_tokens
+    expected = [(weights.encoder, source, source), (weights.decoder, target, target), (weights.cross, target, source)]
+    for figure, path, (tensor, queries, keys) in zip(figures, paths, expected, strict=True):
+        drawn = [axis for axis in figure.axes if axis.images]
+        assert len(drawn) == model.config.num_heads
+        for head, axis in enumerate(drawn):
+            assert axis.get_title() == f"head {head + 1}"
+            assert torch.equal(torch.as_tensor(axis.images[0].get_array()), tensor[head])
+            assert [label.get_text() for label in axis.get_xticklabels()] == keys
+            assert [label.get_text() for label in axis.get_yticklabels()] == queries
+        width, height = figure.get_size_inches() * figure.dpi  # saved at the figure's dpi, to a pixel's rounding
+        assert all(abs(a - b) <= 1 for a, b in zip(Image.open(path).size, (width, height)))
+        close(figure)
