@@ -1,6 +1,7 @@
 """generate(): the paper's defaults, the cache, and equivalences between decoding paths (§6.1)."""
 
 import contextlib
+import re
 
 import pytest
 import torch
@@ -96,6 +97,47 @@ def test_a_generation_config_with_gnmt_alpha_decodes_the_papers_way():
                                                                 length_penalty=0.5, max_new_tokens=9))
     # A bare config asks for the paper's search in the call.
     assert torch.equal(tiny_model().generate(source, attention_mask=mask, num_beams=3, gnmt_alpha=1.4), paper)
+
+
+def test_the_papers_search_returns_a_beam_output_and_its_scores_and_honours_max_length():
+    """return_dict_in_generate: transformers' beam output class holding the search's sequences and, with
+    output_scores, its penalized scores (`sequences_scores`); asking for them changes no token. max_length counts the
+    decoder start token, as transformers' does."""
+    from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
+
+    model = tiny_model()
+    model.generation_config.num_beams, model.generation_config.gnmt_alpha = 3, 1.4
+    source, mask = padded_sources()
+    paper, scores = gnmt_beam_search(model, source, mask, 3, 1.4, num_return_sequences=2, output_scores=True)
+    out = model.generate(source, attention_mask=mask, num_return_sequences=2, output_scores=True,
+                         return_dict_in_generate=True)
+    assert isinstance(out, GenerateBeamEncoderDecoderOutput)
+    assert torch.equal(out.sequences, paper) and torch.equal(out.sequences_scores, scores)
+    assert model.generate(source, attention_mask=mask, return_dict_in_generate=True).sequences_scores is None
+    assert torch.equal(model.generate(source, attention_mask=mask, max_length=5),
+                       gnmt_beam_search(model, source, mask, 3, 1.4, max_new_tokens=4))
+
+
+@pytest.mark.parametrize(("option", "named"), [
+    ({"logits_processor": [lambda ids, scores: scores]}, "logits_processor"),
+    ({"stopping_criteria": [lambda ids, scores: False]}, "stopping_criteria"),
+    ({"output_attentions": True}, "output_attentions"),
+    ({"repetition_penalty": 1.2, "no_repeat_ngram_size": 2}, "no_repeat_ngram_size, repetition_penalty"),
+    ({"eos_token_id": 5}, "eos_token_id"),
+])
+def test_what_the_papers_search_does_not_take_is_refused_in_one_line_not_sent_elsewhere(option, named):
+    """Before, such a call went to transformers' beam search, with its length penalty, and the tokens changed without
+    a word. gnmt_alpha=None in the call is transformers' beam search, as for a model saved without it."""
+    model = tiny_model()
+    model.generation_config.num_beams, model.generation_config.gnmt_alpha = 3, 1.4
+    source, mask = padded_sources()
+    message = f"generate(): the paper's beam search (gnmt_alpha=1.4) does not take {named}: leave it out, or pass "
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        model.generate(source, attention_mask=mask, **option)
+    plain = tiny_model()
+    plain.generation_config.num_beams = 3
+    transformers_beam = model.generate(source, attention_mask=mask, gnmt_alpha=None, max_new_tokens=6, **option)
+    assert torch.equal(transformers_beam, plain.generate(source, attention_mask=mask, max_new_tokens=6, **option))
 
 
 def test_the_papers_output_length_is_source_length_plus_50_unless_set():

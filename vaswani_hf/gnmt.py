@@ -19,9 +19,9 @@ of probability 1e-3 beats a 25-token translation with log P < -18 at α = 0.6). 
 `min_new_tokens=0` allows empty outputs.
 
 `paper_decoding` is what `VaswaniForConditionalGeneration.generate()` runs: this search where the generation
-config asks for it (`gnmt_alpha`, which training/run.py saves beside `num_beams`) and the call asks for nothing it
-does not offer, else transformers' `generate()`. This file travels to the Hub beside the model: it imports only
-torch and transformers.
+config asks for it (`gnmt_alpha`, which training/run.py saves beside `num_beams`), a one-line refusal of what the call
+asks of it that it does not take, transformers' `generate()` for another decoding named in the call. This file
+travels to the Hub beside the model: it imports only torch and transformers.
 """
 
 import copy
@@ -29,6 +29,7 @@ import copy
 import torch
 from transformers import GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 
 # §6.1: "We set the maximum output length during inference to input length + 50".
 EXTRA_OUTPUT_LENGTH = 50
@@ -147,12 +148,14 @@ def gnmt_beam_search(
     return (sequences, finished_scores.flatten()) if output_scores else sequences
 
 
-# What the search reads of a generation config. Any other setting asked for — given to the call (other than None or
-# False), or saved different from transformers' default (sampling, logits processors, output dicts, max_length,
-# length_penalty, ...) — or any other input makes the call transformers' generate().
-SEARCH_SETTINGS = ("num_beams", "gnmt_alpha", "max_new_tokens", "min_new_tokens", "num_return_sequences",
-                   "early_stopping", "use_cache", "transformers_version")
+# What the search takes of a generation config or a call: a saved config's or the call's own (other than None or
+# False). max_length counts the decoder start token, as transformers' does for encoder-decoder models.
+SEARCH_SETTINGS = ("num_beams", "gnmt_alpha", "max_new_tokens", "max_length", "min_new_tokens", "num_return_sequences",
+                   "early_stopping", "use_cache", "return_dict_in_generate", "output_scores", "transformers_version")
 TOKEN_SETTINGS = ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id")  # must be the model's
+# Settings and inputs that name another decoding: a call with one of them is that decoding, transformers' own.
+OTHER_DECODINGS = ("do_sample", "length_penalty", "num_beam_groups", "diversity_penalty", "penalty_alpha",
+                   "constraints", "force_words_ids", "prompt_lookup_num_tokens", "custom_generate", "assistant_model")
 
 
 def paper_decoding(model, generate, inputs=None, generation_config=None, **kwargs):
@@ -160,8 +163,13 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
 
     A generation config (the model's, or the one given on top of the model's) or a call with `gnmt_alpha` asks for
     the paper's decoding (§6.1): with `num_beams` > 1 this GNMT search, source length + 50 tokens unless
-    `max_new_tokens` says otherwise; with settings the search does not offer, transformers' decoding of them, at most
-    source length + 50 tokens unless the call sets a length. Without `gnmt_alpha`, transformers' decoding unchanged.
+    `max_new_tokens` or `max_length` says otherwise, its result a tensor or, with `return_dict_in_generate`, a
+    `GenerateBeamEncoderDecoderOutput` (`sequences_scores`, the penalized scores, with `output_scores`). The search
+    is never swapped for another behind the call's back: a setting or input it does not take (logits processors,
+    stopping criteria, streamers, attention outputs, ...) is refused in one line naming it; one that names another
+    decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...) or one beam (greedy: the same tokens)
+    is transformers' decoding of it, at most source length + 50 tokens unless the call sets a length. Without
+    `gnmt_alpha` (or with `gnmt_alpha=None` in the call), transformers' decoding unchanged.
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
@@ -178,16 +186,30 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     given = {key for key, value in kwargs.items()
              if key not in inputs_of_call and value is not None and value is not False}
     other_settings = {key for key in saved | given if key not in SEARCH_SETTINGS + TOKEN_SETTINGS and key[0] != "_"}
-    foreign_tokens = [key for key in TOKEN_SETTINGS if getattr(config, key) not in (None, getattr(model.config, key))]
-    given_inputs = {key for key, value in inputs_of_call.items() if value is not None}
-    other_inputs = given_inputs - {"input_ids", "attention_mask"}
-    searchable = (torch.is_tensor(source) and source.dim() == 2 and (config.num_beams or 1) > 1
-                  and not (other_settings or foreign_tokens or other_inputs))
-    if searchable:
-        return gnmt_beam_search(model, source, mask, config.num_beams, alpha, config.max_new_tokens,
-                                min_new_tokens=1 if config.min_new_tokens is None else config.min_new_tokens,
-                                num_return_sequences=config.num_return_sequences or 1)
-    if torch.is_tensor(source) and config.max_new_tokens is None and config.max_length is None:
+    other_inputs = {key for key, value in inputs_of_call.items() if value is not None} - {"input_ids",
+                                                                                          "attention_mask"}
+    if (config.num_beams or 1) > 1 and not (other_settings | other_inputs) & set(OTHER_DECODINGS):
+        refused = sorted(other_settings | other_inputs | {
+            key for key in TOKEN_SETTINGS if getattr(config, key) not in (None, getattr(model.config, key))})
+        if not torch.is_tensor(source) or source.dim() != 2:
+            refused.append("inputs other than a (batch, length) tensor of token ids")
+        if refused:
+            raise ValueError(
+                f"generate(): the paper's beam search (gnmt_alpha={alpha}) does not take {', '.join(refused)}: "
+                "leave it out, or pass gnmt_alpha=None for transformers' beam search (log P / |Y|^length_penalty)"
+            )
+        max_new_tokens = config.max_new_tokens
+        if max_new_tokens is None and "max_length" in saved | given:
+            max_new_tokens = config.max_length - 1  # the decoder start token counts in max_length
+        sequences, scores = gnmt_beam_search(
+            model, source, mask, config.num_beams, alpha, max_new_tokens,
+            min_new_tokens=1 if config.min_new_tokens is None else config.min_new_tokens,
+            num_return_sequences=config.num_return_sequences or 1, output_scores=True)
+        if config.return_dict_in_generate:
+            return GenerateBeamEncoderDecoderOutput(sequences=sequences,
+                                                    sequences_scores=scores if config.output_scores else None)
+        return sequences
+    if torch.is_tensor(source) and config.max_new_tokens is None and "max_length" not in saved | given:
         source_length = int(mask.sum(-1).max()) if torch.is_tensor(mask) and mask.dim() == 2 else source.shape[-1]
         kwargs["max_new_tokens"] = source_length + EXTRA_OUTPUT_LENGTH
     return generate(inputs, generation_config=generation_config, **kwargs)

@@ -642,7 +642,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
 
     def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
         """transformers' `generate()`; where the generation config asks for the paper's decoding (§6.1, `gnmt_alpha`,
-        as `training/run.py` saves it), beam search with the GNMT length penalty (`gnmt.paper_decoding`)."""
+        as `training/run.py` saves it), beam search with the GNMT length penalty, and a one-line refusal of what it
+        does not take (`gnmt.paper_decoding`)."""
         return paper_decoding(self, super().generate, inputs, generation_config, **kwargs)
 
 
