@@ -1,5 +1,6 @@
 """The paper's decoding (§6.1): beam search with the GNMT length penalty, checked against brute force."""
 
+import copy
 import itertools
 
 import pytest
@@ -169,3 +170,23 @@ def test_no_empty_translation_unless_asked(trained_model):
         handle.remove()
     assert empty[:, :2].tolist() == [[BOS, EOS]] * 2
     assert (not_empty[:, 1] != EOS).all() and (not_empty[:, 2] == EOS).all()
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa", "vaswani_repeated_rows"])
+def test_the_search_decodes_with_every_attention_kernel(trained_model, kernel):
+    """The model declares eager, SDPA and flash attention (which needs a GPU; here a registered kernel stands in for
+    any whose masks do not broadcast over a block of beams: SDPA under another name). Each decodes the search's tokens
+    and scores: the shared-row kernels with one encoder row per source, the others with one per beam."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register("vaswani_repeated_rows", sdpa_attention_forward)
+    AttentionMaskInterface.register("vaswani_repeated_rows", sdpa_mask)
+    source = random_ids(3, 7, seed=4)
+    expected, expected_scores = gnmt_beam_search(trained_model, source, num_beams=4, output_scores=True)
+    model = copy.deepcopy(trained_model)
+    model.set_attn_implementation(kernel)
+    found, scores = gnmt_beam_search(model, source, num_beams=4, output_scores=True)
+    assert torch.equal(found, expected)
+    torch.testing.assert_close(scores, expected_scores, rtol=1e-5, atol=1e-5)

@@ -25,8 +25,8 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.utils import ModelOutput
 
+from .checks import SHARED_SOURCE_KERNELS
 from .kernels import PACKING
-from .modeling_vaswani import SHARED_SOURCE_KERNELS
 
 PLAIN = {"greedy": {"packed": False}, "beam": {"shared": False, "packed": False}}  # as the model files decode
 

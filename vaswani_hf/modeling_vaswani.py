@@ -58,7 +58,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from transformers.utils.versions import require_version
 
-from .checks import check_mask, check_token_ids
+from .checks import SHARED_SOURCE_KERNELS, check_mask, check_token_ids
 from .configuration_vaswani import VaswaniConfig
 from .gnmt import paper_decoding
 
@@ -66,10 +66,6 @@ from .gnmt import paper_decoding
 # model speaks the new name (and takes the old one, as transformers' own models do). An older one is refused here.
 require_version("transformers>=5.24")
 logger = logging.get_logger(__name__)
-
-# The attention kernels whose masks broadcast over a block of query rows: beams sharing one encoder row attend to it
-# as one block (`VaswaniAttention`).
-SHARED_SOURCE_KERNELS = ("eager", "sdpa")
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
