@@ -1,4 +1,5 @@
-"""Fetch transformers' own common model tests for the installed transformers version.
+"""Fetch transformers' own common model tests for the installed transformers version: on first use by
+`tests/test_transformers_common.py` (once per version, whichever test process gets there first), or by hand:
 
     python tests/fetch_transformers_tests.py
 
@@ -20,6 +21,7 @@ import tarfile
 import tempfile
 
 import transformers
+from filelock import FileLock
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TARGET = ROOT / ".cache" / "transformers-tests" / transformers.__version__
@@ -31,8 +33,17 @@ STUBS = {
 
 
 def fetch() -> pathlib.Path:
+    """The package, downloaded and unpacked the first time; test processes starting together wait for one download."""
     if (PACKAGE / "test_modeling_common.py").exists():
         return PACKAGE
+    TARGET.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(TARGET / ".lock")):
+        if not (PACKAGE / "test_modeling_common.py").exists():
+            download_into(PACKAGE)
+    return PACKAGE
+
+
+def download_into(package: pathlib.Path) -> None:
     with tempfile.TemporaryDirectory() as download:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
@@ -52,10 +63,8 @@ def fetch() -> pathlib.Path:
             (staging / relative).parent.joinpath("__init__.py").touch()
             (staging / relative).write_text(text)
         (staging / "__init__.py").touch()
-        TARGET.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(PACKAGE, ignore_errors=True)
-        shutil.move(str(staging), PACKAGE)
-    return PACKAGE
+        shutil.rmtree(package, ignore_errors=True)
+        shutil.move(str(staging), package)
 
 
 if __name__ == "__main__":

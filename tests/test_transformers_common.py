@@ -1,26 +1,27 @@
 """transformers' own ModelTesterMixin (test_modeling_common.py of the installed transformers version) run
 against our model with a tiny config built from the paper's arguments.
 
-The mixin comes from transformers' sdist, fetched by `python tests/fetch_transformers_tests.py` (a set-up step
-of the README). Without it this module fails, it does not skip. The sdist has no GenerationTesterMixin
+The mixin comes from transformers' sdist on PyPI, fetched and cached on first use (`fetch_transformers_tests.py`).
+Where it cannot be fetched this module fails, it does not skip. The sdist has no GenerationTesterMixin
 (tests/generation/ is left out of it), so none runs here: tests/test_generation.py checks what its tests check that
 concern this model (continuing from a returned cache, a fullgraph-compiled forward, no recompilation).
 """
 
+import subprocess
 import sys
 import unittest
 import warnings
 
 import pytest
 import torch
-from fetch_transformers_tests import PACKAGE, TARGET
+from fetch_transformers_tests import PACKAGE, TARGET, fetch
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
 
-if not (PACKAGE / "test_modeling_common.py").exists():
-    raise RuntimeError(
-        f"transformers' common tests are missing: run `python tests/fetch_transformers_tests.py` ({PACKAGE})"
-    )
+try:
+    fetch()
+except subprocess.CalledProcessError as error:
+    raise RuntimeError(f"transformers' common tests could not be fetched from PyPI into {PACKAGE}: {error}") from None
 sys.path.insert(0, str(TARGET))
 
 from transformers_tests.test_modeling_common import ModelTesterMixin, ids_tensor
