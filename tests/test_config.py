@@ -133,3 +133,19 @@ def test_registration_is_idempotent():
     assert isinstance(config, VaswaniConfig)
     assert isinstance(AutoModel.from_config(config), VaswaniModel)
     assert isinstance(AutoModelForSeq2SeqLM.from_config(config), VaswaniForConditionalGeneration)
+
+
+def test_the_papers_configs_have_no_deviations_and_each_option_names_itself():
+    """The one list of deviations (PAPER_ARCHITECTURE), as the model cards print it: none for base and big, one line
+    per option changed, naming it and its value; every architecture option that is not the paper's is in it."""
+    from vaswani_hf.configuration_vaswani import PAPER_ARCHITECTURE
+
+    assert VaswaniConfig().deviations() == [] == VaswaniConfig.big().deviations()
+    changed = {"normalize_before": True, "tie_word_embeddings": False, "position_embedding": "learned",
+               "scale_embedding": False, "attention_dropout": 0.1, "activation_dropout": 0.1,
+               "activation_function": "swish", "add_final_logits_bias": True, "position_encoding_layout": "halves",
+               "position_encoding_frequencies": "fairseq", "position_offset": 2, "layer_norm_eps": 1e-5}
+    for name, value in changed.items():
+        (line,) = VaswaniConfig(**{name: value}).deviations()
+        assert line.endswith(f"(`{name}={value!r}`)"), line
+    assert set(PAPER_ARCHITECTURE) == set(changed)

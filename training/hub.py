@@ -10,22 +10,6 @@ from training.recipe import TrainingData
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_CARD = ROOT / "model_card.md"
 
-# The paper's architecture (§3) as VaswaniConfig values; anything else is a deviation and the card says so.
-PAPER_ARCHITECTURE = {
-    "normalize_before": (False, "pre-LN sub-layers x + Dropout(Sublayer(LayerNorm(x))) instead of post-LN"),
-    "tie_word_embeddings": (True, "untied source embedding, target embedding and pre-softmax projection"),
-    "position_embedding": ("sinusoidal", "learned position embeddings instead of sinusoids (Table 3 row E)"),
-    "scale_embedding": (True, "embeddings not multiplied by sqrt(d_model)"),
-    "attention_dropout": (0.0, "dropout on the attention weights"),
-    "activation_dropout": (0.0, "dropout after the feed-forward ReLU"),
-}
-
-
-def architecture_deviations(config) -> list[str]:
-    return [f"{text} (`{name}={getattr(config, name)!r}`)" for name, (paper, text) in PAPER_ARCHITECTURE.items()
-            if getattr(config, name) != paper]
-
-
 def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, data: TrainingData, length_limit: str,
                         source_lang: str, target_lang: str, model_id: str, recipe: dict, deviations: list[str],
                         label_smoothing: float, batching: str, num_beams: int = 4, alpha: float = 0.6) -> None:
@@ -45,7 +29,7 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
     tokenizer.backend_tokenizer.enable_padding(pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
     tokenizer.save_pretrained(output_dir)
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
-    deviations = architecture_deviations(model.config) + deviations
+    deviations = model.config.deviations() + deviations
     averaged = len(metrics.get("averaged_checkpoints", []))
     scores = {split: metrics[split] for split in ("validation", "test") if "bleu" in metrics.get(split, {})}
     values = {

@@ -11,6 +11,23 @@ from transformers import PretrainedConfig
 
 from .pipeline_vaswani import CUSTOM_PIPELINES
 
+# The paper's architecture (§3) as config values, and what any other value means: the one list of deviations, which
+# `VaswaniConfig.deviations()` reads for the model cards of a run (training/hub.py) and of a converted model.
+PAPER_ARCHITECTURE = {
+    "normalize_before": (False, "pre-LN sub-layers x + Dropout(Sublayer(LayerNorm(x))) instead of post-LN"),
+    "tie_word_embeddings": (True, "untied source embedding, target embedding and pre-softmax projection"),
+    "position_embedding": ("sinusoidal", "learned position embeddings instead of sinusoids (Table 3 row E)"),
+    "scale_embedding": (True, "embeddings not multiplied by sqrt(d_model)"),
+    "attention_dropout": (0.0, "dropout on the attention weights"),
+    "activation_dropout": (0.0, "dropout after the feed-forward ReLU"),
+    "activation_function": ("relu", "another feed-forward non-linearity than ReLU"),
+    "add_final_logits_bias": (False, "a fixed bias added to the logits (Marian's)"),
+    "position_encoding_layout": ("interleaved", "the sinusoids laid out as all sines, then all cosines"),
+    "position_encoding_frequencies": ("paper", "fairseq's sinusoid frequencies"),
+    "position_offset": (0, "positions counted from an offset (fairseq's)"),
+    "layer_norm_eps": (1e-6, "another LayerNorm epsilon than tensor2tensor's (the paper names none)"),
+}
+
 
 class VaswaniConfig(PretrainedConfig):
     r"""
@@ -177,6 +194,11 @@ class VaswaniConfig(PretrainedConfig):
             text_config = copy.copy(text_config) if text_config is self else text_config
             text_config.num_layers = self.num_decoder_layers
         return text_config
+
+    def deviations(self) -> list[str]:
+        """Where this configuration computes differently from the paper, one line each (`PAPER_ARCHITECTURE`)."""
+        return [f"{text} (`{name}={getattr(self, name)!r}`)" for name, (paper, text) in PAPER_ARCHITECTURE.items()
+                if getattr(self, name) != paper]
 
     @classmethod
     def base(cls, **overrides) -> "VaswaniConfig":

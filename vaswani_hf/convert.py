@@ -7,8 +7,8 @@ What it writes is an ordinary vaswani_hf folder: safetensors weights, config, th
 the generation config the source was published with, and a model card naming the source and its license. The
 project's tools take it: `vaswani-translate`, the pipeline, `vaswani-export`, remote-code loading, `vaswani-push`.
 
-Where the source computes differently from the paper, a config option says so (the one list of deviations is the
-docstring of `modeling_vaswani.py`), and the weights are copied unchanged:
+Where the source computes differently from the paper, a config option says so (the one list of deviations is
+`configuration_vaswani.PAPER_ARCHITECTURE`, which the card prints), and the weights are copied unchanged:
 
 - Marian (the OPUS-MT models): the sinusoids in two halves (`position_encoding_layout="halves"`), the feed-forward
   non-linearity of its config (`activation_function`; swish for OPUS-MT), LayerNorm epsilon 1e-5, a fixed output bias
@@ -289,22 +289,17 @@ def source_license(name_or_path: str) -> str | None:
 
 
 SOURCE_NAMES = {"marian": "Marian", "fairseq": "fairseq"}
-# The options by which a converted model computes differently from the paper (modeling_vaswani.py's list).
-DEVIATIONS = ("activation_function", "add_final_logits_bias", "position_encoding_layout",
-              "position_encoding_frequencies", "position_offset", "layer_norm_eps", "normalize_before",
-              "scale_embedding", "tie_word_embeddings")
 
 
 def model_card(model, kind: str, name_or_path: str, license_: str | None = None) -> str:
     """README.md of the converted folder: where the weights come from, their license, size and deviations."""
     license_ = license_ or source_license(name_or_path)
-    config, paper = model.config, VaswaniConfig()
+    config = model.config
     metadata = {"library_name": "transformers", "tags": ["translation", "vaswani_hf", kind],
                 **({"license": license_} if license_ else {}),
                 **({} if Path(name_or_path).exists() else {"base_model": name_or_path})}
     front = "\n".join(f"{key}: {json.dumps(value)}" for key, value in metadata.items())
-    deviations = [f"- `{name}={getattr(config, name)!r}`" for name in DEVIATIONS
-                  if getattr(config, name) != getattr(paper, name)]
+    deviations = [f"- {deviation}" for deviation in config.deviations()]
     return (
         f"---\n{front}\n---\n\n# {Path(name_or_path).name} in vaswani_hf\n\n"
         f"The weights of the {SOURCE_NAMES[kind]} model `{name_or_path}`, converted with `vaswani-convert {kind}`: "

@@ -10,28 +10,17 @@ on a CPU.
 Shape letters used in comments: B batch, T target (query) length, S source (key) length, h heads,
 d_k / d_v head widths, D = d_model, V vocabulary.
 
-Deviations from the paper — this is the one list. By default there are none in the architecture:
-  * `normalize_before=True` switches to pre-LN with a final LayerNorm per stack (off by default).
-  * `tie_word_embeddings=False` unties the source embedding, target embedding and output projection (off by default).
-  * `attention_dropout` / `activation_dropout` exist as options; they are 0 by default, as in the authors' code.
-  * For models converted from other implementations (`vaswani-convert`): the feed-forward non-linearity
-    (`activation_function="swish"` or `"gelu"`) and a fixed bias added to the logits (`add_final_logits_bias`,
-    Marian's); ReLU and no bias by default.
-  * For models converted from other implementations, the sinusoid table's layout (`position_encoding_layout=
-    "halves"`: sines, then cosines), its frequencies (`position_encoding_frequencies="fairseq"`) and where positions
-    start (`position_offset`, fairseq's padding index + 1) are options; the paper's table by default.
+Deviations from the paper: none by default. The architecture's are config options, listed once with what each
+means in `configuration_vaswani.PAPER_ARCHITECTURE` (pre-LN, untied embeddings, learned positions, the attention and
+activation dropouts, and the options of converted models); `VaswaniConfig.deviations()` names a config's, and the
+model cards print them. Beside the architecture:
   * Decoding: a model built from a bare config decodes as every transformers model does (greedy, the library's
     defaults). A saved model's `generation_config.json` asks for the paper's (`training/run.py` writes beam 4 and
     the run's `gnmt_alpha`), and `generate()` then runs the GNMT search of `gnmt.py`, whose length penalty
     ((5 + |Y|) / 6)^alpha is the paper's; transformers' `length_penalty` divides by |Y|^alpha instead.
-  * Inference in int8: `vaswani_hf.quantize_int8(model)` (`quantization.py`; `vaswani-translate --int8`) returns a
-    copy whose linear layers compute in int8 on the CPU; the paper decodes in float32 (off by default).
-  * CPU decoding: `vaswani_hf.fast_cpu(model)` shares encoder rows among beams and multiplies by packed weights
-    where whole calls were measured faster on the machine (`fast_cpu.py`): the same products, rounded differently
-    (on by default in our tools, on a CPU).
-  * Fused projections: `vaswani_hf.fast_gpu(model)` computes each attention's projections of one input as one
-    product (`fast_gpu.py`), for GPUs, where launching kernels paces a step: the same products, rounded differently
-    (on by default in our tools, on a GPU).
+  * Transforms of a model object, not in these files: int8 linear layers (`quantize_int8`, `--int8`; the paper
+    decodes in float32), and for speed `fast_cpu` (shared encoder rows, packed weights) and `fast_gpu` (fused
+    projections), the same products rounded differently, on by default in our tools.
 """
 
 import math
