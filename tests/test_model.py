@@ -243,20 +243,25 @@ def test_dropout_is_active_in_training_only():
 
 
 @torch.no_grad()
-def test_a_dropout_set_in_the_config_after_building_drops_as_one_built_with_it():
-    """training/run.py fits P_drop to the run by setting config.dropout: every dropout of §5.4 (embeddings, sub-layers)
-    must then draw as in a model built with that P_drop, and none at 0."""
+def test_a_dropout_set_after_building_drops_as_one_built_with_it():
+    """training/run.py fits P_drop to the run between steps (`set_dropout`): every dropout of §5.4 (embeddings,
+    sub-layers) must then draw as in a model built with that P_drop, and none at 0; config.json's value follows, and
+    the attention and activation dropouts are not P_drop."""
+    from training.budget import set_dropout
+
     source, target = random_ids(2, 6), decoder_inputs(2, 4)
     built = tiny_model(seed=1, dropout=0.3).train()
     changed = tiny_model(seed=1, dropout=0.0).train()
-    changed.config.dropout = 0.3
+    set_dropout(changed, 0.3)
+    assert changed.config.dropout == 0.3 and changed.config.activation_dropout == 0.0
+    assert {m.p for name, m in changed.named_modules() if name.endswith("activation_dropout")} == {0.0}
 
     def logits(model):  # the same dropout draws for both
         torch.manual_seed(5)
         return model(input_ids=source, decoder_input_ids=target).logits
 
     assert torch.equal(logits(built), logits(changed))
-    changed.config.dropout = 0.0
+    set_dropout(changed, 0.0)
     assert torch.equal(changed(input_ids=source, decoder_input_ids=target).logits,
                        changed.eval()(input_ids=source, decoder_input_ids=target).logits)
 

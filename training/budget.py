@@ -26,6 +26,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from training.distributed import unwrap
+
 
 def budget_lr(step: int, expected_steps: float, peak: float, warmup_share: float, cooldown_share: float = 0.0
               ) -> float:
@@ -43,6 +47,15 @@ def fitted_dropout(expected_epochs: float, p_drop: float, epochs: tuple[float, f
     (a long run overfits without it)."""
     start, full = epochs
     return p_drop * min(1.0, max(0.0, (expected_epochs - start) / (full - start)))
+
+
+def set_dropout(model, p_drop: float) -> None:
+    """P_drop of the residual and embedding dropouts (§5.4), the modules named `dropout`, and in the config that
+    config.json saves."""
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] == "dropout" and isinstance(module, torch.nn.Dropout):
+            module.p = p_drop
+    unwrap(model).config.dropout = p_drop
 
 
 def crossed(previous: float, now: float, interval: float) -> bool:

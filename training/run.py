@@ -42,7 +42,7 @@ from transformers import AutoTokenizer
 from training.arguments import check_arguments, parse_arguments
 from training.averaging import averaged_model
 from training.batching import EpochBatches, collate, encode
-from training.budget import TimeBudget, crossed, fitted_dropout, read_schedule
+from training.budget import TimeBudget, crossed, fitted_dropout, read_schedule, set_dropout
 from training.checkpoints import (
     STATE_FILE,
     checkpoints,
@@ -180,7 +180,7 @@ def main():
             fitted["expected_steps"].append(budget.expected)
         if args.dropout_epochs:  # P_drop fitted to the run's expected length; config.json keeps the last value
             expected_epochs = (budget.expected if budget else args.max_steps) / batches.steps_per_epoch
-            config.dropout = fitted_dropout(expected_epochs, model_args.dropout, args.dropout_epochs)
+            set_dropout(model, fitted_dropout(expected_epochs, model_args.dropout, args.dropout_epochs))
         ids = batches.step(step)
         inputs = [collate(range(len(sources)), sources, targets, tokenizer.pad_token_id, accelerator.device,
                           args.pad_to_multiple_of) for sources, targets in ids]

@@ -196,8 +196,9 @@ class VaswaniLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: VaswaniConfig):
         super().__init__()
-        self.config = config  # P_drop is read from it at every training call: a run may fit it as it goes
         self.normalize_before = config.normalize_before
+        self.dropout = nn.Dropout(config.dropout)  # P_drop (§5.4)
+        self.activation_dropout = nn.Dropout(config.activation_dropout)
         self.fc1 = nn.Linear(config.d_model, config.d_ff)
         self.fc2 = nn.Linear(config.d_ff, config.d_model)
         self.activation_fn = ACT2FN[config.activation_function]  # ReLU (§3.3) unless converted from elsewhere
@@ -208,16 +209,14 @@ class VaswaniLayer(GradientCheckpointingLayer):
 
     def add_and_norm(self, residual: torch.Tensor, output: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
         """§5.4: dropout on the sub-layer output before it is added to the input and normalized."""
-        if self.training:  # (in eval mode dropout is the identity: not even a call, or a read of the config)
-            output = nn.functional.dropout(output, p=self.config.dropout)
+        output = self.dropout(output)
         return residual + output if self.normalize_before else norm(residual + output)
 
     def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """§3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, as a residual sub-layer."""
         residual = hidden_states
         hidden_states = self.activation_fn(self.fc1(self.sublayer_input(hidden_states, self.final_layer_norm)))
-        if self.training:
-            hidden_states = nn.functional.dropout(hidden_states, p=self.config.activation_dropout)
+        hidden_states = self.activation_dropout(hidden_states)
         return self.add_and_norm(residual, self.fc2(hidden_states), self.final_layer_norm)
 
 
@@ -336,6 +335,7 @@ class VaswaniStack(VaswaniPreTrainedModel):
             if config.position_embedding == "learned"
             else None
         )
+        self.dropout = nn.Dropout(config.dropout)  # P_drop on the embeddings' sums (§5.4)
         self.layers = nn.ModuleList(layers)
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         self.gradient_checkpointing = False
@@ -376,7 +376,7 @@ class VaswaniStack(VaswaniPreTrainedModel):
                 )
             position_encoding = self.embed_positions(positions)
         hidden_states = inputs_embeds * self.embed_scale + position_encoding  # (B, T, D)
-        return nn.functional.dropout(hidden_states, p=self.config.dropout) if self.training else hidden_states
+        return self.dropout(hidden_states)
 
     def finish(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return hidden_states if self.layer_norm is None else self.layer_norm(hidden_states)
