@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -365,11 +366,14 @@ def test_resuming_from_an_older_checkpoint_leaves_its_successors_out_of_the_run(
     assert (run / "abandoned-checkpoint-4").is_dir() and (run / "abandoned-checkpoint-6").is_dir()
 
 
-def test_a_budgeted_run_writes_its_schedule_and_replaying_it_gives_the_same_weights(tmp_path, small_data):
-    """A run fitted to 3 seconds: schedule.json records what it fitted; the same command with --replay_schedule, on
-    a machine kept busy by another process (fewer steps would fit), makes the same steps and saves to the same
-    weights, byte for byte: the same command gives the same weights on a quiet and a busy machine (CPU kernels
-    chosen by timing never compute a training step: vaswani_hf/kernels.py)."""
+def test_a_budgeted_run_writes_its_schedule_and_replaying_it_gives_the_same_weights(tmp_path, small_data,
+                                                                                     monkeypatch):
+    """A run fitted to 3 seconds: schedule.json records what it fitted. On a machine made slower (every step waits
+    twice the first run's time a step, in this process: a busy process beside it may not slow a test pinned to its
+    own core), the same command fits fewer steps; with --replay_schedule it makes the first run's steps and saves the
+    same weights, byte for byte: the same command gives the same weights on a quiet and a busy machine."""
+    import training.run
+
     flags = [*TINY, "--max_train_minutes", "0.05", "--max_steps", "100000", "--warmup_share", "0.2",
              "--average_checkpoints", "2", "--average_share", "0.3", "--dropout_epochs", "0", "1"]
     train_here(tmp_path / "run", *flags, *small_data)
@@ -377,12 +381,11 @@ def test_a_budgeted_run_writes_its_schedule_and_replaying_it_gives_the_same_weig
     steps = json.loads((tmp_path / "run" / "metrics.json").read_text())["train_steps"]
     assert schedule["steps"] == steps > 10 and len(schedule["expected_steps"]) == steps
     assert len(schedule["checkpoints"]) >= 2 and schedule["warmup_steps"] >= 1
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        train_here(tmp_path / "replayed", *flags, *small_data, "--replay_schedule", tmp_path / "run" / "schedule.json")
-    finally:
-        busy.kill()
-        busy.wait()
+    pause = 2 * 3.0 / steps  # a machine three times as slow, whatever this one's speed
+    monkeypatch.setattr(training.run, "fault_point", lambda point: time.sleep(pause))
+    train_here(tmp_path / "slow", *flags, *small_data)
+    assert json.loads((tmp_path / "slow" / "schedule.json").read_text())["steps"] < steps  # what replay must undo
+    train_here(tmp_path / "replayed", *flags, *small_data, "--replay_schedule", tmp_path / "run" / "schedule.json")
     assert json.loads((tmp_path / "replayed" / "schedule.json").read_text()) == schedule
     for name in ("model.safetensors", f"checkpoint-{steps}/model.safetensors",
                  f"checkpoint-{steps}/optimizer.safetensors"):
