@@ -31,6 +31,7 @@ import statistics
 import tempfile
 import time
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -127,24 +128,42 @@ def peak_memory(run) -> float:
     return peak / 2**20
 
 
+class IdTokens:
+    """No tokenizer: the ids' strings are the tokens (what the converter and `kept_threads` read of one)."""
+
+    bos_token, eos_token, unk_token = str(BOS), str(EOS), "3"
+
+    def __init__(self, size: int):
+        self.vocab = {str(i): i for i in range(size)}
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def get_vocab(self) -> dict:
+        return self.vocab
+
+    def convert_ids_to_tokens(self, ids):
+        return str(ids) if isinstance(ids, int) else [str(i) for i in ids]
+
+
 def ctranslate2_translators(model: VaswaniForConditionalGeneration, threads: int) -> dict:
     """Our model exported as `vaswani-export ctranslate2` exports it, float32 and int8 (7-bit weights), each
     loaded in CTranslate2 with its own compute type; {} without the package."""
     try:
         import ctranslate2
 
-        from vaswani_hf.to_ctranslate2 import VaswaniConverter
+        from vaswani_hf.to_ctranslate2 import VaswaniConverter, kept_threads
     except ImportError:
         return {}
-    vocab = {str(i): i for i in range(model.config.vocab_size)}  # no tokenizer: the ids' strings are the tokens
-    tokens = SimpleNamespace(get_vocab=lambda: vocab, bos_token=str(BOS), eos_token=str(EOS), unk_token="3",
-                             convert_ids_to_tokens=str)
+    tokens = IdTokens(model.config.vocab_size)
     folder = tempfile.mkdtemp()
     translators = {}
     for compute in ("float32", "int8"):
         VaswaniConverter(model, tokens).convert(f"{folder}/{compute}", quantization=compute)
+        intra = kept_threads(Path(folder) / compute, compute, threads, tokens)  # as `--engine ctranslate2` runs it
         translators[compute] = ctranslate2.Translator(f"{folder}/{compute}", device="cpu", compute_type=compute,
-                                                      intra_threads=threads)
+                                                      intra_threads=intra)
+        torch.set_num_threads(threads)
     return translators
 
 

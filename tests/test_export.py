@@ -207,6 +207,37 @@ def test_the_ctranslate2_cache_is_keyed_by_the_weights(translation_folder, tmp_p
     assert cached_export(str(translation_folder), "int8") not in (first, cached_export(str(changed), "float32"))
 
 
+@pytest.mark.parametrize(("one_thread", "expected"), [(0.5, 1), (0.98, 2), (1.5, 2)])
+def test_ctranslates_threads_are_measured_once_per_export_and_one_taken_only_when_it_pays(
+        trained, ct2_folders, monkeypatch, one_thread, expected):
+    """Two threads or one, by greedy translations of a probe (faked times: two threads take 1 s): one thread is taken
+    only at 97% of the time or less; the choice is kept beside the export and read back; another thread count is
+    measured again."""
+    import shutil
+
+    from vaswani_hf import to_ctranslate2
+
+    _, tokenizer = trained
+    folder = Path(shutil.copytree(ct2_folders["float32"], Path(ct2_folders["float32"]).parent / f"t{one_thread}"))
+    probes = []
+
+    def probe_seconds(translator, sources):  # called in turn: the `threads` translator, then the one-thread one
+        assert len(sources) == 16 and all(len(row) == 24 for row in sources)
+        probes.append(translator)
+        return 1.0 if len(probes) % 2 else one_thread
+
+    monkeypatch.setattr(to_ctranslate2, "probe_seconds", probe_seconds)
+    threads = torch.get_num_threads()
+    try:  # kept_threads leaves torch with the count it is given: 2, then 3
+        assert to_ctranslate2.kept_threads(folder, "float32", 2, tokenizer) == expected
+        assert len(probes) == 8  # a warm-up round and 3 timed rounds, both candidates
+        assert to_ctranslate2.kept_threads(folder, "float32", 2, tokenizer) == expected and len(probes) == 8  # kept
+        to_ctranslate2.kept_threads(folder, "float32", 3, tokenizer)
+        assert len(probes) == 16
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_the_ctranslate2_engine_gives_nbest_lines_and_int8(translation_folder, cli, tmp_path, monkeypatch):
     """Beam 4 with its n best, in the torch engine's format ("line ||| translation ||| score", best first, with
     CTranslate2's scores), and its int8 export: a line for every source."""

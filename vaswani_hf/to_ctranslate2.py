@@ -24,6 +24,8 @@ Decoding in CTranslate2 is its own: its beam search divides scores by |Y|^length
 
 import copy
 import hashlib
+import json
+import time
 from pathlib import Path
 
 import ctranslate2
@@ -152,6 +154,44 @@ def export(model, tokenizer, output_dir: str, quantization: str | None = None) -
     return str(output_dir)
 
 
+def kept_threads(folder: Path, compute: str, threads: int, tokenizer) -> int:
+    """CTranslate2's threads for this export on this CPU: `threads`, or 1 where greedy translations of a probe (16
+    random sources of 24 tokens, best of 3 interleaved calls) took at most `fast_cpu.MARGIN` of the time with
+    `threads`. Measured once and kept beside the export. On a 2-core Xeon one thread decoded a small model 2.3x faster
+    and two threads the base model 1.35x faster (benchmarks/README.md)."""
+    from .fast_cpu import ROUNDS, chosen
+    from .kernels import cpu_name
+
+    facts = {"cpu": cpu_name(), "compute": compute, "threads": threads}
+    path = folder / f"threads-{hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]}.json"
+    try:
+        return json.loads(path.read_text())["intra_threads"]
+    except (OSError, ValueError, KeyError):
+        pass
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, len(tokenizer), (16, 24), generator=generator).tolist()
+    sources = [tokenizer.convert_ids_to_tokens(row) for row in ids]
+    candidates = [threads, 1]
+    translators = [ctranslate2.Translator(str(folder), device="cpu", compute_type=compute, intra_threads=n)
+                   for n in candidates]
+    torch.set_num_threads(threads)  # each Translator set OpenMP's, which torch shares
+    times = [float("inf")] * len(candidates)
+    for round_ in range(ROUNDS + 1):  # the first round warms up
+        for index, translator in enumerate(translators):
+            seconds = probe_seconds(translator, sources)
+            times[index] = min(times[index], seconds) if round_ else times[index]
+    intra = candidates[chosen(times)]
+    path.write_text(json.dumps({**facts, "intra_threads": intra, "seconds": dict(zip(map(str, candidates), times))}))
+    return intra
+
+
+def probe_seconds(translator, sources: list[list[str]]) -> float:
+    """Seconds of one greedy translation of `sources`, 16 tokens each."""
+    start = time.perf_counter()
+    translator.translate_batch(sources, beam_size=1, min_decoding_length=16, max_decoding_length=16)
+    return time.perf_counter() - start
+
+
 def cached_export(name_or_path: str, quantization: str) -> Path:
     """The model's CTranslate2 export in `quantization`, converted the first time and kept in
     `cache_root("ctranslate2")` under a key of what it is made from: the bytes of its weights, configuration and
@@ -198,8 +238,9 @@ class CTranslate2Engine:
         where = torch.device(device)
         compute = ("int8" if where.type == "cpu" else "int8_float16") if int8 else "float32"
         threads = torch.get_num_threads()  # CTranslate2 sets OpenMP's thread count: given torch's, it keeps it
+        intra = kept_threads(folder, compute, threads, tokenizer) if where.type == "cpu" and threads > 1 else threads
         self.translator = ctranslate2.Translator(str(folder), device=where.type, device_index=where.index or 0,
-                                                 compute_type=compute, intra_threads=threads)
+                                                 compute_type=compute, intra_threads=intra)
         torch.set_num_threads(threads)
 
     def decode(self, batch: list[list[int]], num_beams: int, alpha: float | None,
