@@ -51,11 +51,14 @@ def fitted_dropout(expected_epochs: float, p_drop: float, epochs: tuple[float, f
 
 def set_dropout(model, p_drop: float) -> None:
     """P_drop of the residual and embedding dropouts (§5.4), the modules named `dropout`, and in the config that
-    config.json saves."""
+    config.json saves; nothing to do when it is already `p_drop` (run.py calls this at every step)."""
+    config = unwrap(model).config
+    if config.dropout == p_drop:
+        return
     for name, module in model.named_modules():
         if name.rsplit(".", 1)[-1] == "dropout" and isinstance(module, torch.nn.Dropout):
             module.p = p_drop
-    unwrap(model).config.dropout = p_drop
+    config.dropout = p_drop
 
 
 def crossed(previous: float, now: float, interval: float) -> bool:

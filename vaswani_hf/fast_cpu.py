@@ -5,9 +5,9 @@ The model files (`modeling_vaswani.py`, what travels to the Hub) use torch's `nn
 kernels, as Marian does. This transform, applied in place to one model object, offers `generate()` two mechanisms
 (decoding.py): beams that share their source's encoder row (transformers' beam search), and linear layers that
 multiply by weights packed once per call into oneDNN's layout (`kernels.PackedLinear`). Which of them pays depends
-on the CPU and on the model's sizes: on one Xeon packing made greedy decoding of a small model 18% slower and of
-the base model 14% faster (benchmarks/README.md). So each is taken only where whole `generate()` calls were measured
-faster with it:
+on the CPU and on the model's sizes: on a Xeon (family 6, model 167) packing made greedy decoding of a small model
+18% slower and of the base model 14% faster (benchmarks/README.md). So each is taken only where whole `generate()`
+calls were measured faster with it:
 
 * the plan: for greedy decoding, packed or not; for beam search, shared rows or not, and packed or not. A mechanism
   is taken if the calls with it took at most `MARGIN` of the time of those without (best of `ROUNDS`, interleaved),
@@ -21,18 +21,16 @@ transformed or not. `vaswani-translate` and `training/run.py` apply it on a CPU 
 Models loaded from a Hub repository's code take it as well, and a transformed model saves as any other.
 """
 
-import hashlib
-import json
-import os
-import tempfile
+import functools
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from transformers import GenerationConfig
 
 from .decoding import PLAIN, share_source_rows
-from .kernels import ONEDNN, PackedLinear, cache_root, cpu_name
+from .kernels import ONEDNN, PackedLinear, cache_root, cpu_name, kept
 
 PROBE = {"sources": 16, "source_length": 24, "new_tokens": 16}  # one generate() call of each candidate, a round
 ROUNDS = 3
@@ -56,18 +54,12 @@ def kept_plan(model: nn.Module) -> dict:
     """The plan kept for this machine and the model's sizes, measured now if none is (or it cannot be read)."""
     facts = {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
              "sizes": {name: getattr(model.config, name, None) for name in SIZES}}
-    key = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
-    path = cache_root("fast_cpu") / f"{key}.json"
-    try:
-        return json.loads(path.read_text())["plan"]
-    except (OSError, ValueError, KeyError):
-        pass
-    plan, seconds = measured_plan(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".partial", delete=False) as file:
-        json.dump({**facts, "plan": plan, "seconds": seconds, "probe": PROBE, "rounds": ROUNDS}, file, indent=1)
-    os.replace(file.name, path)  # whole or not at all: a killed process leaves no half-written plan
-    return plan
+
+    def measure() -> dict:
+        plan, seconds = measured_plan(model)
+        return {"plan": plan, "seconds": seconds, "probe": PROBE, "rounds": ROUNDS}
+
+    return kept(cache_root("fast_cpu"), facts, "plan", measure)
 
 
 CANDIDATES = {"greedy": [{"packed": False}, {"packed": True}],
@@ -79,7 +71,8 @@ def measured_plan(model: nn.Module) -> tuple[dict, dict]:
     """The plan whole `generate()` calls were fastest with, greedy and beam 4, and each candidate's best seconds."""
     config, device = model.config, next(model.parameters()).device
     generator = torch.Generator().manual_seed(0)
-    source = torch.randint(4, config.vocab_size, (PROBE["sources"], PROBE["source_length"]), generator=generator)
+    source = torch.randint(4, config.vocab_size, (PROBE["sources"], PROBE["source_length"]),
+                           generator=generator).to(device)
     training = model.training
     plan, seconds = {}, {}
     try:
@@ -90,14 +83,8 @@ def measured_plan(model: nn.Module) -> tuple[dict, dict]:
                 num_beams=4 if mode == "beam" else 1, do_sample=False, max_new_tokens=PROBE["new_tokens"],
                 eos_token_id=None, pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
                 decoder_start_token_id=config.decoder_start_token_id)
-            calls = [{**PLAIN, mode: candidate} for candidate in listed]
-            for candidate in calls:  # warm-up: oneDNN makes its primitives, the weights are packed
-                seconds_of(model, candidate, input_ids=source.to(device), generation_config=generation)
-            times = [float("inf")] * len(calls)
-            for _ in range(ROUNDS):
-                for index, candidate in enumerate(calls):
-                    times[index] = min(times[index], seconds_of(model, candidate, input_ids=source.to(device),
-                                                                generation_config=generation))
+            times = least_seconds([functools.partial(seconds_of, model, {**PLAIN, mode: candidate}, input_ids=source,
+                                                     generation_config=generation) for candidate in listed])
             plan[mode] = listed[chosen(times)]
             seconds[mode] = [{**candidate, "seconds": t} for candidate, t in zip(listed, times)]
     finally:
@@ -113,6 +100,14 @@ def seconds_of(model: nn.Module, plan: dict, **inputs) -> float:
     with torch.no_grad():
         model.generate(**inputs)
     return time.perf_counter() - start
+
+
+def least_seconds(timers: list[Callable[[], float]]) -> list[float]:
+    """Each timer's least seconds (its return value) over ROUNDS rounds in which every timer runs once in turn, after
+    a round that warms them up (oneDNN makes its primitives, weights are packed)."""
+    for timer in timers:
+        timer()
+    return [min(times) for times in zip(*([timer() for timer in timers] for _ in range(ROUNDS)))]
 
 
 def chosen(times: list[float]) -> int:

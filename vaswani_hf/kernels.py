@@ -1,6 +1,6 @@
 # Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
 """Linear layers that multiply by weights packed once for a decoding loop, and the machine facts our CPU choices are
-kept under.
+kept under (`cpu_name`, `cache_root`, `kept`).
 
 A decoding loop multiplies the same weights by a few new rows at every step. oneDNN can multiply by a copy of a
 weight reordered once into its blocked layout; whether that is faster than torch's own kernel (MKL) end to end
@@ -19,10 +19,13 @@ Hub, do not import this one.
 """
 
 import contextlib
+import hashlib
+import json
 import os
 import platform
+import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -49,6 +52,23 @@ def cache_root(kind: str) -> Path:
     """Where what our tools make once per machine or model is kept: $VASWANI_HF_CACHE/`kind`, else
     ~/.cache/vaswani_hf/`kind`."""
     return Path(os.environ.get("VASWANI_HF_CACHE") or Path.home() / ".cache" / "vaswani_hf") / kind
+
+
+def kept(folder: Path, facts: dict, key: str, measure: Callable[[], dict]):
+    """`key` of what `measure()` found under these facts (the CPU, versions, sizes: JSON values), kept in `folder` as
+    a file named by them: measured the first time, and again if the file cannot be read; read back after. Written
+    whole or not at all: a killed process leaves no half-written file."""
+    path = folder / f"{hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]}.json"
+    try:
+        return json.loads(path.read_text())[key]
+    except (OSError, ValueError, KeyError):
+        pass
+    found = {**facts, **measure()}
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".partial", delete=False) as file:
+        json.dump(found, file, indent=1)
+    os.replace(file.name, path)
+    return found[key]
 
 
 class Packing:

@@ -23,8 +23,8 @@ Decoding in CTranslate2 is its own: its beam search divides scores by |Y|^length
 """
 
 import copy
+import functools
 import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -38,7 +38,7 @@ from ctranslate2.specs.common_spec import Activation
 from ctranslate2.specs.model_spec import NumpyVariable, Variable, visit_spec
 
 from .gnmt import EXTRA_OUTPUT_LENGTH
-from .kernels import cache_root
+from .kernels import cache_root, cpu_name, kept
 from .modeling_vaswani import sinusoidal_position_encoding
 
 # CTranslate2 truncates inputs to 1024 tokens (`max_input_length`); §6.1 lets outputs run 50 longer.
@@ -156,33 +156,25 @@ def export(model, tokenizer, output_dir: str, quantization: str | None = None) -
 
 def kept_threads(folder: Path, compute: str, threads: int, tokenizer) -> int:
     """CTranslate2's threads for this export on this CPU: `threads`, or 1 where greedy translations of a probe (16
-    random sources of 24 tokens, best of 3 interleaved calls) took at most `fast_cpu.MARGIN` of the time with
-    `threads`. Measured once and kept beside the export. On a 2-core Xeon one thread decoded a small model 2.3x faster
-    and two threads the base model 1.35x faster (benchmarks/README.md)."""
-    from .fast_cpu import ROUNDS, chosen
-    from .kernels import cpu_name
+    random sources of 24 tokens, best of fast_cpu's interleaved rounds) took at most `fast_cpu.MARGIN` of the time
+    with `threads`. Measured once and kept beside the export. On a 2-core Xeon (family 6, model 167) one thread
+    decoded a small model 2.3x faster and two threads the base model 1.35x faster (benchmarks/README.md). Leaves
+    torch's thread count at `threads`."""
+    from .fast_cpu import chosen, least_seconds
 
-    facts = {"cpu": cpu_name(), "compute": compute, "threads": threads}
-    path = folder / f"threads-{hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]}.json"
-    try:
-        return json.loads(path.read_text())["intra_threads"]
-    except (OSError, ValueError, KeyError):
-        pass
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(4, len(tokenizer), (16, 24), generator=generator).tolist()
-    sources = [tokenizer.convert_ids_to_tokens(row) for row in ids]
-    candidates = [threads, 1]
-    translators = [ctranslate2.Translator(str(folder), device="cpu", compute_type=compute, intra_threads=n)
-                   for n in candidates]
-    torch.set_num_threads(threads)  # each Translator set OpenMP's, which torch shares
-    times = [float("inf")] * len(candidates)
-    for round_ in range(ROUNDS + 1):  # the first round warms up
-        for index, translator in enumerate(translators):
-            seconds = probe_seconds(translator, sources)
-            times[index] = min(times[index], seconds) if round_ else times[index]
-    intra = candidates[chosen(times)]
-    path.write_text(json.dumps({**facts, "intra_threads": intra, "seconds": dict(zip(map(str, candidates), times))}))
-    return intra
+    def measure() -> dict:
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(4, len(tokenizer), (16, 24), generator=generator).tolist()
+        sources = [tokenizer.convert_ids_to_tokens(row) for row in ids]
+        candidates = [threads, 1]
+        translators = [ctranslate2.Translator(str(folder), device="cpu", compute_type=compute, intra_threads=n)
+                       for n in candidates]
+        torch.set_num_threads(threads)  # each Translator set OpenMP's, which torch shares
+        times = least_seconds([functools.partial(probe_seconds, translator, sources) for translator in translators])
+        return {"intra_threads": candidates[chosen(times)], "seconds": dict(zip(map(str, candidates), times))}
+
+    return kept(folder / "threads", {"cpu": cpu_name(), "compute": compute, "threads": threads}, "intra_threads",
+                measure)
 
 
 def probe_seconds(translator, sources: list[list[str]]) -> float:
