@@ -100,6 +100,13 @@ def test_fast_cpu_changes_the_layers_not_the_weights_and_twice_is_once():
     assert model.generate.__self__ is model and model._inner_generate.__func__ is type(model).generate
 
 
+@pytest.mark.parametrize("plan", [{"greedy": {"packed": True}}, {**EVERYTHING, "beam": {"packed": True}},
+                                  {**EVERYTHING, "greedy": {"packed": True, "fused": True}}])
+def test_a_plan_of_another_layout_is_a_one_line_error(plan):
+    with pytest.raises(ValueError, match=r"^fast_cpu: plan must name what decoding.PLAIN names, .*; got "):
+        fast_cpu(tiny_model(), plan)
+
+
 def test_a_deep_copy_of_a_transformed_model_decodes_with_its_own_weights():
     """quantize_int8 deep-copies: the copy's generate() must run the copy, not the original."""
     model, source = fast_cpu(tiny_model(seed=8), EVERYTHING), random_ids(3, 8, seed=6)

@@ -41,6 +41,8 @@ SIZES = ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layers
 def fast_cpu(model: nn.Module, plan: dict | None = None) -> nn.Module:
     """`model`, in place, with the decoding plan measured for this machine and the model's sizes (module docstring),
     or `plan` as given (`decoding.PLAIN`'s layout); applying it again changes nothing but a given plan."""
+    if plan is not None and {mode: set(plan.get(mode, ())) for mode in PLAIN} != {m: set(c) for m, c in PLAIN.items()}:
+        raise ValueError(f"fast_cpu: plan must name what decoding.PLAIN names, {PLAIN}; got {plan}")
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = PackedLinear  # the same parameters; packed only inside a packing block
