@@ -1,13 +1,15 @@
 """A run fitted to a time budget (training/budget.py): its schedule as a function of the budget and the step time,
-and the paper's schedule untouched without one."""
+and the paper's schedule untouched without one; the schedule objects of each mode (training/schedules.py)."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from training.budget import TimeBudget, budget_lr, crossed, fitted_dropout
 from training.schedule import inverse_sqrt_lr, paper_optimizer
+from training.schedules import Budgeted, Replayed, Steps
 
 PEAK = 1e-3
 
@@ -102,3 +104,52 @@ def test_the_optimizer_follows_the_budget_and_without_one_the_paper():
                                             (300, 0.1)])
 def test_dropout_fitted_to_the_run_is_none_up_to_e0_linear_to_p_drop_at_e1_and_p_drop_beyond(epochs, p_drop):
     assert fitted_dropout(epochs, 0.1, (10, 30)) == pytest.approx(p_drop, abs=1e-15)
+
+
+# --- the schedule objects run.py asks at every step (training/schedules.py) --------------------------------------
+
+def schedule_args(**flags):
+    args = SimpleNamespace(max_steps=1000, eval_steps=0, save_steps=0, save_minutes=0, dropout_epochs=None,
+                           max_train_minutes=25)
+    return vars(args).update(flags) or args, {"elapsed_seconds": 0.0}
+
+
+def asked(schedule, clock):
+    """What `schedule` answers as run.py asks it, the clock at `clock(step)` after each step: the step it ended
+    at and why, the steps validated and saved."""
+    step, previous, evaluated, saved = 0, 0.0, [], []
+    while not (ended := schedule.next_step(step, previous)):
+        step += 1
+        if schedule.evaluate(step, previous, clock(step)):
+            evaluated.append(step)
+        if schedule.save(step, previous, clock(step)):
+            saved.append(step)
+            schedule.saved(clock(step))
+        previous = clock(step)
+    return step, ended, evaluated, saved
+
+
+def test_the_papers_schedule_counts_steps_and_minutes_between_checkpoints():
+    args, state = schedule_args(max_steps=12, eval_steps=5, save_steps=4, save_minutes=1)
+    assert asked(Steps(args, state, 3, 0.1, True), lambda step: 25.0 * step) == (
+        12, "--max_steps 12", [5, 10], [3, 4, 7, 8, 11, 12])  # multiples of 4, and > 60 s after the last checkpoint
+    assert asked(Steps(args, {"elapsed_seconds": 0.0}, 3, 0.1, False), lambda step: 0.0)[2] == []  # no validation set
+
+
+def test_a_budget_ends_with_its_minutes_validates_inside_them_and_saves_in_its_last_share():
+    args, state = schedule_args(max_train_minutes=25)
+    budget = make_budget(minutes=25, average_share=0.3, checkpoints=15, evaluations=5)
+    step, ended, evaluated, saved = asked(Budgeted(args, state, 3, 0.1, True, budget), lambda step: 10.0 * step)
+    assert (step, ended) == (151, "the time budget of 25 minutes")  # 1,510 s > 1,500 s
+    assert evaluated == [25, 50, 75, 100, 125] and len(saved) == 50 and saved[-15] == 108  # 1,080 s: 72% on
+    assert state["schedule"]["evaluations"] == evaluated and state["schedule"]["checkpoints"] == saved
+    assert len(state["schedule"]["expected_steps"]) == step
+
+
+def test_a_replayed_schedule_follows_its_record_and_not_the_clock():
+    record = {"steps": 6, "expected_steps": [40, 40, 30, 30, 20, 20, 20], "checkpoints": [2, 6], "evaluations": [3]}
+    args, state = schedule_args(dropout_epochs=[1, 2])
+    schedule = Replayed(args, state, 10, 0.1, True, make_budget(minutes=1e-6), record)
+    assert asked(schedule, lambda step: 1e9 * step) == (6, "the replayed schedule", [3], [2, 6])
+    assert schedule.expected == 20 and schedule.dropout() == pytest.approx(0.1)  # 2 expected epochs of 10 steps
+    assert schedule.written(6) == {**record, "expected_steps": record["expected_steps"][:6], "warmup_steps": 2}

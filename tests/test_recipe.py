@@ -206,13 +206,13 @@ def test_alpha_is_chosen_among_the_candidates_even_one_that_is_not_the_default(t
     tokenizer = AutoTokenizer.from_pretrained(translation_folder)
     pairs = {"validation": generate()["validation"][:6], "test": generate()["test"][:4]}
     args = SimpleNamespace(alpha_candidates=candidates, length_penalty_alpha=1.4, num_beams=3, max_tokens=400)
-    metrics = final_evaluation(model, tokenizer, pairs, encode(tokenizer, pairs["validation"]), args, print)
+    metrics, alpha = final_evaluation(model, tokenizer, pairs, encode(tokenizer, pairs["validation"]), args, print)
 
     def bleu(split, alpha):
         sources, references = zip(*pairs[split])
         return score(translate(model, tokenizer, list(sources), num_beams=3, alpha=alpha), list(references))["bleu"]
 
     best = max(candidates, key=lambda alpha: bleu("validation", alpha))
-    assert args.length_penalty_alpha == best
+    assert alpha == best and args.length_penalty_alpha == 1.4  # returned, the flags untouched
     assert metrics["validation"]["bleu"] == bleu("validation", best)
     assert metrics["test"]["bleu"] == bleu("test", best)

@@ -57,28 +57,27 @@ def evaluate_model(model, tokenizer, pairs, encoded, args, sentences=None) -> di
     return {"loss": loss, "perplexity": math.exp(min(loss, 50)), **metrics}
 
 
-def final_evaluation(final, tokenizer, pairs, validation, args, say) -> dict:
-    """The final model on the whole validation set, decoded with each candidate α (§6.1; the winner is kept in
-    args.length_penalty_alpha), then on the test set once, with the winner."""
-    metrics = {}
+def final_evaluation(final, tokenizer, pairs, validation, args, say) -> tuple[dict, float]:
+    """The final model on the whole validation set, decoded with each candidate α (§6.1), then on the test set once,
+    with the winner: the metrics and the α chosen (--length_penalty_alpha without a validation set)."""
+    metrics, alpha = {}, args.length_penalty_alpha
     device = next(final.parameters()).device
     if validation:
         scores = choose_alpha(final, tokenizer, pairs["validation"], args)
-        args.length_penalty_alpha = max(scores, key=lambda alpha: scores[alpha]["bleu"])  # one candidate: that one
+        alpha = max(scores, key=lambda candidate: scores[candidate]["bleu"])  # one candidate: that one
         if len(scores) > 1:
-            metrics["alpha_search"] = {alpha: scored["bleu"] for alpha, scored in scores.items()}
-            searched = ", ".join(f"{alpha}: {bleu:.2f}" for alpha, bleu in metrics["alpha_search"].items())
-            say(f"GNMT α by validation BLEU: {searched} -> {args.length_penalty_alpha}")
+            metrics["alpha_search"] = {candidate: scored["bleu"] for candidate, scored in scores.items()}
+            searched = ", ".join(f"{candidate}: {bleu:.2f}" for candidate, bleu in metrics["alpha_search"].items())
+            say(f"GNMT α by validation BLEU: {searched} -> {alpha}")
         loss = validation_loss(final, *validation, tokenizer.pad_token_id, args.max_tokens, device)
-        metrics["validation"] = {"loss": loss, "perplexity": math.exp(min(loss, 50)),
-                                 **scores[args.length_penalty_alpha]}
+        metrics["validation"] = {"loss": loss, "perplexity": math.exp(min(loss, 50)), **scores[alpha]}
         say(f"validation: sacreBLEU {metrics['validation']['bleu']:.1f}  chrF {metrics['validation']['chrf']:.1f}")
     if "test" in pairs:
         sources = [s for s, _ in pairs["test"]]
-        predictions = translate(final, tokenizer, sources, num_beams=args.num_beams, alpha=args.length_penalty_alpha)
+        predictions = translate(final, tokenizer, sources, num_beams=args.num_beams, alpha=alpha)
         metrics["test"] = score(predictions, [t for _, t in pairs["test"]])
         say(f"test: sacreBLEU {metrics['test']['bleu']:.1f}  chrF {metrics['test']['chrf']:.1f}  "
             f"({metrics['test']['bleu_signature']})")
         for source, prediction in list(zip(sources, predictions))[:5]:
             say(f"  {source}\n  -> {prediction}")
-    return metrics
+    return metrics, alpha

@@ -15,7 +15,8 @@ the paper's base model and recipe. The recipe: a joint BPE (§5.1); batches of p
 counted in tokens, accumulated to `tokens_per_step` (§5.1); Adam(0.9, 0.98, 1e-9) with warmup and inverse
 square root decay (§5.3); dropout and label smoothing ε_ls = 0.1 (§5.4), the loss normalized by the target
 tokens of the whole optimizer step; checkpoints averaged at the end; beam 4 with the GNMT length penalty
-α = 0.6 and a limit of source length + 50 (§6.1); sacreBLEU and chrF.
+α = 0.6 and a limit of source length + 50 (§6.1); sacreBLEU and chrF. When the run stops, validates and saves is
+its schedule's answer (training/schedules.py): the paper's steps, a time budget, or a budgeted run replayed.
 """
 
 import json
@@ -24,7 +25,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,13 +37,12 @@ check_fsdp_request()  # before torch and transformers load: a launch that cannot
 import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast, gather_object, set_seed
-from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from training.arguments import check_arguments, parse_arguments
 from training.averaging import averaged_model
 from training.batching import EpochBatches, collate, encode
-from training.budget import TimeBudget, crossed, fitted_dropout, read_schedule, set_dropout
+from training.budget import TimeBudget, read_schedule, set_dropout
 from training.checkpoints import (
     STATE_FILE,
     checkpoints,
@@ -64,6 +64,7 @@ from training.faults import fault_point
 from training.hub import write_output_folder
 from training.recipe import NOT_RECIPE, recipe_deviations, training_data
 from training.schedule import inverse_sqrt_lr, paper_optimizer
+from training.schedules import Budgeted, Replayed, Steps
 from training.step import TrainingStep, largest_batch, read_values
 from training.streaming import StreamedBatches
 from training.tokenizer import corpus_texts, train_joint_bpe
@@ -82,204 +83,186 @@ def main():
     resumed = open_output_dir(accelerator, output_dir, args, asdict(model_args))
     say = accelerator.print
 
-    # Data and the joint BPE: trained once by the main process, read by every process.
-    with accelerator.main_process_first():  # Arrow in datasets' cache: written once, then memory-mapped by all
-        data = load_run_data(data_args)
+    data, tokenizer = run_data(accelerator, data_args, model_args.vocab_size, args.seed, output_dir, resumed)
     pairs = {split: as_pairs(rows) for split, rows in data.items() if split != "train"}  # validation, test: small
-    if accelerator.is_main_process and not resumed:
-        texts = corpus_texts(data["train"], data_args.bpe_sample, args.seed)
-        tokenizer = train_joint_bpe(texts, model_args.vocab_size)
-        tokenizer.save_pretrained(output_dir)
-    accelerator.wait_for_everyone()
-    tokenizer = AutoTokenizer.from_pretrained(output_dir)
     validation = encode(tokenizer, pairs["validation"]) if "validation" in pairs else None
 
+    # The model, its optimizer (§5.3) and the batches of each step (§5.1). Speed, for the model and every copy
+    # evaluated: on a CPU, decoding as whole calls were measured faster on this machine, once (vaswani_hf.fast_cpu);
+    # on a GPU, fewer kernel launches (vaswani_hf.fast_gpu).
     config = model_args.config(tokenizer)
-    # Speed, for the model and every copy evaluated: on a CPU, decoding as whole calls were measured faster on this
-    # machine, once (vaswani_hf.fast_cpu); on a GPU, fewer kernel launches (vaswani_hf.fast_gpu).
     speed = {"cpu": fast_cpu if args.fast_cpu else None, "cuda": fast_gpu if args.fast_gpu else None}.get(
         accelerator.device.type) or (lambda model: model)
-    model = speed(VaswaniForConditionalGeneration(config))
+    new_model = lambda: speed(VaswaniForConditionalGeneration(config))
+    model = new_model()
     max_tokens = batch_tokens(accelerator, model, resumed, args, data_args.max_length)
     budget = time_budget(args, config.d_model)
     model, optimizer, scheduler = prepare(
         accelerator, model,
         lambda m: paper_optimizer(m, config.d_model, args.warmup_steps, args.lr_scale, budget=budget))
     distributed["parameters_held_by_the_main_process"] = held_parameters(model)
-
-    # §5.1 batching, `accumulation` batches of this process and of every other per optimizer step: from the
-    # tokens cached on disk (training/batching.py, training/tokens.py), or read as training goes (--streaming).
-    world, rank = accelerator.num_processes, accelerator.process_index
-    accumulation = max(1, math.ceil(args.tokens_per_step / (max_tokens * world)))
-    if data_args.streaming:
-        batches = StreamedBatches(data["train"], WordEncoder(tokenizer), rank, world, max_tokens,
-                                  data_args.max_length, data_args.shuffle_buffer, args.seed, accumulation)
-        corpus = f"training pairs streamed (each process its own part, batched {data_args.shuffle_buffer:,} at a time)"
-    else:
-        train = token_dataset(accelerator, data["train"], tokenizer, output_dir, say)  # memory-mapped
-        try:
-            batches = EpochBatches(train, data_args.max_length, max_tokens, args.seed, accumulation, rank, world)
-        except ValueError as error:
-            raise SystemExit(f"error: {error}") from None
-        if batches.skipped:
-            say(f"--max_length {data_args.max_length}: {batches.skipped} of {len(train)} training pairs are longer "
-                "(in tokens) and skipped")
-        corpus = f"{batches.pairs} training pairs (padding {batches.padding:.1%})"
-    say(f"{corpus}, vocabulary {len(tokenizer)}, {accelerator.unwrap_model(model).num_parameters() / 1e6:.1f}M "
-        f"parameters ({distributed['parameters_held_by_the_main_process']:,} held by the main process), {world} "
-        f"process(es), {accumulation} accumulated batch(es) of <= {max_tokens} tokens per step")
+    batches = training_batches(accelerator, model, data["train"], data_args, tokenizer, max_tokens, args, output_dir,
+                               distributed)
     backend = None if args.compile == "no" else args.compile
     train_step = TrainingStep(accelerator, model, args.label_smoothing, backend)
     if backend:
         say(f"the training step is compiled by torch.compile ({backend}): the first steps wait for it")
 
-    state = {"history": [], "elapsed_seconds": 0.0, "model": asdict(model_args), "max_tokens": max_tokens}
-    step = 0
-    if resumed:
-        state = {**load_checkpoint(accelerator, model, optimizer, resumed), "max_tokens": max_tokens}
-        step = state.pop("step")
-        scheduler.load_state_dict({**state.pop("scheduler"), "lr_lambdas": [None]})  # JSON, not a pickle
-        if data_args.streaming:
-            batches.resume(state["stream"][rank])
-        say(f"resumed from {resumed} at step {step}")
+    run = Run(accelerator, model, optimizer, scheduler, batches, train_step, args, output_dir,
+              tokenizer.pad_token_id, data_args.streaming,
+              {"history": [], "elapsed_seconds": 0.0, "model": asdict(model_args), "max_tokens": max_tokens})
+    step = run.resume(resumed) if resumed else 0
     hyperparameters = {**asdict(data_args), **asdict(model_args), **asdict(args)}
     accelerator.init_trackers(
         "vaswani", config={k: str(v) if isinstance(v, list) else v for k, v in hyperparameters.items()})
+    schedule = run_schedule(run, model_args.dropout, validation is not None, budget, replay)
 
-    start_time = time.time() - state["elapsed_seconds"]
+    def validate(step: int, entry: dict) -> None:  # every process: the model may be sharded
+        evaluated = whole_model(accelerator, model, new_model)
+        if accelerator.is_main_process:
+            metrics = evaluate_model(evaluated, tokenizer, pairs["validation"], validation, args)
+            entry.update({f"validation_{k}": v for k, v in metrics.items()})
+            accelerator.log({f"validation/{k}": v for k, v in metrics.items() if isinstance(v, float)}, step=step)
+            say(f"step {step}: validation loss {metrics['loss']:.3f}, BLEU {metrics['bleu']:.1f}")
+        accelerator.wait_for_everyone()
 
-    def seconds() -> float:  # the run's time by the main process's clock, on every process
-        if world == 1:
-            return time.time() - start_time  # nothing to share: no tensor whose reading would wait for a GPU
-        now = torch.tensor([time.time() - start_time], dtype=torch.float64, device=accelerator.device)
-        return broadcast(now).item()
-
-    last_check = last_save = state["elapsed_seconds"]
-    window_tokens, window_start = 0, time.time()
-    unread = []  # history entries whose loss (and gradient norm) are still on the device: read every logging step
-    compiled = 0  # graphs torch.compile has made for the step
-    progress = training_progress(budget, args.max_steps, step, last_check, not accelerator.is_local_main_process)
-    model.train()
-    # A budgeted run records what it fitted (training/budget.py), or replays such a record instead of the clock.
-    fitted = state.setdefault("schedule", {"expected_steps": [], "checkpoints": [], "evaluations": []})
-    while step < args.max_steps:
-        elapsed = seconds()
-        if budget:
-            progress.update(min(elapsed, budget.seconds) - progress.n)
-            if (replay and step == replay["steps"]) or (not replay and elapsed > budget.seconds):
-                progress.close()
-                ended = "replayed schedule" if replay else f"time budget of {args.max_train_minutes:g} minutes"
-                say(f"{ended} reached at step {step}")
-                break
-            if step == 1:
-                state["first_step_seconds"] = elapsed
-            if replay:
-                budget.expected = replay["expected_steps"][step]
-            else:
-                budget.estimate(step, elapsed, state.get("first_step_seconds", 0.0))
-            fitted["expected_steps"].append(budget.expected)
-        if args.dropout_epochs:  # P_drop fitted to the run's expected length; config.json keeps the last value
-            expected_epochs = (budget.expected if budget else args.max_steps) / batches.steps_per_epoch
-            set_dropout(model, fitted_dropout(expected_epochs, model_args.dropout, args.dropout_epochs))
-        ids = batches.step(step)
-        inputs = [collate(range(len(sources)), sources, targets, tokenizer.pad_token_id, accelerator.device,
-                          args.pad_to_multiple_of) for sources, targets in ids]
-        local_tokens = sum(len(target) for _, targets in ids for target in targets)
-        loss, step_tokens = train_step(inputs, local_tokens)
-        learning_rate = scheduler.get_last_lr()[0]
-        fault_point(f"step-{step + 1}")
-        entry = {"step": step + 1, "loss": loss, "learning_rate": learning_rate, "tokens": step_tokens}
-        if args.max_grad_norm:
-            entry["grad_norm"] = clip_gradients(accelerator, model, args.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        window_tokens += step_tokens
-        state["history"].append(entry)
-        unread.append(entry)
-        if not budget:
-            progress.update(1)
-        if step % args.logging_steps == 0 or step == 1:
-            read_values(unread)  # the one wait for the device in `logging_steps` steps
-            tokens_per_second = window_tokens / (time.time() - window_start)
-            window_tokens, window_start = 0, time.time()
-            steps = {"step": f"{step}/~{budget.expected:.0f}"} if budget else {}
-            progress.set_postfix(**steps, loss=f"{entry['loss']:.3f}", lr=f"{learning_rate:.2e}",
-                                 tok_s=f"{tokens_per_second:.0f}")
-            accelerator.log({"train/loss": entry["loss"], "train/learning_rate": learning_rate,
-                             "train/target_tokens_per_second": tokens_per_second}, step=step)
-            if train_step.compilations() != compiled:
-                compiled = train_step.compilations()
-                if accelerator.is_local_main_process:
-                    progress.write(f"step {step}: torch.compile has compiled {compiled} graph(s) so far")
-
-        elapsed, previous = seconds(), last_check
-        last_check = elapsed
-        if replay:
-            evaluate_now = step in replay["evaluations"]
-        elif budget and budget.evaluations:
-            evaluate_now = crossed(previous, elapsed, budget.evaluation_interval()) and elapsed < budget.seconds
-        else:
-            evaluate_now = args.eval_steps and step % args.eval_steps == 0
-        if validation and evaluate_now:
-            read_values(unread)
-            fitted["evaluations"].append(step)
-            evaluated = whole_model(accelerator, model, lambda: speed(VaswaniForConditionalGeneration(config)))
-            if accelerator.is_main_process:
-                metrics = evaluate_model(evaluated, tokenizer, pairs["validation"], validation, args)
-                entry.update({f"validation_{k}": v for k, v in metrics.items()})
-                accelerator.log({f"validation/{k}": v for k, v in metrics.items() if isinstance(v, float)}, step=step)
-                progress.write(f"step {step}: validation loss {metrics['loss']:.3f}, BLEU {metrics['bleu']:.1f}")
-            accelerator.wait_for_everyone()
-
-        if replay:
-            save_now = step in replay["checkpoints"]
-        elif args.save_steps or args.save_minutes or not budget:
-            save_now = (args.save_steps and step % args.save_steps == 0) or (
-                args.save_minutes > 0 and elapsed - last_save > 60 * args.save_minutes)
-        else:
-            save_now = crossed(previous, elapsed, budget.save_interval())
-        if save_now:
-            read_values(unread)
-            fitted["checkpoints"].append(step)
-            state["elapsed_seconds"] = elapsed
-            state["scheduler"] = scheduler_state(scheduler)
-            if data_args.streaming:  # every process's place in its part of the stream
-                state["stream"] = gather_object([batches.position()])
-            save_checkpoint(accelerator, model, optimizer, output_dir, step, state, keep=args.average_checkpoints)
-            last_save = elapsed
-    progress.close()
-    read_values(unread)
+    step = train(run, schedule, step, validate)
 
     # The final model: the average of the last K checkpoints (§6.1), the current weights among them.
-    state["elapsed_seconds"] = time.time() - start_time
-    state["scheduler"] = scheduler_state(scheduler)
-    if data_args.streaming:
-        state["stream"] = gather_object([batches.position()])
+    run.state["elapsed_seconds"] = run.seconds(shared=False)
     if not checkpoints(output_dir) or checkpoints(output_dir)[-1].name != f"checkpoint-{step}":
-        save_checkpoint(accelerator, model, optimizer, output_dir, step, state, keep=args.average_checkpoints)
-    if accelerator.is_main_process and budget:
-        fitted.update(steps=step, warmup_steps=round(budget.warmup_share * budget.expected))
-        (output_dir / "schedule.json").write_text(json.dumps({key: fitted[key] for key in sorted(fitted)}, indent=1))
+        run.save(step, run.state["elapsed_seconds"])
     if accelerator.is_main_process:
+        if written := schedule.written(step):
+            (output_dir / "schedule.json").write_text(json.dumps(written, indent=1))
         final, averaged = averaged_model(output_dir, config, args.average_checkpoints, say)
         speed(final)
         fault_point("average")
         final.to(accelerator.device)
-        metrics = {"train_steps": step, "train_minutes": state["elapsed_seconds"] / 60, "distributed": distributed,
+        metrics = {"train_steps": step, "train_minutes": run.state["elapsed_seconds"] / 60, "distributed": distributed,
                    "max_tokens": max_tokens, "compiled_graphs": train_step.compilations(),
-                   "averaged_checkpoints": [p.name for p in averaged], "history": state["history"]}
-        metrics.update(final_evaluation(final, tokenizer, pairs, validation, args, say))
-        publish(final, tokenizer, output_dir, metrics, {"train": data["train"], **pairs}, data_args, model_args, args,
-                say)
+                   "averaged_checkpoints": [p.name for p in averaged], "history": run.state["history"]}
+        evaluated, alpha = final_evaluation(final, tokenizer, pairs, validation, args, say)
+        publish(final, tokenizer, output_dir, {**metrics, **evaluated}, {"train": data["train"], **pairs}, alpha,
+                data_args, model_args, args, say)
     accelerator.wait_for_everyone()
     accelerator.end_training()
 
 
-def publish(final, tokenizer, output_dir: Path, metrics: dict, pairs: dict, data_args, model_args, args, say) -> None:
+@dataclass
+class Run:
+    """What a run's steps change, and its checkpoints keep."""
+
+    accelerator: Accelerator
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    batches: EpochBatches | StreamedBatches
+    train_step: TrainingStep
+    args: object  # RecipeArguments
+    output_dir: Path
+    pad_id: int
+    streaming: bool
+    state: dict  # the checkpoint's state: history, elapsed seconds, the schedule's record, ...
+
+    def __post_init__(self):
+        self.start_time = time.time()
+
+    def resume(self, checkpoint: Path) -> int:
+        """The run's state from `checkpoint`, its clock set back by the seconds it had run: its step."""
+        self.state = {**load_checkpoint(self.accelerator, self.model, self.optimizer, checkpoint),
+                      "max_tokens": self.state["max_tokens"]}
+        step = self.state.pop("step")
+        self.scheduler.load_state_dict({**self.state.pop("scheduler"), "lr_lambdas": [None]})  # JSON, not a pickle
+        if self.streaming:
+            self.batches.resume(self.state["stream"][self.accelerator.process_index])
+        self.start_time = time.time() - self.state["elapsed_seconds"]
+        self.accelerator.print(f"resumed from {checkpoint} at step {step}")
+        return step
+
+    def seconds(self, shared: bool = True) -> float:
+        """The run's time; `shared`: by the main process's clock, on every process."""
+        if not shared or self.accelerator.num_processes == 1:
+            return time.time() - self.start_time  # nothing to share: no tensor whose reading would wait for a GPU
+        now = torch.tensor([time.time() - self.start_time], dtype=torch.float64, device=self.accelerator.device)
+        return broadcast(now).item()
+
+    def save(self, step: int, elapsed: float) -> None:
+        """A checkpoint after `step` steps and `elapsed` seconds (every process calls this)."""
+        self.state["elapsed_seconds"] = elapsed
+        self.state["scheduler"] = {k: v for k, v in self.scheduler.state_dict().items() if k != "lr_lambdas"}
+        if self.streaming:  # every process's place in its part of the stream
+            self.state["stream"] = gather_object([self.batches.position()])
+        save_checkpoint(self.accelerator, self.model, self.optimizer, self.output_dir, step, self.state,
+                        keep=self.args.average_checkpoints)
+
+
+def train(run: Run, schedule: Steps, step: int, validate) -> int:
+    """Optimizer steps from `step` on, validated and saved when the schedule says, until it ends the run: the last
+    step's number. Losses stay on the device, read every --logging_steps."""
+    accelerator, args, model = run.accelerator, run.args, run.model
+    last_check = run.state["elapsed_seconds"]
+    window_tokens, window_start = 0, time.time()
+    unread = []  # history entries whose loss (and gradient norm) are still on the device
+    compiled = 0  # graphs torch.compile has made for the step
+    progress = schedule.progress(step, last_check, not accelerator.is_local_main_process)
+    model.train()
+    while True:
+        elapsed = run.seconds()
+        progress.update(schedule.position(step, elapsed) - progress.n)
+        if ended := schedule.next_step(step, elapsed):
+            break
+        if (p_drop := schedule.dropout()) is not None:  # config.json keeps the last value
+            set_dropout(model, p_drop)
+        ids = run.batches.step(step)
+        inputs = [collate(range(len(sources)), sources, targets, run.pad_id, accelerator.device,
+                          args.pad_to_multiple_of) for sources, targets in ids]
+        loss, step_tokens = run.train_step(inputs, sum(len(t) for _, targets in ids for t in targets))
+        fault_point(f"step-{step + 1}")
+        learning_rate = run.scheduler.get_last_lr()[0]
+        entry = {"step": step + 1, "loss": loss, "learning_rate": learning_rate, "tokens": step_tokens}
+        if args.max_grad_norm:
+            entry["grad_norm"] = clip_gradients(accelerator, model, args.max_grad_norm)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        step += 1
+        window_tokens += step_tokens
+        run.state["history"].append(entry)
+        unread.append(entry)
+        if step % args.logging_steps == 0 or step == 1:
+            read_values(unread)  # the one wait for the device in `logging_steps` steps
+            tokens_per_second = window_tokens / (time.time() - window_start)
+            window_tokens, window_start = 0, time.time()
+            expected = {"step": f"{step}/~{schedule.expected:.0f}"} if schedule.budget else {}
+            progress.set_postfix(**expected, loss=f"{entry['loss']:.3f}", lr=f"{learning_rate:.2e}",
+                                 tok_s=f"{tokens_per_second:.0f}")
+            accelerator.log({"train/loss": entry["loss"], "train/learning_rate": learning_rate,
+                             "train/target_tokens_per_second": tokens_per_second}, step=step)
+            if run.train_step.compilations() != compiled:
+                compiled = run.train_step.compilations()
+                if accelerator.is_local_main_process:
+                    progress.write(f"step {step}: torch.compile has compiled {compiled} graph(s) so far")
+
+        previous, last_check = last_check, run.seconds()
+        if schedule.evaluate(step, previous, last_check):
+            read_values(unread)
+            validate(step, entry)
+        if schedule.save(step, previous, last_check):
+            read_values(unread)
+            run.save(step, last_check)
+            schedule.saved(last_check)
+    progress.close()
+    read_values(unread)
+    accelerator.print(f"{ended} reached at step {step}")
+    return step
+
+
+def publish(final, tokenizer, output_dir: Path, metrics: dict, pairs: dict, alpha: float, data_args, model_args,
+            args, say) -> None:
     """The Hub-ready output folder (training/hub.py: weights, code, tokenizer, metrics, the model card with the
-    recipe and its deviations from the paper), pushed with --push_to_hub."""
+    recipe and its deviations from the paper), pushed with --push_to_hub; `alpha`: the GNMT α chosen."""
+    args = replace(args, length_penalty_alpha=alpha)  # the α the run chose, in a copy of the flags
     recipe = {**asdict(model_args), **{k: v for k, v in asdict(args).items() if k not in NOT_RECIPE},
               "max_tokens": metrics["max_tokens"]}  # --max_tokens 0: the batch the run chose
     write_output_folder(
@@ -289,7 +272,7 @@ def publish(final, tokenizer, output_dir: Path, metrics: dict, pairs: dict, data
         model_id=args.hub_model_id or output_dir.name, recipe=recipe,
         deviations=recipe_deviations(args, data_args), label_smoothing=args.label_smoothing,
         batching=f"batches grouped by length and counted in tokens, {args.tokens_per_step} per step",
-        num_beams=args.num_beams, alpha=args.length_penalty_alpha,
+        num_beams=args.num_beams, alpha=alpha,
     )
     say(f"model, tokenizer, metrics and model card in {output_dir}")
     if args.push_to_hub:
@@ -331,6 +314,52 @@ def open_output_dir(accelerator, output_dir: Path, args, model: dict) -> Path | 
     elif accelerator.is_main_process and args.overwrite_output_dir:
         shutil.rmtree(output_dir, ignore_errors=True)
     return resumed
+
+
+def run_data(accelerator, data_args, vocab_size: int, seed: int, output_dir: Path, resumed: Path | None):
+    """The run's data splits and its joint BPE (§5.1), trained once by the main process (a resumed run's is in
+    --output_dir), read by every process."""
+    with accelerator.main_process_first():  # Arrow in datasets' cache: written once, then memory-mapped by all
+        data = load_run_data(data_args)
+    if accelerator.is_main_process and not resumed:
+        texts = corpus_texts(data["train"], data_args.bpe_sample, seed)
+        train_joint_bpe(texts, vocab_size).save_pretrained(output_dir)
+    accelerator.wait_for_everyone()
+    return data, AutoTokenizer.from_pretrained(output_dir)
+
+
+def run_schedule(run: Run, p_drop: float, validates: bool, budget: TimeBudget | None, replay: dict | None) -> Steps:
+    """The schedule of the run's mode (training/schedules.py): replayed, budgeted or the paper's steps."""
+    epoch = getattr(run.batches, "steps_per_epoch", None)  # --streaming: not known (and --dropout_epochs refused)
+    given = (run.args, run.state, epoch, p_drop, validates)
+    return Replayed(*given, budget, replay) if replay else Budgeted(*given, budget) if budget else Steps(*given)
+
+
+def training_batches(accelerator, model, train, data_args, tokenizer, max_tokens: int, args, output_dir: Path,
+                     distributed: dict) -> EpochBatches | StreamedBatches:
+    """§5.1 batching, `accumulation` batches of this process and of every other per optimizer step: from the tokens
+    cached on disk (training/batching.py, training/tokens.py), or read as training goes (--streaming). Says what
+    the run trains on."""
+    say, world, rank = accelerator.print, accelerator.num_processes, accelerator.process_index
+    accumulation = max(1, math.ceil(args.tokens_per_step / (max_tokens * world)))
+    if data_args.streaming:
+        batches = StreamedBatches(train, WordEncoder(tokenizer), rank, world, max_tokens, data_args.max_length,
+                                  data_args.shuffle_buffer, args.seed, accumulation)
+        corpus = f"training pairs streamed (each process its own part, batched {data_args.shuffle_buffer:,} at a time)"
+    else:
+        train = token_dataset(accelerator, train, tokenizer, output_dir, say)  # memory-mapped
+        try:
+            batches = EpochBatches(train, data_args.max_length, max_tokens, args.seed, accumulation, rank, world)
+        except ValueError as error:
+            raise SystemExit(f"error: {error}") from None
+        if batches.skipped:
+            say(f"--max_length {data_args.max_length}: {batches.skipped} of {len(train)} training pairs are longer "
+                "(in tokens) and skipped")
+        corpus = f"{batches.pairs} training pairs (padding {batches.padding:.1%})"
+    say(f"{corpus}, vocabulary {len(tokenizer)}, {accelerator.unwrap_model(model).num_parameters() / 1e6:.1f}M "
+        f"parameters ({distributed['parameters_held_by_the_main_process']:,} held by the main process), {world} "
+        f"process(es), {accumulation} accumulated batch(es) of <= {max_tokens} tokens per step")
+    return batches
 
 
 def time_budget(args, d_model: int) -> TimeBudget | None:
@@ -389,20 +418,6 @@ def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:
     if changed:
         raise SystemExit(f"error: {path} holds another model: {', '.join(changed)}")
     return path
-
-
-def scheduler_state(scheduler) -> dict:
-    """The learning-rate schedule's position as JSON (its curve is code, rebuilt from the flags)."""
-    return {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
-
-
-def training_progress(budget, max_steps, step, elapsed, disable):
-    """A progress bar in steps; with a time budget, in seconds of it (the steps made and expected alongside)."""
-    every = {"disable": disable, "mininterval": 1 if sys.stderr.isatty() else 30}
-    if budget is None:
-        return tqdm(total=max_steps, initial=step, desc="training", **every)
-    return tqdm(total=round(budget.seconds), initial=elapsed, desc=f"training, {budget.seconds / 60:g}-minute budget",
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total} s{postfix}", **every)
 
 
 if __name__ == "__main__":
