@@ -333,7 +333,7 @@ def test_onnx_encoder_gives_torchs_output(trained, onnx_model):
     assert not inputs["attention_mask"].all()  # padded rows among them
     with torch.no_grad():
         expected = model.get_encoder()(**inputs).last_hidden_state
-    torch.testing.assert_close(onnx_model.get_encoder()(**inputs), expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(onnx_model.get_encoder()(**inputs).last_hidden_state, expected, atol=1e-4, rtol=0)
 
 
 def test_onnx_decoding_steps_with_the_cache_give_torchs_logits(trained, onnx_model):
@@ -348,7 +348,7 @@ def test_onnx_decoding_steps_with_the_cache_give_torchs_logits(trained, onnx_mod
     tokens = torch.cat([torch.full((targets.shape[0], 1), model.config.decoder_start_token_id), targets], dim=-1)
     for step in range(6):
         with torch.no_grad():
-            expected = model(encoder_outputs=(hidden,), attention_mask=inputs["attention_mask"],
+            expected = model(encoder_outputs=hidden, attention_mask=inputs["attention_mask"],
                              decoder_input_ids=tokens[:, step : step + 1], cache=ours, use_cache=True).logits
         logits = onnx_model(hidden, inputs["attention_mask"], tokens[:, step : step + 1], theirs).logits
         torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)

@@ -1,6 +1,7 @@
 """generate(): the paper's defaults, the cache, and equivalences between decoding paths (§6.1)."""
 
 import contextlib
+import copy
 import re
 
 import pytest
@@ -8,11 +9,11 @@ import torch
 from conftest import BOS, EOS, PAD, random_ids, tiny_model
 from transformers import AttentionInterface, EncoderDecoderCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_outputs import BaseModelOutput
 
 from vaswani_hf import fast_cpu
 from vaswani_hf.decoding import PLAIN
+from vaswani_hf.fast_attention import attention_modules, swap
 from vaswani_hf.gnmt import gnmt_beam_search
 
 
@@ -193,20 +194,26 @@ def test_cross_attention_keys_and_values_are_computed_once_per_generate(trained_
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_beams_attending_to_one_encoder_row_equal_beams_attending_to_repeated_rows(implementation):
-    """Encoder-decoder attention with one encoder row per group of 4 consecutive decoder rows (beams sharing a
-    source) gives what the encoder output repeated for every decoder row gives: logits and attention weights."""
-    model = tiny_model(seed=2)
-    model.set_attn_implementation(implementation)
+def test_beams_sharing_their_source_compute_what_the_model_file_computes(implementation):
+    """fast_cpu's encoder-decoder attention with 4 beams per source (`FastAttention.group`) computes the keys and
+    values of one row per source and folds the beams into one block of queries: the logits and attention weights
+    are the plain model's over the encoder output repeated for every beam, as generate() lays it out."""
+    plain = tiny_model(seed=2)
+    plain.set_attn_implementation(implementation)
+    sharing = copy.deepcopy(plain)
+    for module in attention_modules(sharing, cross_only=True):
+        swap(module).group = 4
     source, mask = padded_sources()
-    encoder_states = model.get_encoder()(input_ids=source, attention_mask=mask).last_hidden_state  # (3, 7, D)
-    targets = random_ids(12, 5, seed=4)
-    shared, repeated = (
-        model(encoder_outputs=BaseModelOutput(last_hidden_state=states), attention_mask=source_mask,
-              decoder_input_ids=targets, output_attentions=implementation == "eager")
-        for states, source_mask in ((encoder_states, mask),
-                                    (encoder_states.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)))
-    )
+    encoder_states = plain.get_encoder()(input_ids=source, attention_mask=mask).last_hidden_state  # (3, 7, D)
+    inputs = {"encoder_outputs": BaseModelOutput(last_hidden_state=encoder_states.repeat_interleave(4, 0)),
+              "attention_mask": mask.repeat_interleave(4, 0), "decoder_input_ids": random_ids(12, 5, seed=4),
+              "output_attentions": implementation == "eager"}
+    rows = []
+    hook = sharing.model.decoder.layers[0].encoder_attn.k_proj.register_forward_hook(
+        lambda module, args, output: rows.append(args[0].shape[0]))
+    shared, repeated = sharing(**inputs), plain(**inputs)
+    hook.remove()
+    assert rows == [3]
     torch.testing.assert_close(shared.logits, repeated.logits)
     if implementation == "eager":
         for ours, reference in zip(shared.cross_attentions, repeated.cross_attentions, strict=True):
@@ -221,22 +228,17 @@ def assert_same_cache(cache: EncoderDecoderCache, reference: EncoderDecoderCache
 
 
 def in_repeated_layout(model):
-    """A copy of `model` whose generate() repeats the encoder output once per beam, as transformers lays it out:
-    its attention kernel is SDPA under another name, outside SHARED_SOURCE_KERNELS."""
-    AttentionInterface.register("sdpa_repeated_rows", sdpa_attention_forward)
-    AttentionMaskInterface.register("sdpa_repeated_rows", sdpa_mask)
-    copy = tiny_model()  # the trained model's configuration
-    copy.load_state_dict(model.state_dict())
-    copy.set_attn_implementation("sdpa_repeated_rows")
-    return copy
+    """A plain copy of `model`, not transformed: its beams attend to the encoder output repeated once per beam, as
+    transformers lays it out."""
+    plain = tiny_model()  # the trained model's configuration
+    plain.load_state_dict(model.state_dict())
+    return plain
 
 
 @pytest.fixture
 def sharing_model(trained_model):
-    """A copy of the trained model transformed by `fast_cpu` with a plan that shares rows and packs nothing (beams
-    share their source's encoder row in generate()): only the layout differs from the plain model's."""
-    import copy
-
+    """A copy of the trained model transformed by `fast_cpu` with a plan that shares sources and packs nothing (beams
+    share their source's keys and values in generate()): only the layout differs from the plain model's."""
     return fast_cpu(copy.deepcopy(trained_model), {**PLAIN, "beam": {"shared": True, "packed": False}})
 
 
@@ -345,16 +347,20 @@ def test_a_compiled_forward_with_a_static_cache_decodes_as_the_dynamic_cache_and
     assert torch.equal(shorter, trained_model.generate(source, attention_mask=mask, num_beams=1, max_new_tokens=6))
 
 
-def test_other_attention_kernels_get_one_encoder_row_per_beam():
+def test_other_attention_kernels_share_no_source_and_the_model_wants_one_encoder_row_per_decoder_row():
     """Kernels whose masks may not broadcast over a block of beams' queries (flash attention's varlen path; here a
-    registered kernel) get transformers' repeated rows in generate() of a transformed model, and a one-line error
-    when called directly with shared rows."""
+    registered kernel) compute the cross-attention keys and values of every beam in generate() of a transformed
+    model; the model file itself takes one encoder row per decoder row, else a one-line error."""
     AttentionInterface.register("vaswani_test_kernel", sdpa_attention_forward)
     model = fast_cpu(tiny_model(seed=2), {**PLAIN, "beam": {"shared": True, "packed": False}})
     model.set_attn_implementation("vaswani_test_kernel")
     source = random_ids(3, 7, seed=11)
-    out = model.generate(source, **BEAM_4, return_dict_in_generate=True)
-    assert out.cache.cross_attention_cache.layers[0].keys.shape[0] == 12
+    rows = []
+    hook = model.model.decoder.layers[0].encoder_attn.k_proj.register_forward_hook(
+        lambda module, args, output: rows.append(args[0].shape[0]))
+    model.generate(source, **BEAM_4)
+    hook.remove()
+    assert rows == [12]
     encoder_outputs = model.get_encoder()(input_ids=source)
-    with pytest.raises(ValueError, match=r"\(eager, sdpa attention\) one per group"):
+    with pytest.raises(ValueError, match="the decoder has 12 rows but the encoder output 3: give one encoder row per"):
         model(encoder_outputs=encoder_outputs, decoder_input_ids=random_ids(12, 2))

@@ -174,9 +174,8 @@ def test_no_empty_translation_unless_asked(trained_model):
 
 @pytest.mark.parametrize("kernel", ["eager", "sdpa", "vaswani_repeated_rows"])
 def test_the_search_decodes_with_every_attention_kernel(trained_model, kernel):
-    """The model declares eager, SDPA and flash attention (which needs a GPU; here a registered kernel stands in for
-    any whose masks do not broadcast over a block of beams: SDPA under another name). Each decodes the search's tokens
-    and scores: the shared-row kernels with one encoder row per source, the others with one per beam."""
+    """The model declares eager, SDPA and flash attention (which needs a GPU; a registered kernel, SDPA under another
+    name, stands in for any other). Each decodes the search's tokens and scores."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask

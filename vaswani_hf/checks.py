@@ -7,10 +7,6 @@ This file travels to the Hub beside modeling_vaswani.py: it imports only torch a
 import torch
 from transformers.utils import is_torchdynamo_compiling
 
-# The attention kernels whose masks broadcast over a block of query rows: beams sharing one encoder row attend to it
-# as one block (`VaswaniAttention`); with any other kernel (flash attention's, a registered one) each beam needs a row.
-SHARED_SOURCE_KERNELS = ("eager", "sdpa")
-
 
 def check_token_ids(ids: torch.Tensor, vocab_size: int, name: str, values: bool = True) -> None:
     """One-line errors for token ids that an embedding lookup would turn into a stack trace. The shape and dtype

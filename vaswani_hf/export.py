@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {args.output} exists: give a folder that does not")
     check_packages(args.engine)
     disable_progress_bar()
-    model, tokenizer = load(args.model, device="cpu")
+    model, tokenizer = load(args.model, device="cpu", fast=False)  # the model files' own layers, no transform
 
     if args.engine == "ctranslate2":
         from .to_ctranslate2 import export

@@ -3,7 +3,7 @@
 
 The model files (`modeling_vaswani.py`, what travels to the Hub) use torch's `nn.Linear` and transformers' attention
 kernels, as Marian does. This transform, applied in place to one model object, offers `generate()` two mechanisms
-(decoding.py): beams that share their source's encoder row (transformers' beam search), and linear layers that
+(decoding.py): beams that share their source's keys and values (in beam search), and linear layers that
 multiply by weights packed once per call into oneDNN's layout (`kernels.PackedLinear`). Which of them pays depends
 on the CPU and on the model's sizes: on a Xeon (family 6, model 167) packing made greedy decoding of a small model
 18% slower and of the base model 14% faster (benchmarks/README.md). So each is taken only where whole `generate()`
@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig
 
-from .decoding import PLAIN, share_source_rows
+from .decoding import PLAIN, bind_plan
 from .kernels import ONEDNN, PackedLinear, cache_root, cpu_name, kept
 
 PROBE = {"sources": 16, "source_length": 24, "new_tokens": 16}  # one generate() call of each candidate, a round
@@ -47,7 +47,7 @@ def fast_cpu(model: nn.Module, plan: dict | None = None) -> nn.Module:
         if type(module) is nn.Linear:
             module.__class__ = PackedLinear  # the same parameters; packed only inside a packing block
     if hasattr(model, "generate"):
-        share_source_rows(model)
+        bind_plan(model)
         model.fast_cpu_plan = plan or kept_plan(model)
     return model
 

@@ -21,7 +21,7 @@ of probability 1e-3 beats a 25-token translation with log P < -18 at α = 0.6). 
 `paper_decoding` is what `VaswaniForConditionalGeneration.generate()` runs: this search where the generation
 config asks for it (`gnmt_alpha`, which training/run.py saves beside `num_beams`), a one-line refusal of what the call
 asks of it that it does not take, transformers' `generate()` for another decoding named in the call. This file
-travels to the Hub beside the model: it imports only torch, transformers and checks.py.
+travels to the Hub beside the model: it imports only torch and transformers.
 """
 
 import copy
@@ -30,8 +30,6 @@ import torch
 from transformers import GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
-
-from .checks import SHARED_SOURCE_KERNELS
 
 # §6.1: "We set the maximum output length during inference to input length + 50".
 EXTRA_OUTPUT_LENGTH = 50
@@ -80,12 +78,10 @@ def gnmt_beam_search(
         limits = limits.clamp(max=config.max_position_embeddings)
     max_limit = int(limits.max())
 
-    # One encoder row per source: the K beams of a source attend to it together (VaswaniAttention); a kernel whose
-    # masks do not broadcast over such a block gets one row per beam.
+    # The source encoded once, its output repeated for each of its K beams, as transformers' beam search does.
     encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)  # (B, S, D)
-    if getattr(model.config, "_attn_implementation", None) not in (None, *SHARED_SOURCE_KERNELS) and num_beams > 1:
-        encoder_outputs.last_hidden_state = encoder_outputs.last_hidden_state.repeat_interleave(num_beams, 0)
-        attention_mask = attention_mask.repeat_interleave(num_beams, 0)  # (B*K, S)
+    encoder_outputs.last_hidden_state = encoder_outputs.last_hidden_state.repeat_interleave(num_beams, 0)
+    attention_mask = attention_mask.repeat_interleave(num_beams, 0)  # (B*K, S)
     decoder_config = config.get_text_config(decoder=True)
     cache = EncoderDecoderCache(DynamicCache(config=decoder_config), DynamicCache(config=decoder_config))
 

@@ -3,9 +3,7 @@
 
 This file travels to the Hub beside the weights: it imports only torch, transformers and its neighbours — the
 configuration, `checks.py` (one-line errors for bad input) and `gnmt.py` (the paper's beam search). Its layers are
-torch's and transformers' own, as in Marian. Speed on a CPU is an explicit transform of a model object,
-`vaswani_hf.fast_cpu(model)` (`fast_cpu.py`, not a Hub file), which `vaswani-translate` and `training/run.py` apply
-on a CPU.
+torch's and transformers' own, as in Marian.
 
 Shape letters used in comments: B batch, T target (query) length, S source (key) length, h heads,
 d_k / d_v head widths, D = d_model, V vocabulary.
@@ -19,8 +17,9 @@ model cards print them. Beside the architecture:
     the run's `gnmt_alpha`), and `generate()` then runs the GNMT search of `gnmt.py`, whose length penalty
     ((5 + |Y|) / 6)^alpha is the paper's; transformers' `length_penalty` divides by |Y|^alpha instead.
   * Transforms of a model object, not in these files: int8 linear layers (`quantize_int8`, `--int8`; the paper
-    decodes in float32), and for speed `fast_cpu` (shared encoder rows, packed weights) and `fast_gpu` (fused
-    projections), the same products rounded differently, on by default in our tools.
+    decodes in float32), and for speed `fast_cpu` (beams sharing their source's keys and values, packed weights) and
+    `fast_gpu` (fused projections), each swapping in modules of its own: the same products rounded differently, on by
+    default in our tools.
 """
 
 import math
@@ -47,7 +46,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from transformers.utils.versions import require_version
 
-from .checks import SHARED_SOURCE_KERNELS, check_mask, check_token_ids
+from .checks import check_mask, check_token_ids
 from .configuration_vaswani import VaswaniConfig
 from .gnmt import paper_decoding
 
@@ -115,11 +114,6 @@ class VaswaniAttention(nn.Module):
     Used three ways (§3.2.3): encoder self-attention, masked decoder self-attention (`is_causal=True`), and
     encoder-decoder attention (`key_value_states` = encoder output). The projections carry biases, as in the
     authors' code. The kernel is chosen by transformers' attention interface ("sdpa" by default, "eager", ...).
-
-    Encoder-decoder attention takes an encoder output of fewer rows than the queries when each group of n
-    consecutive query rows shares one source (n beams, laid out as `repeat_interleave` lays them out): the keys and
-    values are then computed once per source, and the group's queries attend to them together. Only with the
-    kernels whose masks broadcast over the query block (`SHARED_SOURCE_KERNELS`).
     """
 
     def __init__(self, config: VaswaniConfig, is_causal: bool = False, layer_idx: int | None = None):
@@ -158,33 +152,21 @@ class VaswaniAttention(nn.Module):
             query = self.q_proj(hidden_states)
             key, value = own_cache.layers[self.layer_idx].keys, own_cache.layers[self.layer_idx].values
         else:
-            query, key, value = self.projections(hidden_states, key_value_states if is_cross else hidden_states)
-            key = key.unflatten(-1, (-1, self.d_k)).transpose(1, 2)  # (B, h, S, d_k)
-            value = value.unflatten(-1, (-1, self.d_v)).transpose(1, 2)  # (B, h, S, d_v)
+            source = key_value_states if is_cross else hidden_states
+            query = self.q_proj(hidden_states)
+            key = self.k_proj(source).unflatten(-1, (-1, self.d_k)).transpose(1, 2)  # (B, h, S, d_k)
+            value = self.v_proj(source).unflatten(-1, (-1, self.d_v)).transpose(1, 2)  # (B, h, S, d_v)
             if own_cache is not None:
                 key, value = own_cache.update(key, value, self.layer_idx)
                 if is_cross:
                     cache.is_updated[self.layer_idx] = True
         query = query.view(batch_size, length, -1, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
-
-        group = batch_size // key.shape[0] if is_cross else 1  # query rows per source row (beams sharing it)
-        if group > 1:  # (n·B, h, T, d_k) -> (B, h, n·T, d_k)
-            query = query.unflatten(0, (-1, group)).transpose(1, 2).flatten(2, 3)
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
                                                                               eager_attention_forward)
         output, weights = attention_interface(self, query, key, value, attention_mask, scaling=self.scaling,
                                               dropout=self.dropout if self.training else 0.0, **kwargs)
-        if group > 1 and weights is not None:  # (B, h, n·T, S) -> (n·B, h, T, S)
-            weights = weights.unflatten(2, (group, length)).transpose(1, 2).flatten(0, 1)
-        output = output.reshape(batch_size, length, -1).contiguous()  # (B, T, h * d_v); (B, n·T, ...) is (n·B, T, ...)
+        output = output.reshape(batch_size, length, -1).contiguous()  # (B, T, h * d_v)
         return self.out_proj(output), weights
-
-    def projections(
-        self, hidden_states: torch.Tensor, source: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Q W^Q from `hidden_states`, K W^K and V W^V from `source` (the same tensor in self-attention), the heads
-        side by side: (B, T, h·d_k), (B, S, h·d_k), (B, S, h·d_v)."""
-        return self.q_proj(hidden_states), self.k_proj(source), self.v_proj(source)
 
 
 class VaswaniLayer(GradientCheckpointingLayer):
@@ -330,11 +312,8 @@ class VaswaniStack(VaswaniPreTrainedModel):
         super().__init__(config)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
-        self.embed_positions = (
-            nn.Embedding(config.max_position_embeddings, config.d_model)
-            if config.position_embedding == "learned"
-            else None
-        )
+        learned = config.position_embedding == "learned"  # a deviation, for converted models
+        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.d_model) if learned else None
         self.dropout = nn.Dropout(config.dropout)  # P_drop on the embeddings' sums (§5.4)
         self.layers = nn.ModuleList(layers)
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
@@ -356,10 +335,8 @@ class VaswaniStack(VaswaniPreTrainedModel):
             check_token_ids(input_ids, self.config.vocab_size, name, values=begins)
             inputs_embeds = self.embed_tokens(input_ids)
         elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.d_model or inputs_embeds.shape[1] == 0:
-            raise ValueError(
-                f"inputs_embeds must have shape (batch, length >= 1, d_model={self.config.d_model}), "
-                f"got {tuple(inputs_embeds.shape)}"
-            )
+            raise ValueError(f"inputs_embeds must have shape (batch, length >= 1, d_model={self.config.d_model}), "
+                             f"got {tuple(inputs_embeds.shape)}")
         length = inputs_embeds.shape[1]
         # A fixed-size arange plus the offset, which a static cache gives as a tensor under torch.compile.
         positions = torch.arange(length, device=inputs_embeds.device) + past_length  # (T,)
@@ -370,10 +347,8 @@ class VaswaniStack(VaswaniPreTrainedModel):
             ).to(inputs_embeds.dtype)
         else:
             if past_length + length > self.config.max_position_embeddings and not is_torchdynamo_compiling():
-                raise ValueError(
-                    f"Sequence of {past_length + length} positions is longer than max_position_embeddings="
-                    f"{self.config.max_position_embeddings} of the learned position embeddings"
-                )
+                raise ValueError(f"Sequence of {past_length + length} positions is longer than the "
+                                 f"max_position_embeddings={self.config.max_position_embeddings} learned ones")
             position_encoding = self.embed_positions(positions)
         hidden_states = inputs_embeds * self.embed_scale + position_encoding  # (B, T, D)
         return self.dropout(hidden_states)
@@ -401,9 +376,8 @@ class VaswaniEncoder(VaswaniStack):
     ) -> BaseModelOutput:
         hidden_states = self.embed(input_ids, inputs_embeds, past_length=0, name="input_ids")
         check_mask(attention_mask, *hidden_states.shape[:2], "attention_mask", "input_ids")
-        attention_mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
-        )
+        attention_mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states,
+                                                   attention_mask=attention_mask)
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
         return BaseModelOutput(last_hidden_state=self.finish(hidden_states))
@@ -420,9 +394,7 @@ class VaswaniDecoder(VaswaniStack):
     }
 
     def __init__(self, config: VaswaniConfig):
-        super().__init__(
-            config, [VaswaniDecoderLayer(config, layer_idx=i) for i in range(config.num_decoder_layers)]
-        )
+        super().__init__(config, [VaswaniDecoderLayer(config, layer_idx=i) for i in range(config.num_decoder_layers)])
         self.post_init()
 
     @merge_with_config_defaults
@@ -447,26 +419,20 @@ class VaswaniDecoder(VaswaniStack):
         hidden_states = self.embed(input_ids, inputs_embeds, past_length, name="decoder_input_ids")
         batch_size, length = hidden_states.shape[:2]
         check_mask(attention_mask, batch_size, past_length + length, "decoder_attention_mask", "the decoder")
-        sources = batch_size if encoder_hidden_states is None else encoder_hidden_states.shape[0]
-        shared_source = sources != batch_size  # n decoder rows (beams) per encoder row
         if encoder_hidden_states is not None:
-            shared_kernel = self.config._attn_implementation in SHARED_SOURCE_KERNELS
-            if batch_size % sources or (shared_source and not shared_kernel):
-                raise ValueError(
-                    f"the decoder has {batch_size} rows but the encoder output {sources}: give one encoder row per "
-                    f"decoder row, or ({', '.join(SHARED_SOURCE_KERNELS)} attention) one per group of n consecutive "
-                    "rows"
-                )
-            check_mask(encoder_attention_mask, sources, encoder_hidden_states.shape[1], "attention_mask", "the source")
+            sources = encoder_hidden_states.shape[:2]
+            if sources[0] != batch_size:
+                raise ValueError(f"the decoder has {batch_size} rows but the encoder output {sources[0]}: give one "
+                                 "encoder row per decoder row")
+            check_mask(encoder_attention_mask, *sources, "attention_mask", "the source")
 
         self_attention_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         causal_mask = create_causal_mask(
             config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask, cache=self_attention_cache
         )
-        # Beams sharing a source attend to it as one query block: a padding mask, the same for every query.
         encoder_attention_mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=hidden_states[:, :1] if shared_source else hidden_states,
-            attention_mask=encoder_attention_mask, encoder_hidden_states=encoder_hidden_states,
+            config=self.config, inputs_embeds=hidden_states, attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
         )
         for layer in self.layers:  # encoder_hidden_states positional, for gradient checkpointing
             hidden_states = layer(
@@ -518,9 +484,8 @@ class VaswaniModel(VaswaniPreTrainedModel):
         decoder_attention_mask (`(batch_size, target_length)`): 1 for tokens, 0 for padding.
         """
         if encoder_outputs is None:
-            encoder_outputs = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
-            )
+            encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                                           inputs_embeds=inputs_embeds, **kwargs)
         elif not isinstance(encoder_outputs, BaseModelOutput):  # (last_hidden_state, hidden_states, attentions)
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         decoder_outputs = self.decoder(

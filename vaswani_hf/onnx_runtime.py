@@ -20,6 +20,7 @@ import onnxruntime
 import torch
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput
 
 from .gnmt import EXTRA_OUTPUT_LENGTH, gnmt_beam_search
 
@@ -48,19 +49,17 @@ class OnnxSeq2Seq:
         def encode(input_ids, attention_mask):
             (hidden,) = self.sessions["encoder_model"].run(None, {"input_ids": input_ids.numpy(),
                                                                   "attention_mask": attention_mask.long().numpy()})
-            return torch.from_numpy(hidden)
+            return BaseModelOutput(last_hidden_state=torch.from_numpy(hidden))
 
         return encode
 
     def __call__(self, encoder_outputs, attention_mask, decoder_input_ids, cache, use_cache=True):
-        """One decoding step: the first fills `cache` (self and encoder-decoder attention), later ones
-        take one token per row and grow the self-attention entries. Rows sharing a source (beams) come in
-        consecutive groups, as in `VaswaniAttention`; their source is repeated for the graphs."""
-        group = decoder_input_ids.shape[0] // attention_mask.shape[0]
-        mask = attention_mask.long().repeat_interleave(group, 0).numpy()
+        """One decoding step, one encoder row per decoder row: the first fills `cache` (self and encoder-decoder
+        attention), later ones take one token per row and grow the self-attention entries."""
+        mask = attention_mask.long().numpy()
         own, cross = cache.self_attention_cache, cache.cross_attention_cache
         if cache.get_seq_length() == 0:
-            hidden = encoder_outputs.repeat_interleave(group, 0).numpy()
+            hidden = encoder_outputs.last_hidden_state.numpy()
             inputs = {"input_ids": decoder_input_ids.numpy(), "encoder_hidden_states": hidden,
                       "encoder_attention_mask": mask}
             logits, *present = self.sessions["decoder_model"].run(None, inputs)

@@ -189,7 +189,7 @@ class TorchEngine:
         try:
             device = next(self.model.parameters()).device
             inputs = self.tokenizer.pad({"input_ids": batch}, return_tensors="pt").to(device)
-            with getattr(self.model, "packed_weights", lambda beams: contextlib.nullcontext())(num_beams):  # fast_cpu
+            with getattr(self.model, "fast_decoding", lambda beams: contextlib.nullcontext())(num_beams):  # fast_cpu
                 sequences, scores = search(self.model, inputs, num_beams, alpha, nbest)
         finally:
             self.model.train(training)  # the caller's mode back: a training loop goes on training
