@@ -5,7 +5,7 @@
     python benchmarks/multi30k.py --no_test -- --warmup_share 0.2  # choosing: validation only; after --, run.py flags
     python benchmarks/multi30k.py --minutes 30 --peer_minutes 34   # each side the steps it makes on another CPU
 
-Runs `training/run.py` with the preset, then the peer (`../shared/baselines/train_marian.py`: d_model 256, 3+3
+Runs `training/run.py` with the preset, then the peer (`benchmarks/marian_baseline.py`: d_model 256, 3+3
 layers, BPE 8k, beam 4), one after the other with the same training budget (unless `--peer_minutes` gives the peer
 another) on the same CPU, and prints each one's steps, validation (all 1,014 sentences) and test2016 sacreBLEU and
 chrF, and the CPU. Both decode with beam 4: ours with the preset's GNMT α (`cpu-medium`: 1.4, chosen on validation;
@@ -40,7 +40,7 @@ from training.arguments import read_preset
 from vaswani_hf.kernels import cpu_name
 from vaswani_hf.text import read_lines
 
-PEER = ROOT.parent / "shared" / "baselines" / "train_marian.py"
+PEER = ROOT / "benchmarks" / "marian_baseline.py"
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 
 

@@ -1,0 +1,39 @@
+"""benchmarks/marian_baseline.py, the peer of the Multi30k comparison, as benchmarks/multi30k.py runs it: on a few
+pairs of the embedded grammar for a budget of one second, it trains, stops at the budget, and writes the steps,
+scores and translations that the comparison reads."""
+
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+from sacrebleu.metrics import BLEU
+
+from training.default_data import generate
+from vaswani_hf.text import read_lines
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import multi30k
+
+
+def test_the_peer_trains_for_its_budget_and_writes_what_the_comparison_reads(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    splits = generate()
+    for split, pairs in (("train", splits["train"][:400]), ("valid", splits["validation"][:6]),
+                         ("test2016", splits["test"][:5])):
+        for side, lang in enumerate(("en", "de")):
+            (data / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
+    out = tmp_path / "marian"
+    row = multi30k.peer(SimpleNamespace(peer=multi30k.PEER, data=data, peer_minutes=1 / 60), out)
+
+    results = json.loads((out / "results.json").read_text())
+    assert row["steps"] == results["train"]["steps"] >= 1
+    seconds, steps = results["train"]["seconds"], results["train"]["steps"]
+    assert 0 <= seconds - 1.0 < 5 * seconds / steps  # stopped at the first step after the budget
+    for split, sentences in (("valid", 6), ("test2016", 5)):
+        hypotheses = read_lines(out / f"{split}_beam4.hyp.de")
+        references = read_lines(data / f"{split}.de")
+        assert len(hypotheses) == sentences
+        assert row[split]["bleu"] == BLEU().corpus_score(hypotheses, [references]).score  # its file, scored again
+    assert len(read_lines(out / "test2016_beam1.hyp.de")) == 5
