@@ -32,8 +32,8 @@ from transformers import AutoTokenizer
 
 from training.evaluation import translate
 from vaswani_hf import VaswaniForConditionalGeneration
-from vaswani_hf.kernels import cpu_name
-from vaswani_hf.text import read_lines
+from vaswani_hf.speed.kernels import cpu_name
+from vaswani_hf.tools.text import read_lines
 
 
 def sentence_statistics(hypotheses: list[str], references: list[str]) -> np.ndarray:

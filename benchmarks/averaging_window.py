@@ -30,8 +30,8 @@ from training.batching import encode
 from training.checkpoints import WEIGHTS_FILE, checkpoints
 from training.evaluation import translate, validation_loss
 from vaswani_hf import VaswaniForConditionalGeneration
-from vaswani_hf.kernels import cpu_name
-from vaswani_hf.text import read_lines
+from vaswani_hf.speed.kernels import cpu_name
+from vaswani_hf.tools.text import read_lines
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 

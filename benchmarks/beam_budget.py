@@ -26,7 +26,7 @@ from speed import GENERATE_BATCH, NEW_TOKENS, SIZES, SOURCE_LENGTH, build, gener
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from vaswani_hf import fast_cpu, keep_freed_memory
-from vaswani_hf.kernels import cpu_name
+from vaswani_hf.speed.kernels import cpu_name
 
 
 def decoder_products_ms(model, beams: int, repeats: int) -> float:

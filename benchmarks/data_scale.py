@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vaswani_hf.kernels import cpu_name
+from vaswani_hf.speed.kernels import cpu_name
 
 MODEL = ["--vocab_size", "4000", "--d_model", "256", "--d_ff", "1024", "--num_heads", "4", "--num_layers", "3",
          "--max_tokens", "2048", "--tokens_per_step", "2048", "--bpe_sample", "100000"]

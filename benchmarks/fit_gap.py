@@ -24,8 +24,8 @@ from transformers import AutoTokenizer, MarianMTModel, PreTrainedTokenizerFast
 from training.batching import encode
 from training.evaluation import validation_loss
 from vaswani_hf import VaswaniForConditionalGeneration
-from vaswani_hf.kernels import cpu_name
-from vaswani_hf.text import read_lines
+from vaswani_hf.speed.kernels import cpu_name
+from vaswani_hf.tools.text import read_lines
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 

@@ -65,8 +65,8 @@ from torch import nn
 from training.default_data import generate as grammar_pairs
 from vaswani_hf import fast_gpu
 from vaswani_hf.gnmt import gnmt_beam_search
-from vaswani_hf.kernels import cpu_name
 from vaswani_hf.modeling_vaswani import shift_tokens_right
+from vaswani_hf.speed.kernels import cpu_name
 
 # What each part runs on: the paper's base model on a GPU; tiny sizes on a CPU, so the tests run every line.
 SHAPES = {
@@ -408,7 +408,7 @@ REMOTE = textwrap.dedent(
 
 def remote(device: torch.device, shape: dict, output_dir: Path) -> dict:
     """Part 5: the trained folder translated by remote code in a fresh Python, against vaswani-translate's search."""
-    from vaswani_hf.translate import load, translate
+    from vaswani_hf.tools.translate import load, translate
 
     folder = output_dir / "run"
     sources = (output_dir / "data" / "test.en").read_text().splitlines()[:SENTENCES]

@@ -34,8 +34,8 @@ from transformers import GenerationConfig
 from utilisation import wmt_like_pairs
 
 from vaswani_hf.gnmt import gnmt_beam_search
-from vaswani_hf.kernels import cpu_name
-from vaswani_hf.translate import MAX_TOKENS, token_batches
+from vaswani_hf.speed.kernels import cpu_name
+from vaswani_hf.tools.translate import MAX_TOKENS, token_batches
 
 TINY = {"size": {"d_model": 32, "num_layers": 2, "num_heads": 4, "d_ff": 64, "vocab_size": 300}, "sentences": 40}
 BEAMS, ALPHA, TARGET_SHARE = 4, 0.6, 1.1
@@ -115,7 +115,7 @@ def ctranslate2_engines(model, device: torch.device) -> dict:
     """Our model exported as `vaswani-export ctranslate2` does it, loaded on this device in its compute types."""
     import ctranslate2
 
-    from vaswani_hf.to_ctranslate2 import VaswaniConverter
+    from vaswani_hf.exports.to_ctranslate2 import VaswaniConverter
 
     vocab = {str(i): i for i in range(model.config.vocab_size)}  # no tokenizer: the ids' strings are the tokens
     tokens = SimpleNamespace(get_vocab=lambda: vocab, bos_token=str(BOS), eos_token=str(EOS), unk_token="3",

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from vaswani_hf import quantize_int8
-from vaswani_hf.kernels import cpu_name
-from vaswani_hf.translate import load, translate
+from vaswani_hf.speed.kernels import cpu_name
+from vaswani_hf.tools.translate import load, translate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 

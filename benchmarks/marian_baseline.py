@@ -41,8 +41,8 @@ from transformers import (
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vaswani_hf.kernels import cpu_name
-from vaswani_hf.text import read_lines
+from vaswani_hf.speed.kernels import cpu_name
+from vaswani_hf.tools.text import read_lines
 
 SPLITS, SPECIALS, MAX_LENGTH, BATCH = ("train", "valid", "test2016"), ["<pad>", "</s>", "<unk>"], 128, 128
 

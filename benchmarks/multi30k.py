@@ -18,8 +18,8 @@ source words) and on two harder quarters of validation, the whole of which the 2
 "valid-long", the longest sources, and "valid-rare", the sources whose rarest words are rarest in the training
 sources (words lowercased, compared by training count). On Multi30k: valid-long is 254 sentences of 14-27 words;
 valid-rare 253, each with a word seen at most twice in training, 130 with a word never seen, 81 also in valid-long.
-Ours are decoded from the saved model (`vaswani_hf.translate`, as `vaswani-translate` decodes), the peer's are the
-files its script writes. `--score_only DIR` scores an earlier run's folders again, training nothing.
+Ours are decoded from the saved model (`vaswani_hf.tools.translate`, as `vaswani-translate` decodes), the peer's
+are the files its script writes. `--score_only DIR` scores an earlier run's folders again, training nothing.
 """
 
 import argparse
@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 from sacrebleu.metrics import BLEU
 
 from training.arguments import read_preset
-from vaswani_hf.kernels import cpu_name
-from vaswani_hf.text import read_lines
+from vaswani_hf.speed.kernels import cpu_name
+from vaswani_hf.tools.text import read_lines
 
 PEER = ROOT / "benchmarks" / "marian_baseline.py"
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -112,7 +112,7 @@ def translations(args, out: Path, name: str, split: str) -> list[str]:
         return read_lines(out / f"{split}_beam4.hyp.de")
     path = out / f"{split}.hyp.de"
     if not path.is_file():
-        from vaswani_hf.translate import load, translate
+        from vaswani_hf.tools.translate import load, translate
 
         model, tokenizer = load(str(out), device="cpu")
         found = translate(model, tokenizer, read_lines(args.data / f"{split}.en"))

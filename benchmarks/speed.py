@@ -39,7 +39,7 @@ from torch import nn
 from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory, quantize_int8
-from vaswani_hf.kernels import cache_root, cpu_name
+from vaswani_hf.speed.kernels import cache_root, cpu_name
 
 SIZES = {
     "small": {"d_model": 256, "num_layers": 3, "num_heads": 4, "d_ff": 1024, "vocab_size": 8000},
@@ -152,7 +152,7 @@ def ctranslate2_translators(model: VaswaniForConditionalGeneration, threads: int
     try:
         import ctranslate2
 
-        from vaswani_hf.to_ctranslate2 import VaswaniConverter, kept_threads
+        from vaswani_hf.exports.to_ctranslate2 import VaswaniConverter, kept_threads
     except ImportError:
         return {}
     tokens = IdTokens(model.config.vocab_size)
@@ -170,8 +170,8 @@ def ctranslate2_translators(model: VaswaniForConditionalGeneration, threads: int
 def onnx_model(model: VaswaniForConditionalGeneration, threads: int):
     """Our model exported as `vaswani-export onnx` exports it, in ONNX Runtime sessions; None without the packages."""
     try:
-        from vaswani_hf.onnx_runtime import OnnxSeq2Seq
-        from vaswani_hf.to_onnx import export
+        from vaswani_hf.exports.onnx_runtime import OnnxSeq2Seq
+        from vaswani_hf.exports.to_onnx import export
     except ImportError:
         return None
     folder = f"{tempfile.mkdtemp()}/onnx"

@@ -53,8 +53,8 @@ from training.loss import label_smoothed_nll
 from training.schedule import paper_optimizer
 from training.step import TrainingStep, largest_batch, read_values
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, fast_gpu
-from vaswani_hf.kernels import cpu_name
 from vaswani_hf.modeling_vaswani import shift_tokens_right
+from vaswani_hf.speed.kernels import cpu_name
 
 # Dense bf16 tensor-core peaks, FLOP/s (the sparse figures are twice these: never used), by a part of the GPU's name.
 PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12,

@@ -228,7 +228,7 @@ def refusal(capfd, main, *args) -> str:
 def refused_translation(capfd, monkeypatch, *args, stdin: bytes = b"") -> str:
     """`refusal` of vaswani-translate reading `stdin`; the allocator setting it makes first (allocator.py), which
     cannot be undone, stays out of the test process."""
-    from vaswani_hf import translate
+    from vaswani_hf.tools import translate
 
     monkeypatch.setattr(translate, "keep_freed_memory", lambda: None)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
@@ -245,7 +245,7 @@ def console(capfd, monkeypatch):
     process; transformers' progress bars, which the commands turn off, are turned back on after."""
     from transformers.utils.logging import enable_progress_bar, is_progress_bar_enabled
 
-    from vaswani_hf import translate
+    from vaswani_hf.tools import translate
 
     monkeypatch.setattr(translate, "keep_freed_memory", lambda: None)
     bars = is_progress_bar_enabled()
@@ -271,7 +271,7 @@ def console(capfd, monkeypatch):
 @pytest.fixture
 def cli(console):
     """`vaswani-translate ARGS < stdin` in this process (`console`)."""
-    from vaswani_hf import translate
+    from vaswani_hf.tools import translate
 
     return functools.partial(console, translate.main)
 

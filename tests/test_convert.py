@@ -18,7 +18,7 @@ from conftest import CODE_FILES, refusal, run_hidden
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, MarianMTModel, MarianTokenizer
 
 from training.default_data import generate
-from vaswani_hf import convert
+from vaswani_hf.exports import convert
 from vaswani_hf.gnmt import gnmt_beam_search
 
 SENTENCES = [en for en, _ in generate()["test"][:300]]
@@ -149,7 +149,7 @@ def test_a_converted_model_loads_without_the_package_and_exports(marian_pair, tm
     the export (its swish and output bias included) is ours token for token."""
     import ctranslate2
 
-    from vaswani_hf import export
+    from vaswani_hf.tools import export
 
     source, converted = marian_pair
     ours = AutoModelForSeq2SeqLM.from_pretrained(converted).eval()
@@ -218,7 +218,7 @@ def test_the_converted_folder_publishes_and_pipelines_as_one_of_ours(marian_pair
     files alone translate as the folder does; the folder's translation pipeline decodes as published."""
     from transformers import pipeline
 
-    from vaswani_hf.hub import published_files
+    from vaswani_hf.tools.hub import published_files
 
     source, converted = marian_pair
     files = set(published_files(converted))
@@ -424,8 +424,8 @@ def test_a_converted_fairseq_folder_translates_exports_and_publishes(fairseq_rel
     import ctranslate2
     from transformers import pipeline
 
-    from vaswani_hf import export
-    from vaswani_hf.hub import published_files
+    from vaswani_hf.tools import export
+    from vaswani_hf.tools.hub import published_files
 
     release, fsmt = fairseq_release
     converted = tmp_path / "converted"

@@ -23,7 +23,7 @@ from training.evaluation import translate
 from training.hub import write_output_folder
 from training.recipe import training_data
 from vaswani_hf import TranslationPipeline, quantize_int8
-from vaswani_hf.visualize import attention_weights, write_pictures
+from vaswani_hf.tools.visualize import attention_weights, write_pictures
 
 SOURCES = ["The small dog sees the old man.", "A woman reads a book in the garden.", "The children play."]
 TOKEN = "hf_vaswaniTestToken0123456789abcdef"
@@ -164,7 +164,7 @@ def test_vaswani_push_publishes_the_model_and_nothing_of_its_training(translatio
     import huggingface_hub
     from huggingface_hub import RepoUrl
 
-    from vaswani_hf import hub
+    from vaswani_hf.tools import hub
 
     folder = tmp_path / "run"
     shutil.copytree(translation_folder, folder)
@@ -199,7 +199,7 @@ def test_vaswani_push_publishes_the_model_and_nothing_of_its_training(translatio
 def test_vaswani_push_refuses_what_is_not_a_finished_model_in_one_line(translation_folder, tmp_path, monkeypatch):
     import huggingface_hub
 
-    from vaswani_hf import hub
+    from vaswani_hf.tools import hub
 
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda *a, **kw: pytest.fail("nothing is created"))
     unfinished = tmp_path / "unfinished"
@@ -355,7 +355,7 @@ def test_the_model_card_names_the_data_as_given_and_claims_no_license(translatio
 
 def test_vaswani_translate_is_a_console_script():
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
-    assert scripts["vaswani-translate"] == "vaswani_hf.translate:main"
+    assert scripts["vaswani-translate"] == "vaswani_hf.tools.translate:main"
 
 
 def test_vaswani_translate_reads_stdin_and_files(translation_folder, tmp_path, cli):
@@ -387,7 +387,7 @@ MANY = [*SOURCES, "", "The old man and the small dog see the children in the gar
 
 def test_batches_by_tokens_change_no_translation(translation_folder, cli):
     """Batches cut by token count, sorted by length inside windows of lines: whatever the cut, the same output."""
-    from vaswani_hf.translate import read_windows, translated_windows
+    from vaswani_hf.tools.translate import read_windows, translated_windows
 
     model, tokenizer = load_local(translation_folder)
     expected = [translate(model, tokenizer, [source])[0] if source else "" for source in MANY]
@@ -402,7 +402,7 @@ def test_batches_by_tokens_change_no_translation(translation_folder, cli):
 
 
 def test_token_batches_hold_at_most_max_tokens_sorted_by_length():
-    from vaswani_hf.translate import token_batches
+    from vaswani_hf.tools.translate import token_batches
 
     lengths = [7, 3, 12, 3, 5, 40, 8, 1]
     batches = token_batches(lengths, max_tokens=16)
@@ -415,7 +415,7 @@ def test_token_batches_hold_at_most_max_tokens_sorted_by_length():
 
 def test_output_streams_as_batches_finish(translation_folder):
     """With windows of 2 lines, the first two translations arrive while the input is still open."""
-    process = subprocess.Popen([sys.executable, "-m", "vaswani_hf.translate", "--model", str(translation_folder),
+    process = subprocess.Popen([sys.executable, "-m", "vaswani_hf.tools.translate", "--model", str(translation_folder),
                                 "--window", "2", "--quiet"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
@@ -503,7 +503,7 @@ def test_the_visualize_command_writes_one_picture_per_attention(translation_fold
     transformers' progress bars, which it turns off, are turned back on after."""
     from transformers.utils.logging import enable_progress_bar, is_progress_bar_enabled
 
-    from vaswani_hf.visualize import main
+    from vaswani_hf.tools.visualize import main
 
     bars = is_progress_bar_enabled()
     try:
@@ -519,7 +519,7 @@ def test_the_visualize_command_writes_one_picture_per_attention(translation_fold
 
 def test_the_visualize_command_explains_a_missing_layer_in_one_line(translation_folder, tmp_path, capfd):
     """In this process (conftest.refusal): the message, and nothing else on stdout or stderr."""
-    from vaswani_hf.visualize import main
+    from vaswani_hf.tools.visualize import main
 
     message = refusal(capfd, main, translation_folder, "--source", SOURCES[0], "--target", "Hallo.", "--layer", "7",
                       "--output_dir", tmp_path / "pictures")

@@ -17,12 +17,12 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from training.default_data import generate
 from vaswani_hf import quantize_int8
-from vaswani_hf.export import main as export_main
+from vaswani_hf.exports.onnx_runtime import OnnxSeq2Seq
+from vaswani_hf.exports.to_ctranslate2 import export as export_ctranslate2
+from vaswani_hf.exports.to_ctranslate2 import seven_bits
 from vaswani_hf.gnmt import gnmt_beam_search
-from vaswani_hf.onnx_runtime import OnnxSeq2Seq
-from vaswani_hf.to_ctranslate2 import export as export_ctranslate2
-from vaswani_hf.to_ctranslate2 import seven_bits
-from vaswani_hf.translate import translate
+from vaswani_hf.tools.export import main as export_main
+from vaswani_hf.tools.translate import translate
 
 PAIRS = generate()["test"][:40]
 # One worker exports once for all of these (pyproject.toml's -n), minutes of work: scheduled early (conftest.py).
@@ -191,7 +191,7 @@ def test_the_ctranslate2_cache_is_keyed_by_the_weights(translation_folder, tmp_p
     which decodes what the changed weights say."""
     from safetensors.torch import load_file, save_file
 
-    from vaswani_hf.to_ctranslate2 import cached_export
+    from vaswani_hf.exports.to_ctranslate2 import cached_export
 
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
     first = cached_export(str(translation_folder), "float32")
@@ -215,7 +215,7 @@ def test_ctranslates_threads_are_measured_once_per_export_and_one_taken_only_whe
     measured again."""
     import shutil
 
-    from vaswani_hf import to_ctranslate2
+    from vaswani_hf.exports import to_ctranslate2
 
     _, tokenizer = trained
     folder = Path(shutil.copytree(ct2_folders["float32"], Path(ct2_folders["float32"]).parent / f"t{one_thread}"))
@@ -285,7 +285,7 @@ def test_export_refusals_are_one_line(translation_folder, tmp_path, engine):
 
 
 def test_an_export_that_fails_midway_leaves_nothing_under_the_output_name(translation_folder, tmp_path, monkeypatch):
-    from vaswani_hf import to_ctranslate2
+    from vaswani_hf.exports import to_ctranslate2
 
     def fail_after_a_file(model, tokenizer, output_dir, quantization=None):
         Path(output_dir).mkdir()

@@ -1,7 +1,7 @@
-"""`fast_cpu(model)` (vaswani_hf/fast_cpu.py, decoding.py, kernels.py): its plan is what whole calls were measured
-faster with, measured once and kept; a mechanism is taken only when it pays; whatever the plan, decoding gives what
-the plain path gives and training is torch's bit for bit; packed weights are used only while valid; the plain model
-never touches them; the attention kernel the user names is the one that runs; freed memory kept for reuse."""
+"""`fast_cpu(model)` (vaswani_hf/speed/: fast_cpu.py, decoding.py, kernels.py): its plan is what whole calls were
+measured faster with, measured once and kept; a mechanism is taken only when it pays; whatever the plan, decoding gives
+what the plain path gives and training is torch's bit for bit; packed weights are used only while valid; the plain
+model never touches them; the attention kernel the user names is the one that runs; freed memory kept for reuse."""
 
 import copy
 import json
@@ -14,10 +14,10 @@ from conftest import random_ids, tiny_model
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from vaswani_hf import fast_cpu, modeling_vaswani
-from vaswani_hf.decoding import PLAIN
-from vaswani_hf.kernels import PACKING, PackedLinear, fingerprint
+from vaswani_hf.speed.decoding import PLAIN
+from vaswani_hf.speed.kernels import PACKING, PackedLinear, fingerprint
 
-fast_cpu_module = sys.modules["vaswani_hf.fast_cpu"]  # the package's name `fast_cpu` is the function
+fast_cpu_module = sys.modules["vaswani_hf.speed.fast_cpu"]  # the package's name `fast_cpu` is the function
 EVERYTHING = {"greedy": {"packed": True}, "beam": {"shared": True, "packed": True}}
 
 
@@ -118,7 +118,7 @@ def test_a_deep_copy_of_a_transformed_model_decodes_with_its_own_weights():
 
 
 def test_the_translator_transforms_a_float32_model_on_a_cpu_unless_told_not_to(translation_folder, plans):
-    from vaswani_hf.translate import load
+    from vaswani_hf.tools.translate import load
 
     fast, _ = load(str(translation_folder), "cpu")
     plain, _ = load(str(translation_folder), "cpu", fast=False)  # vaswani-translate --no_fast_cpu

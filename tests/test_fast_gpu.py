@@ -10,7 +10,7 @@ from conftest import PAD, random_ids, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vaswani_hf import fast_gpu
-from vaswani_hf.fast_attention import FastAttention
+from vaswani_hf.speed.attention import FastAttention
 
 PRODUCTS = ("aten.addmm.default", "aten.mm.default")  # what nn.functional.linear runs as on a CPU
 

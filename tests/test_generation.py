@@ -12,9 +12,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_outputs import BaseModelOutput
 
 from vaswani_hf import fast_cpu
-from vaswani_hf.decoding import PLAIN
-from vaswani_hf.fast_attention import attention_modules, swap
 from vaswani_hf.gnmt import gnmt_beam_search
+from vaswani_hf.speed.attention import attention_modules, swap
+from vaswani_hf.speed.decoding import PLAIN
 
 
 def padded_sources():

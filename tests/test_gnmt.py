@@ -148,7 +148,7 @@ def test_a_saved_model_decodes_the_papers_way_however_it_is_loaded(tmp_path):
 
     # Transformed by fast_cpu with a plan that packs, the folder's search runs inside a packing block.
     from vaswani_hf import fast_cpu
-    from vaswani_hf.kernels import PACKING
+    from vaswani_hf.speed.kernels import PACKING
 
     in_decoding_block = []
     packing = {"greedy": {"packed": True}, "beam": {"shared": True, "packed": True}}

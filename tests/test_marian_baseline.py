@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from sacrebleu.metrics import BLEU
 
 from training.default_data import generate
-from vaswani_hf.text import read_lines
+from vaswani_hf.tools.text import read_lines
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import multi30k

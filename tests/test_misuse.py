@@ -13,8 +13,8 @@ from conftest import refused_translation, run_training, save_marian_folder
 
 from training import run_trainer
 from training.data import load_pairs
-from vaswani_hf.text import split_lines
-from vaswani_hf.translate import load, translate
+from vaswani_hf.tools.text import split_lines
+from vaswani_hf.tools.translate import load, translate
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import multi30k

@@ -1,4 +1,4 @@
-"""The int8 inference copy (vaswani_hf.quantization): every linear layer quantized, the float32 model untouched,
+"""The int8 inference copy (vaswani_hf.speed.quantization): every linear layer quantized, the float32 model untouched,
 logits close to the float32 model's, and the translator's --int8 flag."""
 
 import copy
@@ -9,8 +9,8 @@ from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from vaswani_hf import fast_cpu, quantize_int8
-from vaswani_hf.kernels import PackedLinear
-from vaswani_hf.quantization import Int8Linear, full_range_activations
+from vaswani_hf.speed.kernels import PackedLinear
+from vaswani_hf.speed.quantization import Int8Linear, full_range_activations
 
 
 def test_the_int8_copy_quantizes_every_linear_layer_and_leaves_the_model_alone():

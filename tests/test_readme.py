@@ -37,8 +37,8 @@ SMALLER = {"accelerate launch training/run.py --preset cpu-small": TINY,
 SKIPPED_LINES = {"python -m pytest": "the suite itself", "ruff check .": "tests/test_lint.py runs it"}
 # Our console scripts, run as `main(args)` in this process (conftest's `console`: a process of their own would add only
 # its imports, 5-7 s each); the quick start's `echo ... | vaswani-translate` runs the installed script itself.
-IN_PROCESS = {"vaswani-translate": "vaswani_hf.translate", "vaswani-attention": "vaswani_hf.visualize",
-              "vaswani-export": "vaswani_hf.export", "vaswani-push": "vaswani_hf.hub"}
+IN_PROCESS = {"vaswani-translate": "vaswani_hf.tools.translate", "vaswani-attention": "vaswani_hf.tools.visualize",
+              "vaswani-export": "vaswani_hf.tools.export", "vaswani-push": "vaswani_hf.tools.hub"}
 
 
 def blocks_to_run() -> list[tuple[str, str]]:

@@ -24,7 +24,7 @@ from training.batching import encode, token_batches
 from training.checkpoints import checkpoints
 from training.default_data import generate
 from vaswani_hf import VaswaniForConditionalGeneration
-from vaswani_hf.hub import published_files
+from vaswani_hf.tools.hub import published_files
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.long  # scheduled first (conftest.py)

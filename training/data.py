@@ -16,7 +16,7 @@ import pyarrow as pa
 from datasets.builder import Key
 
 from training.tokens import RECORD_BATCH
-from vaswani_hf.text import decode_utf8, split_lines
+from vaswani_hf.tools.text import decode_utf8, split_lines
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "default"
 SPLITS = ("train", "validation", "test")

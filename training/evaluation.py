@@ -9,7 +9,7 @@ import torch
 
 from training.batching import collate, token_batches
 from training.loss import label_smoothed_nll
-from vaswani_hf.translate import translate
+from vaswani_hf.tools.translate import translate
 
 METRIC = Path(__file__).resolve().parent / "metrics" / "sacrebleu_chrf"
 

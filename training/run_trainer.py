@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None):
             num_beams=training_args.generation_num_beams or 4,
         )
         if training_args.push_to_hub:
-            from vaswani_hf.hub import push
+            from vaswani_hf.tools.hub import push
 
             url = push(output_dir, training_args.hub_model_id or output_dir.name,
                        private=bool(training_args.hub_private_repo))

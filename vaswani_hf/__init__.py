@@ -9,13 +9,13 @@ refuses the task name "translation" unless it comes from a model folder's config
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from .allocator import keep_freed_memory
 from .configuration_vaswani import VaswaniConfig
-from .fast_cpu import fast_cpu
-from .fast_gpu import fast_gpu
 from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
 from .pipeline_vaswani import TranslationPipeline
-from .quantization import quantize_int8
+from .speed.allocator import keep_freed_memory
+from .speed.fast_cpu import fast_cpu
+from .speed.fast_gpu import fast_gpu
+from .speed.quantization import quantize_int8
 
 
 def register() -> None:

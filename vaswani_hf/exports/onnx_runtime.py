@@ -1,6 +1,6 @@
 """Decoding with the graphs `vaswani-export onnx` writes (to_onnx.py), in ONNX Runtime.
 
-    from vaswani_hf.onnx_runtime import OnnxSeq2Seq
+    from vaswani_hf.exports.onnx_runtime import OnnxSeq2Seq
 
     model = OnnxSeq2Seq("onnx-model")                       # the exported folder: graphs, config, tokenizer
     print(model.translate(["A man is riding a bike."]))      # the paper's beam search (gnmt.py), beam 4, α 0.6
@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from .gnmt import EXTRA_OUTPUT_LENGTH, gnmt_beam_search
+from ..gnmt import EXTRA_OUTPUT_LENGTH, gnmt_beam_search
 
 
 class OnnxSeq2Seq:

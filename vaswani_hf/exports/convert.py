@@ -43,9 +43,9 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from transformers.utils.logging import disable_progress_bar
 
-from .configuration_vaswani import VaswaniConfig
-from .export import written_whole
-from .modeling_vaswani import VaswaniForConditionalGeneration
+from ..configuration_vaswani import VaswaniConfig
+from ..modeling_vaswani import VaswaniForConditionalGeneration
+from ..tools.export import written_whole
 
 SOURCE_PACKAGES = {"marian": ("sentencepiece", "sacremoses"), "fairseq": ("sacremoses",)}
 

@@ -72,15 +72,15 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = load(args.model, device="cpu", fast=False)  # the model files' own layers, no transform
 
     if args.engine == "ctranslate2":
-        from .to_ctranslate2 import export
+        from ..exports.to_ctranslate2 import export
 
         options = {"quantization": args.quantization}
         usage = f"ctranslate2.Translator({args.output!r}), tokenizer beside it"
     else:
-        from .to_onnx import export
+        from ..exports.to_onnx import export
 
         options = {}
-        usage = f"vaswani_hf.onnx_runtime.OnnxSeq2Seq({args.output!r}) decodes with it"
+        usage = f"vaswani_hf.exports.onnx_runtime.OnnxSeq2Seq({args.output!r}) decodes with it"
     with written_whole(args.output) as partial:
         export(model, tokenizer, partial, **options)
     print(f"wrote {args.output}: {usage}")

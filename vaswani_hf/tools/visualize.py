@@ -1,6 +1,6 @@
 """Attention pictures like the paper's Figures 3-5: one heatmap per head, for a chosen layer.
 
-    python -m vaswani_hf.visualize MODEL --source "A man is riding a bike." [--target "..."] \\
+    python -m vaswani_hf.tools.visualize MODEL --source "A man is riding a bike." [--target "..."] \\
         [--layer 4] [--output_dir attention]
 
 writes `encoder_self_attention_layer{L}.png`, `decoder_self_attention_layer{L}.png` and

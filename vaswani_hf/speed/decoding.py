@@ -22,7 +22,7 @@ import torch
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.utils import ModelOutput
 
-from .fast_attention import SHARED_SOURCE_KERNELS, attention_modules, swap
+from .attention import SHARED_SOURCE_KERNELS, attention_modules, swap
 from .kernels import PACKING
 
 PLAIN = {"greedy": {"packed": False}, "beam": {"shared": False, "packed": False}}  # as the model files decode

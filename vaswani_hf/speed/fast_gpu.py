@@ -18,7 +18,7 @@ loaded, optimized and sharded as before); the products are the same, rounded as 
 
 from torch import nn
 
-from .fast_attention import attention_modules, swap
+from .attention import attention_modules, swap
 
 
 def fast_gpu(model: nn.Module) -> nn.Module:

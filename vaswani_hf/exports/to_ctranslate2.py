@@ -37,9 +37,9 @@ from ctranslate2.specs import transformer_spec
 from ctranslate2.specs.common_spec import Activation
 from ctranslate2.specs.model_spec import NumpyVariable, Variable, visit_spec
 
-from .gnmt import EXTRA_OUTPUT_LENGTH
-from .kernels import cache_root, cpu_name, kept
-from .modeling_vaswani import sinusoidal_position_encoding
+from ..gnmt import EXTRA_OUTPUT_LENGTH
+from ..modeling_vaswani import sinusoidal_position_encoding
+from ..speed.kernels import cache_root, cpu_name, kept
 
 # CTranslate2 truncates inputs to 1024 tokens (`max_input_length`); §6.1 lets outputs run 50 longer.
 POSITIONS = 1024 + EXTRA_OUTPUT_LENGTH
@@ -160,7 +160,7 @@ def kept_threads(folder: Path, compute: str, threads: int, tokenizer) -> int:
     with `threads`. Measured once and kept beside the export. On a 2-core Xeon (family 6, model 167) one thread
     decoded a small model 2.3x faster and two threads the base model 1.35x faster (benchmarks/README.md). Leaves
     torch's thread count at `threads`."""
-    from .fast_cpu import chosen, least_seconds
+    from ..speed.fast_cpu import chosen, least_seconds
 
     def measure() -> dict:
         generator = torch.Generator().manual_seed(0)
@@ -191,8 +191,8 @@ def cached_export(name_or_path: str, quantization: str) -> Path:
     gets a new export."""
     from transformers.utils import cached_file
 
-    from .export import written_whole
-    from .translate import load
+    from ..tools.export import written_whole
+    from ..tools.translate import load
 
     key = hashlib.sha256(f"{quantization} {ctranslate2.__version__}".encode())
     key.update(Path(__file__).read_bytes())

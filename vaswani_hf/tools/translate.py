@@ -39,10 +39,10 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.utils.logging import disable_progress_bar
 
-from .allocator import keep_freed_memory
-from .fast_cpu import fast_cpu
-from .gnmt import gnmt_beam_search
-from .quantization import quantize_int8
+from ..gnmt import gnmt_beam_search
+from ..speed.allocator import keep_freed_memory
+from ..speed.fast_cpu import fast_cpu
+from ..speed.quantization import quantize_int8
 from .text import decode_utf8, split_lines
 
 MAX_TOKENS = 4096  # source tokens per batch, padding included
@@ -116,7 +116,7 @@ def load_engine(name_or_path: str, engine: str = "torch", device: str = "auto", 
     try:
         import ctranslate2
 
-        from .to_ctranslate2 import CTranslate2Engine
+        from ..exports.to_ctranslate2 import CTranslate2Engine
     except ImportError:
         raise SystemExit('error: --engine ctranslate2 needs ctranslate2: pip install ctranslate2 (or pip install '
                          '"vaswani_hf[export]")') from None

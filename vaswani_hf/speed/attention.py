@@ -22,7 +22,7 @@ from torch import nn
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .modeling_vaswani import eager_attention_forward
+from ..modeling_vaswani import eager_attention_forward
 
 SHARED_SOURCE_KERNELS = ("eager", "sdpa")  # their masks broadcast over a block of query rows
 

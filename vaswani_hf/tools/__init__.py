@@ -1,0 +1,1 @@
+"""The command-line tools: vaswani-translate, vaswani-export, vaswani-attention, vaswani-push."""
