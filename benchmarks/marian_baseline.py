@@ -32,6 +32,7 @@ from transformers import (
     MarianConfig,
     MarianMTModel,
     PreTrainedTokenizerFast,
+    PrinterCallback,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     TrainerCallback,
@@ -148,6 +149,7 @@ def main():
         save_strategy="no", eval_strategy="no", report_to="none", use_cpu=True, seed=args.seed, disable_tqdm=True)
     trainer = Seq2SeqTrainer(model=model, args=training, train_dataset=train, data_collator=collator,
                              processing_class=tokenizer, callbacks=[budget])
+    trainer.remove_callback(PrinterCallback)  # Budget prints each log line, with its time
     trainer.train()
     model.eval()
 
