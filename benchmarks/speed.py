@@ -152,7 +152,8 @@ def ctranslate2_translators(model: VaswaniForConditionalGeneration, threads: int
     try:
         import ctranslate2
 
-        from vaswani_hf.exports.to_ctranslate2 import VaswaniConverter, kept_threads
+        from vaswani_hf.exports.to_ctranslate2 import VaswaniConverter
+        from vaswani_hf.tools.ctranslate2_engine import kept_threads
     except ImportError:
         return {}
     tokens = IdTokens(model.config.vocab_size)

@@ -191,7 +191,7 @@ def test_the_ctranslate2_cache_is_keyed_by_the_weights(translation_folder, tmp_p
     which decodes what the changed weights say."""
     from safetensors.torch import load_file, save_file
 
-    from vaswani_hf.exports.to_ctranslate2 import cached_export
+    from vaswani_hf.tools.ctranslate2_engine import cached_export
 
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
     first = cached_export(str(translation_folder), "float32")
@@ -215,7 +215,7 @@ def test_ctranslates_threads_are_measured_once_per_export_and_one_taken_only_whe
     measured again."""
     import shutil
 
-    from vaswani_hf.exports import to_ctranslate2
+    from vaswani_hf.tools import ctranslate2_engine
 
     _, tokenizer = trained
     folder = Path(shutil.copytree(ct2_folders["float32"], Path(ct2_folders["float32"]).parent / f"t{one_thread}"))
@@ -226,13 +226,14 @@ def test_ctranslates_threads_are_measured_once_per_export_and_one_taken_only_whe
         probes.append(translator)
         return 1.0 if len(probes) % 2 else one_thread
 
-    monkeypatch.setattr(to_ctranslate2, "probe_seconds", probe_seconds)
+    monkeypatch.setattr(ctranslate2_engine, "probe_seconds", probe_seconds)
     threads = torch.get_num_threads()
     try:  # kept_threads leaves torch with the count it is given: 2, then 3
-        assert to_ctranslate2.kept_threads(folder, "float32", 2, tokenizer) == expected
+        assert ctranslate2_engine.kept_threads(folder, "float32", 2, tokenizer) == expected
         assert len(probes) == 8  # a warm-up round and 3 timed rounds, both candidates
-        assert to_ctranslate2.kept_threads(folder, "float32", 2, tokenizer) == expected and len(probes) == 8  # kept
-        to_ctranslate2.kept_threads(folder, "float32", 3, tokenizer)
+        again = ctranslate2_engine.kept_threads(folder, "float32", 2, tokenizer)
+        assert again == expected and len(probes) == 8  # kept, read back
+        ctranslate2_engine.kept_threads(folder, "float32", 3, tokenizer)
         assert len(probes) == 16
     finally:
         torch.set_num_threads(threads)

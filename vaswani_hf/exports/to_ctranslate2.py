@@ -18,17 +18,11 @@ Marian and BART loaders it resembles:
 
 Decoding in CTranslate2 is its own: its beam search divides scores by |Y|^length_penalty, as transformers'
 `generate()` does, not by the paper's ((5 + |Y|) / 6)^alpha (`gnmt.py`); its outputs match `generate()`'s.
-`CTranslate2Engine` decodes for `vaswani-translate --engine ctranslate2` from an export kept in a cache
-(`cached_export`), made once per model: its weights, configuration and tokenizer name the cache entry.
+`vaswani_hf/tools/ctranslate2_engine.py` decodes with such an export for `vaswani-translate --engine ctranslate2`.
 """
 
 import copy
-import functools
-import hashlib
-import time
-from pathlib import Path
 
-import ctranslate2
 import numpy as np
 import torch
 from ctranslate2.converters.converter import Converter
@@ -39,7 +33,6 @@ from ctranslate2.specs.model_spec import NumpyVariable, Variable, visit_spec
 
 from ..gnmt import EXTRA_OUTPUT_LENGTH
 from ..modeling_vaswani import sinusoidal_position_encoding
-from ..speed.kernels import cache_root, cpu_name, kept
 
 # CTranslate2 truncates inputs to 1024 tokens (`max_input_length`); §6.1 lets outputs run 50 longer.
 POSITIONS = 1024 + EXTRA_OUTPUT_LENGTH
@@ -152,100 +145,3 @@ def export(model, tokenizer, output_dir: str, quantization: str | None = None) -
     VaswaniConverter(model.eval(), tokenizer).convert(str(output_dir), quantization=quantization)
     tokenizer.save_pretrained(output_dir)
     return str(output_dir)
-
-
-def kept_threads(folder: Path, compute: str, threads: int, tokenizer) -> int:
-    """CTranslate2's threads for this export on this CPU: `threads`, or 1 where greedy translations of a probe (16
-    random sources of 24 tokens, best of fast_cpu's interleaved rounds) took at most `fast_cpu.MARGIN` of the time
-    with `threads`. Measured once and kept beside the export. On a 2-core Xeon (family 6, model 167) one thread
-    decoded a small model 2.3x faster and two threads the base model 1.35x faster (benchmarks/README.md). Leaves
-    torch's thread count at `threads`."""
-    from ..speed.fast_cpu import chosen, least_seconds
-
-    def measure() -> dict:
-        generator = torch.Generator().manual_seed(0)
-        ids = torch.randint(4, len(tokenizer), (16, 24), generator=generator).tolist()
-        sources = [tokenizer.convert_ids_to_tokens(row) for row in ids]
-        candidates = [threads, 1]
-        translators = [ctranslate2.Translator(str(folder), device="cpu", compute_type=compute, intra_threads=n)
-                       for n in candidates]
-        torch.set_num_threads(threads)  # each Translator set OpenMP's, which torch shares
-        times = least_seconds([functools.partial(probe_seconds, translator, sources) for translator in translators])
-        return {"intra_threads": candidates[chosen(times)], "seconds": dict(zip(map(str, candidates), times))}
-
-    return kept(folder / "threads", {"cpu": cpu_name(), "compute": compute, "threads": threads}, "intra_threads",
-                measure)
-
-
-def probe_seconds(translator, sources: list[list[str]]) -> float:
-    """Seconds of one greedy translation of `sources`, 16 tokens each."""
-    start = time.perf_counter()
-    translator.translate_batch(sources, beam_size=1, min_decoding_length=16, max_decoding_length=16)
-    return time.perf_counter() - start
-
-
-def cached_export(name_or_path: str, quantization: str) -> Path:
-    """The model's CTranslate2 export in `quantization`, converted the first time and kept in
-    `cache_root("ctranslate2")` under a key of what it is made from: the bytes of its weights, configuration and
-    tokenizer, the quantization, this converter's own code and CTranslate2's version. A folder whose weights change
-    gets a new export."""
-    from transformers.utils import cached_file
-
-    from ..tools.export import written_whole
-    from ..tools.translate import load
-
-    key = hashlib.sha256(f"{quantization} {ctranslate2.__version__}".encode())
-    key.update(Path(__file__).read_bytes())
-    for name in ("config.json", "tokenizer.json", "model.safetensors"):
-        with open(cached_file(name_or_path, name), "rb") as file:
-            for block in iter(lambda: file.read(1 << 24), b""):
-                key.update(block)
-    folder = cache_root("ctranslate2") / key.hexdigest()[:32]
-    if not (folder / "model.bin").is_file():
-        model, tokenizer = load(name_or_path, device="cpu", fast=False)
-        with written_whole(folder) as partial:
-            export(model, tokenizer, partial, quantization=quantization)
-    return folder
-
-
-class CTranslate2Engine:
-    """Decodes batches of token ids with the model's CTranslate2 export (`cached_export`), as translate.py's
-    `TorchEngine` does with the torch model: each source's `nbest` hypotheses (ids, EOS included where one ended
-    it), best first, and CTranslate2's scores. Each output stops at its source's length + 50 tokens (§6.1).
-
-    Greedy decoding gives the torch model's tokens. Beam search ranks by log P / |Y|^α (CTranslate2's length
-    penalty, with the model's α), not by the paper's GNMT penalty: the beams can differ."""
-
-    name = "ctranslate2"
-
-    def __init__(self, name_or_path: str, config, tokenizer, device: str = "cpu", int8: bool = False):
-        from transformers import GenerationConfig
-
-        self.config, self.tokenizer = config, tokenizer
-        try:
-            self.generation_config = GenerationConfig.from_pretrained(name_or_path)
-        except OSError:  # no generation_config.json: the model config's tokens, as from_pretrained makes it
-            self.generation_config = GenerationConfig.from_model_config(config)
-        folder = cached_export(name_or_path, "int8" if int8 else "float32")
-        where = torch.device(device)
-        compute = ("int8" if where.type == "cpu" else "int8_float16") if int8 else "float32"
-        threads = torch.get_num_threads()  # CTranslate2 sets OpenMP's thread count: given torch's, it keeps it
-        intra = kept_threads(folder, compute, threads, tokenizer) if where.type == "cpu" and threads > 1 else threads
-        self.translator = ctranslate2.Translator(str(folder), device=where.type, device_index=where.index or 0,
-                                                 compute_type=compute, intra_threads=intra)
-        torch.set_num_threads(threads)
-
-    def decode(self, batch: list[list[int]], num_beams: int, alpha: float | None,
-               nbest: int) -> tuple[list[list[int]], list[float]]:
-        limits = [len(ids) + EXTRA_OUTPUT_LENGTH for ids in batch]
-        penalty = alpha if alpha is not None else self.generation_config.length_penalty
-        results = self.translator.translate_batch(
-            [self.tokenizer.convert_ids_to_tokens(ids) for ids in batch], beam_size=num_beams, num_hypotheses=nbest,
-            length_penalty=penalty, max_decoding_length=max(limits), min_decoding_length=1, return_scores=True,
-            return_end_token=True, max_input_length=0)
-        hypotheses, scores = [], []
-        for result, limit in zip(results, limits):
-            for tokens, score in zip(result.hypotheses, result.scores):
-                hypotheses.append(self.tokenizer.convert_tokens_to_ids(tokens)[:limit])
-                scores.append(score)
-        return hypotheses, scores

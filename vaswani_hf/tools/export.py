@@ -19,7 +19,7 @@ from pathlib import Path
 
 from transformers.utils.logging import disable_progress_bar
 
-from .translate import load
+from .loading import load
 
 # CTranslate2's weight types (ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES).
 CTRANSLATE2_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16",

@@ -16,7 +16,7 @@ stderr counts lines and tokens/s.
 
 On a CPU the float32 model is transformed by `vaswani_hf.fast_cpu` (what whole calls were measured faster with, on
 this machine, once); `--no_fast_cpu` decodes as the model files are written. `--engine ctranslate2` decodes with the
-model's CTranslate2 export instead (to_ctranslate2.py's `CTranslate2Engine`, converted once into a cache): the same
+model's CTranslate2 export instead (ctranslate2_engine.py's `CTranslate2Engine`, converted once into a cache): the same
 greedy tokens, its own beam search (log P / |Y|^α). In Python, `load_engine` gives either engine and `translate` or
 `translations` decode with it:
 
@@ -36,79 +36,20 @@ from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.utils.logging import disable_progress_bar
 
 from ..gnmt import gnmt_beam_search
 from ..speed.allocator import keep_freed_memory
-from ..speed.fast_cpu import fast_cpu
-from ..speed.quantization import quantize_int8
+from .loading import checked, device_kind, load, one_line_errors
 from .text import decode_utf8, split_lines
 
 MAX_TOKENS = 4096  # source tokens per batch, padding included
 WINDOW = 2000  # lines read, sorted by length and batched together
 
 
-def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool = True):
-    """(model, tokenizer) from a model folder or Hub repository, in eval mode on `device` (with `int8`: the CPU
-    model's int8 copy; else on a CPU with `fast`: transformed by `fast_cpu`); a missing or broken model, or another
-    kind of model, exits with a one-line message before its weights are read."""
-    if device == "auto":
-        device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
-    if int8 and device != "cpu":
-        raise SystemExit(f"error: int8 runs on the CPU, not on {device}")
-    kind = device_kind(device)
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"error: --device {device}: this machine has no CUDA GPU that torch can use")
-    _, tokenizer = checked(name_or_path)
-    with one_line_errors(name_or_path):
-        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
-    if fast and kind == "cpu" and not int8:
-        fast_cpu(model)
-    return (quantize_int8(model) if int8 else model.to(device).eval()), tokenizer
-
-
-def device_kind(device: str) -> str:
-    try:
-        return torch.device(device).type
-    except RuntimeError:
-        raise SystemExit(f"error: --device {device}: not a device (cpu, cuda, cuda:1, ...)") from None
-
-
-def checked(name_or_path: str):
-    """(config, tokenizer) of a model folder or Hub repository, its weights not read: a missing or broken folder,
-    another kind of model or a tokenizer without padding exits with one line."""
-    path = Path(name_or_path)
-    # A Hub id is "name" or "owner/name"; a path whose folder exists here is local, and is not sent to the Hub.
-    local = path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or (
-        path.parent != Path(".") and path.parent.is_dir())
-    if local and not (path / "config.json").is_file():
-        raise SystemExit(f"error: {name_or_path} is not a model folder (no config.json there)")
-    with one_line_errors(name_or_path):
-        config = AutoConfig.from_pretrained(name_or_path)
-        if config.model_type != "vaswani":
-            raise SystemExit(f"error: {name_or_path} holds a {config.model_type!r} model, not a vaswani_hf one")
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    if tokenizer.pad_token_id is None:
-        raise SystemExit(
-            f"error: the tokenizer of {name_or_path} has no padding token (is tokenizer_config.json missing?)"
-        )
-    return config, tokenizer
-
-
-@contextlib.contextmanager
-def one_line_errors(name_or_path: str):
-    """Inside: what an unusable folder raises (OSError, ValueError, KeyError, ...) exits with its first line."""
-    try:
-        yield
-    except Exception as error:  # noqa: BLE001 - unusable folders raise OSError, ValueError, KeyError, ...
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise SystemExit(f"error: cannot load a model from {name_or_path}: {message}") from None
-
-
 def load_engine(name_or_path: str, engine: str = "torch", device: str = "auto", int8: bool = False,
                 fast: bool = True):
-    """(engine, tokenizer): the torch model (`load`, `TorchEngine`) or its CTranslate2 export (to_ctranslate2.py's
+    """(engine, tokenizer): the torch model (`load`, `TorchEngine`) or its CTranslate2 export (ctranslate2_engine.py's
     `CTranslate2Engine`) on `device` (auto: a GPU if the engine finds one), int8 with `int8`."""
     if engine == "torch":
         model, tokenizer = load(name_or_path, device, int8, fast)
@@ -116,7 +57,7 @@ def load_engine(name_or_path: str, engine: str = "torch", device: str = "auto", 
     try:
         import ctranslate2
 
-        from ..exports.to_ctranslate2 import CTranslate2Engine
+        from .ctranslate2_engine import CTranslate2Engine
     except ImportError:
         raise SystemExit('error: --engine ctranslate2 needs ctranslate2: pip install ctranslate2 (or pip install '
                          '"vaswani_hf[export]")') from None
@@ -154,7 +95,7 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
     generation config (`num_beams`, `gnmt_alpha`, as training/run.py saves them), else to the paper's 4 and 0.6.
     A generation config of the model's own without `gnmt_alpha` (a converted model's: vaswani-convert) is the
     decoding it was published with: without `alpha`, transformers' `generate()` runs it. `model`: a torch model,
-    or an engine that decodes token batches (`TorchEngine`, to_ctranslate2.py's `CTranslate2Engine`)."""
+    or an engine that decodes token batches (`TorchEngine`, ctranslate2_engine.py's `CTranslate2Engine`)."""
     engine = TorchEngine(model, tokenizer) if isinstance(model, torch.nn.Module) else model
     config = engine.generation_config
     num_beams = num_beams or getattr(config, "num_beams", None) or 4

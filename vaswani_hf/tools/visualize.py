@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from transformers.utils.logging import disable_progress_bar
 
-from .translate import load, translate
+from .loading import load
+from .translate import translate
 
 
 @dataclass

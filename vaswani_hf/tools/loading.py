@@ -1,0 +1,68 @@
+"""Loading a model folder or Hub repository for the tools: one line for whatever makes it unusable, before its weights
+are read, and the CPU transforms the tools apply."""
+
+import contextlib
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+
+from ..speed.fast_cpu import fast_cpu
+from ..speed.quantization import quantize_int8
+
+
+def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool = True):
+    """(model, tokenizer) from a model folder or Hub repository, in eval mode on `device` (with `int8`: the CPU
+    model's int8 copy; else on a CPU with `fast`: transformed by `fast_cpu`); a missing or broken model, or another
+    kind of model, exits with a one-line message before its weights are read."""
+    if device == "auto":
+        device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
+    if int8 and device != "cpu":
+        raise SystemExit(f"error: int8 runs on the CPU, not on {device}")
+    kind = device_kind(device)
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"error: --device {device}: this machine has no CUDA GPU that torch can use")
+    _, tokenizer = checked(name_or_path)
+    with one_line_errors(name_or_path):
+        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
+    if fast and kind == "cpu" and not int8:
+        fast_cpu(model)
+    return (quantize_int8(model) if int8 else model.to(device).eval()), tokenizer
+
+
+def device_kind(device: str) -> str:
+    try:
+        return torch.device(device).type
+    except RuntimeError:
+        raise SystemExit(f"error: --device {device}: not a device (cpu, cuda, cuda:1, ...)") from None
+
+
+def checked(name_or_path: str):
+    """(config, tokenizer) of a model folder or Hub repository, its weights not read: a missing or broken folder,
+    another kind of model or a tokenizer without padding exits with one line."""
+    path = Path(name_or_path)
+    # A Hub id is "name" or "owner/name"; a path whose folder exists here is local, and is not sent to the Hub.
+    local = path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or (
+        path.parent != Path(".") and path.parent.is_dir())
+    if local and not (path / "config.json").is_file():
+        raise SystemExit(f"error: {name_or_path} is not a model folder (no config.json there)")
+    with one_line_errors(name_or_path):
+        config = AutoConfig.from_pretrained(name_or_path)
+        if config.model_type != "vaswani":
+            raise SystemExit(f"error: {name_or_path} holds a {config.model_type!r} model, not a vaswani_hf one")
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if tokenizer.pad_token_id is None:
+        raise SystemExit(
+            f"error: the tokenizer of {name_or_path} has no padding token (is tokenizer_config.json missing?)"
+        )
+    return config, tokenizer
+
+
+@contextlib.contextmanager
+def one_line_errors(name_or_path: str):
+    """Inside: what an unusable folder raises (OSError, ValueError, KeyError, ...) exits with its first line."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - unusable folders raise OSError, ValueError, KeyError, ...
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise SystemExit(f"error: cannot load a model from {name_or_path}: {message}") from None
