@@ -25,6 +25,7 @@ def kept_threads(folder: Path, compute: str, threads: int, tokenizer) -> int:
     with `threads`. Measured once and kept beside the export. On a 2-core Xeon (family 6, model 167) one thread
     decoded a small model 2.3x faster and two threads the base model 1.35x faster (benchmarks/README.md). Leaves
     torch's thread count at `threads`."""
+
     def measure() -> dict:
         generator = torch.Generator().manual_seed(0)
         ids = torch.randint(4, len(tokenizer), (16, 24), generator=generator).tolist()
