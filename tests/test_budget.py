@@ -109,9 +109,9 @@ def test_dropout_fitted_to_the_run_is_none_up_to_e0_linear_to_p_drop_at_e1_and_p
 # --- the schedule objects run.py asks at every step (training/schedules.py) --------------------------------------
 
 def schedule_args(**flags):
-    args = SimpleNamespace(max_steps=1000, eval_steps=0, save_steps=0, save_minutes=0, dropout_epochs=None,
-                           max_train_minutes=25)
-    return vars(args).update(flags) or args, {"elapsed_seconds": 0.0}
+    defaults = {"max_steps": 1000, "eval_steps": 0, "save_steps": 0, "save_minutes": 0, "dropout_epochs": None,
+                "max_train_minutes": 25}
+    return SimpleNamespace(**{**defaults, **flags}), {"elapsed_seconds": 0.0}
 
 
 def asked(schedule, clock):

@@ -80,8 +80,9 @@ def gnmt_beam_search(
 
     # The source encoded once, its output repeated for each of its K beams, as transformers' beam search does.
     encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)  # (B, S, D)
-    encoder_outputs.last_hidden_state = encoder_outputs.last_hidden_state.repeat_interleave(num_beams, 0)
-    attention_mask = attention_mask.repeat_interleave(num_beams, 0)  # (B*K, S)
+    if num_beams > 1:  # greedy: the rows as they are, no copy
+        encoder_outputs.last_hidden_state = encoder_outputs.last_hidden_state.repeat_interleave(num_beams, 0)
+        attention_mask = attention_mask.repeat_interleave(num_beams, 0)  # (B*K, S)
     decoder_config = config.get_text_config(decoder=True)
     cache = EncoderDecoderCache(DynamicCache(config=decoder_config), DynamicCache(config=decoder_config))
 
