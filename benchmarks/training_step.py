@@ -7,7 +7,7 @@ The preset's model trained as `training/run.py` trains it: token batches of Mult
 the preset's size), the paper's label-smoothed loss, the run's Adam (`paper_optimizer`: fused where torch has it),
 the preset's gradient clipping and batches per step. P_drop is the preset's `dropout` unless `--dropout` gives the
 value a run fits (`--dropout_epochs`: none in a run of under 10 epochs). Prints seconds per step, the first 5 left
-out: eager (torch's kernels: fast_cpu changes nothing in training, vaswani_hf/speed/kernels.py), eager under
+out: eager (`fast_cpu`'s plan for the preset's sizes, as training/run.py: oneDNN or torch's BLAS), eager under
 bfloat16 autocast (`--mixed_precision bf16`: plain `nn.Linear`) and compiled (`torch.compile(dynamic=True)`: plain
 `nn.Linear`, Inductor), the compile time, the eager step's top operators, and dropout's masks drawn four ways at the
 step's shapes (median of 50).

@@ -171,3 +171,24 @@ def test_resuming_from_an_older_checkpoint_moves_its_successors_out_of_the_run(t
     save_checkpoint(accelerator, model, optimizer, tmp_path, 3, {"history": []}, keep=2)  # one timeline
     assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
     assert (tmp_path / "abandoned-checkpoint-6" / "model.safetensors").is_file()  # kept, not deleted
+
+
+def test_a_resumed_run_computes_with_its_checkpoints_plan_and_a_new_run_with_the_kept_one(tmp_path, accelerator,
+                                                                                         monkeypatch):
+    """fast_cpu's plan (training in oneDNN or not) is the run's: a resumed run takes its checkpoint's, not what is
+    kept for the machine now; a new run takes the kept one, measured with the run's random state left alone."""
+    from conftest import tiny_config
+
+    import training.run as run_module
+
+    kept = {"greedy": {"packed": False}, "beam": {"shared": True, "packed": True}, "training": {"onednn": True}}
+    monkeypatch.setattr(run_module, "fast_cpu", lambda model: setattr(model, "fast_cpu_plan", kept) or model)
+    torch.manual_seed(0)
+    expected = torch.rand(2)
+    torch.manual_seed(0)
+    assert run_module.run_plan(accelerator, tiny_config(), None) == kept
+    assert torch.equal(torch.rand(2), expected)  # the probe model's initial weights were not the run's draws
+    saved = {**kept, "training": {"onednn": False}}
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"fast_cpu_plan": saved}))
+    assert run_module.run_plan(accelerator, tiny_config(), tmp_path / "checkpoint-2") == saved

@@ -1,9 +1,11 @@
 """`fast_cpu(model)` (vaswani_hf/speed/: fast_cpu.py, decoding.py, kernels.py): its plan is what whole calls were
 measured faster with, measured once and kept; a mechanism is taken only when it pays; whatever the plan, decoding gives
-what the plain path gives and training is torch's bit for bit; packed weights are used only while valid; the plain
+what the plain path gives and training the plain model's weights (bit for bit where the plan trains as torch does);
+packed weights are used only while valid; the plain
 model never touches them; the attention kernel the user names is the one that runs; freed memory kept for reuse."""
 
 import copy
+import functools
 import json
 import subprocess
 import sys
@@ -18,7 +20,7 @@ from vaswani_hf.speed.decoding import PLAIN
 from vaswani_hf.speed.kernels import PACKING, PackedLinear, fingerprint
 
 fast_cpu_module = sys.modules["vaswani_hf.speed.fast_cpu"]  # the package's name `fast_cpu` is the function
-EVERYTHING = {"greedy": {"packed": True}, "beam": {"shared": True, "packed": True}}
+EVERYTHING = {"greedy": {"packed": True}, "beam": {"shared": True, "packed": True}, "training": {"onednn": True}}
 
 
 @pytest.fixture(autouse=True)
@@ -47,8 +49,8 @@ def plans(tmp_path, monkeypatch):
 # --- packed layers -----------------------------------------------------------------------------------------------
 
 def test_training_products_are_torchs_even_in_a_packing_block():
-    """With gradient a transformed layer is `nn.Linear`: the same outputs and gradients bit for bit, nothing packed
-    (a run's weights cannot depend on the machine's speed)."""
+    """With gradient, unless the plan trains in oneDNN, a transformed layer is `nn.Linear`: the same outputs and
+    gradients bit for bit, nothing packed."""
     torch.manual_seed(0)
     plain = torch.nn.Linear(24, 40)
     layer = PackedLinear(24, 40)
@@ -64,6 +66,50 @@ def test_training_products_are_torchs_even_in_a_packing_block():
     assert len(PACKING.packed) == 0
     for ours, torchs in zip(*outputs):
         assert torch.equal(ours, torchs)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_layer_training_in_onednn_computes_the_formula_and_its_gradients(bias):
+    """The plan's training in oneDNN: y = x W^T + b and the three gradients against the formula in float64, for a
+    3-D input that is not contiguous; nothing packed."""
+    torch.manual_seed(0)
+    layer = PackedLinear(24, 40, bias=bias)
+    layer.onednn_training = True
+    x = torch.randn(7, 5, 24).transpose(0, 1).requires_grad_()  # (5, 7, 24)
+    upstream = torch.randn(5, 7, 40)
+    with PACKING.block():
+        y = layer(x)
+    y.backward(upstream)
+    assert y.grad_fn.name().startswith("OneDNNLinear") and len(PACKING.packed) == 0
+    w, x64, g = layer.weight.detach().double(), x.detach().double(), upstream.double()
+    expected = x64 @ w.T + (layer.bias.detach().double() if bias else 0)
+    close = functools.partial(torch.testing.assert_close, rtol=1e-5, atol=1e-5)
+    close(y.double(), expected)
+    close(x.grad.double(), g @ w)
+    close(layer.weight.grad.double(), g.reshape(-1, 40).T @ x64.reshape(-1, 24))
+    if bias:
+        close(layer.bias.grad.double(), g.sum((0, 1)))
+
+
+def test_training_in_onednn_gives_the_plain_models_weights_and_the_same_weights_twice():
+    """A few Adam steps of a transformed model whose plan trains in oneDNN: the plain model's weights to float32's
+    rounding, and bit for bit the same when run again."""
+    source = random_ids(4, 9, seed=2)
+
+    def trained(model):
+        torch.manual_seed(1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for _ in range(3):
+            model.train()(input_ids=source, labels=source).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return model.state_dict()
+
+    plain = trained(tiny_model(seed=4))
+    once, twice = (trained(fast_cpu(tiny_model(seed=4), {**PLAIN, "training": {"onednn": True}})) for _ in range(2))
+    for name, tensor in plain.items():
+        torch.testing.assert_close(once[name], tensor, rtol=1e-4, atol=1e-5)
+        assert torch.equal(once[name], twice[name]), name
 
 
 def test_a_packed_layer_computes_the_formula_inside_a_block_and_is_nn_linear_outside():
@@ -147,23 +193,45 @@ def test_the_plan_is_what_the_measured_calls_were_fastest_with(monkeypatch):
     """measured_plan times each candidate of CANDIDATES on whole generate() calls (faked here: packing slow on
     greedy, both mechanisms paying on beam search) and takes what `chosen` says."""
     cost = {("greedy", False, False): 1.0, ("greedy", False, True): 1.5, ("beam", False, False): 4.0,
-            ("beam", True, False): 3.0, ("beam", True, True): 2.0}
+            ("beam", True, False): 3.0, ("beam", True, True): 2.0, ("training", False): 3.0, ("training", True): 2.0}
     timed = []
 
-    def seconds_of(model, plan, **inputs):
+    def generate_seconds(model, plan, **inputs):
         mode = "beam" if inputs["generation_config"].num_beams > 1 else "greedy"
-        assert plan == {**PLAIN, mode: plan[mode]}  # one mode's candidate, the other mode plain
+        assert plan == {**PLAIN, mode: plan[mode]} and model.fast_cpu_plan == PLAIN  # one mode's candidate
+        assert not model.training
         timed.append(mode)
         return cost[mode, plan[mode].get("shared", False), plan[mode]["packed"]]
 
-    monkeypatch.setattr(fast_cpu_module, "seconds_of", seconds_of)
-    model = fast_cpu(tiny_model(seed=3), PLAIN).train()
+    def training_seconds(model, source, target, plan):
+        assert plan == {**PLAIN, "training": plan["training"]} and model.training
+        timed.append("training")
+        return cost["training", plan["training"]["onednn"]]
+
+    monkeypatch.setattr(fast_cpu_module, "generate_seconds", generate_seconds)
+    monkeypatch.setattr(fast_cpu_module, "training_seconds", training_seconds)
+    model = fast_cpu(tiny_model(seed=3), PLAIN).eval()
     plan, seconds = fast_cpu_module.measured_plan(model)
-    assert plan == {"greedy": {"packed": False}, "beam": {"shared": True, "packed": True}}
+    assert plan == {"greedy": {"packed": False}, "beam": {"shared": True, "packed": True},
+                    "training": {"onednn": True}}
     assert [entry["seconds"] for entry in seconds["beam"]] == [4.0, 3.0, 2.0]
     rounds = 1 + fast_cpu_module.ROUNDS  # a warm-up, then the rounds
     assert timed.count("greedy") == 2 * rounds and timed.count("beam") == 3 * rounds
-    assert model.fast_cpu_plan == PLAIN and model.training  # left as found
+    assert timed.count("training") == 2 * rounds
+    assert model.fast_cpu_plan == PLAIN and not model.training  # left as found
+
+
+def test_measuring_the_plan_leaves_the_weights_gradients_and_random_state_as_found():
+    """fast_cpu in a training run (training/run.py) before its first step: the run's draws are its own."""
+    model = fast_cpu(tiny_model(seed=3, dropout=0.1), PLAIN)  # the training probe draws dropout masks
+    weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    fast_cpu_module.measured_plan(model)
+    assert torch.equal(torch.rand(3), expected)
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in model.state_dict().items())
+    assert all(parameter.grad is None for parameter in model.parameters())
 
 
 def test_the_plan_is_measured_once_and_read_back_for_the_same_machine_and_sizes(plans, monkeypatch, tmp_path):
@@ -172,7 +240,7 @@ def test_the_plan_is_measured_once_and_read_back_for_the_same_machine_and_sizes(
     kept = json.loads(next((tmp_path / "cache" / "fast_cpu").glob("*.json")).read_text())
     assert kept["plan"] == first.fast_cpu_plan and kept["threads"] == torch.get_num_threads()
     assert kept["sizes"]["d_model"] == first.config.d_model and kept["cpu"] and kept["torch"] == torch.__version__
-    assert set(kept["seconds"]) == {"greedy", "beam"}
+    assert set(kept["seconds"]) == {"greedy", "beam", "training"}
     again = fast_cpu(tiny_model(seed=2))  # other weights, the same sizes: read back
     assert len(plans) == 1 and again.fast_cpu_plan == first.fast_cpu_plan
     fast_cpu(tiny_model(seed=1, d_model=48))  # other sizes
@@ -222,10 +290,10 @@ def test_beams_share_their_source_row_only_where_the_plan_says(shared):
 
 # --- whatever the plan, the model computes the same --------------------------------------------------------------
 
-def test_a_transformed_model_trains_as_the_plain_one_bit_for_bit():
+def test_a_model_whose_plan_trains_as_torch_does_trains_as_the_plain_one_bit_for_bit():
     source, labels = random_ids(4, 9, seed=1), random_ids(4, 6, seed=2)
     gradients = []
-    for transform in (lambda m: m, lambda m: fast_cpu(m, EVERYTHING)):
+    for transform in (lambda m: m, lambda m: fast_cpu(m, {**EVERYTHING, "training": {"onednn": False}})):
         model = transform(tiny_model(seed=4)).train()
         torch.manual_seed(0)  # the same dropout masks
         with PACKING.block():

@@ -111,7 +111,7 @@ class RecipeArguments:
     mixed_precision: str = field(default="auto", metadata={
         "help": "auto (bf16/fp16 on GPUs, fp32 on CPU), no, fp16, bf16."})
     fast_cpu: bool = field(default=True, metadata={
-        "help": "On a CPU, validation decodes with what whole calls were measured faster with on this machine "
+        "help": "On a CPU, train and decode with what whole calls were measured faster with on this machine, once "
                 "(vaswani_hf.fast_cpu); --no_fast_cpu: as the model files are written."})
     fast_gpu: bool = field(default=True, metadata={
         "help": "On a GPU, each attention's projections of one input as one product (vaswani_hf.fast_gpu); "

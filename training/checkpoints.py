@@ -8,9 +8,9 @@ schedule). It is written under a temporary name and
 renamed into place when complete, so a kill during a save leaves the previous checkpoints untouched and never
 produces a half-written `checkpoint-<step>`.
 
-Training computes with torch's own kernels: the same command gives the same weights, however busy the machine. (On a
-CPU, validation decodes with the plan `vaswani_hf.fast_cpu` measured once for the machine and kept: a resumed run
-decodes as the first did.)
+No kernel is chosen by timing during a run: the same command gives the same weights, however busy the machine. (On a
+CPU, the run trains and decodes with the plan `vaswani_hf.fast_cpu` measured once for the machine and kept;
+trainer_state.json keeps it too: a resumed run computes as the first did.)
 
 Nothing is pickled, written or read: safetensors and JSON only. Every file is fsynced before the rename, and
 trainer_state.json records each file's size and SHA-256, so a checkpoint damaged later (a full disk, a truncated

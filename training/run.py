@@ -19,6 +19,7 @@ tokens of the whole optimizer step; checkpoints averaged at the end; beam 4 with
 its schedule's answer (training/schedules.py): the paper's steps, a time budget, or a budgeted run replayed.
 """
 
+import functools
 import json
 import math
 import os
@@ -36,7 +37,7 @@ check_fsdp_request()  # before torch and transformers load: a launch that cannot
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import broadcast, gather_object, set_seed
+from accelerate.utils import broadcast, broadcast_object_list, gather_object, set_seed
 from transformers import AutoTokenizer
 
 from training.arguments import check_arguments, parse_arguments
@@ -88,10 +89,11 @@ def main():
     validation = encode(tokenizer, pairs["validation"]) if "validation" in pairs else None
 
     # The model, its optimizer (§5.3) and the batches of each step (§5.1). Speed, for the model and every copy
-    # evaluated: on a CPU, decoding as whole calls were measured faster on this machine, once (vaswani_hf.fast_cpu);
-    # on a GPU, fewer kernel launches (vaswani_hf.fast_gpu).
+    # evaluated: on a CPU, training and decoding as whole calls were measured faster on this machine, once
+    # (vaswani_hf.fast_cpu); on a GPU, fewer kernel launches (vaswani_hf.fast_gpu).
     config = model_args.config(tokenizer)
-    speed = {"cpu": fast_cpu if args.fast_cpu else None, "cuda": fast_gpu if args.fast_gpu else None}.get(
+    plan = run_plan(accelerator, config, resumed) if accelerator.device.type == "cpu" and args.fast_cpu else None
+    speed = {"cpu": plan and functools.partial(fast_cpu, plan=plan), "cuda": fast_gpu if args.fast_gpu else None}.get(
         accelerator.device.type) or (lambda model: model)
     new_model = lambda: speed(VaswaniForConditionalGeneration(config))
     model = new_model()
@@ -110,7 +112,8 @@ def main():
 
     run = Run(accelerator, model, optimizer, scheduler, batches, train_step, args, output_dir,
               tokenizer.pad_token_id, data_args.streaming,
-              {"history": [], "elapsed_seconds": 0.0, "model": asdict(model_args), "max_tokens": max_tokens})
+              {"history": [], "elapsed_seconds": 0.0, "model": asdict(model_args), "max_tokens": max_tokens,
+               "fast_cpu_plan": plan})
     step = run.resume(resumed) if resumed else 0
     hyperparameters = {**asdict(data_args), **asdict(model_args), **asdict(args)}
     accelerator.init_trackers(
@@ -170,8 +173,8 @@ class Run:
 
     def resume(self, checkpoint: Path) -> int:
         """The run's state from `checkpoint`, its clock set back by the seconds it had run: its step."""
-        self.state = {**load_checkpoint(self.accelerator, self.model, self.optimizer, checkpoint),
-                      "max_tokens": self.state["max_tokens"]}
+        decided = {key: self.state[key] for key in ("max_tokens", "fast_cpu_plan")}  # chosen before: for the run
+        self.state = {**load_checkpoint(self.accelerator, self.model, self.optimizer, checkpoint), **decided}
         step = self.state.pop("step")
         self.scheduler.load_state_dict({**self.state.pop("scheduler"), "lr_lambdas": [None]})  # JSON, not a pickle
         if self.streaming:
@@ -386,6 +389,18 @@ def batch_tokens(accelerator, model, resumed: Path | None, args, max_length: int
     tokens = largest_batch(accelerator, model, args.tokens_per_step, max_length)
     accelerator.print(f"--max_tokens 0: batches of up to {tokens} tokens fit this GPU's memory")
     return tokens
+
+
+def run_plan(accelerator, config, resumed: Path | None) -> dict:
+    """fast_cpu's plan for the whole run, the same on every process: a resumed run's own (its checkpoints keep it),
+    else the one kept for this machine and the model's sizes, measured by the main process the first time."""
+    if resumed and "fast_cpu_plan" in (saved := json.loads((resumed / STATE_FILE).read_text())):
+        return saved["fast_cpu_plan"]
+    plan = None
+    if accelerator.is_main_process:
+        with torch.random.fork_rng(devices=[]):  # the probe model's initial weights are not the run's draws
+            plan = fast_cpu(VaswaniForConditionalGeneration(config)).fast_cpu_plan
+    return broadcast_object_list([plan])[0]
 
 
 def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:

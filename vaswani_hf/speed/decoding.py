@@ -25,7 +25,8 @@ from transformers.utils import ModelOutput
 from .attention import SHARED_SOURCE_KERNELS, attention_modules, swap
 from .kernels import PACKING
 
-PLAIN = {"greedy": {"packed": False}, "beam": {"shared": False, "packed": False}}  # as the model files decode
+# As the model files decode and train.
+PLAIN = {"greedy": {"packed": False}, "beam": {"shared": False, "packed": False}, "training": {"onednn": False}}
 
 
 def cross_attention_rows(cache: EncoderDecoderCache) -> int | None:

@@ -2,23 +2,26 @@
 """CPU speed as an explicit transform of a model object: `fast_cpu(model)`, never slower than the plain model.
 
 The model files (`modeling_vaswani.py`, what travels to the Hub) use torch's `nn.Linear` and transformers' attention
-kernels, as Marian does. This transform, applied in place to one model object, offers `generate()` two mechanisms
-(decoding.py): beams that share their source's keys and values (in beam search), and linear layers that
-multiply by weights packed once per call into oneDNN's layout (`kernels.PackedLinear`). Which of them pays depends
-on the CPU and on the model's sizes: on a Xeon (family 6, model 167) packing made greedy decoding of a small model
-18% slower and of the base model 14% faster (benchmarks/README.md). So each is taken only where whole `generate()`
-calls were measured faster with it:
+kernels, as Marian does. This transform, applied in place to one model object, offers three mechanisms: in
+`generate()` (decoding.py), beams that share their source's keys and values (in beam search) and linear layers that
+multiply by weights packed once per call into oneDNN's layout; in training, linear layers whose products and
+gradients run in oneDNN instead of torch's BLAS (`kernels.PackedLinear`). Which of them pays depends on the CPU and on
+the model's sizes: on a Xeon (family 6, model 167) packing made greedy decoding of a small model 18% slower and of the
+base model 14% faster (benchmarks/README.md). So each is taken only where whole calls were measured faster with it:
 
-* the plan: for greedy decoding, packed or not; for beam search, shared rows or not, and packed or not. A mechanism
-  is taken if the calls with it took at most `MARGIN` of the time of those without (best of `ROUNDS`, interleaved),
-  on `PROBE` random sources of the model's sizes; else the plain way stays;
+* the plan: for greedy decoding, packed or not; for beam search, shared rows or not, and packed or not; for training,
+  oneDNN or not. A mechanism is taken if the calls with it (whole `generate()` calls; a forward and backward of
+  the model) took at most `MARGIN` of the time of those without (best of `ROUNDS`, interleaved), on random
+  inputs of the model's sizes (`PROBE`); else the plain way stays;
 * measured once per CPU model, torch version, thread count and model sizes, and kept as JSON in
   `$VASWANI_HF_CACHE/fast_cpu/` (else `~/.cache/vaswani_hf/fast_cpu/`); later calls read it back. The same machine
-  therefore decodes the same way, busy or quiet: the plan is timed once, the products never.
+  therefore decodes and trains the same way, busy or quiet: the plan is timed once, the products never. (A training
+  run also keeps its plan in its checkpoints: resumed, it computes as it did.)
 
-Training is torch's (the layers are `nn.Linear` wherever a gradient flows), so a run gives the same weights
-transformed or not. `vaswani-translate` and `training/run.py` apply it on a CPU unless told not to (`--no_fast_cpu`).
-Models loaded from a Hub repository's code take it as well, and a transformed model saves as any other.
+The same products are computed, rounded differently: a plan's decoding gives the plain model's tokens, its training
+the plain model's weights to float32's rounding. `vaswani-translate` and `training/run.py` apply it on a CPU unless
+told not to (`--no_fast_cpu`). Models loaded from a Hub repository's code take it as well, and a transformed model
+saves as any other.
 """
 
 import functools
@@ -32,7 +35,9 @@ from transformers import GenerationConfig
 from .decoding import PLAIN, bind_plan
 from .kernels import ONEDNN, PackedLinear, cache_root, cpu_name, kept
 
-PROBE = {"sources": 16, "source_length": 24, "new_tokens": 16}  # one generate() call of each candidate, a round
+# A round: one generate() call of each decoding candidate, over `sources` random sources of `source_length` tokens;
+# one forward and backward of each training candidate, over `pairs` random pairs of `pair_length` tokens a side.
+PROBE = {"sources": 16, "source_length": 24, "new_tokens": 16, "pairs": 32, "pair_length": 32}
 ROUNDS = 3
 MARGIN = 0.97  # a mechanism must save at least 3% of the calls' time: less is this measurement's noise
 SIZES = ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layers", "num_decoder_layers")
@@ -48,14 +53,22 @@ def fast_cpu(model: nn.Module, plan: dict | None = None) -> nn.Module:
             module.__class__ = PackedLinear  # the same parameters; packed only inside a packing block
     if hasattr(model, "generate"):
         bind_plan(model)
-        model.fast_cpu_plan = plan or kept_plan(model)
+        use_plan(model, plan or kept_plan(model))
     return model
+
+
+def use_plan(model: nn.Module, plan: dict) -> None:
+    """Decode and train `model` (transformed) as `plan` says."""
+    model.fast_cpu_plan = plan
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            module.onednn_training = plan["training"]["onednn"]
 
 
 def kept_plan(model: nn.Module) -> dict:
     """The plan kept for this machine and the model's sizes, measured now if none is (or it cannot be read)."""
     facts = {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-             "sizes": {name: getattr(model.config, name, None) for name in SIZES}}
+             "sizes": {name: getattr(model.config, name, None) for name in SIZES}, "candidates": CANDIDATES}
 
     def measure() -> dict:
         plan, seconds = measured_plan(model)
@@ -66,41 +79,60 @@ def kept_plan(model: nn.Module) -> dict:
 
 CANDIDATES = {"greedy": [{"packed": False}, {"packed": True}],
               "beam": [{"shared": False, "packed": False}, {"shared": True, "packed": False},
-                       {"shared": True, "packed": True}]}  # each after the one without its last mechanism
+                       {"shared": True, "packed": True}],
+              "training": [{"onednn": False}, {"onednn": True}]}  # each after the one without its last mechanism
 
 
 def measured_plan(model: nn.Module) -> tuple[dict, dict]:
-    """The plan whole `generate()` calls were fastest with, greedy and beam 4, and each candidate's best seconds."""
+    """The plan whole calls were fastest with (greedy and beam 4 `generate()` calls, a training forward and backward)
+    and each candidate's best seconds. The model's weights, gradients, mode and random state are left as found."""
     config, device = model.config, next(model.parameters()).device
     generator = torch.Generator().manual_seed(0)
     source = torch.randint(4, config.vocab_size, (PROBE["sources"], PROBE["source_length"]),
                            generator=generator).to(device)
+    pairs = torch.randint(4, config.vocab_size, (2, PROBE["pairs"], PROBE["pair_length"]), generator=generator)
     training = model.training
     plan, seconds = {}, {}
     try:
-        model.eval()
-        for mode, listed in CANDIDATES.items():
-            listed = [candidate for candidate in listed if ONEDNN or not candidate["packed"]]
-            generation = GenerationConfig(  # exactly new_tokens a sequence: no end of sentence
-                num_beams=4 if mode == "beam" else 1, do_sample=False, max_new_tokens=PROBE["new_tokens"],
-                eos_token_id=None, pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
-                decoder_start_token_id=config.decoder_start_token_id)
-            times = least_seconds([functools.partial(seconds_of, model, {**PLAIN, mode: candidate}, input_ids=source,
-                                                     generation_config=generation) for candidate in listed])
-            plan[mode] = listed[chosen(times)]
-            seconds[mode] = [{**candidate, "seconds": t} for candidate, t in zip(listed, times)]
+        with torch.random.fork_rng(devices=[]):  # dropout's draws in the training probe are not the run's
+            for mode, listed in CANDIDATES.items():
+                listed = [candidate for candidate in listed
+                          if ONEDNN or not (candidate.get("packed") or candidate.get("onednn"))]
+                if mode == "training":
+                    model.train()
+                    timer = functools.partial(training_seconds, model, *pairs.to(device))
+                else:
+                    model.eval()
+                    timer = functools.partial(generate_seconds, model, input_ids=source, generation_config=(
+                        GenerationConfig(  # exactly new_tokens a sequence: no end of sentence
+                            num_beams=4 if mode == "beam" else 1, do_sample=False,
+                            max_new_tokens=PROBE["new_tokens"], eos_token_id=None, pad_token_id=config.pad_token_id,
+                            bos_token_id=config.bos_token_id, decoder_start_token_id=config.decoder_start_token_id)))
+                times = least_seconds([functools.partial(timer, {**PLAIN, mode: candidate}) for candidate in listed])
+                plan[mode] = listed[chosen(times)]
+                seconds[mode] = [{**candidate, "seconds": t} for candidate, t in zip(listed, times)]
     finally:
-        model.fast_cpu_plan = PLAIN
+        use_plan(model, PLAIN)
         model.train(training)
     return plan, seconds
 
 
-def seconds_of(model: nn.Module, plan: dict, **inputs) -> float:
+def generate_seconds(model: nn.Module, plan: dict, **inputs) -> float:
     """Seconds of one `generate(**inputs)` call under `plan`."""
-    model.fast_cpu_plan = plan
+    use_plan(model, plan)
     start = time.perf_counter()
     with torch.no_grad():
         model.generate(**inputs)
+    return time.perf_counter() - start
+
+
+def training_seconds(model: nn.Module, source: torch.Tensor, target: torch.Tensor, plan: dict) -> float:
+    """Seconds of one forward and backward under `plan` (the gradients returned, not accumulated in the model)."""
+    use_plan(model, plan)
+    start = time.perf_counter()
+    logits = model(input_ids=source, decoder_input_ids=target, use_cache=False).logits
+    torch.autograd.grad(logits.logsumexp(-1).mean(), [p for p in model.parameters() if p.requires_grad],
+                        allow_unused=True)
     return time.perf_counter() - start
 
 

@@ -1,14 +1,15 @@
 # Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
-"""Linear layers that multiply by weights packed once for a decoding loop, and the machine facts our CPU choices are
-kept under (`cpu_name`, `cache_root`, `kept`).
+"""Linear layers that multiply by weights packed once for a decoding loop or train in oneDNN, and the machine facts
+our CPU choices are kept under (`cpu_name`, `cache_root`, `kept`).
 
 A decoding loop multiplies the same weights by a few new rows at every step. oneDNN can multiply by a copy of a
-weight reordered once into its blocked layout; whether that is faster than torch's own kernel (MKL) end to end
-depends on the CPU and on the model's sizes, so `fast_cpu` decides it by measuring whole `generate()` calls
-(fast_cpu.py), never product by product.
+weight reordered once into its blocked layout; a training step's products and their gradients can run in oneDNN as
+well. Whether either is faster than torch's own kernel (MKL) end to end depends on the CPU and on the model's sizes,
+so `fast_cpu` decides it by measuring whole calls (fast_cpu.py), never product by product.
 
 * `PackedLinear`: `nn.Linear` whose float32 CPU products without gradient run in oneDNN against the packed weight
-  while a packing block is open (`PACKING.block()`); everywhere else (training, GPU, half precision, autocast,
+  while a packing block is open (`PACKING.block()`); with gradient, in oneDNN (`OneDNNLinear`) when its
+  `onednn_training` is set (the plan's training choice); everywhere else (GPU, half precision, autocast,
   torch.compile and export) it computes as `nn.Linear`.
 * `PACKING`: the open blocks and the packed copies. A copy is kept for the next block while its module stays in eval
   mode with the same weights; a module's forward in train mode, or the end of the outermost block for a module in
@@ -145,14 +146,53 @@ def packs(*tensors: torch.Tensor) -> bool:
     )
 
 
+def trains_in_onednn(*tensors: torch.Tensor) -> bool:
+    """Whether `PackedLinear` computes these tensors' products in oneDNN with gradient (the plan's training choice):
+    float32 on the CPU with oneDNN present, a gradient asked for, outside autocast, torch.compile and export."""
+    return (
+        ONEDNN
+        and torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors)
+        and all(tensor.is_cpu and tensor.dtype == torch.float32 for tensor in tensors)
+        and not torch.is_autocast_enabled("cpu")
+        and not is_torchdynamo_compiling()
+    )
+
+
+class OneDNNLinear(torch.autograd.Function):
+    """y = x W^T + b and its gradients, each of the three products in oneDNN."""
+
+    @staticmethod
+    def forward(ctx, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(input, weight)
+        ctx.has_bias = bias is not None
+        return onednn_product(input, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        input, weight = ctx.saved_tensors
+        grad_output = grad_output.reshape(-1, grad_output.shape[-1])  # (N, out)
+        grad_input = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:  # (N, out) @ (out, in)
+            grad_input = onednn_product(grad_output, weight.t()).view(input.shape)
+        if ctx.needs_input_grad[1]:  # (out, N) @ (N, in)
+            grad_weight = onednn_product(grad_output.t(), input.reshape(-1, input.shape[-1]).t())
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_output.sum(0)
+        return grad_input, grad_weight, grad_bias
+
+
 class PackedLinear(nn.Linear):
     """`nn.Linear` that multiplies by its weight packed for oneDNN inside a packing block (module docstring)."""
+
+    onednn_training = False
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not input.is_cpu:  # a GPU: torch's own layer, and no Python beyond this test on every call
             return super().forward(input)
         if self.training and PACKING.packed:
             PACKING.packed.pop(self, None)  # training changes the weights: a packed copy would go stale
+        if self.onednn_training and trains_in_onednn(input, self.weight):
+            return OneDNNLinear.apply(input, self.weight, self.bias)
         if not packs(input, self.weight):
             return super().forward(input)
         return onednn_product(input, PACKING.packed_weight(self), self.bias)
