@@ -68,15 +68,16 @@ def test_training_products_are_torchs_even_in_a_packing_block():
         assert torch.equal(ours, torchs)
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_a_layer_training_in_onednn_computes_the_formula_and_its_gradients(bias):
+@pytest.mark.parametrize(("features", "bias"), [((24, 40), True), ((24, 40), False), ((40, 24), True)])
+def test_a_layer_training_in_onednn_computes_the_formula_and_its_gradients(features, bias):
     """The plan's training in oneDNN: y = x W^T + b and the three gradients against the formula in float64, for a
-    3-D input that is not contiguous; nothing packed."""
+    3-D input that is not contiguous, in a layer that widens and one that narrows; nothing packed."""
     torch.manual_seed(0)
-    layer = PackedLinear(24, 40, bias=bias)
+    (fan_in, fan_out) = features
+    layer = PackedLinear(fan_in, fan_out, bias=bias)
     layer.onednn_training = True
-    x = torch.randn(7, 5, 24).transpose(0, 1).requires_grad_()  # (5, 7, 24)
-    upstream = torch.randn(5, 7, 40)
+    x = torch.randn(7, 5, fan_in).transpose(0, 1).requires_grad_()  # (5, 7, in)
+    upstream = torch.randn(5, 7, fan_out)
     with PACKING.block():
         y = layer(x)
     y.backward(upstream)
@@ -86,7 +87,7 @@ def test_a_layer_training_in_onednn_computes_the_formula_and_its_gradients(bias)
     close = functools.partial(torch.testing.assert_close, rtol=1e-5, atol=1e-5)
     close(y.double(), expected)
     close(x.grad.double(), g @ w)
-    close(layer.weight.grad.double(), g.reshape(-1, 40).T @ x64.reshape(-1, 24))
+    close(layer.weight.grad.double(), g.reshape(-1, fan_out).T @ x64.reshape(-1, fan_in))
     if bias:
         close(layer.bias.grad.double(), g.sum((0, 1)))
 

@@ -63,10 +63,14 @@ class LabelSmoothedNLL(torch.autograd.Function):
         grad = torch.empty_like(flat)
         other = epsilon / (vocab_size - 1)  # q of every token but the gold one
         scale = keep.float() * grad_smoothed  # (N,): ignored positions get no gradient
+        in_place = grad.dtype == torch.float32  # else each block is computed in float32, then converted
         for start in range(0, len(flat), rows):
             end = start + rows
-            block = flat[start:end].to(torch.float32, copy=True)  # a copy: float32 logits stay as they are
-            block.sub_(lse[start:end, None]).exp_().sub_(other)  # softmax(z) - q, but for the gold token's q:
+            block = grad[start:end] if in_place else lse.new_empty((len(flat[start:end]), vocab_size))
+            torch.sub(flat[start:end], lse[start:end, None], out=block)
+            block.exp_().sub_(other)  # softmax(z) - q, but for the gold token's q:
             block.scatter_add_(-1, gold[start:end, None], block.new_full((len(block), 1), other - (1 - epsilon)))
-            grad[start:end] = block.mul_(scale[start:end, None])
+            block.mul_(scale[start:end, None])
+            if not in_place:
+                grad[start:end] = block
         return grad.view_as(logits), None, None, None, None

