@@ -133,29 +133,19 @@ def onednn_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None =
     return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
 
 
-def packs(*tensors: torch.Tensor) -> bool:
-    """Whether `PackedLinear` multiplies these tensors by a packed weight: in a packing block, float32 on the CPU
-    with oneDNN present, without gradient, outside autocast, torch.compile and export."""
-    return (
-        PACKING.open > 0
-        and ONEDNN
-        and all(tensor.is_cpu and tensor.dtype == torch.float32 for tensor in tensors)
-        and not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors))
-        and not torch.is_autocast_enabled("cpu")
-        and not is_torchdynamo_compiling()
-    )
-
-
-def trains_in_onednn(*tensors: torch.Tensor) -> bool:
-    """Whether `PackedLinear` computes these tensors' products in oneDNN with gradient (the plan's training choice):
-    float32 on the CPU with oneDNN present, a gradient asked for, outside autocast, torch.compile and export."""
+def in_onednn(*tensors: torch.Tensor) -> bool:
+    """Whether `PackedLinear` may compute with these tensors in oneDNN: float32 on the CPU with oneDNN present,
+    outside autocast, torch.compile and export."""
     return (
         ONEDNN
-        and torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors)
         and all(tensor.is_cpu and tensor.dtype == torch.float32 for tensor in tensors)
         and not torch.is_autocast_enabled("cpu")
         and not is_torchdynamo_compiling()
     )
+
+
+def with_gradient(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors)
 
 
 class OneDNNLinear(torch.autograd.Function):
@@ -188,17 +178,20 @@ class OneDNNLinear(torch.autograd.Function):
 
 
 class PackedLinear(nn.Linear):
-    """`nn.Linear` that multiplies by its weight packed for oneDNN inside a packing block (module docstring)."""
+    """`nn.Linear` that multiplies by its weight packed for oneDNN inside a packing block, and with gradient computes
+    in oneDNN where `onednn_training` is set (module docstring)."""
 
-    onednn_training = False
+    onednn_training = False  # set by fast_cpu's plan
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not input.is_cpu:  # a GPU: torch's own layer, and no Python beyond this test on every call
             return super().forward(input)
         if self.training and PACKING.packed:
             PACKING.packed.pop(self, None)  # training changes the weights: a packed copy would go stale
-        if self.onednn_training and trains_in_onednn(input, self.weight):
-            return OneDNNLinear.apply(input, self.weight, self.bias)
-        if not packs(input, self.weight):
-            return super().forward(input)
-        return onednn_product(input, PACKING.packed_weight(self), self.bias)
+        if in_onednn(input, self.weight):
+            if with_gradient(input, self.weight):
+                if self.onednn_training:
+                    return OneDNNLinear.apply(input, self.weight, self.bias)
+            elif PACKING.open:
+                return onednn_product(input, PACKING.packed_weight(self), self.bias)
+        return super().forward(input)
