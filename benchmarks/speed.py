@@ -1,7 +1,7 @@
 """Speed and memory of VaswaniForConditionalGeneration against transformers' MarianMTModel at identical sizes: the
 model as its files are written ("plain": torch's and transformers' kernels, as Marian's) and as `vaswani_hf.fast_cpu`
-transforms it ("ours": the decoding plan measured for this machine and size, in this process, as a first call of
-`vaswani-translate` measures it).
+transforms it ("ours": the decoding and training plan measured for this machine and size, in this process, as a first
+call of `vaswani-translate` or `training/run.py` measures it).
 
 Both models are built from random weights as the paper trains them (ReLU, shared embeddings scaled by
 sqrt(d_model), static sinusoidal positions, post-LN, dropout 0.1) and timed on the same random batches,
