@@ -66,7 +66,7 @@ class LabelSmoothedNLL(torch.autograd.Function):
         in_place = grad.dtype == torch.float32  # else each block is computed in float32, then converted
         for start in range(0, len(flat), rows):
             end = start + rows
-            block = grad[start:end] if in_place else lse.new_empty((len(flat[start:end]), vocab_size))
+            block = grad[start:end] if in_place else torch.empty_like(grad[start:end], dtype=torch.float32)
             torch.sub(flat[start:end], lse[start:end, None], out=block)
             block.exp_().sub_(other)  # softmax(z) - q, but for the gold token's q:
             block.scatter_add_(-1, gold[start:end, None], block.new_full((len(block), 1), other - (1 - epsilon)))

@@ -6,8 +6,8 @@ kernels, as Marian does. This transform, applied in place to one model object, o
 `generate()` (decoding.py), beams that share their source's keys and values (in beam search) and linear layers that
 multiply by weights packed once per call into oneDNN's layout; in training, linear layers whose products and
 gradients run in oneDNN instead of torch's BLAS (`kernels.PackedLinear`). Which of them pays depends on the CPU and on
-the model's sizes: on a Xeon (family 6, model 167) packing made greedy decoding of a small model 18% slower and of the
-base model 14% faster (benchmarks/README.md). So each is taken only where whole calls were measured faster with it:
+the model's sizes (packing slowed greedy decoding of a small model and sped up the base model's on one Xeon:
+benchmarks/README.md). So each is taken only where whole calls were measured faster with it:
 
 * the plan: for greedy decoding, packed or not; for beam search, shared rows or not, and packed or not; for training,
   oneDNN or not. A mechanism is taken if the calls with it (whole `generate()` calls; a forward and backward of
@@ -44,7 +44,7 @@ SIZES = ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layers
 
 
 def fast_cpu(model: nn.Module, plan: dict | None = None) -> nn.Module:
-    """`model`, in place, with the decoding plan measured for this machine and the model's sizes (module docstring),
+    """`model`, in place, with the plan measured for this machine and the model's sizes (module docstring),
     or `plan` as given (`decoding.PLAIN`'s layout); applying it again changes nothing but a given plan."""
     if plan is not None and {mode: set(plan.get(mode, ())) for mode in PLAIN} != {m: set(c) for m, c in PLAIN.items()}:
         raise ValueError(f"fast_cpu: plan must name what decoding.PLAIN names, {PLAIN}; got {plan}")

@@ -151,7 +151,7 @@ def with_gradient(*tensors: torch.Tensor) -> bool:
 class OneDNNLinear(torch.autograd.Function):
     """y = x W^T + b and its gradients, each of the three products in oneDNN. The weight's gradient G^T X is taken as
     (X^T G)^T where the layer widens (the output projection): oneDNN copies its first operand, transposed, into rows,
-    and X is then the smaller (Zen 5: 240 instead of 355 ms for the base model's output projection at 2,048 tokens)."""
+    and X is then the smaller (measured by shape: benchmarks/README.md, 2026-11-29)."""
 
     @staticmethod
     def forward(ctx, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -188,10 +188,9 @@ class PackedLinear(nn.Linear):
             return super().forward(input)
         if self.training and PACKING.packed:
             PACKING.packed.pop(self, None)  # training changes the weights: a packed copy would go stale
-        if in_onednn(input, self.weight):
-            if with_gradient(input, self.weight):
-                if self.onednn_training:
-                    return OneDNNLinear.apply(input, self.weight, self.bias)
-            elif PACKING.open:
-                return onednn_product(input, PACKING.packed_weight(self), self.bias)
+        training = with_gradient(input, self.weight)
+        if (self.onednn_training if training else PACKING.open) and in_onednn(input, self.weight):
+            if training:
+                return OneDNNLinear.apply(input, self.weight, self.bias)
+            return onednn_product(input, PACKING.packed_weight(self), self.bias)
         return super().forward(input)
