@@ -12,8 +12,9 @@
 # its report even when a later one fails (the slowest last: what is cut is the least needed):
 #   speed     benchmarks/speed.py --sizes small base on the host's CPU, pinned to cores 0 and 1 with 2 threads (the
 #             2-core machine's stand-in), in the background while the GPU parts run on the other cores: 5 min;
-#   base      utilisation.py, base, eager, SDPA without cuDNN's kernels, 3 processes, Marian beside: 2.5 min;
-#   cudnn     the same with cuDNN's attention kernels (torch's choice on a Hopper GPU), 1 process: 40 s;
+#   base      utilisation.py, base, eager, SDPA without cuDNN's kernels (run.py's default), 3 processes, Marian
+#             beside (torch's choice of kernels): 2.5 min;
+#   cudnn     the same with cuDNN's attention kernels for ours too (`--cudnn_attention`), 1 process: 1 min;
 #   big       as base, big, 1 process: 1.5 min;
 #   compiled  as base, compiled by inductor, 1 process, no Marian: 5 min (2026-11-28: 5 of its 7 compiling);
 #   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2: 1.5 min;
@@ -63,11 +64,10 @@ for part in "${@:-speed base cudnn big compiled}"; do
                    PYTHONPATH=".:${PYTHONPATH:-}" timeout 570 taskset -c 0,1 python3 benchmarks/speed.py \
                        ${sizes:---sizes small base} > "$out/speed.log" 2>&1 &
                    [ "$(nproc)" -gt 2 ] && pin="taskset -c 2-$(($(nproc) - 1))" ;;
-            base) utilisation base 150 --sizes base --processes 3 --no_cudnn_attention ;;
-            cudnn) utilisation cudnn 40 --sizes base --processes 1 --skip_marian ;;
-            big) utilisation big 90 --sizes big --processes 1 --no_cudnn_attention ;;
-            compiled) utilisation compiled 200 --sizes base --processes 1 --skip_marian --no_cudnn_attention \
-                          --compile inductor ;;
+            base) utilisation base 150 --sizes base --processes 3 ;;
+            cudnn) utilisation cudnn 60 --sizes base --processes 1 --cudnn_attention ;;
+            big) utilisation big 90 --sizes big --processes 1 ;;
+            compiled) utilisation compiled 200 --sizes base --processes 1 --skip_marian --compile inductor ;;
             decoding) run decoding 100 python3 benchmarks/gpu_decoding.py --output_dir "$work/decoding" ;;
             training) run training 240 python3 benchmarks/gpu_check.py --parts training remote \
                           --output_dir "$work/training" ;;

@@ -12,18 +12,19 @@ tokens, a tail to 256; targets about 10% longer), written as training/run.py wri
 Each size, in each of `--processes` fresh processes (ours / Marian is the median of their ratios):
 
 1. ours: run.py's step as run.py runs it on a GPU — its batches, collation, `TrainingStep` (eager, or compiled with
-   `--compile inductor`; SDPA without cuDNN's kernels with `--no_cudnn_attention`; the label-smoothed loss block by
-   block; nothing read from the GPU but every `--logging_steps`), fused Adam and the §5.3 schedule, in as few batches
-   a step as the GPU's memory holds (`--max_tokens 0`). After `--warmup` steps (compiling, if compiled), `--steps`
-   timed ones: target tokens/s, seconds a step, peak memory, the host's seconds a step reading and padding batches
-   (which the GPU does not wait for unless they exceed its step), host waits in a step, and one step profiled (the
-   GPU's busy share, kernels launched, the 8 slowest kernels);
+   `--compile inductor`; SDPA without cuDNN's kernels unless `--cudnn_attention`, as run.py; the label-smoothed loss
+   block by block; nothing read from the GPU but every `--logging_steps`), fused Adam and the §5.3 schedule, in as few
+   batches a step as the GPU's memory holds (`--max_tokens 0`). After `--warmup` steps (compiling, if compiled),
+   `--steps` timed ones: target tokens/s, seconds a step, peak memory, the caching allocator's calls to CUDA a step
+   (allocations, frees, retries), the host's seconds a step reading and padding batches (which the GPU does not wait
+   for unless they exceed its step), host waits in a step, and one step profiled (the GPU's busy share, kernels
+   launched, the 8 slowest kernels, the host's calls of most self time);
 2. FLOPs: the timed steps' forward and backward again, eager, under `torch.utils.flop_counter.FlopCounterMode` (the
    matrix products and attention), beside 6 x the weights each (padded) token passes through, which leaves attention's
    products out (on a CPU FlopCounterMode counts no attention: the two agree); MFU = those
    FLOPs / the timed steps' seconds / the GPU's dense bf16 peak (PEAKS);
 3. Marian: MarianMTModel at the same size, by `Seq2SeqTrainer` (bf16, fused AdamW, label smoothing 0.1) on the same
-   batches, accumulated as ours: target tokens/s of its timed steps;
+   batches, accumulated as ours, with torch's choice of attention kernels: target tokens/s of its timed steps;
 4. projected: the paper's recipes on this GPU at the measured seconds a step (base 100k steps, big 300k).
 
 Writes utilisation.json and utilisation.md to --output_dir.
@@ -79,9 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=None, help="steps before timing (default 10; --tiny 2)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20; --tiny 4)")
     parser.add_argument("--compile", default="no", help="as training/run.py's (a torch.compile backend, or no)")
-    parser.add_argument("--no_cudnn_attention", action="store_true",
-                        help="SDPA without cuDNN's kernels (flash, memory-efficient or math): cuDNN builds a plan for "
-                             "each new shape")
+    parser.add_argument("--cudnn_attention", action="store_true",
+                        help="as run.py's: ours may train with cuDNN's attention kernels (torch's choice on Hopper)")
     parser.add_argument("--max_tokens", type=int, default=0, help="as run.py's (0: the most the GPU's memory holds)")
     parser.add_argument("--pad_to_multiple_of", type=int, default=1)
     parser.add_argument("--no_fast_gpu", action="store_true", help="without vaswani_hf.fast_gpu (run.py applies it)")
@@ -138,6 +138,7 @@ def brief(run: dict) -> dict:
             "warmup_seconds")
     return {**{key: run[key] for key in keys}, "busy": run["profile"].get("busy"),
             "host_ms": {k["call"][:40]: round(k["ms"], 1) for k in run["profile"]["top_host"][:4]},
+            "allocator_calls_per_step": run["allocator_calls_per_step"],
             "marian_tokens_per_second": run.get("marian", {}).get("target_tokens_per_second")}
 
 
@@ -197,7 +198,7 @@ def measure(size: str, args) -> dict:
     if args.max_tokens:
         max_tokens = args.max_tokens
     elif device.type == "cuda":
-        max_tokens = largest_batch(accelerator, model, tokens_per_step, MAX_LENGTH)
+        max_tokens = largest_batch(accelerator, model, tokens_per_step, MAX_LENGTH, args.cudnn_attention)
     else:
         max_tokens = tokens_per_step // 2  # two batches a step: the accumulation runs too
     accumulation = math.ceil(tokens_per_step / max_tokens)
@@ -206,7 +207,7 @@ def measure(size: str, args) -> dict:
     lengths = wmt_like_pairs(TINY["pairs"] if tiny else 400_000, vocab)
     batches = EpochBatches(token_file(workspace, *lengths, vocab), MAX_LENGTH, max_tokens, 0, accumulation, 0, 1)
     backend = None if args.compile == "no" else args.compile
-    step = TrainingStep(accelerator, model, 0.1, backend)
+    step = TrainingStep(accelerator, model, 0.1, backend, args.cudnn_attention)
     model.train()
 
     host, inputs_of = [], {}
@@ -237,14 +238,14 @@ def measure(size: str, args) -> dict:
         synchronize(device)
         return tokens, time.perf_counter() - started
 
-    if args.no_cudnn_attention:
-        torch.backends.cuda.enable_cudnn_sdp(False)
     _, warmup_seconds = steps(range(args.warmup))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     host.clear()
     timed = range(args.warmup, args.warmup + args.steps)
+    before = allocator_calls(device)
     tokens, seconds = steps(timed)
+    allocator = {key: (count - before[key]) / args.steps for key, count in allocator_calls(device).items()}
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
     waits = count_syncs(device, lambda: one_step(timed.stop))
     profile = kernels_of(device, lambda: one_step(timed.stop + 1), seconds / args.steps, top=8)
@@ -257,11 +258,11 @@ def measure(size: str, args) -> dict:
     result = {
         "size": size, "parameters": unwrap(model).num_parameters(), "max_tokens": max_tokens,
         "batches_per_step": accumulation, "compile": backend or "no", "compiled_graphs": step.compilations(),
-        "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled(),
+        "cudnn_attention": args.cudnn_attention,
         "graph_breaks": graph_breaks(), "profile": profile,
         "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds, "steps": args.steps,
         "seconds_per_step": seconds / args.steps, "target_tokens_per_step": tokens / args.steps,
-        "target_tokens_per_second": tokens / seconds, "peak_memory_gib": peak,
+        "target_tokens_per_second": tokens / seconds, "peak_memory_gib": peak, "allocator_calls_per_step": allocator,
         "host_data_seconds_per_step": statistics.median(host), "host_waits_per_step": waits,
         "flops_per_step": flops / args.steps, "estimated_flops_per_step": estimate / args.steps,
         "tflops_per_second": flops / seconds / 1e12,
@@ -274,6 +275,16 @@ def measure(size: str, args) -> dict:
         result["marian"] = marian(size, config, [inputs_of[index] for index in range(args.warmup + args.steps)],
                                   accumulation, args.warmup, device, workspace, args.pad_to_multiple_of)
     return result
+
+
+def allocator_calls(device: torch.device) -> dict[str, int]:
+    """How often the caching allocator has called CUDA so far (cudaMalloc or cuMemMap; frees; allocations that failed
+    and were retried after freeing its cache): a step that keeps calling after warm-up reuses too little. Empty on
+    a CPU."""
+    if device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(device)
+    return {key: stats.get(key, 0) for key in ("num_device_alloc", "num_device_free", "num_alloc_retries")}
 
 
 def graph_breaks() -> dict[str, int]:
@@ -399,7 +410,8 @@ def markdown(report: dict) -> str:
         by = ", ".join(f"{run['target_tokens_per_second']:,.0f}" for run in s["processes"])
         lines.append(f"\n{size}: {len(s['processes'])} process(es), each figure the median; target tokens/s by "
                      f"process {by}; FlopCounterMode {s['flops_per_step'] / 1e12:.2f} TFLOP a step, 6 x weights "
-                     f"passed {s['estimated_flops_per_step'] / 1e12:.2f}; compile {s['compile']}, warm-up "
+                     f"passed {s['estimated_flops_per_step'] / 1e12:.2f}; compile {s['compile']}, cuDNN attention "
+                     f"{'yes' if s['cudnn_attention'] else 'no'}, warm-up "
                      f"{s['warmup_steps']} steps in {s['warmup_seconds']:.0f} s; targets: " + ", ".join(
                          f"{name} >= {t['target']} {'met' if t['met'] else 'missed' if t['met'] is False else '–'}"
                          for name, t in s["targets"].items() if t["target"] is not None))
@@ -408,6 +420,9 @@ def markdown(report: dict) -> str:
             lines.append(f"{size}, one step profiled (process 1): GPU busy {p['busy']:.0%} of {p['wall_ms']:.0f} ms, "
                          f"{p['launches']} kernels launched; slowest: " + "; ".join(
                              f"{k['kernel'][:60]} {k['ms']:.1f} ms ({k['calls']})" for k in p["top_kernels"][:5]))
+        if s["allocator_calls_per_step"]:  # on a GPU
+            lines.append(f"{size}, the caching allocator's calls to CUDA a timed step (process 1): " + ", ".join(
+                f"{key} {count:.1f}" for key, count in s["allocator_calls_per_step"].items()))
         lines.append(f"{size}, the host's calls of most self time in that step: " + "; ".join(
             f"{k['call'][:60]} {k['ms']:.1f} ms ({k['calls']})" for k in s["profile"]["top_host"]))
         if s["graph_breaks"]:

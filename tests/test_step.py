@@ -1,6 +1,7 @@
 """training/step.py: the largest batch (the fewest batches an optimizer step can be made of), bucketed widths, and a
 step that reads nothing from the device."""
 
+import contextlib
 import math
 from types import SimpleNamespace
 
@@ -103,3 +104,42 @@ def test_the_step_reads_nothing_from_the_device_of_its_own():
         loss, gradients = step_of(StandIn(), batch, 10)
     assert isinstance(loss, torch.Tensor) and loss.dim() == 0 and Reads.count == 0
     assert gradients["embed.weight"].abs().sum() > 0
+
+
+def cudnn_flags() -> tuple[bool, ...]:
+    """Which of SDPA's GPU kernels may run now: cuDNN's, flash, memory-efficient, math."""
+    backends = torch.backends.cuda
+    return (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(), backends.mem_efficient_sdp_enabled(),
+            backends.math_sdp_enabled())
+
+
+def test_on_a_gpu_the_step_trains_without_cudnns_attention_unless_asked(monkeypatch):
+    """cuDNN builds a plan for each new shape, and a run's batches change shape at every step: on a GPU the step's
+    forward and backward run with SDPA's other kernels, and torch's choice is back after it. The step is taken on
+    the CPU with the device the kernels are chosen for said to be a GPU (torch's flags need none)."""
+    import training.step
+    from training.batching import collate
+
+    chosen_for = training.step.attention_kernels
+    monkeypatch.setattr(training.step, "attention_kernels",
+                        lambda device, cudnn=False: chosen_for(torch.device("cuda"), cudnn))
+    seen = []
+
+    class Recording(StandIn):
+        def forward(self, **inputs):
+            output = super().forward(**inputs)
+            seen.append(("forward", cudnn_flags()))
+            output.logits.register_hook(lambda gradient: seen.append(("backward", cudnn_flags())))
+            return output
+
+    batch = collate(range(3), SOURCES, TARGETS, 0, "cpu")
+    assert cudnn_flags() == (True, True, True, True)  # torch's defaults
+    step_of(Recording(), batch, 10)
+    assert seen == [("forward", (False, True, True, True)), ("backward", (False, True, True, True))]
+    assert cudnn_flags() == (True, True, True, True)
+    seen.clear()
+    monkeypatch.setattr(training.step, "attention_kernels",
+                        lambda device, cudnn=False: chosen_for(torch.device("cuda"), True))  # --cudnn_attention
+    step_of(Recording(), batch, 10)
+    assert seen == [("forward", (True, True, True, True)), ("backward", (True, True, True, True))]
+    assert isinstance(chosen_for(torch.device("cpu")), contextlib.nullcontext)  # off a GPU: torch's choice

@@ -116,6 +116,9 @@ class RecipeArguments:
     fast_gpu: bool = field(default=True, metadata={
         "help": "On a GPU, each attention's projections of one input as one product (vaswani_hf.fast_gpu); "
                 "--no_fast_gpu: one product each, as the model file writes them."})
+    cudnn_attention: bool = field(default=False, metadata={
+        "help": "On a GPU, let SDPA train with cuDNN's attention kernels, torch's first choice on Hopper GPUs; off by "
+                "default: cuDNN builds a plan for each new batch shape, and batches change shape at every step."})
     logging_steps: int = 10
     eval_steps: int = field(default=5000, metadata={"help": "Validation loss and BLEU every N steps (0: never)."})
     eval_max_sentences: int = field(default=500, metadata={"help": "Validation sentences decoded for BLEU."})

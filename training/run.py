@@ -106,7 +106,7 @@ def main():
     batches = training_batches(accelerator, model, data["train"], data_args, tokenizer, max_tokens, args, output_dir,
                                distributed)
     backend = None if args.compile == "no" else args.compile
-    train_step = TrainingStep(accelerator, model, args.label_smoothing, backend)
+    train_step = TrainingStep(accelerator, model, args.label_smoothing, backend, args.cudnn_attention)
     if backend:
         say(f"the training step is compiled by torch.compile ({backend}): the first steps wait for it")
 
@@ -386,7 +386,7 @@ def batch_tokens(accelerator, model, resumed: Path | None, args, max_length: int
         return saved["max_tokens"]
     if accelerator.device.type != "cuda":
         return 4096
-    tokens = largest_batch(accelerator, model, args.tokens_per_step, max_length)
+    tokens = largest_batch(accelerator, model, args.tokens_per_step, max_length, args.cudnn_attention)
     accelerator.print(f"--max_tokens 0: batches of up to {tokens} tokens fit this GPU's memory")
     return tokens
 

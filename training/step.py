@@ -11,12 +11,18 @@
   block).
 - Largest batches (`--max_tokens 0` on a GPU, `fewest_batches`): an optimizer step in as few batches as the GPU's
   memory holds, found by trial steps at the sizes that would divide the step evenly.
+- Attention kernels on a GPU (`attention_kernels`): SDPA chooses among flash, memory-efficient and math kernels, not
+  cuDNN's unless `--cudnn_attention`. On Hopper GPUs torch prefers cuDNN's, and cuDNN builds an execution plan on the
+  host for each new problem shape (rows, lengths), while a run's batches change shape at every step.
 """
 
+import contextlib
+import functools
 import math
 
 import torch
 from accelerate.utils import broadcast_object_list
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from training.distributed import gradient_sync, unwrap
 from training.loss import label_smoothed_nll
@@ -32,8 +38,10 @@ class TrainingStep:
     on the device, and the number. The forward builds no decoding cache (`use_cache=False`, as labels would ask):
     one would copy each layer's keys and values."""
 
-    def __init__(self, accelerator, model, label_smoothing: float, backend: str | None = None):
+    def __init__(self, accelerator, model, label_smoothing: float, backend: str | None = None,
+                 cudnn_attention: bool = False):
         self.accelerator, self.model, self.label_smoothing = accelerator, model, label_smoothing
+        self.kernels = functools.partial(attention_kernels, accelerator.device, cudnn_attention)
         self.forward = torch.compile(model, backend=backend, dynamic=True) if backend else model
         self.graphs = compiled_graphs()  # dynamo's count is per process: this step's are those compiled after
 
@@ -43,7 +51,8 @@ class TrainingStep:
             torch.tensor(local_tokens, device=accelerator.device), "sum").item())
         step_loss = torch.zeros((), device=accelerator.device)
         for a, batch in enumerate(inputs):
-            with gradient_sync(accelerator, self.model, a == len(inputs) - 1), accelerator.autocast():
+            with gradient_sync(accelerator, self.model, a == len(inputs) - 1), accelerator.autocast(), \
+                    self.kernels():
                 decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id,
                                                        config.decoder_start_token_id)
                 logits = self.forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -57,6 +66,14 @@ class TrainingStep:
     def compilations(self) -> int:
         """Graphs compiled for this step so far (0 uncompiled)."""
         return compiled_graphs() - self.graphs if self.forward is not self.model else 0
+
+
+def attention_kernels(device: torch.device, cudnn: bool = False):
+    """A block in which SDPA on a GPU may choose any of its kernels but cuDNN's (module docstring); with `cudnn`, or
+    off a GPU, torch's choice as it stands."""
+    if cudnn or device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def read_values(entries: list[dict]) -> None:
@@ -91,14 +108,15 @@ def fewest_batches(tokens_per_step: int, fits, most: int = 64) -> int:
     return size(high)
 
 
-def largest_batch(accelerator, model, tokens_per_step: int, max_length: int) -> int:
+def largest_batch(accelerator, model, tokens_per_step: int, max_length: int, cudnn_attention: bool = False) -> int:
     """Every process calls this before the model is prepared. The main process's GPU's largest batch for this model
-    (`fewest_batches`, with trial steps at `max_length`, the widest pairs a run batches), shared with every process so
-    that all batch alike."""
+    (`fewest_batches`, with trial steps at `max_length`, the widest pairs a run batches, with the run's attention
+    kernels), shared with every process so that all batch alike."""
     found = [0]
     if accelerator.is_main_process:
         model.to(accelerator.device)
-        with torch.random.fork_rng(devices=[accelerator.device]):  # trial dropout: the run's draws stay its own
+        kernels = attention_kernels(accelerator.device, cudnn_attention)
+        with torch.random.fork_rng(devices=[accelerator.device]), kernels:  # trial dropout: the run's draws stay
             found[0] = fewest_batches(tokens_per_step, lambda tokens: trial_fits(accelerator, model, tokens,
                                                                                   max_length))
     return broadcast_object_list(found)[0]
