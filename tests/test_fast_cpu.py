@@ -38,9 +38,9 @@ def plans(tmp_path, monkeypatch):
     measured = []
     real = fast_cpu_module.measured_plan
 
-    def counted(model):
-        measured.append(model)
-        return real(model)
+    def counted(model, modes):
+        measured.append((model, modes))
+        return real(model, modes)
 
     monkeypatch.setattr(fast_cpu_module, "measured_plan", counted)
     return measured
@@ -249,6 +249,21 @@ def test_the_plan_is_measured_once_and_read_back_for_the_same_machine_and_sizes(
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another thread count
     fast_cpu(tiny_model(seed=1))
     assert len(plans) == 3
+
+
+def test_vaswani_translate_plans_decoding_alone_and_trains_as_torch(plans, tmp_path, translation_folder):
+    """The tools that only decode (`vaswani_hf.tools.loading.load`, as vaswani-translate loads) time no training:
+    the plan kept names the decoding modes alone, and training stays torch's. A model transformed for training
+    too measures its own plan."""
+    from vaswani_hf.tools.loading import load
+
+    model, _ = load(str(translation_folder), device="cpu")
+    assert [modes for _, modes in plans] == [("greedy", "beam")]
+    assert model.fast_cpu_plan["training"] == PLAIN["training"]
+    kept = json.loads(next((tmp_path / "cache" / "fast_cpu").glob("*.json")).read_text())
+    assert set(kept["seconds"]) == set(kept["candidates"]) == {"greedy", "beam"}
+    fast_cpu(tiny_model(seed=1, **{name: getattr(model.config, name) for name in fast_cpu_module.SIZES}))
+    assert [modes for _, modes in plans] == [("greedy", "beam"), ("greedy", "beam", "training")]
 
 
 def test_a_damaged_plan_is_measured_again(plans, tmp_path):

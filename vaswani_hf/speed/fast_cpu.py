@@ -13,10 +13,11 @@ benchmarks/README.md). So each is taken only where whole calls were measured fas
   oneDNN or not. A mechanism is taken if the calls with it (whole `generate()` calls; a forward and backward of
   the model) took at most `MARGIN` of the time of those without (best of `ROUNDS`, interleaved), on random
   inputs of the model's sizes (`PROBE`); else the plain way stays;
-* measured once per CPU model, torch version, thread count and model sizes, and kept as JSON in
-  `$VASWANI_HF_CACHE/fast_cpu/` (else `~/.cache/vaswani_hf/fast_cpu/`); later calls read it back. The same machine
-  therefore decodes and trains the same way, busy or quiet: the plan is timed once, the products never. (A training
-  run also keeps its plan in its checkpoints: resumed, it computes as it did.)
+* measured once per CPU model, torch version, thread count, model sizes and modes planned (`vaswani-translate`,
+  which only decodes, plans decoding alone: training stays torch's), and kept as JSON in `$VASWANI_HF_CACHE/fast_cpu/`
+  (else `~/.cache/vaswani_hf/fast_cpu/`); later calls read it back. The same machine therefore decodes and trains the
+  same way, busy or quiet: the plan is timed once, the products never. (A training run also keeps its plan in its
+  checkpoints: resumed, it computes as it did.)
 
 The same products are computed, rounded differently: a plan's decoding gives the plain model's tokens, its training
 the plain model's weights to float32's rounding. `vaswani-translate` and `training/run.py` apply it on a CPU unless
@@ -43,9 +44,10 @@ MARGIN = 0.97  # a mechanism must save at least 3% of the calls' time: less is t
 SIZES = ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layers", "num_decoder_layers")
 
 
-def fast_cpu(model: nn.Module, plan: dict | None = None) -> nn.Module:
-    """`model`, in place, with the plan measured for this machine and the model's sizes (module docstring),
-    or `plan` as given (`decoding.PLAIN`'s layout); applying it again changes nothing but a given plan."""
+def fast_cpu(model: nn.Module, plan: dict | None = None, training: bool = True) -> nn.Module:
+    """`model`, in place, with the plan measured for this machine and the model's sizes (module docstring), for
+    decoding and, with `training`, for training (else training stays torch's); or `plan` as given (`decoding.PLAIN`'s
+    layout). Applying it again changes nothing but a given plan."""
     if plan is not None and {mode: set(plan.get(mode, ())) for mode in PLAIN} != {m: set(c) for m, c in PLAIN.items()}:
         raise ValueError(f"fast_cpu: plan must name what decoding.PLAIN names, {PLAIN}; got {plan}")
     for module in model.modules():
@@ -53,7 +55,7 @@ def fast_cpu(model: nn.Module, plan: dict | None = None) -> nn.Module:
             module.__class__ = PackedLinear  # the same parameters; packed only inside a packing block
     if hasattr(model, "generate"):
         bind_plan(model)
-        use_plan(model, plan or kept_plan(model))
+        use_plan(model, plan or kept_plan(model, tuple(CANDIDATES) if training else ("greedy", "beam")))
     return model
 
 
@@ -65,14 +67,16 @@ def use_plan(model: nn.Module, plan: dict) -> None:
             module.onednn_training = plan["training"]["onednn"]
 
 
-def kept_plan(model: nn.Module) -> dict:
-    """The plan kept for this machine and the model's sizes, measured now if none is (or it cannot be read)."""
+def kept_plan(model: nn.Module, modes: tuple[str, ...]) -> dict:
+    """The plan of these modes kept for this machine and the model's sizes, measured now if none is (or it cannot be
+    read); the other modes plain."""
     facts = {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-             "sizes": {name: getattr(model.config, name, None) for name in SIZES}, "candidates": CANDIDATES}
+             "sizes": {name: getattr(model.config, name, None) for name in SIZES},
+             "candidates": {mode: CANDIDATES[mode] for mode in modes}}
 
     def measure() -> dict:
-        plan, seconds = measured_plan(model)
-        return {"plan": plan, "seconds": seconds, "probe": PROBE, "rounds": ROUNDS}
+        plan, seconds = measured_plan(model, modes)
+        return {"plan": {**PLAIN, **plan}, "seconds": seconds, "probe": PROBE, "rounds": ROUNDS}
 
     return kept(cache_root("fast_cpu"), facts, "plan", measure)
 
@@ -83,9 +87,10 @@ CANDIDATES = {"greedy": [{"packed": False}, {"packed": True}],
               "training": [{"onednn": False}, {"onednn": True}]}  # each after the one without its last mechanism
 
 
-def measured_plan(model: nn.Module) -> tuple[dict, dict]:
-    """The plan whole calls were fastest with (greedy and beam 4 `generate()` calls, a training forward and backward)
-    and each candidate's best seconds. The model's weights, gradients, mode and random state are left as found."""
+def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) -> tuple[dict, dict]:
+    """The plan of these modes that whole calls were fastest with (greedy and beam 4 `generate()` calls, a training
+    forward and backward) and each candidate's best seconds. The model's weights, gradients, mode and random state
+    are left as found."""
     config, device = model.config, next(model.parameters()).device
     generator = torch.Generator().manual_seed(0)
     source = torch.randint(4, config.vocab_size, (PROBE["sources"], PROBE["source_length"]),
@@ -95,8 +100,8 @@ def measured_plan(model: nn.Module) -> tuple[dict, dict]:
     plan, seconds = {}, {}
     try:
         with torch.random.fork_rng(devices=[]):  # dropout's draws in the training probe are not the run's
-            for mode, listed in CANDIDATES.items():
-                listed = [candidate for candidate in listed
+            for mode in modes:
+                listed = [candidate for candidate in CANDIDATES[mode]
                           if ONEDNN or not (candidate.get("packed") or candidate.get("onednn"))]
                 if mode == "training":
                     model.train()

@@ -26,7 +26,7 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool
     with one_line_errors(name_or_path):
         model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
     if fast and kind == "cpu" and not int8:
-        fast_cpu(model)
+        fast_cpu(model, training=False)  # the tools decode: a plan for decoding alone
     return (quantize_int8(model) if int8 else model.to(device).eval()), tokenizer
 
 
