@@ -51,8 +51,8 @@ class TrainingStep:
             torch.tensor(local_tokens, device=accelerator.device), "sum").item())
         step_loss = torch.zeros((), device=accelerator.device)
         for a, batch in enumerate(inputs):
-            with gradient_sync(accelerator, self.model, a == len(inputs) - 1), accelerator.autocast(), \
-                    self.kernels():
+            with (gradient_sync(accelerator, self.model, a == len(inputs) - 1), accelerator.autocast(),
+                  self.kernels()):
                 decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id,
                                                        config.decoder_start_token_id)
                 logits = self.forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
