@@ -129,7 +129,7 @@ def peak_memory(run) -> float:
 
 
 class IdTokens:
-    """No tokenizer: the ids' strings are the tokens (what the converter and `kept_threads` read of one)."""
+    """No tokenizer: the ids' strings are the tokens (what the converter and `kept_workers` read of one)."""
 
     bos_token, eos_token, unk_token = str(BOS), str(EOS), "3"
 
@@ -148,12 +148,13 @@ class IdTokens:
 
 def ctranslate2_translators(model: VaswaniForConditionalGeneration, threads: int) -> dict:
     """Our model exported as `vaswani-export ctranslate2` exports it, float32 and int8 (7-bit weights), each
-    loaded in CTranslate2 with its own compute type; {} without the package."""
+    loaded in CTranslate2 with its own compute type and the workers `--engine ctranslate2` measures for it (beside
+    it); {} without the package."""
     try:
         import ctranslate2
 
         from vaswani_hf.exports.to_ctranslate2 import VaswaniConverter
-        from vaswani_hf.tools.ctranslate2_engine import kept_threads
+        from vaswani_hf.tools.ctranslate2_engine import kept_workers
     except ImportError:
         return {}
     tokens = IdTokens(model.config.vocab_size)
@@ -161,9 +162,9 @@ def ctranslate2_translators(model: VaswaniForConditionalGeneration, threads: int
     translators = {}
     for compute in ("float32", "int8"):
         VaswaniConverter(model, tokens).convert(f"{folder}/{compute}", quantization=compute)
-        intra = kept_threads(Path(folder) / compute, compute, threads, tokens)  # as `--engine ctranslate2` runs it
-        translators[compute] = ctranslate2.Translator(f"{folder}/{compute}", device="cpu", compute_type=compute,
-                                                      intra_threads=intra)
+        workers = kept_workers(Path(folder) / compute, compute, threads, tokens)  # as `--engine ctranslate2` runs it
+        translators[compute] = (ctranslate2.Translator(f"{folder}/{compute}", device="cpu", compute_type=compute,
+                                                       **workers), workers)
         torch.set_num_threads(threads)
     return translators
 
@@ -185,10 +186,11 @@ def onnx_greedy(engine, source: torch.Tensor) -> None:
     assert output.shape[1] == NEW_TOKENS + 1, output.shape
 
 
-def ct2_generate(translator, source: torch.Tensor, num_beams: int) -> None:
+def ct2_generate(translator, source: torch.Tensor, num_beams: int, parts: int = 1) -> None:
     tokens = [[str(i) for i in row] for row in source.tolist()]  # the converted vocabulary is the ids' strings
     translator.translate_batch(tokens, beam_size=num_beams, min_decoding_length=NEW_TOKENS,
-                               max_decoding_length=NEW_TOKENS, length_penalty=1.0)
+                               max_decoding_length=NEW_TOKENS, length_penalty=1.0,
+                               max_batch_size=-(-len(tokens) // parts))  # a part for each worker
 
 
 def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
@@ -227,8 +229,10 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
                     engine(prompt, beams)
 
     engine_rounds("ours-int8", lambda prompt, beams: generate(int8, prompt, beams))
-    for compute, translator in ctranslate2_translators(models["plain"].eval(), threads).items():
-        engine_rounds(f"ct2-{compute}", partial(ct2_generate, translator))
+    ct2_workers = {}
+    for compute, (translator, workers) in ctranslate2_translators(models["plain"].eval(), threads).items():
+        engine_rounds(f"ct2-{compute}", partial(ct2_generate, translator, parts=workers["inter_threads"]))
+        ct2_workers[compute] = f"{workers['inter_threads']} part(s) at once x {workers['intra_threads']} thread(s)"
     onnx = onnx_model(models["plain"].eval(), threads)
     if onnx is not None:
         # greedy only: the exported model's beam 4 would be the paper's search, not transformers'
@@ -268,6 +272,8 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
               f"{engine:.0f} | {ours:.0f} | {ours / engine:.2f}x |")
     print(f"\nfast_cpu's plan for this size, measured in this process: {models['ours'].fast_cpu_plan}; its calls' "
           f"best seconds: {plan_seconds(models['ours'])}")
+    if ct2_workers:
+        print(f"CTranslate2's workers, as `--engine ctranslate2` measured them: {ct2_workers}")
 
 
 def plan_seconds(model: nn.Module) -> str:

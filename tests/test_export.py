@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import refusal, save_marian_folder
 from ctranslate2.converters import TransformersConverter
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from training.default_data import generate
@@ -186,6 +186,30 @@ def test_the_ctranslate2_engine_translates_greedily_as_the_torch_engine(translat
     assert len(list((tmp_path / "cache" / "ctranslate2").iterdir())) == 1
 
 
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_batch_in_two_parts_at_once_translates_as_one_batch(translation_folder, tmp_path, monkeypatch, num_beams):
+    """What `kept_workers` may choose, each batch decoded in two parts at once by two workers of one thread, gives
+    one worker's translations, and its scores to float32's rounding (a part's products have other shapes), greedy
+    and beam 4."""
+    from vaswani_hf.tools.ctranslate2_engine import CTranslate2Engine
+    from vaswani_hf.tools.translate import translations
+
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    config = AutoConfig.from_pretrained(translation_folder)
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    sources = [source for source, _ in PAIRS] + ["dog " * 30]
+    found = []
+    for parts in (1, 2):
+        engine = CTranslate2Engine(str(translation_folder), config, tokenizer,
+                                   workers={"inter_threads": parts, "intra_threads": 1})
+        assert engine.translator.num_translators == parts
+        found.append(sorted(translations(engine, tokenizer, sources, num_beams=num_beams)))
+    texts = [[(t.index, [text for text, _ in t.hypotheses]) for t in run] for run in found]
+    assert len(texts[0]) == len(sources) and texts[1] == texts[0]
+    scores = [[score for t in run for _, score in t.hypotheses] for run in found]
+    assert scores[1] == pytest.approx(scores[0], rel=1e-5)
+
+
 def test_the_ctranslate2_cache_is_keyed_by_the_weights(translation_folder, tmp_path, monkeypatch):
     """The same folder twice: one conversion, reused. The folder with one weight changed: a conversion of its own,
     which decodes what the changed weights say."""
@@ -207,34 +231,38 @@ def test_the_ctranslate2_cache_is_keyed_by_the_weights(translation_folder, tmp_p
     assert cached_export(str(translation_folder), "int8") not in (first, cached_export(str(changed), "float32"))
 
 
-@pytest.mark.parametrize(("one_thread", "expected"), [(0.5, 1), (0.98, 2), (1.5, 2)])
-def test_ctranslates_threads_are_measured_once_per_export_and_one_taken_only_when_it_pays(
-        trained, ct2_folders, monkeypatch, one_thread, expected):
-    """Two threads or one, by greedy translations of a probe (faked times: two threads take 1 s): one thread is taken
-    only at 97% of the time or less; the choice is kept beside the export and read back; another thread count is
-    measured again."""
+@pytest.mark.parametrize(("one_thread", "parts", "expected"), [(0.5, 0.9, (1, 1)), (0.98, 0.5, (2, 1)),
+                                                               (1.5, 0.98, (1, 2)), (0.5, 0.3, (2, 1))])
+def test_ctranslates_workers_are_measured_once_per_export_and_taken_only_when_they_pay(
+        trained, ct2_folders, monkeypatch, one_thread, parts, expected):
+    """One batch on two threads; one on one thread; or two parts of it at once, one thread each: by greedy
+    translations of a probe (faked times: two threads take 1 s), each taken over the one chosen before it only at
+    97% of its time or less; the choice kept beside the export and read back; another thread count measured again."""
     import shutil
 
     from vaswani_hf.tools import ctranslate2_engine
 
     _, tokenizer = trained
-    folder = Path(shutil.copytree(ct2_folders["float32"], Path(ct2_folders["float32"]).parent / f"t{one_thread}"))
+    copy = Path(ct2_folders["float32"]).parent / f"workers-{one_thread}-{parts}"
+    folder = Path(shutil.copytree(ct2_folders["float32"], copy))
     probes = []
 
-    def probe_seconds(translator, sources):  # called in turn: the `threads` translator, then the one-thread one
+    def probe_seconds(translator, sources, in_parts):  # called in turn: two threads, one thread, two parts
         assert len(sources) == 16 and all(len(row) == 24 for row in sources)
+        assert in_parts == (1, 1, torch.get_num_threads())[len(probes) % 3]  # a part for each of the threads
         probes.append(translator)
-        return 1.0 if len(probes) % 2 else one_thread
+        return (1.0, one_thread, parts)[(len(probes) - 1) % 3]
 
     monkeypatch.setattr(ctranslate2_engine, "probe_seconds", probe_seconds)
     threads = torch.get_num_threads()
-    try:  # kept_threads leaves torch with the count it is given: 2, then 3
-        assert ctranslate2_engine.kept_threads(folder, "float32", 2, tokenizer) == expected
-        assert len(probes) == 8  # a warm-up round and 3 timed rounds, both candidates
-        again = ctranslate2_engine.kept_threads(folder, "float32", 2, tokenizer)
-        assert again == expected and len(probes) == 8  # kept, read back
-        ctranslate2_engine.kept_threads(folder, "float32", 3, tokenizer)
-        assert len(probes) == 16
+    workers = {"inter_threads": expected[0], "intra_threads": expected[1]}
+    try:  # kept_workers leaves torch with the count it is given: 2, then 3
+        assert ctranslate2_engine.kept_workers(folder, "float32", 2, tokenizer) == workers
+        assert len(probes) == 12  # a warm-up round and 3 timed rounds, three candidates
+        assert ctranslate2_engine.kept_workers(folder, "float32", 2, tokenizer) == workers
+        assert len(probes) == 12  # kept, read back
+        ctranslate2_engine.kept_workers(folder, "float32", 3, tokenizer)
+        assert len(probes) == 24
     finally:
         torch.set_num_threads(threads)
 

@@ -1,9 +1,10 @@
 """`vaswani-translate --engine ctranslate2`: decoding with the model's CTranslate2 export (exports/to_ctranslate2.py),
-converted the first time and kept in a cache keyed by what it is made from, with CTranslate2's thread count measured
-once per export and CPU."""
+converted the first time and kept in a cache keyed by what it is made from, with CTranslate2's workers and threads
+measured once per export and CPU."""
 
 import functools
 import hashlib
+import math
 import time
 from pathlib import Path
 
@@ -19,32 +20,36 @@ from .export import written_whole
 from .loading import load
 
 
-def kept_threads(folder: Path, compute: str, threads: int, tokenizer) -> int:
-    """CTranslate2's threads for this export on this CPU: `threads`, or 1 where greedy translations of a probe (16
-    random sources of 24 tokens, best of fast_cpu's interleaved rounds) took at most `fast_cpu.MARGIN` of the time
-    with `threads`. Measured once and kept beside the export. On a 2-core Xeon (family 6, model 167) one thread
-    decoded a small model 2.3x faster and two threads the base model 1.35x faster (benchmarks/README.md). Leaves
-    torch's thread count at `threads`."""
+def kept_workers(folder: Path, compute: str, threads: int, tokenizer) -> dict:
+    """CTranslate2's workers for this export on this CPU, {"inter_threads": batches decoded at once, "intra_threads":
+    threads each}: one batch on `threads` threads; else one on one thread, or `threads` parts of the batch at once
+    on one thread each, where greedy translations of a probe (16 random sources of 24 tokens, best of fast_cpu's
+    interleaved rounds) took at most `fast_cpu.MARGIN` of the time of the one chosen before it. Measured once and
+    kept beside the export; what each candidate gained on which CPU is in benchmarks/README.md. Leaves torch's thread
+    count at `threads`."""
+    candidates = [{"inter_threads": 1, "intra_threads": threads}, {"inter_threads": 1, "intra_threads": 1},
+                  {"inter_threads": threads, "intra_threads": 1}]
 
     def measure() -> dict:
         generator = torch.Generator().manual_seed(0)
         ids = torch.randint(4, len(tokenizer), (16, 24), generator=generator).tolist()
         sources = [tokenizer.convert_ids_to_tokens(row) for row in ids]
-        candidates = [threads, 1]
-        translators = [ctranslate2.Translator(str(folder), device="cpu", compute_type=compute, intra_threads=n)
-                       for n in candidates]
+        translators = [ctranslate2.Translator(str(folder), device="cpu", compute_type=compute, **workers)
+                       for workers in candidates]
         torch.set_num_threads(threads)  # each Translator set OpenMP's, which torch shares
-        times = least_seconds([functools.partial(probe_seconds, translator, sources) for translator in translators])
-        return {"intra_threads": candidates[chosen(times)], "seconds": dict(zip(map(str, candidates), times))}
+        times = least_seconds([functools.partial(probe_seconds, translator, sources, workers["inter_threads"])
+                               for translator, workers in zip(translators, candidates)])
+        return {"workers": candidates[chosen(times)], "seconds": times}
 
-    return kept(folder / "threads", {"cpu": cpu_name(), "compute": compute, "threads": threads}, "intra_threads",
-                measure)
+    facts = {"cpu": cpu_name(), "compute": compute, "threads": threads, "candidates": candidates}
+    return kept(folder / "threads", facts, "workers", measure)
 
 
-def probe_seconds(translator, sources: list[list[str]]) -> float:
-    """Seconds of one greedy translation of `sources`, 16 tokens each."""
+def probe_seconds(translator, sources: list[list[str]], parts: int) -> float:
+    """Seconds of one greedy translation of `sources`, 16 tokens each, in `parts` batches at once."""
     start = time.perf_counter()
-    translator.translate_batch(sources, beam_size=1, min_decoding_length=16, max_decoding_length=16)
+    translator.translate_batch(sources, beam_size=1, min_decoding_length=16, max_decoding_length=16,
+                               max_batch_size=math.ceil(len(sources) / parts))
     return time.perf_counter() - start
 
 
@@ -73,11 +78,13 @@ class CTranslate2Engine:
     it), best first, and CTranslate2's scores. Each output stops at its source's length + 50 tokens (§6.1).
 
     Greedy decoding gives the torch model's tokens. Beam search ranks by log P / |Y|^α (CTranslate2's length
-    penalty, with the model's α), not by the paper's GNMT penalty: the beams can differ."""
+    penalty, with the model's α), not by the paper's GNMT penalty: the beams can differ. `workers`: CTranslate2's
+    (`kept_workers`' layout; by default measured on a CPU), each batch decoded in a part for each worker."""
 
     name = "ctranslate2"
 
-    def __init__(self, name_or_path: str, config, tokenizer, device: str = "cpu", int8: bool = False):
+    def __init__(self, name_or_path: str, config, tokenizer, device: str = "cpu", int8: bool = False,
+                 workers: dict | None = None):
         from transformers import GenerationConfig
 
         self.config, self.tokenizer = config, tokenizer
@@ -89,9 +96,12 @@ class CTranslate2Engine:
         where = torch.device(device)
         compute = ("int8" if where.type == "cpu" else "int8_float16") if int8 else "float32"
         threads = torch.get_num_threads()  # CTranslate2 sets OpenMP's thread count: given torch's, it keeps it
-        intra = kept_threads(folder, compute, threads, tokenizer) if where.type == "cpu" and threads > 1 else threads
+        if workers is None:  # on a CPU, as measured for this export; else one batch at a time
+            workers = (kept_workers(folder, compute, threads, tokenizer) if where.type == "cpu" and threads > 1
+                       else {"inter_threads": 1, "intra_threads": threads})
+        self.workers = workers
         self.translator = ctranslate2.Translator(str(folder), device=where.type, device_index=where.index or 0,
-                                                 compute_type=compute, intra_threads=intra)
+                                                 compute_type=compute, **self.workers)
         torch.set_num_threads(threads)
 
     def decode(self, batch: list[list[int]], num_beams: int, alpha: float | None,
@@ -101,7 +111,8 @@ class CTranslate2Engine:
         results = self.translator.translate_batch(
             [self.tokenizer.convert_ids_to_tokens(ids) for ids in batch], beam_size=num_beams, num_hypotheses=nbest,
             length_penalty=penalty, max_decoding_length=max(limits), min_decoding_length=1, return_scores=True,
-            return_end_token=True, max_input_length=0)
+            return_end_token=True, max_input_length=0,
+            max_batch_size=math.ceil(len(batch) / self.workers["inter_threads"]))  # a part for each worker
         hypotheses, scores = [], []
         for result, limit in zip(results, limits):
             for tokens, score in zip(result.hypotheses, result.scores):
