@@ -148,8 +148,8 @@ class IdTokens:
 
 def ctranslate2_translators(model: VaswaniForConditionalGeneration, threads: int) -> dict:
     """Our model exported as `vaswani-export ctranslate2` exports it, float32 and int8 (7-bit weights), each
-    loaded in CTranslate2 with its own compute type and the workers `--engine ctranslate2` measures for it (beside
-    it); {} without the package."""
+    loaded in CTranslate2 with its own compute type and the workers `--engine ctranslate2` measures for it:
+    {compute type: (translator, workers)}; {} without the package."""
     try:
         import ctranslate2
 
