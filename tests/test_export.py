@@ -21,6 +21,7 @@ from vaswani_hf.exports.onnx_runtime import OnnxSeq2Seq
 from vaswani_hf.exports.to_ctranslate2 import export as export_ctranslate2
 from vaswani_hf.exports.to_ctranslate2 import seven_bits
 from vaswani_hf.gnmt import gnmt_beam_search
+from vaswani_hf.speed.fast_cpu import ROUNDS
 from vaswani_hf.tools.export import main as export_main
 from vaswani_hf.tools.translate import translate
 
@@ -245,24 +246,29 @@ def test_ctranslates_workers_are_measured_once_per_export_and_taken_only_when_th
     _, tokenizer = trained
     copy = Path(ct2_folders["float32"]).parent / f"workers-{one_thread}-{parts}"
     folder = Path(shutil.copytree(ct2_folders["float32"], copy))
-    probes = []
+    probes, translators = [], []
 
-    def probe_seconds(translator, sources, in_parts):  # called in turn: two threads, one thread, two parts
+    def probe_seconds(translator, sources, in_parts):  # warmed up in turn: two threads, one thread, two parts
         assert len(sources) == 16 and all(len(row) == 24 for row in sources)
-        assert in_parts == (1, 1, torch.get_num_threads())[len(probes) % 3]  # a part for each of the threads
+        if translator not in translators:
+            translators.append(translator)
+        candidate = translators.index(translator)
+        assert in_parts == (1, 1, torch.get_num_threads())[candidate]  # a part for each of the threads
         probes.append(translator)
-        return (1.0, one_thread, parts)[(len(probes) - 1) % 3]
+        return (1.0, one_thread, parts)[candidate]
 
     monkeypatch.setattr(ctranslate2_engine, "probe_seconds", probe_seconds)
     threads = torch.get_num_threads()
     workers = {"inter_threads": expected[0], "intra_threads": expected[1]}
     try:  # kept_workers leaves torch with the count it is given: 2, then 3
+        probed = 3 * (1 + ROUNDS)  # a warm-up round and the timed rounds, three candidates
         assert ctranslate2_engine.kept_workers(folder, "float32", 2, tokenizer) == workers
-        assert len(probes) == 12  # a warm-up round and 3 timed rounds, three candidates
+        assert len(probes) == probed
         assert ctranslate2_engine.kept_workers(folder, "float32", 2, tokenizer) == workers
-        assert len(probes) == 12  # kept, read back
+        assert len(probes) == probed  # kept, read back
+        translators.clear()
         ctranslate2_engine.kept_workers(folder, "float32", 3, tokenizer)
-        assert len(probes) == 24
+        assert len(probes) == 2 * probed
     finally:
         torch.set_num_threads(threads)
 

@@ -14,7 +14,7 @@ from transformers.utils import cached_file
 
 from ..exports import to_ctranslate2
 from ..gnmt import EXTRA_OUTPUT_LENGTH
-from ..speed.fast_cpu import chosen, least_seconds
+from ..speed.fast_cpu import chosen, round_seconds
 from ..speed.kernels import cache_root, cpu_name, kept
 from .export import written_whole
 from .loading import load
@@ -23,10 +23,10 @@ from .loading import load
 def kept_workers(folder: Path, compute: str, threads: int, tokenizer) -> dict:
     """CTranslate2's workers for this export on this CPU, {"inter_threads": batches decoded at once, "intra_threads":
     threads each}: one batch on `threads` threads; else one on one thread, or `threads` parts of the batch at once
-    on one thread each, where greedy translations of a probe (16 random sources of 24 tokens, best of fast_cpu's
-    interleaved rounds) took at most `fast_cpu.MARGIN` of the time of the one chosen before it. Measured once and
-    kept beside the export; what each candidate gained on which CPU is in benchmarks/README.md. Leaves torch's thread
-    count at `threads`."""
+    on one thread each, where greedy translations of a probe (16 random sources of 24 tokens, fast_cpu's interleaved
+    rounds) took at most `fast_cpu.MARGIN` of the time of the one chosen before it, as `fast_cpu.chosen` judges.
+    Measured once and kept beside the export; what each candidate gained on which CPU is in benchmarks/README.md.
+    Leaves torch's thread count at `threads`."""
     candidates = [{"inter_threads": 1, "intra_threads": threads}, {"inter_threads": 1, "intra_threads": 1},
                   {"inter_threads": threads, "intra_threads": 1}]
 
@@ -37,9 +37,9 @@ def kept_workers(folder: Path, compute: str, threads: int, tokenizer) -> dict:
         translators = [ctranslate2.Translator(str(folder), device="cpu", compute_type=compute, **workers)
                        for workers in candidates]
         torch.set_num_threads(threads)  # each Translator set OpenMP's, which torch shares
-        times = least_seconds([functools.partial(probe_seconds, translator, sources, workers["inter_threads"])
-                               for translator, workers in zip(translators, candidates)])
-        return {"workers": candidates[chosen(times)], "seconds": times}
+        rounds = round_seconds([functools.partial(probe_seconds, translator, sources, workers["inter_threads"])
+                                for translator, workers in zip(translators, candidates)])
+        return {"workers": candidates[chosen(rounds)], "seconds": [min(times) for times in rounds]}
 
     facts = {"cpu": cpu_name(), "compute": compute, "threads": threads, "candidates": candidates}
     return kept(folder / "threads", facts, "workers", measure)
