@@ -21,6 +21,7 @@ from vaswani_hf.exports.onnx_runtime import OnnxSeq2Seq
 from vaswani_hf.exports.to_ctranslate2 import export as export_ctranslate2
 from vaswani_hf.exports.to_ctranslate2 import seven_bits
 from vaswani_hf.gnmt import gnmt_beam_search
+from vaswani_hf.speed import fast_cpu as fast_cpu_module
 from vaswani_hf.speed.fast_cpu import ROUNDS
 from vaswani_hf.tools.export import main as export_main
 from vaswani_hf.tools.translate import translate
@@ -238,7 +239,8 @@ def test_ctranslates_workers_are_measured_once_per_export_and_taken_only_when_th
         trained, ct2_folders, monkeypatch, one_thread, parts, expected):
     """One batch on two threads; one on one thread; or two parts of it at once, one thread each: by greedy
     translations of a probe (faked times: two threads take 1 s), each taken over the one chosen before it only at
-    97% of its time or less; the choice kept beside the export and read back; another thread count measured again."""
+    97% of its time or less; the choice kept beside the export and read back; another thread count or rule measured
+    again."""
     import shutil
 
     from vaswani_hf.tools import ctranslate2_engine
@@ -269,6 +271,10 @@ def test_ctranslates_workers_are_measured_once_per_export_and_taken_only_when_th
         translators.clear()
         ctranslate2_engine.kept_workers(folder, "float32", 3, tokenizer)
         assert len(probes) == 2 * probed
+        translators.clear()
+        monkeypatch.setattr(fast_cpu_module, "ROUNDS", 3)  # chosen by another rule: measured again
+        ctranslate2_engine.kept_workers(folder, "float32", 3, tokenizer)
+        assert len(probes) == 2 * probed + 3 * (1 + 3)
     finally:
         torch.set_num_threads(threads)
 

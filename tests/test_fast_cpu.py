@@ -269,6 +269,9 @@ def test_the_plan_is_measured_once_and_read_back_for_the_same_machine_and_sizes(
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another thread count
     fast_cpu(tiny_model(seed=1))
     assert len(plans) == 3
+    monkeypatch.setattr(fast_cpu_module, "ROUNDS", 3)  # a plan chosen by another rule (best of three, before)
+    fast_cpu(tiny_model(seed=1))
+    assert len(plans) == 4
 
 
 def test_vaswani_translate_plans_decoding_alone_and_trains_as_torch(plans, tmp_path, translation_folder):

@@ -73,11 +73,11 @@ def kept_plan(model: nn.Module, modes: tuple[str, ...]) -> dict:
     read); the other modes plain."""
     facts = {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
              "sizes": {name: getattr(model.config, name, None) for name in SIZES},
-             "candidates": {mode: CANDIDATES[mode] for mode in modes}}
+             "candidates": {mode: CANDIDATES[mode] for mode in modes}, "probe": PROBE, "rule": rule()}
 
     def measure() -> dict:
         plan, seconds = measured_plan(model, modes)
-        return {"plan": {**PLAIN, **plan}, "seconds": seconds, "probe": PROBE, "rounds": ROUNDS}
+        return {"plan": {**PLAIN, **plan}, "seconds": seconds}
 
     return kept(cache_root("fast_cpu"), facts, "plan", measure)
 
@@ -152,6 +152,11 @@ def round_seconds(timers: list[Callable[[], float]]) -> list[list[float]]:
         for index in range(len(timers)) if turn % 2 == 0 else reversed(range(len(timers))):
             seconds[index].append(timers[index]())
     return seconds
+
+
+def rule() -> dict:
+    """How `chosen` judges, among the facts a choice is kept under: one made by another rule is measured again."""
+    return {"rounds": ROUNDS, "margin": MARGIN, "by": "best and median of the rounds' ratios"}
 
 
 def chosen(rounds: list[list[float]]) -> int:

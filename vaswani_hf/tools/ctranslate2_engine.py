@@ -14,7 +14,7 @@ from transformers.utils import cached_file
 
 from ..exports import to_ctranslate2
 from ..gnmt import EXTRA_OUTPUT_LENGTH
-from ..speed.fast_cpu import chosen, round_seconds
+from ..speed.fast_cpu import chosen, round_seconds, rule
 from ..speed.kernels import cache_root, cpu_name, kept
 from .export import written_whole
 from .loading import load
@@ -41,7 +41,7 @@ def kept_workers(folder: Path, compute: str, threads: int, tokenizer) -> dict:
                                 for translator, workers in zip(translators, candidates)])
         return {"workers": candidates[chosen(rounds)], "seconds": [min(times) for times in rounds]}
 
-    facts = {"cpu": cpu_name(), "compute": compute, "threads": threads, "candidates": candidates}
+    facts = {"cpu": cpu_name(), "compute": compute, "threads": threads, "candidates": candidates, "rule": rule()}
     return kept(folder / "threads", facts, "workers", measure)
 
 
