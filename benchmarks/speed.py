@@ -26,6 +26,7 @@ and the ratio ours / peer; then fast_cpu's plan and the seconds of the calls it 
 
 import argparse
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -190,7 +191,7 @@ def ct2_generate(translator, source: torch.Tensor, num_beams: int, parts: int = 
     tokens = [[str(i) for i in row] for row in source.tolist()]  # the converted vocabulary is the ids' strings
     translator.translate_batch(tokens, beam_size=num_beams, min_decoding_length=NEW_TOKENS,
                                max_decoding_length=NEW_TOKENS, length_penalty=1.0,
-                               max_batch_size=-(-len(tokens) // parts))  # a part for each worker
+                               max_batch_size=math.ceil(len(tokens) / parts))  # a part for each worker
 
 
 def run_size(label: str, size: dict, repeats: int, threads: int) -> None:

@@ -162,8 +162,8 @@ def rule() -> dict:
 def chosen(rounds: list[list[float]]) -> int:
     """The candidate to take, by index into its rounds' seconds listed as in CANDIDATES: each takes over from the one
     chosen so far only if it took at most MARGIN of its time both at best and by the median of the rounds' ratios
-    (calls on a 2-core Xeon varied by half either way: benchmarks/README.md), so the plain way (index 0) stays unless
-    a mechanism pays."""
+    (on a noisy machine one lucky round, or one slow round of the other, misleads either measure alone:
+    benchmarks/README.md), so the plain way (index 0) stays unless a mechanism pays."""
     choice = 0
     for index in range(1, len(rounds)):
         best = min(rounds[index]) / min(rounds[choice])
