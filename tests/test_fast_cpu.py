@@ -20,7 +20,8 @@ from vaswani_hf.speed.decoding import PLAIN
 from vaswani_hf.speed.kernels import PACKING, PackedLinear, fingerprint
 
 fast_cpu_module = sys.modules["vaswani_hf.speed.fast_cpu"]  # the package's name `fast_cpu` is the function
-EVERYTHING = {"greedy": {"packed": True}, "beam": {"shared": True, "packed": True}, "training": {"onednn": True}}
+EVERYTHING = {"greedy": {"lean": True, "packed": True}, "beam": {"shared": True, "lean": True, "packed": True},
+              "training": {"onednn": True}}
 
 
 @pytest.fixture(autouse=True)
@@ -172,7 +173,9 @@ def test_the_translator_transforms_a_float32_model_on_a_cpu_unless_told_not_to(t
     plain, _ = load(str(translation_folder), "cpu", fast=False)  # vaswani-translate --no_fast_cpu
     int8, _ = load(str(translation_folder), "cpu", int8=True)
     linear = torch.nn.Linear
-    assert {type(module) for module in fast.modules() if isinstance(module, linear)} == {PackedLinear}
+    packs = fast.fast_cpu_plan["greedy"]["packed"] or fast.fast_cpu_plan["beam"]["packed"]
+    layers = {type(module) for module in fast.modules() if isinstance(module, linear)}
+    assert layers == {PackedLinear if packs else linear}
     assert {type(module) for module in plain.modules() if isinstance(module, linear)} == {linear}
     assert len(plans) == 1 and "fast_cpu_plan" in vars(fast)  # measured for the float32 model alone
     assert "fast_cpu_plan" not in vars(plain) and "fast_cpu_plan" not in vars(int8)
@@ -212,10 +215,13 @@ def test_the_rounds_alternate_their_turn_after_a_warm_up():
 
 
 def test_the_plan_is_what_the_measured_calls_were_fastest_with(monkeypatch):
-    """measured_plan times each candidate of CANDIDATES on whole generate() calls (faked here: packing slow on
-    greedy, both mechanisms paying on beam search) and takes what `chosen` says."""
-    cost = {("greedy", False, False): 1.0, ("greedy", False, True): 1.5, ("beam", False, False): 4.0,
-            ("beam", True, False): 3.0, ("beam", True, True): 2.0, ("training", False): 3.0, ("training", True): 2.0}
+    """measured_plan times each candidate of CANDIDATES on whole generate() calls (faked here: in greedy decoding the
+    lean step pays and packing on top of it does not; in beam search shared rows pay, the lean step on top of them too
+    little, and packing on top of both does) and takes what `chosen` says."""
+    cost = {("greedy", False, False, False): 1.0, ("greedy", False, True, False): 0.9,
+            ("greedy", False, True, True): 1.5, ("beam", False, False, False): 4.0, ("beam", True, False, False): 3.0,
+            ("beam", True, True, False): 2.95, ("beam", True, True, True): 2.0, ("training", False): 3.0,
+            ("training", True): 2.0}
     timed = []
 
     def generate_seconds(model, plan, **inputs):
@@ -223,7 +229,7 @@ def test_the_plan_is_what_the_measured_calls_were_fastest_with(monkeypatch):
         assert plan == {**PLAIN, mode: plan[mode]} and model.fast_cpu_plan == PLAIN  # one mode's candidate
         assert not model.training
         timed.append(mode)
-        return cost[mode, plan[mode].get("shared", False), plan[mode]["packed"]]
+        return cost[mode, plan[mode].get("shared", False), plan[mode]["lean"], plan[mode]["packed"]]
 
     def training_seconds(model, source, target, plan):
         assert plan == {**PLAIN, "training": plan["training"]} and model.training
@@ -234,11 +240,11 @@ def test_the_plan_is_what_the_measured_calls_were_fastest_with(monkeypatch):
     monkeypatch.setattr(fast_cpu_module, "training_seconds", training_seconds)
     model = fast_cpu(tiny_model(seed=3), PLAIN).eval()
     plan, seconds = fast_cpu_module.measured_plan(model)
-    assert plan == {"greedy": {"packed": False}, "beam": {"shared": True, "packed": True},
+    assert plan == {"greedy": {"lean": True, "packed": False}, "beam": {"shared": True, "lean": True, "packed": True},
                     "training": {"onednn": True}}
-    assert [entry["seconds"] for entry in seconds["beam"]] == [4.0, 3.0, 2.0]
+    assert [entry["seconds"] for entry in seconds["beam"]] == [4.0, 3.0, 2.95, 2.0]
     rounds = 1 + fast_cpu_module.ROUNDS  # a warm-up, then the rounds
-    assert timed.count("greedy") == 2 * rounds and timed.count("beam") == 3 * rounds
+    assert timed.count("greedy") == 3 * rounds and timed.count("beam") == 4 * rounds
     assert timed.count("training") == 2 * rounds
     assert model.fast_cpu_plan == PLAIN and not model.training  # left as found
 
@@ -355,6 +361,126 @@ def test_decoding_gives_the_same_sequences_and_scores_whatever_the_plan(num_beam
         other = decode(fast_cpu(tiny_model(seed=5), plan).eval(), source, num_beams=num_beams)
         assert torch.equal(other.sequences, plain.sequences), plan
         torch.testing.assert_close(torch.stack(other.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
+
+
+def with_lean(lean: bool, shared: bool = True, packed: bool = False) -> dict:
+    return {**PLAIN, "greedy": {"lean": lean, "packed": packed},
+            "beam": {"shared": shared, "lean": lean, "packed": packed}}
+
+
+def padded_source():
+    """Three sources of 9 tokens, two of them padded."""
+    source, mask = random_ids(3, 9, seed=3), torch.ones(3, 9, dtype=torch.long)
+    mask[1, 5:], mask[2, 2:] = 0, 0
+    return source.masked_fill(mask == 0, 0), mask
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("num_beams", [1, 4])
+@pytest.mark.parametrize(("shared", "packed"), [(False, False), (True, False), (True, True)])
+def test_the_lean_step_decodes_as_the_decoders_own_forward_bit_for_bit(normalize_before, num_beams, shared, packed):
+    """The same plan without the lean step is the reference: the same sequences and every step's scores, bit for bit,
+    post-LN and pre-LN, padded sources, greedy and beam 4, beams sharing their source or not, packed or not."""
+    source, mask = padded_source()
+    outputs = [decode(fast_cpu(tiny_model(seed=5, normalize_before=normalize_before), with_lean(lean, shared, packed)),
+                      source, attention_mask=mask, num_beams=num_beams) for lean in (False, True)]
+    assert torch.equal(outputs[1].sequences, outputs[0].sequences)
+    assert all(torch.equal(lean, own) for lean, own in zip(outputs[1].scores, outputs[0].scores, strict=True))
+
+
+def test_the_papers_search_with_the_lean_step_finds_what_it_finds_without():
+    source, mask = padded_source()
+    found = [fast_cpu(tiny_model(seed=5), with_lean(lean)).generate(
+        source, attention_mask=mask, num_beams=4, gnmt_alpha=0.6, max_new_tokens=10, output_scores=True,
+        return_dict_in_generate=True) for lean in (False, True)]
+    assert torch.equal(found[1].sequences, found[0].sequences)
+    assert torch.equal(found[1].sequences_scores, found[0].sequences_scores)
+
+
+def own_forward_calls(monkeypatch, model) -> list:
+    """The calls of the decoder's own forward (the class's), recorded from now on."""
+    calls, decoder_class = [], type(model.get_decoder())
+    monkeypatch.setattr(decoder_class, "forward", counting(calls, "own", decoder_class.forward))
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["greedy", "beam"])
+def test_the_lean_step_takes_every_step_after_the_first_of_the_mode_its_plan_names(monkeypatch, mode):
+    plan = {**PLAIN, mode: {**PLAIN[mode], "lean": True}}
+    model, source = fast_cpu(tiny_model(seed=6), plan), random_ids(3, 8, seed=4)
+    calls = own_forward_calls(monkeypatch, model)
+    for num_beams in (1, 4):
+        calls.clear()
+        model.generate(source, num_beams=num_beams, min_new_tokens=5, max_new_tokens=5)
+        assert len(calls) == (1 if (num_beams > 1) == (mode == "beam") else 5)
+        assert "forward" not in vars(model.get_decoder())  # the decoder's own forward is back after the call
+
+
+@pytest.mark.parametrize("what", ["hidden states", "eager kernel", "another sdpa kernel", "a decoder mask"])
+def test_the_decoders_own_forward_takes_every_step_the_lean_one_does_not_compute(monkeypatch, what):
+    """Recorded hidden states, a kernel other than transformers' SDPA, a decoder attention mask: the decoder's own
+    forward runs every step, and the call gives what the plain model gives."""
+    attention = "eager" if what == "eager kernel" else "sdpa"
+    model = fast_cpu(tiny_model(seed=6, attn_implementation=attention), with_lean(True, shared=False))
+    plain, source = tiny_model(seed=6, attn_implementation=attention), random_ids(3, 8, seed=4)
+    if what == "another sdpa kernel":
+        monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", functools.partial(ALL_ATTENTION_FUNCTIONS["sdpa"]))
+    options = {"output_hidden_states": what == "hidden states", "min_new_tokens": 10}  # decode(): at most 10
+    if what == "a decoder mask":
+        options["decoder_attention_mask"] = torch.ones(3, 1, dtype=torch.long)
+    expected = decode(plain, source, **options)
+    calls = own_forward_calls(monkeypatch, model)
+    found = decode(model, source, **options)
+    assert len(calls) == 10
+    assert torch.equal(found.sequences, expected.sequences)
+    if what == "hidden states":
+        assert all(torch.equal(torch.stack(ours), torch.stack(theirs))
+                   for ours, theirs in zip(found.decoder_hidden_states, expected.decoder_hidden_states, strict=True))
+
+
+def test_inside_a_lean_block_the_decoders_own_checks_speak():
+    """A step that does not match its source (rows, mask) goes to the decoder's own forward, whose one-line errors
+    name what is wrong; blocks nest."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    from vaswani_hf.speed.lean import lean_block
+
+    model = fast_cpu(tiny_model(seed=2), with_lean(True, shared=False))
+    decoder, source = model.get_decoder(), random_ids(3, 6, seed=1)
+    encoded = model.get_encoder()(source).last_hidden_state  # (3, 6, D)
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    with torch.no_grad(), lean_block(decoder), lean_block(decoder):
+        decoder(input_ids=random_ids(3, 1, seed=2), encoder_hidden_states=encoded, cache=cache)  # fills the cache
+        with pytest.raises(ValueError, match=r"^the decoder has 2 rows but the encoder output 3: give one"):
+            decoder(input_ids=random_ids(2, 1, seed=2), encoder_hidden_states=encoded, cache=cache)
+        with pytest.raises(ValueError, match=r"^the decoder has 3 rows but the encoder output 2: give one"):
+            decoder(input_ids=random_ids(3, 1, seed=2), encoder_hidden_states=encoded[:2], cache=cache)
+        with pytest.raises(ValueError, match=r"^attention_mask has shape \(3, 5\) but the source needs \(3, 6\)"):
+            decoder(input_ids=random_ids(3, 1, seed=2), encoder_hidden_states=encoded,
+                    encoder_attention_mask=torch.ones(3, 5), cache=cache)
+    assert "forward" not in vars(decoder)
+
+
+def test_a_plan_kept_before_the_lean_step_is_taken_with_it_off():
+    kept = {"greedy": {"packed": False}, "beam": {"shared": True, "packed": True}, "training": {"onednn": False}}
+    model = fast_cpu(tiny_model(), kept)
+    assert model.fast_cpu_plan == {"greedy": {"lean": False, "packed": False}, "training": {"onednn": False},
+                                   "beam": {"shared": True, "lean": False, "packed": True}}
+
+
+@pytest.mark.parametrize(("plan", "packing"), [(PLAIN, False), (with_lean(True), False),
+                                               ({**PLAIN, "beam": {"shared": True, "packed": True}}, True),
+                                               ({**PLAIN, "training": {"onednn": True}}, True)])
+def test_linear_layers_are_torchs_unless_the_plan_packs_or_trains_in_onednn(plan, packing):
+    """torch's `nn.Linear` costs less Python per call than `PackedLinear`; a plan that leaves packing frees the
+    copies packed before."""
+    model = fast_cpu(tiny_model(seed=6), EVERYTHING)
+    decode(model, random_ids(3, 8, seed=4))
+    assert model.lm_head in PACKING.packed
+    fast_cpu(model, plan)
+    linear = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
+    assert {type(module) for module in linear} == {PackedLinear if packing else torch.nn.Linear}
+    assert (model.lm_head in PACKING.packed) == packing
 
 
 # --- packed weights ----------------------------------------------------------------------------------------------

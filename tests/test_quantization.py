@@ -14,7 +14,8 @@ from vaswani_hf.speed.quantization import Int8Linear, full_range_activations
 
 
 def test_the_int8_copy_quantizes_every_linear_layer_and_leaves_the_model_alone():
-    model = fast_cpu(tiny_model()).train()  # a transformed model: its layers are PackedLinear
+    plan = {"greedy": {"packed": True}, "beam": {"shared": True, "packed": True}, "training": {"onednn": False}}
+    model = fast_cpu(tiny_model(), plan).train()  # a transformed model whose plan packs: its layers are PackedLinear
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     linear_names = {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     quantized = quantize_int8(model)

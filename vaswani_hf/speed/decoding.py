@@ -1,11 +1,13 @@
 # Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
-"""`generate()` with beams that share their source and the weights packed for the call: `fast_cpu(model)`'s two
-mechanisms, each on for a call only where the model's plan (`model.fast_cpu_plan`, measured by fast_cpu.py) says so.
+"""`generate()` with beams that share their source, a lean decoder step and the weights packed for the call:
+`fast_cpu(model)`'s three decoding mechanisms, each on for a call only where the model's plan (`model.fast_cpu_plan`,
+measured by fast_cpu.py) says so.
 
 * Beams share their source (plan["beam"]["shared"]): the encoder-decoder attentions, swapped for
   `fast_attention.FastAttention`, compute each source's keys and values once and let its beams attend to them as one
   block of queries. Only with attention kernels whose masks broadcast over such a block (`SHARED_SOURCE_KERNELS`).
   A cache that `generate()` returns or takes keeps transformers' layout, one cross-attention row per sequence.
+* The decoder's steps after a call's first computed in fewer Python calls (plan[mode]["lean"]): lean.py.
 * A packing block (`kernels.PACKING.block()`) around the call (plan[mode]["packed"], mode "greedy" or "beam"): the
   weights cannot change during it, so the linear layers multiply by copies reordered once into oneDNN's layout.
 
@@ -24,9 +26,11 @@ from transformers.utils import ModelOutput
 
 from .attention import SHARED_SOURCE_KERNELS, attention_modules, swap
 from .kernels import PACKING
+from .lean import lean_block
 
 # As the model files decode and train.
-PLAIN = {"greedy": {"packed": False}, "beam": {"shared": False, "packed": False}, "training": {"onednn": False}}
+PLAIN = {"greedy": {"lean": False, "packed": False}, "beam": {"shared": False, "lean": False, "packed": False},
+         "training": {"onednn": False}}
 
 
 def cross_attention_rows(cache: EncoderDecoderCache) -> int | None:
@@ -80,15 +84,16 @@ def _generate(self, *args, **kwargs):
 
 @contextlib.contextmanager
 def _fast_decoding(self, num_beams: int = 1):
-    """The plan's mechanisms for a decoding loop of `num_beams` beams: shared sources (yields whether they are on)
-    and a packing block (kernels.py)."""
+    """The plan's mechanisms for a decoding loop of `num_beams` beams: shared sources (yields whether they are on),
+    the lean step (lean.py) and a packing block (kernels.py)."""
     plan = self.fast_cpu_plan["beam" if num_beams > 1 else "greedy"]
     shared = plan.get("shared", False) and self.config._attn_implementation in SHARED_SOURCE_KERNELS
     modules = attention_modules(self, cross_only=True)
     for module in modules:
         module.group = num_beams if shared else 1
     try:
-        with PACKING.block() if plan["packed"] else contextlib.nullcontext():
+        with (PACKING.block() if plan["packed"] else contextlib.nullcontext(),
+              lean_block(self.get_decoder()) if plan["lean"] else contextlib.nullcontext()):
             yield shared
     finally:
         for module in modules:

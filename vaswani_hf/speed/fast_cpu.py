@@ -2,17 +2,19 @@
 """CPU speed as an explicit transform of a model object: `fast_cpu(model)`, never slower than the plain model.
 
 The model files (`modeling_vaswani.py`, what travels to the Hub) use torch's `nn.Linear` and transformers' attention
-kernels, as Marian does. This transform, applied in place to one model object, offers three mechanisms: in
-`generate()` (decoding.py), beams that share their source's keys and values (in beam search) and linear layers that
-multiply by weights packed once per call into oneDNN's layout; in training, linear layers whose products and
-gradients run in oneDNN instead of torch's BLAS (`kernels.PackedLinear`). Which of them pays depends on the CPU and on
-the model's sizes (packing slowed greedy decoding of a small model and sped up the base model's on one Xeon:
-benchmarks/README.md). So each is taken only where whole calls were measured faster with it:
+kernels, as Marian does. This transform, applied in place to one model object, offers four mechanisms: in
+`generate()` (decoding.py), beams that share their source's keys and values (in beam search), the decoder's steps in
+fewer Python calls (lean.py) and linear layers that multiply by weights packed once per call into oneDNN's layout; in
+training, linear layers whose products and gradients run in oneDNN instead of torch's BLAS (`kernels.PackedLinear`).
+Which of them pays depends on the CPU and on the model's sizes (packing slowed greedy decoding of a small model and
+sped up the base model's on one Xeon: benchmarks/README.md). So each is taken only where whole calls were measured
+faster with it:
 
-* the plan: for greedy decoding, packed or not; for beam search, shared rows or not, and packed or not; for training,
-  oneDNN or not. A mechanism is taken if the calls with it (whole `generate()` calls; a forward and backward of
-  the model) took at most `MARGIN` of the time of those without, on random inputs of the model's sizes (`PROBE`),
-  by both the best of `ROUNDS` interleaved rounds and the median of the rounds' ratios; else the plain way stays;
+* the plan: for greedy decoding, lean or not, and packed or not; for beam search, shared rows or not, lean or not,
+  and packed or not; for training, oneDNN or not. A mechanism is taken if the calls with it (whole `generate()` calls;
+  a forward and backward of the model) took at most `MARGIN` of the time of those without, on random inputs of the
+  model's sizes (`PROBE`), by both the best of `ROUNDS` interleaved rounds and the median of the rounds' ratios; else
+  the plain way stays;
 * measured once per CPU model, torch version, thread count, model sizes and modes planned (`vaswani-translate`,
   which only decodes, plans decoding alone: training stays torch's), and kept as JSON in `$VASWANI_HF_CACHE/fast_cpu/`
   (else `~/.cache/vaswani_hf/fast_cpu/`); later calls read it back. The same machine therefore decodes and trains the
@@ -35,7 +37,7 @@ from torch import nn
 from transformers import GenerationConfig
 
 from .decoding import PLAIN, bind_plan
-from .kernels import ONEDNN, PackedLinear, cache_root, cpu_name, kept
+from .kernels import ONEDNN, PACKING, PackedLinear, cache_root, cpu_name, kept
 
 # A round: one generate() call of each decoding candidate, over `sources` random sources of `source_length` tokens;
 # one forward and backward of each training candidate, over `pairs` random pairs of `pair_length` tokens a side.
@@ -48,24 +50,30 @@ SIZES = ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layers
 def fast_cpu(model: nn.Module, plan: dict | None = None, training: bool = True) -> nn.Module:
     """`model`, in place, with the plan measured for this machine and the model's sizes (module docstring), for
     decoding and, with `training`, for training (else training stays torch's); or `plan` as given (`decoding.PLAIN`'s
-    layout). Applying it again changes nothing but a given plan."""
-    if plan is not None and {mode: set(plan.get(mode, ())) for mode in PLAIN} != {m: set(c) for m, c in PLAIN.items()}:
-        raise ValueError(f"fast_cpu: plan must name what decoding.PLAIN names, {PLAIN}; got {plan}")
-    for module in model.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = PackedLinear  # the same parameters; packed only inside a packing block
-    if hasattr(model, "generate"):
-        bind_plan(model)
-        use_plan(model, plan or kept_plan(model, tuple(CANDIDATES) if training else ("greedy", "beam")))
+    layout; the lean step, which plans kept before it do not name, off unless named). Applying it again changes nothing
+    but a given plan."""
+    if plan is not None:
+        if set(plan) != set(PLAIN) or any(not set(PLAIN[mode]) - {"lean"} <= set(plan[mode]) <= set(PLAIN[mode])
+                                          for mode in PLAIN):
+            raise ValueError(f"fast_cpu: plan must name what decoding.PLAIN names, {PLAIN}; got {plan}")
+        plan = {mode: {**PLAIN[mode], **plan[mode]} for mode in PLAIN}
+    bind_plan(model)
+    use_plan(model, plan or kept_plan(model, tuple(CANDIDATES) if training else ("greedy", "beam")))
     return model
 
 
 def use_plan(model: nn.Module, plan: dict) -> None:
-    """Decode and train `model` (transformed) as `plan` says."""
+    """Decode and train `model` (transformed) as `plan` says: its linear layers are `PackedLinear` where the plan
+    packs or trains in oneDNN, torch's `nn.Linear` where it does neither (whose calls cost less Python)."""
     model.fast_cpu_plan = plan
+    packing = plan["training"]["onednn"] or plan["greedy"]["packed"] or plan["beam"]["packed"]
     for module in model.modules():
-        if isinstance(module, PackedLinear):
-            module.onednn_training = plan["training"]["onednn"]
+        if type(module) in (nn.Linear, PackedLinear):  # the same parameters either way
+            module.__class__ = PackedLinear if packing else nn.Linear
+            if packing:
+                module.onednn_training = plan["training"]["onednn"]
+            else:
+                PACKING.packed.pop(module, None)  # a copy packed while the plan was measured
 
 
 def kept_plan(model: nn.Module, modes: tuple[str, ...]) -> dict:
@@ -82,9 +90,12 @@ def kept_plan(model: nn.Module, modes: tuple[str, ...]) -> dict:
     return kept(cache_root("fast_cpu"), facts, "plan", measure)
 
 
-CANDIDATES = {"greedy": [{"packed": False}, {"packed": True}],
-              "beam": [{"shared": False, "packed": False}, {"shared": True, "packed": False},
-                       {"shared": True, "packed": True}],
+CANDIDATES = {"greedy": [{"lean": False, "packed": False}, {"lean": True, "packed": False},
+                         {"lean": True, "packed": True}],
+              "beam": [{"shared": False, "lean": False, "packed": False},
+                       {"shared": True, "lean": False, "packed": False},
+                       {"shared": True, "lean": True, "packed": False},
+                       {"shared": True, "lean": True, "packed": True}],
               "training": [{"onednn": False}, {"onednn": True}]}  # each after the one without its last mechanism
 
 
