@@ -17,9 +17,9 @@ model cards print them. Beside the architecture:
     the run's `gnmt_alpha`), and `generate()` then runs the GNMT search of `gnmt.py`, whose length penalty
     ((5 + |Y|) / 6)^alpha is the paper's; transformers' `length_penalty` divides by |Y|^alpha instead.
   * Transforms of a model object, not in these files: int8 linear layers (`quantize_int8`, `--int8`; the paper
-    decodes in float32), and for speed `fast_cpu` (beams sharing their source's keys and values, packed weights) and
-    `fast_gpu` (fused projections), each swapping in modules of its own: the same products rounded differently, on by
-    default in our tools.
+    decodes in float32), and for speed `fast_cpu` (beams sharing their source's keys and values, a lean decoder step,
+    packed weights) and `fast_gpu` (fused projections), each swapping in modules or methods of its own: the same
+    products rounded differently, on by default in our tools.
 """
 
 import math
