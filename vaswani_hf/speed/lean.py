@@ -58,9 +58,9 @@ def applies(decoder, input_ids, attention_mask, encoder_hidden_states, encoder_a
         return False
     if any(kwargs.get(name) or getattr(decoder.config, name) for name in RECORDED):
         return False
-    rows, source = input_ids.shape[0], cache.cross_attention_cache.layers[0].keys  # (B', h, S, d_k)
+    rows, source_length = input_ids.shape[0], cache.cross_attention_cache.layers[0].keys.shape[2]  # (B', h, S, d_k)
     return encoder_hidden_states is not None and encoder_hidden_states.shape[0] == rows and (
-        encoder_attention_mask is None or encoder_attention_mask.shape == (rows, source.shape[2]))
+        encoder_attention_mask is None or encoder_attention_mask.shape == (rows, source_length))
 
 
 def lean_forward(self, input_ids=None, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
