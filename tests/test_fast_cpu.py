@@ -363,6 +363,8 @@ def test_decoding_gives_the_same_sequences_and_scores_whatever_the_plan(num_beam
         torch.testing.assert_close(torch.stack(other.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
 
 
+# --- the lean step ----------------------------------------------------------------------------------------------
+
 def with_lean(lean: bool, shared: bool = True, packed: bool = False) -> dict:
     return {**PLAIN, "greedy": {"lean": lean, "packed": packed},
             "beam": {"shared": shared, "lean": lean, "packed": packed}}
