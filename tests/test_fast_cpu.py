@@ -263,14 +263,19 @@ def test_measuring_the_plan_leaves_the_weights_gradients_and_random_state_as_fou
 
 
 def test_the_plan_is_measured_once_and_read_back_for_the_same_machine_and_sizes(plans, monkeypatch, tmp_path):
-    first = fast_cpu(tiny_model(seed=1))
+    from transformers.testing_utils import CaptureLogger
+
+    with CaptureLogger(fast_cpu_module.logger) as said:
+        first = fast_cpu(tiny_model(seed=1))
     assert len(plans) == 1
+    assert said.out.startswith("fast_cpu: timing greedy, beam, training on this CPU for this model's sizes, once")
     kept = json.loads(next((tmp_path / "cache" / "fast_cpu").glob("*.json")).read_text())
     assert kept["plan"] == first.fast_cpu_plan and kept["threads"] == torch.get_num_threads()
     assert kept["sizes"]["d_model"] == first.config.d_model and kept["cpu"] and kept["torch"] == torch.__version__
     assert set(kept["seconds"]) == {"greedy", "beam", "training"}
-    again = fast_cpu(tiny_model(seed=2))  # other weights, the same sizes: read back
-    assert len(plans) == 1 and again.fast_cpu_plan == first.fast_cpu_plan
+    with CaptureLogger(fast_cpu_module.logger) as said:
+        again = fast_cpu(tiny_model(seed=2))  # other weights, the same sizes: read back, silently
+    assert len(plans) == 1 and again.fast_cpu_plan == first.fast_cpu_plan and said.out == ""
     fast_cpu(tiny_model(seed=1, d_model=48))  # other sizes
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another thread count
     fast_cpu(tiny_model(seed=1))

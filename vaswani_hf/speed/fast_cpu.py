@@ -35,9 +35,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers import GenerationConfig
+from transformers.utils import logging
 
 from .decoding import PLAIN, bind_plan
 from .kernels import ONEDNN, PACKING, PackedLinear, cache_root, cpu_name, kept
+
+logger = logging.get_logger(__name__)
 
 # A round: one generate() call of each decoding candidate, over `sources` random sources of `source_length` tokens;
 # one forward and backward of each training candidate, over `pairs` random pairs of `pair_length` tokens a side.
@@ -84,6 +87,8 @@ def kept_plan(model: nn.Module, modes: tuple[str, ...]) -> dict:
              "candidates": {mode: CANDIDATES[mode] for mode in modes}, "probe": PROBE, "rule": rule()}
 
     def measure() -> dict:
+        logger.warning(f"fast_cpu: timing {', '.join(modes)} on this CPU for this model's sizes, once; kept in "
+                       f"{cache_root('fast_cpu')}")
         plan, seconds = measured_plan(model, modes)
         return {"plan": {**PLAIN, **plan}, "seconds": seconds}
 
