@@ -249,6 +249,23 @@ def test_the_plan_is_what_the_measured_calls_were_fastest_with(monkeypatch):
     assert model.fast_cpu_plan == PLAIN and not model.training  # left as found
 
 
+def test_the_probe_packs_each_weight_once_as_a_translation_does(monkeypatch):
+    """Candidates that pack and candidates that do not take turns in the rounds; the copies packed in the warm-up
+    serve every later round, as they serve every call of a translation: packing is not timed again and again."""
+    model = fast_cpu(tiny_model(seed=3), PLAIN).eval()
+    real, copies = fast_cpu_module.generate_seconds, []
+
+    def generate_seconds(model, plan, **inputs):
+        seconds = real(model, plan, **inputs)
+        if plan["greedy"]["packed"]:
+            copies.append(PACKING.packed[model.lm_head][3])
+        return seconds
+
+    monkeypatch.setattr(fast_cpu_module, "generate_seconds", generate_seconds)
+    fast_cpu_module.measured_plan(model, ("greedy",))
+    assert len(copies) == 1 + fast_cpu_module.ROUNDS and all(copy is copies[0] for copy in copies)
+
+
 def test_measuring_the_plan_leaves_the_weights_gradients_and_random_state_as_found():
     """fast_cpu in a training run (training/run.py) before its first step: the run's draws are its own."""
     model = fast_cpu(tiny_model(seed=3, dropout=0.1), PLAIN)  # the training probe draws dropout masks

@@ -62,12 +62,17 @@ def fast_cpu(model: nn.Module, plan: dict | None = None, training: bool = True) 
         plan = {mode: {**PLAIN[mode], **plan[mode]} for mode in PLAIN}
     bind_plan(model)
     use_plan(model, plan or kept_plan(model, tuple(CANDIDATES) if training else ("greedy", "beam")))
+    for module in model.modules():  # copies packed while the plan was measured, of layers that do not pack now
+        if type(module) is nn.Linear:
+            PACKING.packed.pop(module, None)
     return model
 
 
 def use_plan(model: nn.Module, plan: dict) -> None:
     """Decode and train `model` (transformed) as `plan` says: its linear layers are `PackedLinear` where the plan
-    packs or trains in oneDNN, torch's `nn.Linear` where it does neither (whose calls cost less Python)."""
+    packs or trains in oneDNN, torch's `nn.Linear` where it does neither (whose calls cost less Python). Packed copies
+    stay for the next plan that packs (the probe's candidates take turns); `fast_cpu` frees those of a final plan that
+    does not."""
     model.fast_cpu_plan = plan
     packing = plan["training"]["onednn"] or plan["greedy"]["packed"] or plan["beam"]["packed"]
     for module in model.modules():
@@ -75,8 +80,6 @@ def use_plan(model: nn.Module, plan: dict) -> None:
             module.__class__ = PackedLinear if packing else nn.Linear
             if packing:
                 module.onednn_training = plan["training"]["onednn"]
-            else:
-                PACKING.packed.pop(module, None)  # a copy packed while the plan was measured
 
 
 def kept_plan(model: nn.Module, modes: tuple[str, ...]) -> dict:
