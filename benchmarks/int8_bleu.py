@@ -1,7 +1,8 @@
 """What int8 inference (`vaswani_hf.quantize_int8`) costs in BLEU and gains in speed on a trained model.
 
 Translates a test set twice with the paper's decoding (the model's saved beam size and GNMT α): with the float32
-model and with its int8 copy, on the CPU, and prints sacreBLEU, chrF and sentences/s of each.
+model and with its int8 copy, each loaded and transformed by `fast_cpu` as `vaswani-translate` (`--int8`) does, on the
+CPU, and prints sacreBLEU, chrF and sentences/s of each.
 
     python benchmarks/int8_bleu.py outputs/m30k --source test2016.en --reference test2016.de
 """
@@ -13,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from vaswani_hf import quantize_int8
 from vaswani_hf.speed.kernels import cpu_name
 from vaswani_hf.tools.translate import load, translate
 
@@ -42,7 +42,8 @@ def main():
           f"GNMT α {getattr(model.generation_config, 'gnmt_alpha', 0.6)}")
     print("| model | sacreBLEU | chrF | sentences/s |")
     print("|---|---:|---:|---:|")
-    for name, variant in (("float32", model), ("int8", quantize_int8(model))):
+    int8, _ = load(args.model, "cpu", int8=True)  # as `vaswani-translate --int8` decodes
+    for name, variant in (("float32", model), ("int8", int8)):
         start = time.perf_counter()
         translations = translate(variant, tokenizer, sources)
         seconds = time.perf_counter() - start

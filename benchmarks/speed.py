@@ -17,11 +17,12 @@ Printed per size: medians of
     (tokens counted on both sides), the same cross-entropy on both models' logits;
   * greedy and beam-4 `generate()` tokens/s: 16 sources of 32 tokens, exactly 32 new tokens each (no EOS);
   * peak memory allocated by a training step above the weights and the optimizer state;
-  * the same generation with our int8 copy (`vaswani_hf.quantize_int8`, as `vaswani-translate --int8` decodes)
-    against Marian in float32;
+  * the same generation with our int8 copy (`vaswani_hf.quantize_int8` with its own `fast_cpu` plan, as
+    `vaswani-translate --int8` decodes) against Marian in float32;
   * our model's greedy and beam-4 speed in CTranslate2, float32 and int8, and its greedy speed in ONNX Runtime
     (`vaswani-export onnx`, `OnnxSeq2Seq.greedy`), against ours in torch (the peer column then holds the engine);
-and the ratio ours / peer; then fast_cpu's plan and the seconds of the calls it was chosen by.
+and the ratio ours / peer; then the plans (`fast_cpu`'s, the int8 copy's) and the seconds of the calls they were
+chosen by.
 """
 
 import argparse
@@ -41,6 +42,7 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory, quantize_int8
 from vaswani_hf.speed.kernels import cache_root, cpu_name
+from vaswani_hf.speed.quantization import is_int8
 
 SIZES = {
     "small": {"d_model": 256, "num_layers": 3, "num_heads": 4, "d_ff": 1024, "vocab_size": 8000},
@@ -196,7 +198,7 @@ def ct2_generate(translator, source: torch.Tensor, num_beams: int, parts: int = 
 
 def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
     models = {"marian": build("marian", size), "plain": build("ours", size), "ours": fast_cpu(build("ours", size))}
-    int8 = quantize_int8(build("ours", size))  # as `vaswani-translate --int8` decodes
+    int8 = fast_cpu(quantize_int8(build("ours", size)))  # as `vaswani-translate --int8` decodes
     optimizers = {name: paper_adam(model) for name, model in models.items()}
     timings = {}
 
@@ -271,8 +273,8 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
         engine, ours = (new_tokens / statistics.median(timings[f"beam1 {n}"]) for n in ("onnx", "ours"))
         print(f"| greedy tokens/s, our model in ONNX Runtime float32 (`vaswani-export onnx`) vs ours float32 | "
               f"{engine:.0f} | {ours:.0f} | {ours / engine:.2f}x |")
-    print(f"\nfast_cpu's plan for this size, measured in this process: {models['ours'].fast_cpu_plan}; its calls' "
-          f"best seconds: {plan_seconds(models['ours'])}")
+    for name, model in (("fast_cpu", models["ours"]), ("the int8 copy", int8)):
+        print(f"\n{name}'s plan for this size: {model.fast_cpu_plan}; its calls' best seconds: {plan_seconds(model)}")
     if ct2_workers:
         print(f"CTranslate2's workers, as `--engine ctranslate2` measured them: {ct2_workers}")
 
@@ -281,7 +283,8 @@ def plan_seconds(model: nn.Module) -> str:
     """The seconds of each candidate the plan was measured with, from the plan kept in the cache."""
     kept = [json.loads(path.read_text()) for path in cache_root("fast_cpu").glob("*.json")]
     found = [entry for entry in kept if entry["sizes"]["d_model"] == model.config.d_model
-             and entry["sizes"]["vocab_size"] == model.config.vocab_size]
+             and entry["sizes"]["vocab_size"] == model.config.vocab_size
+             and (entry.get("weights") == "int8") == is_int8(model)]
     return "; ".join(f"{mode}: " + ", ".join(
         f"{'+'.join(name for name, on in candidate.items() if on and name != 'seconds') or 'plain'} "
         f"{candidate['seconds']:.3f}" for candidate in candidates) for mode, candidates in found[0]["seconds"].items())

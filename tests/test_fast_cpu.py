@@ -15,7 +15,7 @@ import torch
 from conftest import random_ids, tiny_model
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from vaswani_hf import fast_cpu, modeling_vaswani
+from vaswani_hf import fast_cpu, modeling_vaswani, quantize_int8
 from vaswani_hf.speed.decoding import PLAIN
 from vaswani_hf.speed.kernels import PACKING, PackedLinear, fingerprint
 
@@ -172,13 +172,14 @@ def test_the_translator_transforms_a_float32_model_on_a_cpu_unless_told_not_to(t
     fast, _ = load(str(translation_folder), "cpu")
     plain, _ = load(str(translation_folder), "cpu", fast=False)  # vaswani-translate --no_fast_cpu
     int8, _ = load(str(translation_folder), "cpu", int8=True)
+    plain_int8, _ = load(str(translation_folder), "cpu", int8=True, fast=False)
     linear = torch.nn.Linear
     packs = fast.fast_cpu_plan["greedy"]["packed"] or fast.fast_cpu_plan["beam"]["packed"]
     layers = {type(module) for module in fast.modules() if isinstance(module, linear)}
     assert layers == {PackedLinear if packs else linear}
     assert {type(module) for module in plain.modules() if isinstance(module, linear)} == {linear}
-    assert len(plans) == 1 and "fast_cpu_plan" in vars(fast)  # measured for the float32 model alone
-    assert "fast_cpu_plan" not in vars(plain) and "fast_cpu_plan" not in vars(int8)
+    assert [model for model, _ in plans] == [fast, int8]  # the int8 copy measured its own
+    assert "fast_cpu_plan" not in vars(plain) and "fast_cpu_plan" not in vars(plain_int8)
 
 
 # --- the plan ----------------------------------------------------------------------------------------------------
@@ -315,6 +316,41 @@ def test_vaswani_translate_plans_decoding_alone_and_trains_as_torch(plans, tmp_p
     assert set(kept["seconds"]) == set(kept["candidates"]) == {"greedy", "beam"}
     fast_cpu(tiny_model(seed=1, **{name: getattr(model.config, name) for name in fast_cpu_module.SIZES}))
     assert [modes for _, modes in plans] == [("greedy", "beam"), ("greedy", "beam", "training")]
+
+
+def test_an_int8_copy_plans_decoding_without_packing_timed_with_its_own_calls(plans, tmp_path):
+    """The int8 copy has no float32 weights to pack and does not train: its plan times its own greedy and beam calls
+    with the mechanisms that do not pack, kept apart from the float32 model's of the same sizes and read back."""
+    fast_cpu(tiny_model(seed=1))
+    int8 = fast_cpu(quantize_int8(tiny_model(seed=1)))
+    assert [modes for _, modes in plans] == [("greedy", "beam", "training"), ("greedy", "beam")]
+    kept = [json.loads(path.read_text()) for path in (tmp_path / "cache" / "fast_cpu").glob("*.json")]
+    (own,) = [entry for entry in kept if entry.get("weights") == "int8"]
+    assert own["plan"] == int8.fast_cpu_plan and not own["plan"]["greedy"]["packed"]
+    assert [len(own["seconds"][mode]) for mode in ("greedy", "beam")] == [2, 3]  # the candidates that do not pack
+    assert not any(candidate["packed"] for mode in ("greedy", "beam") for candidate in own["seconds"][mode])
+    again = fast_cpu(quantize_int8(tiny_model(seed=2)))
+    assert len(plans) == 2 and again.fast_cpu_plan == int8.fast_cpu_plan
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_an_int8_copy_decodes_with_its_mechanisms_as_without(monkeypatch, num_beams):
+    """The int8 copy's lean step calls each int8 layer on the rows the decoder's own step does (its activations are
+    quantized per tensor), so with it the tokens and every step's scores are those without it, bit for bit; beams
+    sharing their source (one row of a source's beams has the rows' range) give the plain copy's tokens, the scores
+    rounded differently, as in float32."""
+    source, mask = padded_source()
+    options = {"attention_mask": mask, "num_beams": num_beams, "min_new_tokens": 10}  # decode(): at most 10
+    plain = decode(quantize_int8(tiny_model(seed=5)), source, **options)
+    without = decode(fast_cpu(quantize_int8(tiny_model(seed=5)), with_lean(False)), source, **options)
+    model = fast_cpu(quantize_int8(tiny_model(seed=5)), with_lean(True))
+    calls = own_forward_calls(monkeypatch, model)
+    found = decode(model, source, **options)
+    assert len(calls) == 1  # the first step; the lean one took the other nine
+    assert encoder_rows(model, source, num_beams) == {3}
+    assert torch.equal(found.sequences, without.sequences) and torch.equal(found.sequences, plain.sequences)
+    assert all(torch.equal(lean, own) for lean, own in zip(found.scores, without.scores, strict=True))
+    torch.testing.assert_close(torch.stack(found.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
 
 
 def test_a_damaged_plan_is_measured_again(plans, tmp_path):

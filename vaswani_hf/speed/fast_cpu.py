@@ -21,6 +21,9 @@ faster with it:
   same way, busy or quiet: the plan is timed once, the products never. (A training run also keeps its plan in its
   checkpoints: resumed, it computes as it did.)
 
+An int8 copy (`quantize_int8`) only decodes and has no float32 weights to pack: its plan is for decoding, of the
+mechanisms that do not pack, timed with its own calls and kept apart.
+
 The same products are computed, rounded differently: a plan's decoding gives the plain model's tokens, its training
 the plain model's weights to float32's rounding. `vaswani-translate` and `training/run.py` apply it on a CPU unless
 told not to (`--no_fast_cpu`). Models loaded from a Hub repository's code take it as well, and a transformed model
@@ -39,6 +42,7 @@ from transformers.utils import logging
 
 from .decoding import PLAIN, bind_plan
 from .kernels import ONEDNN, PACKING, PackedLinear, cache_root, cpu_name, kept
+from .quantization import is_int8
 
 logger = logging.get_logger(__name__)
 
@@ -52,16 +56,17 @@ SIZES = ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layers
 
 def fast_cpu(model: nn.Module, plan: dict | None = None, training: bool = True) -> nn.Module:
     """`model`, in place, with the plan measured for this machine and the model's sizes (module docstring), for
-    decoding and, with `training`, for training (else training stays torch's); or `plan` as given (`decoding.PLAIN`'s
-    layout; the lean step, which plans kept before it do not name, off unless named). Applying it again changes nothing
-    but a given plan."""
+    decoding and, with `training`, for training (else training stays torch's; an int8 copy's always does); or `plan`
+    as given (`decoding.PLAIN`'s layout; the lean step, which plans kept before it do not name, off unless named).
+    Applying it again changes nothing but a given plan."""
     if plan is not None:
         if set(plan) != set(PLAIN) or any(not set(PLAIN[mode]) - {"lean"} <= set(plan[mode]) <= set(PLAIN[mode])
                                           for mode in PLAIN):
             raise ValueError(f"fast_cpu: plan must name what decoding.PLAIN names, {PLAIN}; got {plan}")
         plan = {mode: {**PLAIN[mode], **plan[mode]} for mode in PLAIN}
     bind_plan(model)
-    use_plan(model, plan or kept_plan(model, tuple(CANDIDATES) if training else ("greedy", "beam")))
+    use_plan(model, plan or kept_plan(model, tuple(CANDIDATES) if training and not is_int8(model) else (
+        "greedy", "beam")))
     for module in model.modules():  # copies packed while the plan was measured, of layers that do not pack now
         if type(module) is nn.Linear:
             PACKING.packed.pop(module, None)
@@ -87,7 +92,8 @@ def kept_plan(model: nn.Module, modes: tuple[str, ...]) -> dict:
     read); the other modes plain."""
     facts = {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
              "sizes": {name: getattr(model.config, name, None) for name in SIZES},
-             "candidates": {mode: CANDIDATES[mode] for mode in modes}, "probe": PROBE, "rule": rule()}
+             "candidates": {mode: CANDIDATES[mode] for mode in modes}, "probe": PROBE, "rule": rule(),
+             **({"weights": "int8"} if is_int8(model) else {})}  # an int8 copy's plan is timed with its own calls
 
     def measure() -> dict:
         logger.warning(f"fast_cpu: timing {', '.join(modes)} on this CPU for this model's sizes, once; kept in "
@@ -116,13 +122,13 @@ def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) 
     source = torch.randint(4, config.vocab_size, (PROBE["sources"], PROBE["source_length"]),
                            generator=generator).to(device)
     pairs = torch.randint(4, config.vocab_size, (2, PROBE["pairs"], PROBE["pair_length"]), generator=generator)
-    training = model.training
+    training, packs = model.training, ONEDNN and not is_int8(model)
     plan, seconds = {}, {}
     try:
         with torch.random.fork_rng(devices=[]):  # dropout's draws in the training probe are not the run's
             for mode in modes:
                 listed = [candidate for candidate in CANDIDATES[mode]
-                          if ONEDNN or not (candidate.get("packed") or candidate.get("onednn"))]
+                          if packs or not (candidate.get("packed") or candidate.get("onednn"))]
                 if mode == "training":
                     model.train()
                     timer = functools.partial(training_seconds, model, *pairs.to(device))

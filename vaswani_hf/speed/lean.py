@@ -93,8 +93,10 @@ def lean_forward(self, input_ids=None, attention_mask=None, encoder_hidden_state
     return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=self.finish(hidden_states), cache=cache)
 
 
-def plain_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, module.weight, module.bias)
+def plain_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(module, nn.Linear):
+        return F.linear(x, module.weight, module.bias)
+    return module.forward(x)  # an int8 copy's layer (quantization.py)
 
 
 def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:

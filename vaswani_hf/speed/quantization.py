@@ -11,7 +11,8 @@ cpu-medium Multi30k model, test2016 sacreBLEU is 35.39 with 8-bit activations an
 35.36 in float32 (README, Speed).
 
 The copy is for `generate()` and the translator, not for training or `save_pretrained`: its output projection
-no longer shares storage with the embedding.
+no longer shares storage with the embedding. `fast_cpu` plans its decoding as a float32 model's, without packing
+(`vaswani-translate --int8` applies it).
 """
 
 import copy
@@ -56,3 +57,8 @@ def quantize_int8(model: nn.Module) -> nn.Module:
             if type(module) is torch.ao.nn.quantized.dynamic.Linear:
                 module.__class__ = Int8Linear
     return quantized
+
+
+def is_int8(model: nn.Module) -> bool:
+    """Whether `model` is an int8 copy: its linear layers are torch's dynamic int8 ones."""
+    return any(isinstance(module, torch.ao.nn.quantized.dynamic.Linear) for module in model.modules())

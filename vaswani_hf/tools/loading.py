@@ -13,8 +13,8 @@ from ..speed.quantization import quantize_int8
 
 def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool = True):
     """(model, tokenizer) from a model folder or Hub repository, in eval mode on `device` (with `int8`: the CPU
-    model's int8 copy; else on a CPU with `fast`: transformed by `fast_cpu`); a missing or broken model, or another
-    kind of model, exits with a one-line message before its weights are read."""
+    model's int8 copy), on a CPU with `fast` transformed by `fast_cpu`; a missing or broken model, or another kind of
+    model, exits with a one-line message before its weights are read."""
     if device == "auto":
         device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
     if int8 and device != "cpu":
@@ -25,9 +25,10 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool
     _, tokenizer = checked(name_or_path)
     with one_line_errors(name_or_path):
         model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
-    if fast and kind == "cpu" and not int8:
+    model = quantize_int8(model) if int8 else model.to(device).eval()
+    if fast and kind == "cpu":
         fast_cpu(model, training=False)  # the tools decode: a plan for decoding alone
-    return (quantize_int8(model) if int8 else model.to(device).eval()), tokenizer
+    return model, tokenizer
 
 
 def device_kind(device: str) -> str:
