@@ -65,8 +65,8 @@ def fast_cpu(model: nn.Module, plan: dict | None = None, training: bool = True) 
             raise ValueError(f"fast_cpu: plan must name what decoding.PLAIN names, {PLAIN}; got {plan}")
         plan = {mode: {**PLAIN[mode], **plan[mode]} for mode in PLAIN}
     bind_plan(model)
-    use_plan(model, plan or kept_plan(model, tuple(CANDIDATES) if training and not is_int8(model) else (
-        "greedy", "beam")))
+    modes = tuple(CANDIDATES) if training and not is_int8(model) else ("greedy", "beam")
+    use_plan(model, plan or kept_plan(model, modes))
     for module in model.modules():  # copies packed while the plan was measured, of layers that do not pack now
         if type(module) is nn.Linear:
             PACKING.packed.pop(module, None)
