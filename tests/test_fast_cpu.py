@@ -318,39 +318,39 @@ def test_vaswani_translate_plans_decoding_alone_and_trains_as_torch(plans, tmp_p
     assert [modes for _, modes in plans] == [("greedy", "beam"), ("greedy", "beam", "training")]
 
 
-def test_an_int8_copy_plans_decoding_without_packing_timed_with_its_own_calls(plans, tmp_path):
-    """The int8 copy has no float32 weights to pack and does not train: its plan times its own greedy and beam calls
-    with the mechanisms that do not pack, kept apart from the float32 model's of the same sizes and read back."""
+def test_an_int8_copy_plans_decoding_with_its_own_candidates_timed_with_its_own_calls(plans, tmp_path):
+    """The int8 copy does not train, has no float32 weights to pack, and shared beams would change its tokens: its
+    plan times its own greedy and beam calls with the lean step or without, kept apart from the float32 model's of the
+    same sizes and read back. A copy of a transformed model does not inherit its plan."""
     fast_cpu(tiny_model(seed=1))
     int8 = fast_cpu(quantize_int8(tiny_model(seed=1)))
     assert [modes for _, modes in plans] == [("greedy", "beam", "training"), ("greedy", "beam")]
     kept = [json.loads(path.read_text()) for path in (tmp_path / "cache" / "fast_cpu").glob("*.json")]
-    (own,) = [entry for entry in kept if entry.get("weights") == "int8"]
-    assert own["plan"] == int8.fast_cpu_plan and not own["plan"]["greedy"]["packed"]
-    assert [len(own["seconds"][mode]) for mode in ("greedy", "beam")] == [2, 3]  # the candidates that do not pack
-    assert not any(candidate["packed"] for mode in ("greedy", "beam") for candidate in own["seconds"][mode])
+    (own,) = [entry for entry in kept if entry["candidates"] == fast_cpu_module.INT8_CANDIDATES]
+    assert own["plan"] == int8.fast_cpu_plan
+    for mode, listed in fast_cpu_module.INT8_CANDIDATES.items():  # timed: each candidate, and no other
+        timed = [{name: on for name, on in entry.items() if name != "seconds"} for entry in own["seconds"][mode]]
+        assert timed == listed
     again = fast_cpu(quantize_int8(tiny_model(seed=2)))
     assert len(plans) == 2 and again.fast_cpu_plan == int8.fast_cpu_plan
+    assert quantize_int8(fast_cpu(tiny_model(seed=1), EVERYTHING)).fast_cpu_plan == PLAIN
 
 
-@pytest.mark.parametrize("num_beams", [1, 4])
-def test_an_int8_copy_decodes_with_its_mechanisms_as_without(monkeypatch, num_beams):
-    """The int8 copy's lean step calls each int8 layer on the rows the decoder's own step does (its activations are
-    quantized per tensor), so with it the tokens and every step's scores are those without it, bit for bit; beams
-    sharing their source (one row of a source's beams has the rows' range) give the plain copy's tokens, the scores
-    rounded differently, as in float32."""
+@pytest.mark.parametrize("mode", ["greedy", "beam"])
+def test_every_plan_an_int8_copy_may_take_decodes_as_the_plain_copy_bit_for_bit(monkeypatch, mode):
+    """Each of the int8 copy's candidates gives the plain int8 copy's tokens and every step's scores, bit for bit: its
+    activations are quantized per tensor, and the lean step calls each int8 layer on the rows the decoder's own step
+    does. (Beams sharing their source would not: their scores differ in the last bits here.)"""
     source, mask = padded_source()
-    options = {"attention_mask": mask, "num_beams": num_beams, "min_new_tokens": 10}  # decode(): at most 10
+    options = {"attention_mask": mask, "num_beams": 4 if mode == "beam" else 1, "min_new_tokens": 10}  # at most 10
     plain = decode(quantize_int8(tiny_model(seed=5)), source, **options)
-    without = decode(fast_cpu(quantize_int8(tiny_model(seed=5)), with_lean(False)), source, **options)
-    model = fast_cpu(quantize_int8(tiny_model(seed=5)), with_lean(True))
-    calls = own_forward_calls(monkeypatch, model)
-    found = decode(model, source, **options)
-    assert len(calls) == 1  # the first step; the lean one took the other nine
-    assert encoder_rows(model, source, num_beams) == {3}
-    assert torch.equal(found.sequences, without.sequences) and torch.equal(found.sequences, plain.sequences)
-    assert all(torch.equal(lean, own) for lean, own in zip(found.scores, without.scores, strict=True))
-    torch.testing.assert_close(torch.stack(found.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
+    for candidate in fast_cpu_module.INT8_CANDIDATES[mode]:
+        model = fast_cpu(quantize_int8(tiny_model(seed=5)), {**PLAIN, mode: candidate})
+        calls = own_forward_calls(monkeypatch, model)
+        found = decode(model, source, **options)
+        assert len(calls) == (1 if candidate["lean"] else 10)  # the lean step takes every step after the first
+        assert torch.equal(found.sequences, plain.sequences), candidate
+        assert all(torch.equal(ours, own) for ours, own in zip(found.scores, plain.scores, strict=True)), candidate
 
 
 def test_a_damaged_plan_is_measured_again(plans, tmp_path):

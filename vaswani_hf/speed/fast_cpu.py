@@ -21,8 +21,7 @@ faster with it:
   same way, busy or quiet: the plan is timed once, the products never. (A training run also keeps its plan in its
   checkpoints: resumed, it computes as it did.)
 
-An int8 copy (`quantize_int8`) only decodes and has no float32 weights to pack: its plan is for decoding, of the
-mechanisms that do not pack, timed with its own calls and kept apart.
+An int8 copy (`quantize_int8`) only decodes: its plan is for decoding, timed with its own calls (`INT8_CANDIDATES`).
 
 The same products are computed, rounded differently: a plan's decoding gives the plain model's tokens, its training
 the plain model's weights to float32's rounding. `vaswani-translate` and `training/run.py` apply it on a CPU unless
@@ -92,8 +91,7 @@ def kept_plan(model: nn.Module, modes: tuple[str, ...]) -> dict:
     read); the other modes plain."""
     facts = {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
              "sizes": {name: getattr(model.config, name, None) for name in SIZES},
-             "candidates": {mode: CANDIDATES[mode] for mode in modes}, "probe": PROBE, "rule": rule(),
-             **({"weights": "int8"} if is_int8(model) else {})}  # an int8 copy's plan is timed with its own calls
+             "candidates": {mode: candidates(model)[mode] for mode in modes}, "probe": PROBE, "rule": rule()}
 
     def measure() -> dict:
         logger.warning(f"fast_cpu: timing {', '.join(modes)} on this CPU for this model's sizes, once; kept in "
@@ -111,6 +109,21 @@ CANDIDATES = {"greedy": [{"lean": False, "packed": False}, {"lean": True, "packe
                        {"shared": True, "lean": True, "packed": False},
                        {"shared": True, "lean": True, "packed": True}],
               "training": [{"onednn": False}, {"onednn": True}]}  # each after the one without its last mechanism
+# An int8 copy has no float32 weights to pack, and beams that share their source change its tokens: a last-bit
+# difference in the shared keys flips int8 roundings of the activations after them (75 of Multi30k test2016's 1,000
+# translations, benchmarks/README.md). The lean step calls its layers on the same rows: the same tokens, bit for bit.
+INT8_CANDIDATES = {"greedy": [{"lean": False, "packed": False}, {"lean": True, "packed": False}],
+                   "beam": [{"shared": False, "lean": False, "packed": False},
+                            {"shared": False, "lean": True, "packed": False}]}
+
+
+def candidates(model: nn.Module) -> dict:
+    """The plans `measured_plan` times for this model, by mode: an int8 copy's, or those this torch can run."""
+    if is_int8(model):
+        return INT8_CANDIDATES
+    return {mode: [candidate for candidate in listed
+                   if ONEDNN or not (candidate.get("packed") or candidate.get("onednn"))]
+            for mode, listed in CANDIDATES.items()}
 
 
 def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) -> tuple[dict, dict]:
@@ -122,13 +135,12 @@ def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) 
     source = torch.randint(4, config.vocab_size, (PROBE["sources"], PROBE["source_length"]),
                            generator=generator).to(device)
     pairs = torch.randint(4, config.vocab_size, (2, PROBE["pairs"], PROBE["pair_length"]), generator=generator)
-    training, packs = model.training, ONEDNN and not is_int8(model)
+    training = model.training
     plan, seconds = {}, {}
     try:
         with torch.random.fork_rng(devices=[]):  # dropout's draws in the training probe are not the run's
             for mode in modes:
-                listed = [candidate for candidate in CANDIDATES[mode]
-                          if packs or not (candidate.get("packed") or candidate.get("onednn"))]
+                listed = candidates(model)[mode]
                 if mode == "training":
                     model.train()
                     timer = functools.partial(training_seconds, model, *pairs.to(device))
@@ -185,7 +197,7 @@ def rule() -> dict:
 
 
 def chosen(rounds: list[list[float]]) -> int:
-    """The candidate to take, by index into its rounds' seconds listed as in CANDIDATES: each takes over from the one
+    """The candidate to take, by index into its rounds' seconds listed as in `candidates`: each takes over from the one
     chosen so far only if it took at most MARGIN of its time both at best and by the median of the rounds' ratios
     (on a noisy machine one lucky round, or one slow round of the other, misleads either measure alone:
     benchmarks/README.md), so the plain way (index 0) stays unless a mechanism pays."""

@@ -11,8 +11,8 @@ cpu-medium Multi30k model, test2016 sacreBLEU is 35.39 with 8-bit activations an
 35.36 in float32 (README, Speed).
 
 The copy is for `generate()` and the translator, not for training or `save_pretrained`: its output projection
-no longer shares storage with the embedding. `fast_cpu` plans its decoding as a float32 model's, without packing
-(`vaswani-translate --int8` applies it).
+no longer shares storage with the embedding. `fast_cpu` plans its decoding, of the mechanisms that keep its tokens
+(fast_cpu.py's `INT8_CANDIDATES`; `vaswani-translate --int8` applies it).
 """
 
 import copy
@@ -20,6 +20,8 @@ import warnings
 
 import torch
 from torch import nn
+
+from .decoding import PLAIN
 
 
 class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
@@ -42,6 +44,8 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     if any(parameter.device.type != "cpu" for parameter in model.parameters()):
         raise ValueError("int8 dynamic quantization runs on the CPU: move the model there first (model.cpu())")
     quantized = copy.deepcopy(model)
+    if "fast_cpu_plan" in vars(quantized):  # a float32 model's plan is not the copy's: fast_cpu(copy) measures one
+        quantized.fast_cpu_plan = PLAIN
     for module in quantized.modules():
         if isinstance(module, nn.Linear):  # VaswaniLinear, from this package or from a Hub repository's code
             module.__class__ = nn.Linear  # quantize_dynamic matches exact types; the oneDNN path is float32 only
