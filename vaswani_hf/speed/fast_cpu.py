@@ -110,8 +110,8 @@ CANDIDATES = {"greedy": [{"lean": False, "packed": False}, {"lean": True, "packe
                        {"shared": True, "lean": True, "packed": True}],
               "training": [{"onednn": False}, {"onednn": True}]}  # each after the one without its last mechanism
 # An int8 copy has no float32 weights to pack, and beams that share their source change its tokens: a last-bit
-# difference in the shared keys flips int8 roundings of the activations after them (75 of Multi30k test2016's 1,000
-# translations, benchmarks/README.md). The lean step calls its layers on the same rows: the same tokens, bit for bit.
+# difference in the shared keys can flip an int8 rounding of the activations after them (benchmarks/README.md).
+# The lean step calls its layers on the same rows: the same tokens, bit for bit.
 INT8_CANDIDATES = {"greedy": [{"lean": False, "packed": False}, {"lean": True, "packed": False}],
                    "beam": [{"shared": False, "lean": False, "packed": False},
                             {"shared": False, "lean": True, "packed": False}]}
