@@ -89,9 +89,10 @@ def use_plan(model: nn.Module, plan: dict) -> None:
 def kept_plan(model: nn.Module, modes: tuple[str, ...]) -> dict:
     """The plan of these modes kept for this machine and the model's sizes, measured now if none is (or it cannot be
     read); the other modes plain."""
+    listed = candidates(model)
     facts = {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
              "sizes": {name: getattr(model.config, name, None) for name in SIZES},
-             "candidates": {mode: candidates(model)[mode] for mode in modes}, "probe": PROBE, "rule": rule()}
+             "candidates": {mode: listed[mode] for mode in modes}, "probe": PROBE, "rule": rule()}
 
     def measure() -> dict:
         logger.warning(f"fast_cpu: timing {', '.join(modes)} on this CPU for this model's sizes, once; kept in "
@@ -135,12 +136,12 @@ def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) 
     source = torch.randint(4, config.vocab_size, (PROBE["sources"], PROBE["source_length"]),
                            generator=generator).to(device)
     pairs = torch.randint(4, config.vocab_size, (2, PROBE["pairs"], PROBE["pair_length"]), generator=generator)
-    training = model.training
+    training, candidates_by_mode = model.training, candidates(model)
     plan, seconds = {}, {}
     try:
         with torch.random.fork_rng(devices=[]):  # dropout's draws in the training probe are not the run's
             for mode in modes:
-                listed = candidates(model)[mode]
+                listed = candidates_by_mode[mode]
                 if mode == "training":
                     model.train()
                     timer = functools.partial(training_seconds, model, *pairs.to(device))

@@ -78,7 +78,8 @@ def lean_forward(self, input_ids=None, attention_mask=None, encoder_hidden_state
     source_mask = None  # as transformers builds it for SDPA: none without padding, else True where a row attends
     if encoder_attention_mask is not None and not encoder_attention_mask.all():
         source_mask = encoder_attention_mask[::group, None, None, :].bool()  # (B', 1, 1, S)
-    linear = packed_linear if PACKING.open else plain_linear
+    torchs = isinstance(self.layers[0].fc1, nn.Linear)  # else an int8 copy's layers (quantization.py)
+    linear = plain_linear if torchs and not PACKING.open else own_linear
     for layer in self.layers:
         norm = layer.self_attn_layer_norm
         output = self_attention(layer.self_attn, linear, sublayer_input(layer, hidden_states, norm), self_cache)
@@ -93,14 +94,12 @@ def lean_forward(self, input_ids=None, attention_mask=None, encoder_hidden_state
     return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=self.finish(hidden_states), cache=cache)
 
 
-def plain_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if isinstance(module, nn.Linear):
-        return F.linear(x, module.weight, module.bias)
-    return module.forward(x)  # an int8 copy's layer (quantization.py)
+def plain_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, module.weight, module.bias)
 
 
-def packed_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return module.forward(x)  # a PackedLinear in a packing block multiplies by its packed weight (kernels.py)
+def own_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return module.forward(x)  # a PackedLinear in a packing block by its packed weight (kernels.py), or an int8 layer
 
 
 def layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
