@@ -10,7 +10,9 @@ seldom ends a sentence, so every engine is made to write exactly 1.1 x the batch
 targets' share in WMT14): the same work in each, about the length real translations have. Beam 4 in each; ours
 with the GNMT penalty (α 0.6), the others with their own (the scores do not change the work). Float32 with TF32
 allowed, as `vaswani-translate` runs on a GPU; CTranslate2 also in float16 and int8 (its GPU compute types), where
-its package finds the CUDA libraries it was built for (else the error is reported, and the rest runs).
+its package finds the CUDA libraries it was built for (else the error is reported, and the rest runs; on the lent GPU
+machine benchmarks/gpu_session.sh offers it the image's cuBLAS 13 under the CUDA 12 name it opens). The report names
+the cuBLAS files the process ran on.
 
 Writes decoding.json and decoding.md to --output_dir.
 """
@@ -78,10 +80,20 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as error:  # noqa: BLE001 - every engine runs; what broke is reported
             report["errors"][name] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
         print(f"gpu_decoding: {name}: {report['engines'].get(name, report['errors'].get(name))}", flush=True)
+    report["cublas"] = mapped_files("libcublas")
     (output_dir / "decoding.json").write_text(json.dumps(report, indent=1) + "\n")
     (output_dir / "decoding.md").write_text(markdown(report))
     print((output_dir / "decoding.md").read_text())
     return 0
+
+
+def mapped_files(name: str) -> list[str]:
+    """The files whose names hold `name` among those this process has mapped (Linux; else none)."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return []
+    return sorted({line.split()[-1] for line in maps if name in line.split()[-1].rsplit("/", 1)[-1]})
 
 
 def new_tokens(batch: list[list[int]]) -> int:
@@ -168,6 +180,8 @@ def markdown(report: dict) -> str:
         rate, first = engine["sentences_per_second"], engine["first_batch_seconds"]
         lines.append(f"| {name} | {rate:.1f} | {over} | {first:.1f} |")
     lines += [f"\n{name} FAILED: {error}" for name, error in report["errors"].items()]
+    if report["cublas"]:
+        lines.append(f"\ncuBLAS loaded: {', '.join(report['cublas'])}")
     return "\n".join(lines) + "\n"
 
 

@@ -36,6 +36,15 @@ if [ -z "$tiny" ]; then
     export PYTHONPATH=/tmp/site
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 fi
+# CTranslate2's wheel is built for CUDA 12 and opens libcublas.so.12 by name; the image holds CUDA 13's cuBLAS alone.
+# The calls CTranslate2 makes (cublasCreate_v2, cublasGemmEx, cublasSgemm_v2 and their batched forms) keep their names
+# and arguments in cuBLAS 13, so the decoding part finds 13 under the name 12 (gpu_decoding.py reports the file).
+cublas12=/tmp/gpu-session-cublas12
+rm -rf "$cublas12" && mkdir -p "$cublas12"
+cublas13=$(python3 -c 'import glob, site
+roots = [*site.getsitepackages(), "/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]
+print(min((f for r in roots for f in glob.glob(f"{r}/**/libcublas.so.13*", recursive=True)), default=""))')
+[ -n "$cublas13" ] && ln -s "$cublas13" "$cublas12/libcublas.so.12" && cublas12="$cublas12:$(dirname "$cublas13")"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 pin=""
@@ -68,7 +77,8 @@ for part in "${@:-speed base cudnn big compiled}"; do
             cudnn) utilisation cudnn 60 --sizes base --processes 1 --cudnn_attention ;;
             big) utilisation big 90 --sizes big --processes 1 ;;
             compiled) utilisation compiled 200 --sizes base --processes 1 --skip_marian --compile inductor ;;
-            decoding) run decoding 100 python3 benchmarks/gpu_decoding.py --output_dir "$work/decoding" ;;
+            decoding) run decoding 100 env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+                          python3 benchmarks/gpu_decoding.py --output_dir "$work/decoding" ;;
             training) run training 240 python3 benchmarks/gpu_check.py --parts training remote \
                           --output_dir "$work/training" ;;
             *) echo "error: unknown part $name: speed, base, cudnn, big, compiled, decoding, training"; exit 1 ;;

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_decoding import main
+from gpu_decoding import main, mapped_files
 
 
 def test_every_engine_decodes_the_sources_at_tiny_sizes_on_a_cpu(tmp_path, capsys):
@@ -23,6 +23,14 @@ def test_every_engine_decodes_the_sources_at_tiny_sizes_on_a_cpu(tmp_path, capsy
         "CTranslate2 export, int8"}
     assert all(engine["sentences_per_second"] > 0 for engine in report["engines"].values())
     assert report["sentences"] == 12 and "| CTranslate2 export, int8 |" in capsys.readouterr().out
+    assert report["cublas"] == []  # torch's CPU build and CTranslate2 on a CPU load no cuBLAS
+
+
+def test_the_report_names_the_library_files_the_process_has_loaded():
+    """What names the cuBLAS that CTranslate2 ran on (on the GPU machine, CUDA 13's under CUDA 12's name)."""
+    torch_files = mapped_files("libtorch_cpu")
+    assert torch_files and all(Path(f).name.startswith("libtorch_cpu") and Path(f).is_file() for f in torch_files)
+    assert mapped_files("libnot-a-library") == []
 
 
 def test_too_few_sentences_is_a_one_line_error_before_any_work(tmp_path):
