@@ -99,10 +99,14 @@ def smoothed_reference(logits, labels, epsilon):
     return per_token.where(labels != -100, 0.0).sum()
 
 
+@pytest.mark.parametrize("converts_as_it_writes", [False, True], ids=["converted after", "converted as written"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_smoothed_loss_gradient_is_autograds_through_the_formula_block_by_block(dtype):
+def test_smoothed_loss_gradient_is_autograds_through_the_formula_block_by_block(dtype, converts_as_it_writes,
+                                                                                 monkeypatch):
     """The gradient is computed by hand (softmax - q, block by block: 3 rows at a time, the last block short) in the
-    logits' own dtype; autograd through the float32 formula is the reference, cast as autocast's backward casts it."""
+    logits' own dtype, written converted as a GPU writes it or converted after as a CPU; autograd through the float32
+    formula is the reference, cast as autocast's backward casts it."""
+    monkeypatch.setattr("training.loss.converts_as_it_writes", lambda tensor: converts_as_it_writes)
     logits = random_logits(seed=2, shape=(2, 5, 13)).to(dtype).requires_grad_()
     labels = torch.tensor([[1, 2, 3, -100, -100], [4, 5, 6, 7, 12]])
     reference = logits.detach().clone().requires_grad_()

@@ -13,6 +13,10 @@ With z the logits of one position, g its gold token and lse = log Σ_k exp z_k, 
 and its gradient softmax(z) - q, q the smoothed distribution. Both are computed a block of rows at a time in float32
 from the logits as the model returns them (bfloat16 under autocast): at the paper's batch the logits are 25,000 x
 37,000, and a float32 copy of them, with log_softmax's output and their gradients, would take some 15 GB.
+
+On a GPU the loss is bound by memory, not arithmetic, so each block is passed over as few times as torch's kernels
+allow: forward, log_softmax (whose gold entry is -NLL) and a row sum; backward, exp(z - lse), the gold entries
+moved, and one multiply-add that writes the gradient in the logits' dtype.
 """
 
 import torch
@@ -39,15 +43,16 @@ class LabelSmoothedNLL(torch.autograd.Function):
         flat = logits.reshape(-1, vocab_size)  # (N, V), a view
         keep = labels.reshape(-1).ne(ignore_index)  # (N,)
         gold = labels.reshape(-1).clamp(min=0)
-        lse = torch.empty(len(flat), device=flat.device)  # (N,) float32
-        total = torch.empty_like(lse)
+        nll = torch.empty(len(flat), device=flat.device)  # (N,) float32
+        total = torch.empty_like(nll)  # Σ_k log p_k
         for start in range(0, len(flat), chunk_rows):
-            block = flat[start: start + chunk_rows].float()  # (n, V)
-            torch.logsumexp(block, -1, out=lse[start: start + chunk_rows])
-            torch.sum(block, -1, out=total[start: start + chunk_rows])
-        gold_logit = flat.gather(-1, gold.unsqueeze(-1)).squeeze(-1).float()
-        nll = lse - gold_logit
-        smoothed = nll + epsilon * (gold_logit - (total - gold_logit) / (vocab_size - 1))
+            end = start + chunk_rows
+            log_probs = torch.log_softmax(flat[start:end].float(), -1)  # (n, V)
+            torch.gather(log_probs, -1, gold[start:end, None], out=nll[start:end, None])
+            torch.sum(log_probs, -1, out=total[start:end])
+        nll.neg_()
+        lse = nll + flat.gather(-1, gold[:, None]).squeeze(-1).float()
+        smoothed = nll - epsilon * (nll + (total + nll) / (vocab_size - 1))
         ctx.save_for_backward(logits, lse, gold, keep)
         ctx.epsilon, ctx.chunk_rows = epsilon, chunk_rows
         # Sums over the kept positions, masked rather than indexed: indexing by a mask would wait for the GPU
@@ -62,15 +67,23 @@ class LabelSmoothedNLL(torch.autograd.Function):
         flat = logits.reshape(-1, vocab_size)
         grad = torch.empty_like(flat)
         other = epsilon / (vocab_size - 1)  # q of every token but the gold one
-        scale = keep.float() * grad_smoothed  # (N,): ignored positions get no gradient
-        in_place = grad.dtype == torch.float32  # else each block is computed in float32, then converted
+        scale = (keep.float() * grad_smoothed)[:, None]  # (N, 1): ignored positions get no gradient
+        shift = -other * scale
+        in_place = grad.dtype == torch.float32  # else each block is computed in float32 and written converted
         for start in range(0, len(flat), rows):
             end = start + rows
             block = grad[start:end] if in_place else torch.empty_like(grad[start:end], dtype=torch.float32)
-            torch.sub(flat[start:end], lse[start:end, None], out=block)
-            block.exp_().sub_(other)  # softmax(z) - q, but for the gold token's q:
-            block.scatter_add_(-1, gold[start:end, None], block.new_full((len(block), 1), other - (1 - epsilon)))
-            block.mul_(scale[start:end, None])
-            if not in_place:
+            torch.sub(flat[start:end], lse[start:end, None], out=block).exp_()  # softmax(z)
+            correction = block.new_full((len(block), 1), other - (1 - epsilon))  # the gold token's q is 1 - ε
+            block.scatter_add_(-1, gold[start:end, None], correction)
+            product = grad[start:end] if in_place or converts_as_it_writes(grad) else block
+            torch.addcmul(shift[start:end], block, scale[start:end], out=product)  # (softmax - q) * scale
+            if product is block:
                 grad[start:end] = block
         return grad.view_as(logits), None, None, None, None
+
+
+def converts_as_it_writes(tensor: torch.Tensor) -> bool:
+    """Whether a float32 product is best written into this (lower precision) tensor directly: CUDA converts in the
+    same kernel, while a CPU's mixed-dtype addcmul is several times slower than a float32 one and a copy after."""
+    return tensor.is_cuda
