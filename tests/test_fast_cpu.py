@@ -34,8 +34,11 @@ def nothing_packed(monkeypatch):
 
 @pytest.fixture
 def plans(tmp_path, monkeypatch):
-    """A cache of plans of its own; the plans measured while it is in use."""
+    """A cache of plans of its own; the plans measured while it is in use, on a probe a quarter the size (the tests
+    that use it check when plans are measured, kept and read back, not which mechanism wins)."""
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fast_cpu_module, "PROBE", {key: max(1, value // 4) for key, value in
+                                                   fast_cpu_module.PROBE.items()})
     measured = []
     real = fast_cpu_module.measured_plan
 
