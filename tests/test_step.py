@@ -143,3 +143,29 @@ def test_on_a_gpu_the_step_trains_without_cudnns_attention_unless_asked(monkeypa
     step_of(Recording(), batch, 10)
     assert seen == [("forward", (True, True, True, True)), ("backward", (True, True, True, True))]
     assert isinstance(chosen_for(torch.device("cpu")), contextlib.nullcontext)  # off a GPU: torch's choice
+
+
+def test_a_compiled_step_whose_first_batch_has_one_width_on_both_sides_compiles_once():
+    """Dynamo gives sizes equal at its first trace one symbol ("duck sizing"): a first batch whose sources and
+    targets have one width would make the first batch where they differ compile a second graph (a base step compiles
+    for about a minute on a GPU). The step gives each size a symbol of its own: one graph for batches of any widths."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from conftest import tiny_model
+
+    from training.batching import collate
+    from training.step import TrainingStep
+
+    torch._dynamo.reset()  # other tests' compiled forwards count toward dynamo's limits
+    model = tiny_model(num_layers=1, num_decoder_layers=1).train()
+    try:
+        step = TrainingStep(Accelerator(cpu=True), model, 0.1, backend="eager")  # dynamo alone
+        for sources, targets in ((SOURCES, [t + [20] * (len(s) - len(t)) for s, t in zip(SOURCES, TARGETS)]),
+                                 (SOURCES, TARGETS), (SOURCES[1:], TARGETS[:2])):
+            batch = collate(range(len(sources)), sources, targets, 0, "cpu")
+            step([batch], int(batch["labels"].ne(-100).sum()))
+            model.zero_grad(set_to_none=True)
+        assert step.compilations() == 1
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()

@@ -6,9 +6,9 @@
   token counts first: one wait a step.)
 - `--compile BACKEND` runs the model through `torch.compile` (eager by default: on an H200 inductor's step was the
   slower, benchmarks/README.md), its sizes symbolic from the first compile (`dynamic=True`: a run's batches differ
-  in rows and lengths, and compiling for each shape would recompile until dynamo gives up); a run compiles a few
-  times, which `compilations()` counts. The loss stays outside the graph (training/loss.py computes it block by
-  block).
+  in rows and lengths, and compiling for each shape would recompile until dynamo gives up), each size a symbol of its
+  own (`own_symbols`); a run compiles a few times, which `compilations()` counts. The loss stays outside the graph
+  (training/loss.py computes it block by block).
 - Largest batches (`--max_tokens 0` on a GPU, `fewest_batches`): an optimizer step in as few batches as the GPU's
   memory holds, found by trial steps at the sizes that would divide the step evenly.
 - Attention kernels on a GPU (`attention_kernels`): SDPA chooses among flash, memory-efficient and math kernels, not
@@ -43,6 +43,7 @@ class TrainingStep:
         self.accelerator, self.model, self.label_smoothing = accelerator, model, label_smoothing
         self.kernels = functools.partial(attention_kernels, accelerator.device, cudnn_attention)
         self.forward = torch.compile(model, backend=backend, dynamic=True) if backend else model
+        self.symbols = own_symbols if backend else contextlib.nullcontext
         self.graphs = compiled_graphs()  # dynamo's count is per process: this step's are those compiled after
 
     def __call__(self, inputs: list[dict], local_tokens: int) -> tuple[torch.Tensor, int]:
@@ -52,7 +53,7 @@ class TrainingStep:
         step_loss = torch.zeros((), device=accelerator.device)
         for a, batch in enumerate(inputs):
             with (gradient_sync(accelerator, self.model, a == len(inputs) - 1), accelerator.autocast(),
-                  self.kernels()):
+                  self.kernels(), self.symbols()):
                 decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id,
                                                        config.decoder_start_token_id)
                 logits = self.forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -74,6 +75,13 @@ def attention_kernels(device: torch.device, cudnn: bool = False):
     if cudnn or device.type != "cuda":
         return contextlib.nullcontext()
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def own_symbols():
+    """A block in which torch.compile gives each input size a symbol of its own. By default sizes equal when it first
+    traces share one ("duck sizing"), so a run whose first batch had sources and targets of one width compiled again
+    at the first batch where they differ."""
+    return torch.fx.experimental._config.patch(use_duck_shape=False)
 
 
 def read_values(entries: list[dict]) -> None:
