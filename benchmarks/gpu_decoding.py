@@ -93,7 +93,7 @@ def mapped_files(name: str) -> list[str]:
         maps = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
         return []
-    return sorted({line.split()[-1] for line in maps if name in line.split()[-1].rsplit("/", 1)[-1]})
+    return sorted({path for path in (line.split()[-1] for line in maps) if name in Path(path).name})
 
 
 def new_tokens(batch: list[list[int]]) -> int:

@@ -76,10 +76,10 @@ class LabelSmoothedNLL(torch.autograd.Function):
             torch.sub(flat[start:end], lse[start:end, None], out=block).exp_()  # softmax(z)
             correction = block.new_full((len(block), 1), other - (1 - epsilon))  # the gold token's q is 1 - ε
             block.scatter_add_(-1, gold[start:end, None], correction)
-            product = grad[start:end] if in_place or converts_as_it_writes(grad) else block
-            torch.addcmul(shift[start:end], block, scale[start:end], out=product)  # (softmax - q) * scale
-            if product is block:
-                grad[start:end] = block
+            if in_place or converts_as_it_writes(grad):  # (softmax - q) * scale
+                torch.addcmul(shift[start:end], block, scale[start:end], out=grad[start:end])
+            else:
+                grad[start:end] = torch.addcmul(shift[start:end], block, scale[start:end], out=block)
         return grad.view_as(logits), None, None, None, None
 
 
