@@ -415,19 +415,19 @@ def test_token_batches_hold_at_most_max_tokens_sorted_by_length():
 
 def test_output_streams_as_batches_finish(translation_folder):
     """With windows of 2 lines, the first two translations arrive while the input is still open."""
-    process = subprocess.Popen([sys.executable, "-m", "vaswani_hf.tools.translate", "--model", str(translation_folder),
-                                "--window", "2", "--quiet"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    try:
-        process.stdin.write(f"{SOURCES[0]}\n{SOURCES[1]}\n")
-        process.stdin.flush()
-        first_two = [process.stdout.readline(), process.stdout.readline()]  # blocks until they are written
-        process.stdin.write(f"{SOURCES[2]}\n")
-        process.stdin.close()
-        rest = process.stdout.read()
-        assert process.wait(timeout=300) == 0, process.stderr.read()
-    finally:
-        process.kill()
+    with subprocess.Popen([sys.executable, "-m", "vaswani_hf.tools.translate", "--model", str(translation_folder),
+                           "--window", "2", "--quiet"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}) as process:
+        try:
+            process.stdin.write(f"{SOURCES[0]}\n{SOURCES[1]}\n")
+            process.stdin.flush()
+            first_two = [process.stdout.readline(), process.stdout.readline()]  # blocks until they are written
+            process.stdin.write(f"{SOURCES[2]}\n")
+            process.stdin.close()
+            rest = process.stdout.read()
+            assert process.wait(timeout=300) == 0, process.stderr.read()
+        finally:
+            process.kill()
     model, tokenizer = load_local(translation_folder)
     assert [line.rstrip("\n") for line in first_two] + rest.splitlines() == translate(model, tokenizer, SOURCES)
 
@@ -551,5 +551,6 @@ def test_write_pictures_draws_every_head_with_its_weights_and_tokens(translation
             assert [label.get_text() for label in axis.get_xticklabels()] == keys
             assert [label.get_text() for label in axis.get_yticklabels()] == queries
         width, height = figure.get_size_inches() * figure.dpi  # saved at the figure's dpi, to a pixel's rounding
-        assert all(abs(a - b) <= 1 for a, b in zip(Image.open(path).size, (width, height)))
+        with Image.open(path) as picture:
+            assert all(abs(a - b) <= 1 for a, b in zip(picture.size, (width, height)))
         close(figure)
