@@ -414,9 +414,9 @@ def remote(device: torch.device, shape: dict, output_dir: Path) -> dict:
 
     folder = output_dir / "run"
     sources = (output_dir / "data" / "test.en").read_text().splitlines()[:SENTENCES]
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH" or str(ROOT) not in value}
     result = subprocess.run([sys.executable, "-c", REMOTE, str(folder), device.type, json.dumps(sources)],
-                            check=False, capture_output=True, text=True, timeout=300, cwd=output_dir, env=env)
+                            check=False, capture_output=True, text=True, timeout=300, cwd=output_dir,
+                            env=without_repository(os.environ))
     if result.returncode:
         raise RuntimeError(f"the fresh process failed:\n{result.stderr[-3000:]}")
     remote_translations = json.loads(result.stdout.strip().splitlines()[-1])
@@ -424,6 +424,14 @@ def remote(device: torch.device, shape: dict, output_dir: Path) -> dict:
     ours = translate(model, tokenizer, sources, max_tokens=1)  # one sentence per batch, as the pipeline's batch_size=1
     return {"sentences": len(sources), "equal": sum(a == b for a, b in zip(remote_translations, ours)),
             "examples": [{"source": s, "translation": t} for s, t in list(zip(sources, remote_translations))[:3]]}
+
+
+def without_repository(environ) -> dict:
+    """`environ` with this repository left out of PYTHONPATH, and only it: on the GPU machine PYTHONPATH also holds
+    the carried wheels (transformers newer than the image's), which remote code needs."""
+    paths = [path for path in environ.get("PYTHONPATH", "").split(os.pathsep) if path and Path(path).resolve() != ROOT]
+    env = {key: value for key, value in environ.items() if key != "PYTHONPATH"}
+    return {**env, "PYTHONPATH": os.pathsep.join(paths)} if paths else env
 
 
 @contextlib.contextmanager

@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_check import checks, main, ratio
+from gpu_check import ROOT as REPOSITORY
+from gpu_check import checks, main, ratio, without_repository
 
 
 @pytest.mark.long(minutes=1.5)
@@ -64,6 +65,15 @@ def test_a_ratio_over_processes_is_the_median_of_their_ratios():
             for m, o in ((100.0, 102.0), (80.0, 99.0), (120.0, 148.0))]  # ratios 1.02, 1.2375, 1.2333
     assert ratio({"speed": {"processes": runs}}, "speed", "bf16") == pytest.approx(148 / 120)
     assert ratio({"speed": runs[1]}, "speed", "bf16") == pytest.approx(99 / 80)  # one process: its own ratio
+
+
+def test_the_remote_check_leaves_only_the_repository_out_of_pythonpath():
+    """The fresh process must not import vaswani_hf from the repository, but must keep the other entries: on the GPU
+    machine, the carried wheels' folder."""
+    environ = {"HOME": "/root", "PYTHONPATH": os.pathsep.join(["/tmp/site", str(REPOSITORY), f"{REPOSITORY}/."])}
+    assert without_repository(environ) == {"HOME": "/root", "PYTHONPATH": "/tmp/site"}
+    assert without_repository({"HOME": "/root", "PYTHONPATH": str(REPOSITORY)}) == {"HOME": "/root"}
+    assert without_repository({"HOME": "/root"}) == {"HOME": "/root"}
 
 
 def test_too_few_processes_is_a_one_line_error_before_any_work(tmp_path):
