@@ -32,3 +32,11 @@ rm -rf .whl
 python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $pinned
 echo "$pinned: $(du -sh .whl | cut -f1) in .whl/"
+# The device call carries the working tree (tracked and untracked files git does not ignore) and .whl/: 64 MiB at most.
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+wheels=$(du -sb .whl | cut -f1)
+echo "the device call carries $(( (tree + wheels) >> 20 )) MiB of 64: the working tree $(( tree >> 20 )), .whl/ $(( wheels >> 20 ))"
+if [ $((tree + wheels)) -gt $((64 << 20)) ]; then
+    echo "error: over the device call's 64 MiB: leave out a wheel the image holds, or untracked files" >&2
+    exit 1
+fi
