@@ -12,7 +12,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_check import ROOT as REPOSITORY
 from gpu_check import checks, main, ratio, without_repository
 
 
@@ -70,9 +69,9 @@ def test_a_ratio_over_processes_is_the_median_of_their_ratios():
 def test_the_remote_check_leaves_only_the_repository_out_of_pythonpath():
     """The fresh process must not import vaswani_hf from the repository, but must keep the other entries: on the GPU
     machine, the carried wheels' folder."""
-    environ = {"HOME": "/root", "PYTHONPATH": os.pathsep.join(["/tmp/site", str(REPOSITORY), f"{REPOSITORY}/."])}
+    environ = {"HOME": "/root", "PYTHONPATH": os.pathsep.join(["/tmp/site", str(ROOT), f"{ROOT}/."])}
     assert without_repository(environ) == {"HOME": "/root", "PYTHONPATH": "/tmp/site"}
-    assert without_repository({"HOME": "/root", "PYTHONPATH": str(REPOSITORY)}) == {"HOME": "/root"}
+    assert without_repository({"HOME": "/root", "PYTHONPATH": str(ROOT)}) == {"HOME": "/root"}
     assert without_repository({"HOME": "/root"}) == {"HOME": "/root"}
 
 
