@@ -33,7 +33,8 @@ python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $pinned
 echo "$pinned: $(du -sh .whl | cut -f1) in .whl/"
 # The device call carries the working tree (tracked and untracked files git does not ignore) and .whl/: 64 MiB at most.
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+tree=$(git ls-files -z --cached --others --exclude-standard |  # a file deleted but not committed travels not
+    { du -cb --files0-from=- 2>/dev/null || true; } | tail -1 | cut -f1)
 wheels=$(du -sb .whl | cut -f1)
 echo "the device call carries $(( (tree + wheels) >> 20 )) MiB of 64: the working tree $(( tree >> 20 )), .whl/ $(( wheels >> 20 ))"
 if [ $((tree + wheels)) -gt $((64 << 20)) ]; then
