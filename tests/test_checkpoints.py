@@ -1,6 +1,7 @@
 """Checkpoints are written atomically: a kill during a save never damages the last good one; a checkpoint damaged
 later is found when read; resuming loads data, never a pickle."""
 
+import argparse
 import json
 import os
 import pickle
@@ -11,6 +12,7 @@ from accelerate import Accelerator
 from safetensors import SafetensorError
 
 from training import checkpoints as checkpoints_module
+from training.averaging import averaged_model
 from training.checkpoints import (
     checkpoints,
     damage,
@@ -116,6 +118,12 @@ def test_latest_falls_back_to_the_newest_intact_checkpoint_with_one_warning(tmp_
     assert [p.name for p in verified(checkpoints(tmp_path), said.append, only=("model.safetensors",))] == [
         "checkpoint-2", "checkpoint-4"]
     assert len(said) == 1 and said[0].startswith("warning: checkpoint-6 is damaged")
+    # The run's end, with the weights of every checkpoint damaged: nothing to average, said in one line.
+    for step in (2, 4):
+        truncate(tmp_path / f"checkpoint-{step}" / "model.safetensors")
+    with pytest.raises(SystemExit) as stop:
+        averaged_model(tmp_path, None, 5, said.append)
+    assert stop.value.code == f"error: every checkpoint in {tmp_path} is damaged: nothing to average"
 
 
 def test_a_missing_file_or_state_is_damage(tmp_path, accelerator):
@@ -192,3 +200,17 @@ def test_a_resumed_run_computes_with_its_checkpoints_plan_and_a_new_run_with_the
     (tmp_path / "checkpoint-2").mkdir()
     (tmp_path / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"fast_cpu_plan": saved}))
     assert run_module.run_plan(accelerator, tiny_config(), tmp_path / "checkpoint-2") == saved
+
+
+def test_max_tokens_0_is_a_resumed_runs_own_and_on_a_cpu_4096_and_a_given_number_is_kept(tmp_path, accelerator):
+    """--max_tokens 0 asks the run to choose its batches' size: a resumed run keeps the one it chose (its checkpoint
+    says), a new run on a CPU takes 4,096 (on a GPU, the largest that fits: training/step.py)."""
+    import training.run as run_module
+
+    args = argparse.Namespace(max_tokens=0, tokens_per_step=25000, cudnn_attention=False)
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"max_tokens": 1234}))
+    assert run_module.batch_tokens(accelerator, None, None, args, max_length=256) == 4096
+    assert run_module.batch_tokens(accelerator, None, tmp_path / "checkpoint-2", args, max_length=256) == 1234
+    args.max_tokens = 500
+    assert run_module.batch_tokens(accelerator, None, tmp_path / "checkpoint-2", args, max_length=256) == 500

@@ -36,6 +36,25 @@ def test_json_lines_and_aligned_text_load_the_same_pairs(tmp_path):
     assert load_pairs("de", "en", files={"train": files["train"]})["train"][0] == ("Ein Hund .", "A dog .")
 
 
+def test_a_column_per_language_loads_as_the_translation_column_and_other_columns_are_one_line_errors(tmp_path):
+    """JSON lines {"en": ..., "de": ...} (the layout of bentrevett/multi30k on the Hub) give the pairs that
+    {"translation": {...}} gives; a translation column without the languages asked for, or neither layout, is a
+    one-line ValueError that names what the file holds."""
+    rows = [("A dog .", "Ein Hund ."), ("Two cats .", "Zwei Katzen .")]
+    layouts = {"columns": [{"id": i, "en": en, "de": de} for i, (en, de) in enumerate(rows)],
+               "other languages": [{"translation": {"en": en, "fr": de}} for en, de in rows],
+               "no languages": [{"text": en, "label": de} for en, de in rows]}
+    for name, lines in layouts.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    read = lambda name, languages=("en", "de"): load_pairs(*languages, files={"train": f"{tmp_path}/{name}.jsonl"})
+    assert read("columns") == {"train": rows}
+    assert read("columns", ("de", "en"))["train"][0] == ("Ein Hund .", "A dog .")
+    with pytest.raises(ValueError, match=r"^the translation column has languages \['en', 'fr'\], not en and de$"):
+        read("other languages")
+    with pytest.raises(ValueError, match=r"^no 'translation' column and no 'en'/'de' columns in \['text', 'label'\]$"):
+        read("no languages")
+
+
 def test_missing_or_misaligned_files_are_one_line_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="--train_file .*nope.jsonl"):
         load_pairs("en", "de", files={"train": str(tmp_path / "nope.jsonl")})

@@ -143,6 +143,8 @@ def test_missing_misaligned_and_non_utf8_data_are_one_line_errors(tmp_path, monk
     (tmp_path / "e.de").write_text("")
     message = refused(monkeypatch, *TINY, *data, "--validation_file", str(tmp_path / "e"), "--output_dir", str(out))
     assert message == f"error: the validation split has no pairs ({tmp_path / 'e'})"
+    assert refused(monkeypatch, *TINY, "--validation_file", data[1], "--output_dir", str(out)) == (
+        "error: no training data: give --dataset_name or --train_file (or neither, for the embedded data)")
     assert not (out / "tokenizer.json").exists()
 
 
@@ -171,12 +173,26 @@ def test_a_folder_holding_anything_is_refused_unless_resumed_or_overwritten(tmp_
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert "--overwrite_output_dir" in refused(monkeypatch, *TINY, *data, "--output_dir", str(out))
+    assert refused(monkeypatch, *TINY, *data, "--output_dir", str(out)) == (
+        f"error: --output_dir {out} is not empty and holds no checkpoint to resume: replace it with "
+        "--overwrite_output_dir, or choose another folder")  # a folder with a checkpoint: test_training_run.py
     assert "give one" in refused(monkeypatch, *TINY, *data, "--output_dir", str(out), "--overwrite_output_dir",
                                  "--resume_from_checkpoint", "latest")
     assert [p.name for p in out.iterdir()] == ["notes.txt"]  # nothing written, nothing deleted
     (tmp_path / "file").write_text("")
     assert "is a file" in refused(monkeypatch, *TINY, *data, "--output_dir", str(tmp_path / "file"))
+
+
+def test_too_little_data_for_one_step_is_one_line_and_the_folder_it_leaves_is_refused_with_what_to_do(
+        tmp_path, monkeypatch, data):
+    """The batches are known once the tokenizer has been trained and written: the run names them and the flag, and
+    the same command again is told to overwrite the folder (it holds no checkpoint to resume)."""
+    out, flags = tmp_path / "out", [*TINY, *data, "--max_tokens", "16", "--no_fast_cpu"]
+    assert refused(monkeypatch, *flags, "--output_dir", str(out), "--tokens_per_step", "100") == (
+        "error: the training data makes 1 batch(es) of at most 16 tokens, fewer than the 7 of one optimizer step: "
+        "lower --tokens_per_step")
+    assert "holds no checkpoint to resume: replace it with --overwrite_output_dir" in refused(
+        monkeypatch, *flags, "--output_dir", str(out), "--tokens_per_step", "16")
 
 
 def test_resuming_where_there_is_nothing_to_resume_is_refused_before_any_work(tmp_path, monkeypatch, data):

@@ -354,6 +354,27 @@ def test_a_reused_output_folder_is_refused_and_overwriting_starts_afresh(tmp_pat
     assert json.loads((run / "config.json").read_text())["vocab_size"] <= 200  # a new BPE, not the first run's
 
 
+@pytest.mark.xdist_group("whole_run")
+def test_resuming_another_runs_checkpoint_or_with_another_model_is_refused_before_anything_changes(
+        tmp_path, small_data, whole_run):
+    """A checkpoint named by path must be one of --output_dir's, and the model flags must be the checkpoint's."""
+    flags = [*WHOLE, *small_data, "--resume_from_checkpoint"]
+    run, other = tmp_path / "run", tmp_path / "other"
+    for folder in (run, other):
+        shutil.copytree(whole_run, folder)
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    for extra, message in (
+            ([str(other / "checkpoint-8")],
+             f"error: --resume_from_checkpoint {other / 'checkpoint-8'} is not a checkpoint of --output_dir {run}"),
+            (["latest", "--d_model", "64", "--d_ff", "128"],
+             (f"error: {run / 'checkpoint-8'} holds another model: --d_model 64 (the checkpoint's: 32), --d_ff 128 "
+              "(the checkpoint's: 64)"))):
+        with pytest.raises(SystemExit) as stop:
+            train_here(run, *flags, *extra)
+        assert stop.value.code == message
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+
+
 def test_resuming_from_an_older_checkpoint_leaves_its_successors_out_of_the_run(tmp_path, small_data):
     flags = [*TINY, *small_data, "--max_steps", "6", "--save_steps", "2", "--average_checkpoints", "3"]
     run = tmp_path / "run"

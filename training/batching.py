@@ -96,8 +96,8 @@ class EpochBatches:
         self.padding = padding_fraction(self.batches, source, target)
         self.steps_per_epoch = len(self.batches) // (accumulation * world)
         if self.steps_per_epoch == 0:
-            raise ValueError(f"{len(self.batches)} batches cannot fill one optimizer step of {accumulation * world}: "
-                             "lower --tokens_per_step")
+            raise ValueError(f"the training data makes {len(self.batches)} batch(es) of at most {max_tokens} tokens, "
+                             f"fewer than the {accumulation * world} of one optimizer step: lower --tokens_per_step")
 
     def step(self, step: int) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
         """The source and target ids of this process's batches for optimizer step `step` (counted from 0)."""

@@ -370,11 +370,8 @@ def time_budget(args, d_model: int) -> TimeBudget | None:
     if args.max_train_minutes is None:
         return None
     peak = inverse_sqrt_lr(args.warmup_steps, d_model, args.warmup_steps, args.lr_scale)
-    try:
-        return TimeBudget(60 * args.max_train_minutes, args.max_steps, peak, args.warmup_steps, args.warmup_share,
-                          args.cooldown_share, args.average_share, args.average_checkpoints, args.evaluations)
-    except ValueError as error:
-        raise SystemExit(str(error)) from None
+    return TimeBudget(60 * args.max_train_minutes, args.max_steps, peak, args.warmup_steps, args.warmup_share,
+                      args.cooldown_share, args.average_share, args.average_checkpoints, args.evaluations)
 
 
 def batch_tokens(accelerator, model, resumed: Path | None, args, max_length: int) -> int:
@@ -410,9 +407,10 @@ def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:
         if output_dir.exists() and not output_dir.is_dir():
             raise SystemExit(f"error: --output_dir {output_dir} is a file")
         if output_dir.is_dir() and any(output_dir.iterdir()) and not args.overwrite_output_dir:
-            raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with "
-                             "--resume_from_checkpoint latest, replace it with --overwrite_output_dir, or choose "
-                             "another folder")
+            resume = "resume its run with --resume_from_checkpoint latest, " if checkpoints(output_dir) else ""
+            held = "is not empty" if resume else "is not empty and holds no checkpoint to resume"
+            raise SystemExit(f"error: --output_dir {output_dir} {held}: {resume}replace it with "
+                             "--overwrite_output_dir, or choose another folder")
         return None
     if args.overwrite_output_dir:
         raise SystemExit(
