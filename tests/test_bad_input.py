@@ -44,6 +44,12 @@ def test_labels_outside_the_vocabulary(model):
     one_line_error(lambda: model(input_ids=random_ids(1, 4), labels=torch.tensor([[5, 77]])), "77")
 
 
+def test_labels_that_do_not_fit_the_given_decoder_inputs(model):
+    one_line_error(lambda: model(input_ids=random_ids(1, 4), decoder_input_ids=target(),
+                                 labels=torch.tensor([[5, 6]])),
+                   "labels have shape (1, 2) but the decoder produced (1, 3)")
+
+
 def test_a_mask_whose_shape_does_not_match_the_ids(model):
     one_line_error(lambda: model(input_ids=random_ids(2, 5), attention_mask=torch.ones(2, 4),
                                  decoder_input_ids=target().repeat(2, 1)),

@@ -10,7 +10,7 @@ import ctranslate2
 import numpy as np
 import pytest
 import torch
-from conftest import refusal, save_marian_folder
+from conftest import refusal, save_marian_folder, tiny_model
 from ctranslate2.converters import TransformersConverter
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -126,6 +126,23 @@ def test_ctranslate2_scores_with_a_converted_models_position_table(translation_f
     torch.testing.assert_close(ct2_log_probs(tmp_path / "ct2", tokenizer), ours, atol=1e-4, rtol=0)
     paper = AutoModelForSeq2SeqLM.from_pretrained(translation_folder).eval()
     assert not torch.allclose(token_log_probs(paper, tokenizer), ours, atol=1e-2)  # the table matters
+
+
+@pytest.mark.parametrize("options", [{"normalize_before": True},
+                                     {"position_embedding": "learned", "max_position_embeddings": 64}],
+                         ids=["pre-LN", "learned positions"])
+def test_ctranslate2_scores_a_pre_ln_or_learned_position_model_as_ours_does(translation_folder, tmp_path, options):
+    """The two deviations the export writes beyond the paper's model: a pre-LN stack's final LayerNorm and learned
+    positions (Table 3, row E). Random weights, every LayerNorm's drawn too, so that each must reach the export."""
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    model = tiny_model(seed=5, vocab_size=len(tokenizer), **options)
+    with torch.no_grad():
+        for norm in (module for module in model.modules() if isinstance(module, torch.nn.LayerNorm)):
+            norm.weight.normal_(1.0, 0.3)
+            norm.bias.normal_(0.0, 0.3)
+    export_ctranslate2(model, tokenizer, str(tmp_path / "ct2"))
+    torch.testing.assert_close(ct2_log_probs(tmp_path / "ct2", tokenizer), token_log_probs(model, tokenizer),
+                               atol=1e-4, rtol=0)
 
 
 def test_ctranslate2_int8_errs_no_more_than_twice_our_own_int8(trained, ct2_folders):
@@ -323,6 +340,18 @@ def test_export_refusals_are_one_line(translation_folder, tmp_path, engine):
         assert str(error.value).startswith(message) and "\n" not in str(error.value)
     assert not (tmp_path / "out").exists()
     assert not any((tmp_path / "taken").iterdir())
+
+
+def test_a_model_ctranslate2_cannot_hold_is_refused_in_one_line(translation_folder, tmp_path):
+    """Table 3's row (B) shape, keys narrower than values: CTranslate2 has one head width."""
+    folder = tmp_path / "row-b"
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    tiny_model(vocab_size=len(tokenizer), d_k=4).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with pytest.raises(SystemExit) as error:
+        export_main(["ctranslate2", str(folder), str(tmp_path / "out")])
+    assert error.value.code == "error: CTranslate2 has one head width; this model has d_k=4, d_v=8"
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_export_that_fails_midway_leaves_nothing_under_the_output_name(translation_folder, tmp_path, monkeypatch):

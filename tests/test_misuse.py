@@ -250,7 +250,7 @@ def test_one_output_line_for_each_input_line_whatever_the_characters(translation
     assert len(lines) == 4 and lines[1] == "" and lines[3] == "", out
 
 
-@pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "device cuda", "device bogus",
+@pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device bogus",
                                   "output is a folder", "mistyped relative path", "marian folder"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
     """In this process (conftest.refused_translation); the command itself in the tests below."""
@@ -260,6 +260,8 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
     if case == "latin-1 file":
         (tmp_path / "in.txt").write_bytes("A dog.\nCafé.\n".encode("latin-1"))
         args += ["--input", tmp_path / "in.txt"]
+    if case == "missing input":
+        args += ["--input", tmp_path / "no-such.txt"]
     if case == "device cuda":
         if torch.cuda.is_available():
             pytest.skip("this machine has a GPU")
@@ -276,7 +278,8 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         save_marian_folder(tmp_path / "marian")
         args = ["--model", tmp_path / "marian"]
     expected = {"latin-1 stdin": "standard input is not UTF-8 text: byte 0xe9 on line 1",
-                "latin-1 file": "in.txt is not UTF-8 text: byte 0xe9 on line 2", "device cuda": "no CUDA GPU",
+                "latin-1 file": "in.txt is not UTF-8 text: byte 0xe9 on line 2",
+                "missing input": f"--input {tmp_path / 'no-such.txt'}: no such file", "device cuda": "no CUDA GPU",
                 "device bogus": "--device bogus", "output is a folder": "--output",
                 "mistyped relative path": "rel/nomodel is not a model folder",
                 "marian folder": "holds a 'marian' model, not a vaswani_hf one"}

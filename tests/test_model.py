@@ -126,6 +126,23 @@ def test_eager_and_sdpa_give_the_same_outputs(model):
             torch.testing.assert_close(outputs["sdpa"][key], outputs["eager"][key], atol=1e-5, rtol=0)
 
 
+def test_eager_attention_takes_a_boolean_mask_as_sdpa_does_and_an_additive_one_alike():
+    """eager_attention_forward receives transformers' additive masks (the eager kernel's) or boolean ones (SDPA's,
+    True: attend): with either, torch's scaled_dot_product_attention on the boolean mask is the reference."""
+    from vaswani_hf.modeling_vaswani import eager_attention_forward
+
+    generator = torch.Generator().manual_seed(3)
+    query, key, value = (torch.randn(2, 3, length, 8, generator=generator) for length in (5, 6, 6))
+    allowed = torch.rand(2, 1, 5, 6, generator=generator) > 0.4
+    allowed[..., 0] = True  # every query sees a key
+    expected = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed).transpose(1, 2)
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    for mask in (allowed, additive):
+        output, weights = eager_attention_forward(nn.Module(), query, key, value, mask, scaling=8**-0.5)
+        torch.testing.assert_close(output, expected)
+        assert torch.all(weights[~allowed.expand_as(weights)] == 0)
+
+
 @torch.no_grad()
 def test_attention_and_hidden_state_outputs(model):
     model.set_attn_implementation("eager")

@@ -81,8 +81,11 @@ def main(argv: list[str] | None = None) -> None:
 
         options = {}
         usage = f"vaswani_hf.exports.onnx_runtime.OnnxSeq2Seq({args.output!r}) decodes with it"
-    with written_whole(args.output) as partial:
-        export(model, tokenizer, partial, **options)
+    try:
+        with written_whole(args.output) as partial:
+            export(model, tokenizer, partial, **options)
+    except ValueError as error:  # a model the engine cannot hold: to_ctranslate2.py's checks
+        raise SystemExit(f"error: {error}") from None
     print(f"wrote {args.output}: {usage}")
 
 
