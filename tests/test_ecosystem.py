@@ -462,6 +462,25 @@ def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_fold
                                stdin=b"A dog.\n") == "error: --nbest 5 is more than the beam size 4"
 
 
+def test_a_converted_models_greedy_decoding_is_generates_scored_by_the_log_probability_of_its_tokens(
+        translation_folder):
+    """A generation config without `gnmt_alpha` (a converted model's) is decoded by `generate()`; with one beam each
+    translation's score is the log-probability of its tokens, EOS included, as teacher forcing computes it."""
+    from vaswani_hf.tools.translate import translations
+
+    model, tokenizer = load_local(translation_folder)
+    del model.generation_config.gnmt_alpha
+    model.generation_config.num_beams = 1
+    found = sorted(translations(model, tokenizer, SOURCES, nbest=1))
+    for (index, [(text, score)], _), source in zip(found, SOURCES, strict=True):
+        inputs = tokenizer(source, return_tensors="pt")
+        with torch.no_grad():
+            sequence = model.generate(**inputs, num_beams=1)[0]
+            log_probs = model(**inputs, decoder_input_ids=sequence[None, :-1]).logits[0].log_softmax(-1)
+        assert text == tokenizer.decode(sequence, skip_special_tokens=True)
+        assert score == pytest.approx(log_probs.gather(-1, sequence[1:, None]).sum().item(), abs=1e-4)
+
+
 @pytest.mark.parametrize("problem", ["missing", "empty", "broken config", "no weights"])
 def test_vaswani_translate_explains_a_bad_model_folder_in_one_line(translation_folder, tmp_path, capfd, monkeypatch,
                                                                   problem):
