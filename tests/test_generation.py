@@ -141,6 +141,15 @@ def test_what_the_papers_search_does_not_take_is_refused_in_one_line_not_sent_el
     assert torch.equal(transformers_beam, plain.generate(source, attention_mask=mask, max_new_tokens=6, **option))
 
 
+def test_the_papers_search_refuses_a_source_that_is_not_a_batch_of_token_ids_in_one_line():
+    model = tiny_model()
+    model.generation_config.num_beams, model.generation_config.gnmt_alpha = 3, 1.4
+    source, _ = padded_sources()
+    message = "does not take inputs other than a (batch, length) tensor of token ids: leave it out"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        model.generate(source[0])
+
+
 def test_the_papers_output_length_is_source_length_plus_50_unless_set():
     model = tiny_model()
     model.generation_config.gnmt_alpha = 0.6
