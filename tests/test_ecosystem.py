@@ -470,7 +470,7 @@ def test_a_converted_models_greedy_decoding_is_generates_scored_by_the_log_proba
 
     model, tokenizer = load_local(translation_folder)
     del model.generation_config.gnmt_alpha
-    model.generation_config.num_beams = 1
+    model.generation_config.num_beams, model.generation_config.max_new_tokens = 1, 40  # as vaswani-convert sets them
     found = sorted(translations(model, tokenizer, SOURCES, nbest=1))
     for (index, [(text, score)], _), source in zip(found, SOURCES, strict=True):
         inputs = tokenizer(source, return_tensors="pt")
