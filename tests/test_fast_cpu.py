@@ -270,9 +270,15 @@ def test_the_probe_packs_each_weight_once_as_a_translation_does(monkeypatch):
     assert len(copies) == 1 + fast_cpu_module.ROUNDS and all(copy is copies[0] for copy in copies)
 
 
-def test_measuring_the_plan_leaves_the_weights_gradients_and_random_state_as_found():
-    """fast_cpu in a training run (training/run.py) before its first step: the run's draws are its own."""
+def test_measuring_the_plan_leaves_the_weights_gradients_and_random_state_as_found(monkeypatch):
+    """fast_cpu in a training run (training/run.py) before its first step: the run's draws are its own. With a trained
+    model's generation config (training/hub.py: early stopping), the greedy probe draws no transformers warning."""
+    from transformers.generation import configuration_utils
+
+    warned = []
+    monkeypatch.setattr(configuration_utils.logger, "warning_once", lambda message, *args: warned.append(message))
     model = fast_cpu(tiny_model(seed=3, dropout=0.1), PLAIN)  # the training probe draws dropout masks
+    model.generation_config.early_stopping = True
     weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     torch.manual_seed(5)
     expected = torch.rand(3)
@@ -281,6 +287,7 @@ def test_measuring_the_plan_leaves_the_weights_gradients_and_random_state_as_fou
     assert torch.equal(torch.rand(3), expected)
     assert all(torch.equal(tensor, weights[name]) for name, tensor in model.state_dict().items())
     assert all(parameter.grad is None for parameter in model.parameters())
+    assert warned == []
 
 
 def test_the_plan_is_measured_once_and_read_back_for_the_same_machine_and_sizes(plans, monkeypatch, tmp_path):

@@ -148,8 +148,8 @@ def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) 
                 else:
                     model.eval()
                     timer = functools.partial(generate_seconds, model, input_ids=source, generation_config=(
-                        GenerationConfig(  # exactly new_tokens a sequence: no end of sentence
-                            num_beams=4 if mode == "beam" else 1, do_sample=False,
+                        GenerationConfig(  # exactly new_tokens a sequence: no end of sentence, no early stopping
+                            num_beams=4 if mode == "beam" else 1, do_sample=False, early_stopping=False,
                             max_new_tokens=PROBE["new_tokens"], eos_token_id=None, pad_token_id=config.pad_token_id,
                             bos_token_id=config.bos_token_id, decoder_start_token_id=config.decoder_start_token_id)))
                 rounds = round_seconds([functools.partial(timer, {**PLAIN, mode: candidate}) for candidate in listed])
