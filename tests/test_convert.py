@@ -198,6 +198,7 @@ def test_what_cannot_be_converted_is_one_line_before_anything_is_written(marian_
                                                                 share_encoder_decoder_embeddings=False), out),
         "encoder_ffn_dim != decoder_ffn_dim": (edited_copy(source, tmp_path / "ffn", decoder_ffn_dim=32), out),
         "activation_function='tanh'": (edited_copy(source, tmp_path / "tanh", activation_function="tanh"), out),
+        "normalize_before=True": (edited_copy(source, tmp_path / "pre-ln", normalize_before=True), out),
     }
     for expected, (model, output) in cases.items():
         message = refusal(capfd, convert.main, "marian", model, output)
@@ -407,6 +408,9 @@ def test_a_fairseq_folder_that_cannot_be_converted_is_one_line_before_anything_i
             lambda s: {**s, "model": {k: v for k, v in s["model"].items() if k != "encoder.layers.1.fc1.weight"}}},
         "has encoder_learned_pos, which vaswani_hf does not compute": {"checkpoint": lambda s: {
             **s, "args": argparse.Namespace(**{**vars(s["args"]), "encoder_learned_pos": True})}},
+        "has activation_fn='tanh', which vaswani_hf does not compute": {"checkpoint": lambda s: {
+            **s, "args": argparse.Namespace(**{**vars(s["args"]), "activation_fn": "tanh"})}},
+        "dict.de.txt, line 1: not \"word count\" ('Hund')": {"dictionary": lambda text: "Hund\n" + text},
     }
     for number, (expected, edit) in enumerate(cases.items()):
         release = edited_release(fairseq_release, tmp_path / f"case{number}", **edit)
