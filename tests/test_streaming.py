@@ -90,3 +90,14 @@ def test_batches_are_grouped_by_length_within_the_buffer_and_differ_by_epoch():
     in_stream_order = [pairs[i:i + len(batch)] for i, batch in zip(
         itertools.accumulate((len(b) for b in first), initial=0), first)]
     assert padding(first) < 0.05 < padding(in_stream_order)
+
+
+def test_a_process_whose_part_of_the_stream_is_empty_stops_with_one_line():
+    """One pair and two processes: the second reads nothing, and says why instead of waiting for pairs forever."""
+    from training.data import DataError
+
+    one = Dataset.from_dict({"source": [PAIRS[0][0]], "target": [PAIRS[0][1]]}).to_iterable_dataset()
+    batches = StreamedBatches(one, WordEncoder(TOKENIZER), 1, 2, max_tokens=200, max_length=MAX_LENGTH,
+                              buffer_pairs=10, seed=5, accumulation=1)
+    with pytest.raises(DataError, match=r"^the training stream holds no pairs for this process \(fewer pairs than "):
+        batches.next_batch()
