@@ -462,7 +462,7 @@ def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_fold
                                stdin=b"A dog.\n") == "error: --nbest 5 is more than the beam size 4"
 
 
-def test_a_converted_models_greedy_decoding_is_generates_scored_by_the_log_probability_of_its_tokens(
+def test_a_converted_models_greedy_translations_are_scored_by_the_log_probability_of_their_tokens(
         translation_folder):
     """A generation config without `gnmt_alpha` (a converted model's) is decoded by `generate()`; with one beam each
     translation's score is the log-probability of its tokens, EOS included, as teacher forcing computes it."""

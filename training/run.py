@@ -407,10 +407,12 @@ def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:
         if output_dir.exists() and not output_dir.is_dir():
             raise SystemExit(f"error: --output_dir {output_dir} is a file")
         if output_dir.is_dir() and any(output_dir.iterdir()) and not args.overwrite_output_dir:
-            resume = "resume its run with --resume_from_checkpoint latest, " if checkpoints(output_dir) else ""
-            held = "is not empty" if resume else "is not empty and holds no checkpoint to resume"
-            raise SystemExit(f"error: --output_dir {output_dir} {held}: {resume}replace it with "
-                             "--overwrite_output_dir, or choose another folder")
+            if checkpoints(output_dir):
+                held = "is not empty: resume its run with --resume_from_checkpoint latest, replace it"
+            else:
+                held = "is not empty and holds no checkpoint to resume: replace it"
+            raise SystemExit(f"error: --output_dir {output_dir} {held} with --overwrite_output_dir, or choose another "
+                             "folder")
         return None
     if args.overwrite_output_dir:
         raise SystemExit(
