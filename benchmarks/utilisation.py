@@ -20,9 +20,9 @@ Each size, in each of `--processes` fresh processes (ours / Marian is the median
    for unless they exceed its step), host waits in a step, and one step profiled (the GPU's busy share, kernels
    launched, the 8 slowest kernels, the host's calls of most self time);
 2. FLOPs: the timed steps' forward and backward again, eager, under `torch.utils.flop_counter.FlopCounterMode` (the
-   matrix products and attention), beside 6 x the weights each (padded) token passes through, which leaves attention's
-   products out (on a CPU FlopCounterMode counts no attention: the two agree); MFU = those
-   FLOPs / the timed steps' seconds / the GPU's dense bf16 peak (PEAKS);
+   matrix products and attention; attention's kernels also apart), beside 6 x the weights each (padded) token passes
+   through, which leaves attention's products out (the count without attention's kernels and the estimate agree);
+   MFU = all the counted FLOPs / the timed steps' seconds / the GPU's dense bf16 peak (PEAKS);
 3. Marian: MarianMTModel at the same size, by `Seq2SeqTrainer` (bf16, fused AdamW, label smoothing 0.1) on the same
    batches, accumulated as ours, with torch's choice of attention kernels: target tokens/s of its timed steps;
 4. projected: the paper's recipes on this GPU at the measured seconds a step (base 100k steps, big 300k).
@@ -250,7 +250,7 @@ def measure(size: str, args) -> dict:
     waits = count_syncs(device, lambda: one_step(timed.stop))
     profile = kernels_of(device, lambda: one_step(timed.stop + 1), seconds / args.steps, top=8)
 
-    flops = counted_flops(accelerator, unwrap(model), [inputs_of[index] for index in timed], device,
+    flops, attention = counted_flops(accelerator, unwrap(model), [inputs_of[index] for index in timed], device,
                           args.pad_to_multiple_of)
     passed = weights_passed(unwrap(model))
     padded = side_tokens([inputs_of[index] for index in timed], args.pad_to_multiple_of)
@@ -264,7 +264,8 @@ def measure(size: str, args) -> dict:
         "seconds_per_step": seconds / args.steps, "target_tokens_per_step": tokens / args.steps,
         "target_tokens_per_second": tokens / seconds, "peak_memory_gib": peak, "allocator_calls_per_step": allocator,
         "host_data_seconds_per_step": statistics.median(host), "host_waits_per_step": waits,
-        "flops_per_step": flops / args.steps, "estimated_flops_per_step": estimate / args.steps,
+        "flops_per_step": flops / args.steps, "attention_flops_per_step": attention / args.steps,
+        "estimated_flops_per_step": estimate / args.steps,
         "tflops_per_second": flops / seconds / 1e12,
     }
     peak_rate = peak_flops(device_name(device))
@@ -294,9 +295,10 @@ def graph_breaks() -> dict[str, int]:
     return {reason[:200]: count for reason, count in counters["graph_break"].most_common(8)}
 
 
-def counted_flops(accelerator, model, steps: list, device: torch.device, multiple: int) -> float:
+def counted_flops(accelerator, model, steps: list, device: torch.device, multiple: int) -> tuple[float, float]:
     """FLOPs of these steps' forward and backward passes (the ids of each step's batches), eager, as
-    FlopCounterMode counts them; the gradients are dropped after."""
+    FlopCounterMode counts them, and those of attention's kernels among them (which torch counts on a GPU, and
+    from 2.15 on a CPU too); the gradients are dropped after."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
@@ -309,7 +311,8 @@ def counted_flops(accelerator, model, steps: list, device: torch.device, multipl
                                    decoder_input_ids=decoder_input_ids, use_cache=False).logits
                     label_smoothed_nll(logits, batch["labels"])[0].backward()
     model.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
+    attention = sum(count for op, count in counter.get_flop_counts()["Global"].items() if "attention" in str(op))
+    return counter.get_total_flops(), attention
 
 
 def weights_passed(model) -> dict[str, int]:
@@ -409,8 +412,9 @@ def markdown(report: dict) -> str:
     for size, s in report["sizes"].items():
         by = ", ".join(f"{run['target_tokens_per_second']:,.0f}" for run in s["processes"])
         lines.append(f"\n{size}: {len(s['processes'])} process(es), each figure the median; target tokens/s by "
-                     f"process {by}; FlopCounterMode {s['flops_per_step'] / 1e12:.2f} TFLOP a step, 6 x weights "
-                     f"passed {s['estimated_flops_per_step'] / 1e12:.2f}; compile {s['compile']}, cuDNN attention "
+                     f"process {by}; FlopCounterMode {s['flops_per_step'] / 1e12:.2f} TFLOP a step (attention's "
+                     f"kernels {s['attention_flops_per_step'] / 1e12:.2f}), 6 x weights passed "
+                     f"{s['estimated_flops_per_step'] / 1e12:.2f}; compile {s['compile']}, cuDNN attention "
                      f"{'yes' if s['cudnn_attention'] else 'no'}, warm-up "
                      f"{s['warmup_steps']} steps in {s['warmup_seconds']:.0f} s; targets: " + ", ".join(
                          f"{name} >= {t['target']} {'met' if t['met'] else 'missed' if t['met'] is False else '–'}"
