@@ -20,8 +20,8 @@ Each size, in each of `--processes` fresh processes (ours / Marian is the median
    for unless they exceed its step), host waits in a step, and one step profiled (the GPU's busy share, kernels
    launched, the 8 slowest kernels, the host's calls of most self time);
 2. FLOPs: the timed steps' forward and backward again, eager, under `torch.utils.flop_counter.FlopCounterMode` (the
-   matrix products and attention; attention's kernels also apart), beside 6 x the weights each (padded) token passes
-   through, which leaves attention's products out (the count without attention's kernels and the estimate agree);
+   matrix products and attention's kernels, whose share is also reported), beside 6 x the weights each (padded) token
+   passes through, which leaves attention out (on a CPU the count without attention's kernels and the estimate agree);
    MFU = all the counted FLOPs / the timed steps' seconds / the GPU's dense bf16 peak (PEAKS);
 3. Marian: MarianMTModel at the same size, by `Seq2SeqTrainer` (bf16, fused AdamW, label smoothing 0.1) on the same
    batches, accumulated as ours, with torch's choice of attention kernels: target tokens/s of its timed steps;
@@ -251,7 +251,7 @@ def measure(size: str, args) -> dict:
     profile = kernels_of(device, lambda: one_step(timed.stop + 1), seconds / args.steps, top=8)
 
     flops, attention = counted_flops(accelerator, unwrap(model), [inputs_of[index] for index in timed], device,
-                          args.pad_to_multiple_of)
+                                     args.pad_to_multiple_of)
     passed = weights_passed(unwrap(model))
     padded = side_tokens([inputs_of[index] for index in timed], args.pad_to_multiple_of)
     estimate = 6 * sum(passed[side] * count for side, count in padded.items())
