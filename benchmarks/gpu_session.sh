@@ -6,20 +6,21 @@
 #
 # then the device call, `carry: [".whl"]`, timeout 590:
 #
-#     bash benchmarks/gpu_session.sh [PART ...]      # default: speed base cudnn big compiled
+#     bash benchmarks/gpu_session.sh [PART ...]      # default: speed base training big
 #
 # Parts, in the order given, each skipped when fewer seconds are left of the call's 580 than it needs, each leaving
 # its report even when a later one fails (the slowest last: what is cut is the least needed):
 #   speed     benchmarks/speed.py --sizes small base on the host's CPU, pinned to cores 0 and 1 with 2 threads (the
 #             2-core machine's stand-in), in the background while the GPU parts run on the other cores: 5 min;
-#   base      utilisation.py, base, eager, SDPA without cuDNN's kernels (run.py's default), 3 processes, Marian
-#             beside (torch's choice of kernels): 2.5 min;
-#   cudnn     the same with cuDNN's attention kernels for ours too (`--cudnn_attention`), 1 process: 1 min;
-#   big       as base, big, 1 process: 1.5 min;
-#   compiled  as base, compiled by inductor, 1 process, no Marian: 5 min (2026-11-28: 5 of its 7 compiling);
-#   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2: 1.5 min;
+#   base      utilisation.py, base, as run.py trains by default (compiled by inductor, SDPA without cuDNN's kernels),
+#             3 processes, Marian beside (torch's choice of kernels): about 5 min (2026-11-29: the first process's
+#             compile 2.2 min; the others may find inductor's cache);
 #   training  benchmarks/gpu_check.py --parts training remote: run.py's base preset compiled, resumed and eager,
-#             200 steps each, and the remote-code check: about 5 min.
+#             200 steps each, and the remote-code check: about 4 min;
+#   big       as base, big, 1 process: about 3.5 min;
+#   eager     as base, eager (`--compile no`), 1 process: 1 min;
+#   cudnn     as eager, with cuDNN's attention kernels for ours too (`--cudnn_attention`): 1 min;
+#   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2: 1.5 min.
 # Every part's log and reports come back as $OUT/gpu_session.tgz (and the speed log beside it); they go to the notebook
 # (benchmarks/README.md) and the README. GPU_SESSION_TINY=1 runs the same parts here, at tiny sizes on the CPU, without
 # the wheels (a dry run).
@@ -66,22 +67,22 @@ utilisation() {  # NAME SECONDS_NEEDED FLAGS...: benchmarks/utilisation.py into 
     run "$name" "$needed" python3 benchmarks/utilisation.py --output_dir "$work/$name" "$@"
 }
 
-for part in "${@:-speed base cudnn big compiled}"; do
+for part in "${@:-speed base training big}"; do
     for name in $part; do
         case $name in
             speed) sizes=${tiny:+--sizes small --repeats 1}
                    PYTHONPATH=".:${PYTHONPATH:-}" timeout 570 taskset -c 0,1 python3 benchmarks/speed.py \
                        ${sizes:---sizes small base} > "$out/speed.log" 2>&1 &
                    [ "$(nproc)" -gt 2 ] && pin="taskset -c 2-$(($(nproc) - 1))" ;;
-            base) utilisation base 150 --sizes base --processes 3 ;;
-            cudnn) utilisation cudnn 60 --sizes base --processes 1 --cudnn_attention ;;
-            big) utilisation big 90 --sizes big --processes 1 ;;
-            compiled) utilisation compiled 200 --sizes base --processes 1 --skip_marian --compile inductor ;;
+            base) utilisation base 240 --sizes base --processes 3 ;;
+            big) utilisation big 200 --sizes big --processes 1 ;;
+            eager) utilisation eager 60 --sizes base --processes 1 --compile no ;;
+            cudnn) utilisation cudnn 60 --sizes base --processes 1 --compile no --cudnn_attention ;;
             decoding) run decoding 100 env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
                           python3 benchmarks/gpu_decoding.py --output_dir "$work/decoding" ;;
             training) run training 240 python3 benchmarks/gpu_check.py --parts training remote \
                           --output_dir "$work/training" ;;
-            *) echo "error: unknown part $name: speed, base, cudnn, big, compiled, decoding, training"; exit 1 ;;
+            *) echo "error: unknown part $name: speed, base, training, big, eager, cudnn, decoding"; exit 1 ;;
         esac
     done
 done

@@ -11,9 +11,9 @@ tokens, a tail to 256; targets about 10% longer), written as training/run.py wri
 
 Each size, in each of `--processes` fresh processes (ours / Marian is the median of their ratios):
 
-1. ours: run.py's step as run.py runs it on a GPU — its batches, collation, `TrainingStep` (eager, or compiled with
-   `--compile inductor`; SDPA without cuDNN's kernels unless `--cudnn_attention`, as run.py; the label-smoothed loss
-   block by block; nothing read from the GPU but every `--logging_steps`), fused Adam and the §5.3 schedule, in as few
+1. ours: run.py's step as run.py runs it on a GPU — its batches, collation, `TrainingStep` (compiled by inductor on a
+   GPU unless `--compile no`, as run.py; SDPA without cuDNN's kernels unless `--cudnn_attention`, as run.py; nothing
+   read from the GPU but every `--logging_steps`), fused Adam and the §5.3 schedule, in as few
    batches a step as the GPU's memory holds (`--max_tokens 0`). After `--warmup` steps (compiling, if compiled),
    `--steps` timed ones: target tokens/s, seconds a step, peak memory, the caching allocator's calls to CUDA a step
    (allocations, frees, retries), the host's seconds a step reading and padding batches (which the GPU does not wait
@@ -52,7 +52,7 @@ from training.batching import EpochBatches, collate
 from training.distributed import prepare, unwrap
 from training.loss import label_smoothed_nll
 from training.schedule import paper_optimizer
-from training.step import TrainingStep, largest_batch, read_values
+from training.step import TrainingStep, compile_backend, largest_batch, read_values
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, fast_gpu
 from vaswani_hf.modeling_vaswani import shift_tokens_right
 from vaswani_hf.speed.kernels import cpu_name
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                      "1 with --tiny)")
     parser.add_argument("--warmup", type=int, default=None, help="steps before timing (default 10; --tiny 2)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20; --tiny 4)")
-    parser.add_argument("--compile", default="no", help="as training/run.py's (a torch.compile backend, or no)")
+    parser.add_argument("--compile", default="auto", help="as run.py's (auto, no, or a torch.compile backend)")
     parser.add_argument("--cudnn_attention", action="store_true",
                         help="as run.py's: ours may train with cuDNN's attention kernels (torch's choice on Hopper)")
     parser.add_argument("--max_tokens", type=int, default=0, help="as run.py's (0: the most the GPU's memory holds)")
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         low = 0 if name in ("warmup", "max_tokens") else 1
         if getattr(args, name) is not None and getattr(args, name) < low:
             raise SystemExit(f"error: --{name} {getattr(args, name)}: must be at least {low}")
-    if args.compile != "no" and args.compile not in torch._dynamo.list_backends(exclude_tags=()):
-        raise SystemExit(f"error: --compile {args.compile}: no, or one of {torch._dynamo.list_backends()}")
+    if args.compile not in ("auto", "no") and args.compile not in torch._dynamo.list_backends(exclude_tags=()):
+        raise SystemExit(f"error: --compile {args.compile}: auto, no, or one of {torch._dynamo.list_backends()}")
     output_dir, device = output_and_device(args.output_dir, args.tiny)
     args.warmup = TINY["warmup"] if args.warmup is None and args.tiny else 10 if args.warmup is None else args.warmup
     args.steps = TINY["steps"] if args.steps is None and args.tiny else args.steps or 20
@@ -206,7 +206,7 @@ def measure(size: str, args) -> dict:
     workspace = Path(tempfile.mkdtemp())
     lengths = wmt_like_pairs(TINY["pairs"] if tiny else 400_000, vocab)
     batches = EpochBatches(token_file(workspace, *lengths, vocab), MAX_LENGTH, max_tokens, 0, accumulation, 0, 1)
-    backend = None if args.compile == "no" else args.compile
+    backend = compile_backend(args.compile, device)
     step = TrainingStep(accelerator, model, 0.1, backend, args.cudnn_attention)
     model.train()
 

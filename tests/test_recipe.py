@@ -1,12 +1,14 @@
 """The training recipe's small parts (§5.3, §5.4, §6.1), each against its formula."""
 
+import math
+
 import pytest
 import torch
 from safetensors.torch import save_file
 
 from training import averaging
 from training.averaging import average_checkpoints
-from training.loss import label_smoothed_nll
+from training.loss import label_smoothed_nll, plain_label_smoothed_nll
 from training.schedule import inverse_sqrt_lr, paper_optimizer
 
 
@@ -61,25 +63,32 @@ def random_logits(seed=0, shape=(2, 5, 11)):
     return torch.randn(*shape, generator=generator) * 3
 
 
-def test_smoothed_loss_at_epsilon_zero_is_plain_nll():
+# The loss of an eager step (block by block) and of a compiled one (plain operations, for the compiler to fuse)
+BOTH_LOSSES = pytest.mark.parametrize("loss", [label_smoothed_nll, plain_label_smoothed_nll], ids=["blocks", "plain"])
+
+
+@BOTH_LOSSES
+def test_smoothed_loss_at_epsilon_zero_is_plain_nll(loss):
     logits = random_logits()
     labels = torch.tensor([[1, 2, 3, -100, -100], [4, 5, 6, 7, 8]])
-    smoothed, nll, count = label_smoothed_nll(logits, labels, epsilon=0.0)
+    smoothed, nll, count = loss(logits, labels, epsilon=0.0)
     expected = torch.nn.functional.cross_entropy(logits.view(-1, 11), labels.view(-1), reduction="sum")
     torch.testing.assert_close(smoothed, expected)
     torch.testing.assert_close(nll, expected)
     assert count == 8
 
 
-def test_smoothed_loss_ignores_padding():
+@BOTH_LOSSES
+def test_smoothed_loss_ignores_padding(loss):
     logits = random_logits()
     labels = torch.tensor([[1, 2, 3, -100, -100], [4, 5, 6, 7, 8]])
     changed = logits.clone()
     changed[0, 3:] = 1000.0  # whatever the model says at padded positions
-    torch.testing.assert_close(label_smoothed_nll(changed, labels)[0], label_smoothed_nll(logits, labels)[0])
+    torch.testing.assert_close(loss(changed, labels)[0], loss(logits, labels)[0])
 
 
-def test_smoothed_loss_is_the_cross_entropy_against_gold_1_minus_eps_others_eps_over_v_minus_1():
+@BOTH_LOSSES
+def test_smoothed_loss_is_the_cross_entropy_against_gold_1_minus_eps_others_eps_over_v_minus_1(loss):
     logits = random_logits(seed=1)
     labels = torch.tensor([[1, 2, 3, 4, -100], [4, 5, 6, 7, 8]])
     epsilon, vocab = 0.1, 11
@@ -87,7 +96,7 @@ def test_smoothed_loss_is_the_cross_entropy_against_gold_1_minus_eps_others_eps_
     target.scatter_(-1, labels.clamp(min=0).unsqueeze(-1), 1 - epsilon)
     per_token = -(target * logits.log_softmax(-1)).sum(-1)
     expected = per_token[labels != -100].sum()
-    torch.testing.assert_close(label_smoothed_nll(logits, labels, epsilon)[0], expected)
+    torch.testing.assert_close(loss(logits, labels, epsilon)[0], expected)
 
 
 def smoothed_reference(logits, labels, epsilon):
@@ -119,6 +128,50 @@ def test_smoothed_loss_gradient_is_autograds_through_the_formula_block_by_block(
     torch.testing.assert_close(logits.grad, reference.grad)
     torch.testing.assert_close(logits, reference)  # the logits themselves untouched
     assert logits.grad[0, 3:].abs().max() == 0  # ignored positions
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_plain_loss_gradient_is_autograds_through_the_formula(dtype):
+    """The compiled step's loss, differentiated by autograd through its own operations (the gold logit picked by a
+    comparison, not `gather`), against the formula written with q, in the logits' dtype."""
+    logits = random_logits(seed=2, shape=(2, 5, 13)).to(dtype).requires_grad_()
+    labels = torch.tensor([[1, 2, 3, -100, -100], [4, 5, 6, 7, 12]])
+    reference = logits.detach().clone().requires_grad_()
+    smoothed, nll, count = plain_label_smoothed_nll(logits, labels, 0.1)
+    expected = smoothed_reference(reference, labels, 0.1)
+    torch.testing.assert_close(smoothed, expected)
+    (0.37 * smoothed).backward()
+    (0.37 * expected).backward()
+    assert logits.grad.dtype == dtype and not nll.requires_grad and count == 8
+    torch.testing.assert_close(logits.grad, reference.grad)
+
+
+def test_the_compiled_plain_loss_is_the_eager_loss_without_a_float32_copy_of_the_logits(monkeypatch):
+    """What a compiled step gains: inductor fuses the plain loss, forward and backward, so that nothing the size of the
+    logits is made in float32 (every buffer inductor allocates is recorded, at this run's sizes), with the loss and
+    the gradient of the eager step's blocks. Sizes symbolic, as the step compiles them."""
+    allocations = []
+    allocate = torch._C._dynamo.guards._empty_strided_cpu  # what inductor's generated code allocates with
+
+    def recorded(size, stride, dtype, *rest):
+        allocations.append((math.prod(size), dtype))
+        return allocate(size, stride, dtype, *rest)
+
+    monkeypatch.setattr(torch._C._dynamo.guards, "_empty_strided_cpu", recorded)
+    torch._dynamo.reset()
+    logits = random_logits(seed=4, shape=(3, 7, 29)).bfloat16().requires_grad_()
+    labels = torch.randint(0, 29, (3, 7), generator=torch.Generator().manual_seed(4))
+    labels[0, 4:] = -100
+    reference = logits.detach().clone().requires_grad_()
+    compiled = torch.compile(plain_label_smoothed_nll, backend="inductor", dynamic=True)(logits, labels, 0.1)
+    compiled[0].backward()
+    expected = label_smoothed_nll(reference, labels, 0.1)
+    expected[0].backward()
+    for got, want in zip(compiled, expected):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(logits.grad, reference.grad)
+    assert (logits.numel(), torch.bfloat16) in allocations  # the gradient: the recording saw inductor's buffers
+    assert max(numel for numel, dtype in allocations if dtype == torch.float32) <= labels.numel()
 
 
 def test_smoothed_loss_makes_no_float32_copy_of_the_whole_logits():

@@ -148,7 +148,8 @@ def test_on_a_gpu_the_step_trains_without_cudnns_attention_unless_asked(monkeypa
 def test_a_compiled_step_whose_first_batch_has_one_width_on_both_sides_compiles_once():
     """Dynamo gives sizes equal at its first trace one symbol ("duck sizing"): a first batch whose sources and
     targets have one width would make the first batch where they differ compile a second graph (a base step compiles
-    for about a minute on a GPU). The step gives each size a symbol of its own: one graph for batches of any widths."""
+    for about a minute on a GPU). The step gives each size a symbol of its own: one graph for batches of any widths,
+    the model's, and one for the loss."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
     from conftest import tiny_model
@@ -165,7 +166,18 @@ def test_a_compiled_step_whose_first_batch_has_one_width_on_both_sides_compiles_
             batch = collate(range(len(sources)), sources, targets, 0, "cpu")
             step([batch], int(batch["labels"].ne(-100).sum()))
             model.zero_grad(set_to_none=True)
-        assert step.compilations() == 1
+        assert step.compilations() == 2
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
+
+
+def test_compile_auto_is_inductor_on_a_gpu_and_eager_on_a_cpu():
+    """--compile auto (the default): inductor on a GPU, where it measured the faster; eager on a CPU, and eager when
+    --dropout_epochs changes P_drop at every step; a backend named is taken as it is."""
+    from training.step import compile_backend
+
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert compile_backend("auto", gpu) == "inductor" and compile_backend("auto", cpu) is None
+    assert compile_backend("auto", gpu, dropout_changes=True) is None
+    assert compile_backend("no", gpu) is None and compile_backend("aot_eager", cpu) == "aot_eager"

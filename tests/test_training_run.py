@@ -198,17 +198,18 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_pat
 @pytest.mark.xdist_group("one_process_run")
 def test_a_compiled_run_trains_as_the_eager_run_and_compiles_once(tmp_path, small_data, one_process_run):
     """--compile aot_eager: torch.compile's dynamo and AOTAutograd (inductor's front end, without its C++ compiler on a
-    CPU) over the model. Its losses and gradient norms are the eager run's, and its 8 batches of different shapes
-    (2 a step) make one graph: the sizes are symbolic from the first compile."""
+    CPU) over the model and the loss (the plain formula, which the eager run computes block by block). Its losses and
+    gradient norms are the eager run's, and its 8 batches of different shapes (2 a step) make one graph for the model
+    and one for the loss: the sizes are symbolic from the first compile."""
     result = launch(tmp_path / "compiled", *ONE_PROCESS, *small_data, "--compile", "aot_eager", "--no_fast_cpu")
     eager, compiled = history(one_process_run), history(tmp_path / "compiled")
     assert len({h["tokens"] for h in eager}) > 1
     assert [h["loss"] for h in compiled] == pytest.approx([h["loss"] for h in eager], rel=1e-6)
     assert [h["grad_norm"] for h in compiled] == pytest.approx([h["grad_norm"] for h in eager], rel=1e-6)
     metrics = json.loads((tmp_path / "compiled" / "metrics.json").read_text())
-    assert metrics["compiled_graphs"] == 1 and json.loads((one_process_run / "metrics.json").read_text())[
+    assert metrics["compiled_graphs"] == 2 and json.loads((one_process_run / "metrics.json").read_text())[
         "compiled_graphs"] == 0
-    assert "step 1: torch.compile has compiled 1 graph(s) so far" in result.stdout + result.stderr
+    assert "step 1: torch.compile has compiled 2 graph(s) so far" in result.stdout + result.stderr
 
 
 @pytest.mark.xdist_group("one_process_run")

@@ -32,7 +32,7 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
     assert tiny["target_tokens_per_second"] > 0 and tiny["marian"]["target_tokens_per_second"] > 0
     assert tiny["over_marian"] == pytest.approx(
         tiny["target_tokens_per_second"] / tiny["marian"]["target_tokens_per_second"])
-    assert tiny["compile"] == "no" and tiny["compiled_graphs"] == 0  # eager unless --compile names a backend
+    assert tiny["compile"] == "no" and tiny["compiled_graphs"] == 0  # auto: eager on a CPU
     assert tiny["mfu"] is None and tiny["host_waits_per_step"] is None  # no GPU: no peak, no waits to count
     assert tiny["recipe_hours"] == pytest.approx(100_000 * tiny["seconds_per_step"] / 3600)
     host = tiny["profile"]["top_host"]  # where a step's host time goes: the operators of most self time, in order
@@ -67,7 +67,7 @@ def test_a_size_whose_process_fails_is_reported_and_the_benchmark_fails(tmp_path
 @pytest.mark.parametrize(("flags", "message"), [
     (["--steps", "0"], "error: --steps 0: must be at least 1"),
     (["--processes", "0"], "error: --processes 0: must be at least 1"),
-    (["--compile", "inducer"], "error: --compile inducer: no, or one of .*"),
+    (["--compile", "inducer"], "error: --compile inducer: auto, no, or one of .*"),
 ])
 def test_a_wrong_flag_is_one_line_before_any_work(tmp_path, flags, message):
     with pytest.raises(SystemExit, match=f"^{message}$"):

@@ -99,8 +99,9 @@ class RecipeArguments:
                 "up to --tokens_per_step (fewest batches a step, found by trial steps), on a CPU 4096."})
     pad_to_multiple_of: int = field(default=1, metadata={
         "help": "Pad each batch's source and target widths to a multiple of this (1: to the longest pair)."})
-    compile: str = field(default="no", metadata={
-        "help": "torch.compile the training step with this backend (inductor, aot_eager, ...); no: eager."})
+    compile: str = field(default="auto", metadata={
+        "help": "torch.compile the training step: auto (inductor on a GPU, unless --dropout_epochs; eager on a CPU), "
+                "no (eager), or a torch.compile backend (inductor, aot_eager, ...)."})
     tokens_per_step: int = field(default=25000, metadata={
         "help": "Tokens per optimizer step, reached by accumulation."})
     warmup_steps: int = 4000
@@ -191,11 +192,11 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
         raise SystemExit("error: --dropout_epochs counts epochs of a corpus whose size --streaming does not know")
     if any(alpha < 0 for alpha in args.alpha_candidates or []):
         raise SystemExit(f"error: --alpha_candidates {args.alpha_candidates}: α must be at least 0")
-    if args.compile != "no":
+    if args.compile not in ("auto", "no"):
         from torch._dynamo import list_backends
 
         if args.compile not in list_backends(exclude_tags=()):
-            raise SystemExit(f"error: --compile {args.compile}: no, or one of {list_backends()}")
+            raise SystemExit(f"error: --compile {args.compile}: auto, no, or one of {list_backends()}")
         if epochs is not None:
             raise SystemExit("error: --dropout_epochs changes P_drop at every step, which a compiled step would be "
                              "compiled again for: add --compile no")

@@ -17,6 +17,10 @@ from the logits as the model returns them (bfloat16 under autocast): at the pape
 On a GPU the loss is bound by memory, not arithmetic, so each block is passed over as few times as torch's kernels
 allow: forward, log_softmax (whose gold entry is -NLL) and a row sum; backward, exp(z - lse), the gold entries
 moved, and one multiply-add that writes the gradient in the logits' dtype.
+
+A compiled training step (`--compile`) takes `plain_label_smoothed_nll` instead: the same sums in plain
+differentiable operations, which torch.compile fuses into one pass over the logits each way (three row reductions
+forward; backward, one element-wise kernel that writes the gradient in the logits' dtype), float32 only in registers.
 """
 
 import torch
@@ -87,3 +91,19 @@ def converts_as_it_writes(tensor: torch.Tensor) -> bool:
     """Whether a float32 product is best written into this (lower precision) tensor directly: CUDA converts in the
     same kernel, while a CPU's mixed-dtype addcmul is several times slower than a float32 one and a copy after."""
     return tensor.is_cuda
+
+
+def plain_label_smoothed_nll(logits: torch.Tensor, labels: torch.Tensor, epsilon: float = 0.1,
+                             ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`label_smoothed_nll`'s three sums, the module docstring's formula in plain operations for torch.compile to fuse
+    (run eagerly, it would make float32 copies of the whole logits). The gold logit is picked by comparing each
+    column's index with the label, not by `gather`, whose gradient would be a scatter into a zeroed float32 copy."""
+    z = logits.float()
+    vocab_size = z.shape[-1]
+    keep = labels.ne(ignore_index)
+    is_gold = torch.arange(vocab_size, device=z.device) == labels.clamp(min=0)[..., None]
+    lse = z.logsumexp(-1)
+    gold = z.where(is_gold, 0.0).sum(-1)
+    nll = lse - gold
+    smoothed = nll - epsilon * (nll + (z.sum(-1) - vocab_size * lse + nll) / (vocab_size - 1))
+    return smoothed.where(keep, 0.0).sum(), nll.detach().where(keep, 0.0).sum(), keep.sum()

@@ -66,7 +66,7 @@ from training.hub import write_output_folder
 from training.recipe import NOT_RECIPE, recipe_deviations, training_data
 from training.schedule import inverse_sqrt_lr, paper_optimizer
 from training.schedules import Budgeted, Replayed, Steps
-from training.step import TrainingStep, largest_batch, read_values
+from training.step import TrainingStep, compile_backend, largest_batch, read_values
 from training.streaming import StreamedBatches
 from training.tokenizer import corpus_texts, train_joint_bpe
 from training.tokens import WordEncoder, token_dataset
@@ -105,7 +105,7 @@ def main():
     distributed["parameters_held_by_the_main_process"] = held_parameters(model)
     batches = training_batches(accelerator, model, data["train"], data_args, tokenizer, max_tokens, args, output_dir,
                                distributed)
-    backend = None if args.compile == "no" else args.compile
+    backend = compile_backend(args.compile, accelerator.device, bool(args.dropout_epochs))
     train_step = TrainingStep(accelerator, model, args.label_smoothing, backend, args.cudnn_attention)
     if backend:
         say(f"the training step is compiled by torch.compile ({backend}): the first steps wait for it")

@@ -4,11 +4,11 @@
   lists, and the loss comes back as a tensor that training/run.py reads every `--logging_steps`. On a GPU the host
   meanwhile reads and pads the next step's batches: they are ready when the GPU is. (Several processes add up their
   token counts first: one wait a step.)
-- `--compile BACKEND` runs the model through `torch.compile` (eager by default: on an H200 inductor's step was the
-  slower, benchmarks/README.md), its sizes symbolic from the first compile (`dynamic=True`: a run's batches differ
-  in rows and lengths, and compiling for each shape would recompile until dynamo gives up), each size a symbol of its
-  own (`own_symbols`); a run compiles a few times, which `compilations()` counts. The loss stays outside the graph
-  (training/loss.py computes it block by block).
+- `--compile BACKEND` runs the model and the loss through `torch.compile` (inductor on a GPU by default, eager on a
+  CPU: `compile_backend`), their sizes symbolic from the first compile (`dynamic=True`: a run's batches differ in
+  rows and lengths, and compiling for each shape would recompile until dynamo gives up), each size a symbol of its
+  own (`own_symbols`); a run compiles each once, which `compilations()` counts. Compiled, the loss is
+  training/loss.py's `plain_label_smoothed_nll`, which the compiler fuses; eager, `label_smoothed_nll`'s blocks.
 - Largest batches (`--max_tokens 0` on a GPU, `fewest_batches`): an optimizer step in as few batches as the GPU's
   memory holds, found by trial steps at the sizes that would divide the step evenly.
 - Attention kernels on a GPU (`attention_kernels`): SDPA chooses among flash, memory-efficient and math kernels, not
@@ -25,7 +25,7 @@ from accelerate.utils import broadcast_object_list
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from training.distributed import gradient_sync, unwrap
-from training.loss import label_smoothed_nll
+from training.loss import label_smoothed_nll, plain_label_smoothed_nll
 from vaswani_hf.modeling_vaswani import shift_tokens_right
 
 MEMORY_SHARE = 0.9  # of the GPU's memory, for the trial step's peak and Adam's two moments
@@ -43,6 +43,8 @@ class TrainingStep:
         self.accelerator, self.model, self.label_smoothing = accelerator, model, label_smoothing
         self.kernels = functools.partial(attention_kernels, accelerator.device, cudnn_attention)
         self.forward = torch.compile(model, backend=backend, dynamic=True) if backend else model
+        self.loss = torch.compile(plain_label_smoothed_nll, backend=backend, dynamic=True) if backend else \
+            label_smoothed_nll
         self.symbols = own_symbols if backend else contextlib.nullcontext
         self.graphs = compiled_graphs()  # dynamo's count is per process: this step's are those compiled after
 
@@ -58,15 +60,24 @@ class TrainingStep:
                                                        config.decoder_start_token_id)
                 logits = self.forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                       decoder_input_ids=decoder_input_ids, use_cache=False).logits
-                loss_sum, _, _ = label_smoothed_nll(logits, batch["labels"], self.label_smoothing)
+                loss_sum, _, _ = self.loss(logits, batch["labels"], self.label_smoothing)
                 # DDP and FSDP average gradients over processes: scale so the step's sum is divided by its tokens.
                 accelerator.backward(loss_sum * accelerator.num_processes / step_tokens)
             step_loss += loss_sum.detach()
         return accelerator.reduce(step_loss, "sum") / step_tokens, step_tokens
 
     def compilations(self) -> int:
-        """Graphs compiled for this step so far (0 uncompiled)."""
+        """Graphs compiled for this step so far, the model's and the loss's (0 uncompiled)."""
         return compiled_graphs() - self.graphs if self.forward is not self.model else 0
+
+
+def compile_backend(choice: str, device: torch.device, dropout_changes: bool = False) -> str | None:
+    """The torch.compile backend of `--compile` `choice`, or None for eager: auto is inductor on a GPU (measured the
+    faster there, benchmarks/README.md), unless P_drop changes from step to step (`--dropout_epochs`: each value would
+    compile again), and eager on a CPU."""
+    if choice == "auto":
+        return "inductor" if device.type == "cuda" and not dropout_changes else None
+    return None if choice == "no" else choice
 
 
 def attention_kernels(device: torch.device, cudnn: bool = False):
