@@ -273,18 +273,34 @@ def gnmt(model, source: torch.Tensor, new_tokens: int) -> torch.Tensor:
 def count_syncs(device: torch.device, call) -> int | None:
     """How many times `call()` makes the host wait for the GPU, as torch's sync debug mode reports them; None on
     a CPU."""
+    places = sync_places(device, call)
+    return None if places is None else len(places)
+
+
+def sync_places(device: torch.device, call, frames: int = 4) -> list[str] | None:
+    """Where `call()` makes the host wait for the GPU, one entry a wait: the innermost `frames` Python frames of the
+    wait as torch's sync debug mode reports it ("file:line function", innermost first); None on a CPU."""
     if device.type != "cuda":
         call()
         return None
     synchronize(device)
-    with warnings.catch_warnings(record=True) as caught:
+    places = []
+
+    def record(message, *rest):
+        if "synchronizing" in str(message):
+            stack = [frame for frame in traceback.extract_stack()[:-1] if not frame.filename.endswith("warnings.py")]
+            places.append(" < ".join(f"{Path(frame.filename).name}:{frame.lineno} {frame.name}"
+                                     for frame in reversed(stack[-frames:])))
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
             call()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchronizing" in str(warning.message) for warning in caught)
+    return places
 
 
 @torch.no_grad()

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np
 import torch
-from gpu_check import count_syncs, device_name, kernels_of, output_and_device, release, synchronize
+from gpu_check import device_name, kernels_of, output_and_device, release, sync_places, synchronize
 
 from training.batching import EpochBatches, collate
 from training.distributed import prepare, unwrap
@@ -138,7 +138,7 @@ def brief(run: dict) -> dict:
             "warmup_seconds")
     return {**{key: run[key] for key in keys}, "busy": run["profile"].get("busy"),
             "host_ms": {k["call"][:40]: round(k["ms"], 1) for k in run["profile"]["top_host"][:4]},
-            "allocator_calls_per_step": run["allocator_calls_per_step"],
+            "allocator_calls_per_step": run["allocator_calls_per_step"], "host_waits_at": run["host_waits_at"],
             "marian_tokens_per_second": run.get("marian", {}).get("target_tokens_per_second")}
 
 
@@ -247,7 +247,7 @@ def measure(size: str, args) -> dict:
     tokens, seconds = steps(timed)
     allocator = {key: (count - before[key]) / args.steps for key, count in allocator_calls(device).items()}
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
-    waits = count_syncs(device, lambda: one_step(timed.stop))
+    waits = sync_places(device, lambda: one_step(timed.stop))
     profile = kernels_of(device, lambda: one_step(timed.stop + 1), seconds / args.steps, top=8)
 
     flops, attention = counted_flops(accelerator, unwrap(model), [inputs_of[index] for index in timed], device,
@@ -263,7 +263,8 @@ def measure(size: str, args) -> dict:
         "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds, "steps": args.steps,
         "seconds_per_step": seconds / args.steps, "target_tokens_per_step": tokens / args.steps,
         "target_tokens_per_second": tokens / seconds, "peak_memory_gib": peak, "allocator_calls_per_step": allocator,
-        "host_data_seconds_per_step": statistics.median(host), "host_waits_per_step": waits,
+        "host_data_seconds_per_step": statistics.median(host),
+        "host_waits_per_step": None if waits is None else len(waits), "host_waits_at": waits,
         "flops_per_step": flops / args.steps, "attention_flops_per_step": attention / args.steps,
         "estimated_flops_per_step": estimate / args.steps,
         "tflops_per_second": flops / seconds / 1e12,
@@ -429,6 +430,9 @@ def markdown(report: dict) -> str:
                 f"{key} {count:.1f}" for key, count in s["allocator_calls_per_step"].items()))
         lines.append(f"{size}, the host's calls of most self time in that step: " + "; ".join(
             f"{k['call'][:60]} {k['ms']:.1f} ms ({k['calls']})" for k in s["profile"]["top_host"]))
+        if s.get("host_waits_at"):  # on a GPU, where a step waited
+            lines.append(f"{size}, where the host waited for the GPU in a step (process 1): " + "; ".join(
+                s["host_waits_at"]))
         if s["graph_breaks"]:
             lines.append(f"{size}: graph breaks: {s['graph_breaks']}")
     lines += [f"\n{name} FAILED: {error.strip().splitlines()[-1] if error.strip() else '?'}"

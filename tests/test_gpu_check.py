@@ -5,13 +5,16 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import gpu_check
 from gpu_check import checks, main, ratio, without_repository
 
 
@@ -98,3 +101,22 @@ def test_each_check_fails_when_its_property_breaks(broken, failed):
     assert all(checks(passing_report()).values())
     found = checks({**passing_report(), **broken})
     assert [name for name, held in found.items() if not held] == [failed]
+
+
+def test_each_wait_for_the_gpu_is_placed_where_the_step_made_it(monkeypatch):
+    """The host's waits of a step (utilisation.py's `host_waits_at`): torch's sync debug mode warns at each wait, in
+    the frame of the operation that waited; each warning of that kind, and no other, becomes one place, innermost
+    frame first. (No GPU here: the debug mode's switch is stubbed and the warnings given as torch words them.)"""
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    monkeypatch.setattr(gpu_check, "synchronize", lambda device: None)
+
+    def waits_twice():
+        warnings.warn("called a synchronizing CUDA operation")
+        warnings.warn("something else")
+        warnings.warn("called a synchronizing CUDA operation")
+
+    places = gpu_check.sync_places(torch.device("cuda"), waits_twice)
+    assert len(places) == 2 and places[0] != places[1]
+    assert all(place.split(" < ")[0].startswith("test_gpu_check.py:") and " waits_twice" in place.split(" < ")[0]
+               and " sync_places" in place.split(" < ")[1] for place in places)
+    assert gpu_check.count_syncs(torch.device("cuda"), waits_twice) == 2
