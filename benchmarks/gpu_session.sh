@@ -6,18 +6,24 @@
 #
 # then the device call, `carry: [".whl"]`, timeout 590:
 #
-#     bash benchmarks/gpu_session.sh [PART ...]      # default: speed base training big
+#     bash benchmarks/gpu_session.sh [PART ...]      # default: speed base big
 #
-# Parts, in the order given, each skipped when fewer seconds are left of the call's 580 than it needs, each leaving
-# its report even when a later one fails (the slowest last: what is cut is the least needed):
+# and at once, on the machine still warm, a second call with the lease's time left (15 minutes a session; the first
+# call's start and transfers took about 30 s on 2026-11-29, the second's 12 s), timeout T, GPU_SESSION_SECONDS
+# about T - 10:
+#
+#     GPU_SESSION_SECONDS=250 bash benchmarks/gpu_session.sh training
+#
+# Parts, in the order given, each skipped when fewer seconds are left of the call's GPU_SESSION_SECONDS (580) than it
+# needs, each leaving its report even when a later one fails (the slowest last: what is cut is the least needed):
 #   speed     benchmarks/speed.py --sizes small base on the host's CPU, pinned to cores 0 and 1 with 2 threads (the
 #             2-core machine's stand-in), in the background while the GPU parts run on the other cores: 5 min;
 #   base      utilisation.py, base, as run.py trains by default (compiled by inductor, SDPA without cuDNN's kernels),
 #             3 processes, Marian beside (torch's choice of kernels): about 5 min (2026-11-29: the first process's
 #             compile 2.2 min; the others may find inductor's cache);
+#   big       as base, big, 1 process: about 3.5 min;
 #   training  benchmarks/gpu_check.py --parts training remote: run.py's base preset compiled, resumed and eager,
 #             200 steps each, and the remote-code check: about 4 min;
-#   big       as base, big, 1 process: about 3.5 min;
 #   eager     as base, eager (`--compile no`), 1 process: 1 min;
 #   cudnn     as eager, with cuDNN's attention kernels for ours too (`--cudnn_attention`): 1 min;
 #   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2: 1.5 min.
@@ -50,7 +56,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 pin=""
 run() {  # NAME SECONDS_NEEDED COMMAND...: the command under the time left, its log into the parts' folder
-    local name=$1 needed=$2 left=$((580 - (SECONDS - started)))
+    local name=$1 needed=$2 left=$((${GPU_SESSION_SECONDS:-580} - (SECONDS - started)))
     shift 2
     if [ "$left" -lt "$needed" ]; then
         echo "gpu_session: $name skipped, $left s left of the $needed it needs"
@@ -67,11 +73,11 @@ utilisation() {  # NAME SECONDS_NEEDED FLAGS...: benchmarks/utilisation.py into 
     run "$name" "$needed" python3 benchmarks/utilisation.py --output_dir "$work/$name" "$@"
 }
 
-for part in "${@:-speed base training big}"; do
+for part in "${@:-speed base big}"; do
     for name in $part; do
         case $name in
             speed) sizes=${tiny:+--sizes small --repeats 1}
-                   PYTHONPATH=".:${PYTHONPATH:-}" timeout 570 taskset -c 0,1 python3 benchmarks/speed.py \
+                   PYTHONPATH=".:${PYTHONPATH:-}" timeout $((${GPU_SESSION_SECONDS:-580} - 10)) taskset -c 0,1 python3 benchmarks/speed.py \
                        ${sizes:---sizes small base} > "$out/speed.log" 2>&1 &
                    [ "$(nproc)" -gt 2 ] && pin="taskset -c 2-$(($(nproc) - 1))" ;;
             base) utilisation base 240 --sizes base --processes 3 ;;
