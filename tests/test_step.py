@@ -181,3 +181,36 @@ def test_compile_auto_is_inductor_on_a_gpu_and_eager_on_a_cpu():
     assert compile_backend("auto", gpu) == "inductor" and compile_backend("auto", cpu) is None
     assert compile_backend("auto", gpu, dropout_changes=True) is None
     assert compile_backend("no", gpu) is None and compile_backend("aot_eager", cpu) == "aot_eager"
+
+
+def test_mixed_precision_keeps_the_logits_dtype_and_trains_as_accelerates_float32_outputs():
+    """Under bf16 mixed precision Accelerate converts the forward's outputs to float32 (a copy of the whole logits);
+    `prepare` keeps its autocast and drops the copy. The logits stay bfloat16, also outside `accelerator.autocast()`,
+    and a step's loss and gradients are those of the model as Accelerate prepares it, bit for bit (bfloat16 to
+    float32 is exact, and the loss converts what it reads)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from conftest import tiny_model
+
+    from training.batching import collate
+    from training.distributed import prepare
+    from training.schedule import paper_optimizer
+    from training.step import TrainingStep
+
+    batch = collate(range(3), SOURCES, TARGETS, 0, "cpu")
+    ours, accelerates = tiny_model().train(), tiny_model().train()
+    accelerates.load_state_dict(ours.state_dict())
+    try:
+        accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+        ours = prepare(accelerator, ours, lambda m: paper_optimizer(m, 24))[0]
+        accelerates = accelerator.prepare(accelerates)
+        source = batch["input_ids"]
+        assert ours(input_ids=source, decoder_input_ids=source, use_cache=False).logits.dtype == torch.bfloat16
+        assert accelerates(input_ids=source, decoder_input_ids=source, use_cache=False).logits.dtype == torch.float32
+        losses = [TrainingStep(accelerator, model, 0.1)([batch], 10)[0] for model in (ours, accelerates)]
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    assert torch.equal(*losses)
+    for (name, parameter), other in zip(ours.named_parameters(), accelerates.parameters()):
+        assert torch.equal(parameter.grad, other.grad), name
