@@ -277,7 +277,7 @@ def count_syncs(device: torch.device, call) -> int | None:
     return None if places is None else len(places)
 
 
-def sync_places(device: torch.device, call, frames: int = 4) -> list[str] | None:
+def sync_places(device: torch.device, call, frames: int = 6) -> list[str] | None:
     """Where `call()` makes the host wait for the GPU, one entry a wait: the innermost `frames` Python frames of the
     wait as torch's sync debug mode reports it ("file:line function", innermost first); None on a CPU."""
     if device.type != "cuda":
