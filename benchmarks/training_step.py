@@ -9,8 +9,8 @@ the preset's gradient clipping and batches per step. P_drop is the preset's `dro
 value a run fits (`--dropout_epochs`: none in a run of under 10 epochs). Prints seconds per step, the first 5 left
 out: eager (`fast_cpu`'s plan for the preset's sizes, as training/run.py: oneDNN or torch's BLAS), eager under
 bfloat16 autocast (`--mixed_precision bf16`: plain `nn.Linear`) and compiled (`torch.compile(dynamic=True)`: plain
-`nn.Linear`, Inductor), the compile time, the eager step's top operators, and dropout's masks drawn four ways at the
-step's shapes (median of 50).
+`nn.Linear`, Inductor, the loss compiled beside as training/step.py compiles it), the compile time, the eager step's
+top operators, and dropout's masks drawn four ways at the step's shapes (median of 50).
 """
 
 import argparse
@@ -30,7 +30,7 @@ from speed import seconds
 
 from training.arguments import ModelArguments
 from training.batching import collate, encode, token_batches
-from training.loss import label_smoothed_nll
+from training.loss import label_smoothed_nll, plain_label_smoothed_nll
 from training.schedule import paper_optimizer
 from training.step import own_symbols
 from training.tokenizer import train_joint_bpe
@@ -43,13 +43,13 @@ DATA = ROOT.parent / "shared" / "data" / "multi30k"
 SKIPPED = 5  # steps left out of each timing: the allocator and caches settle
 
 
-def loss(model, batch):
-    """The step's forward as training/run.py's `accumulate_gradients` makes it."""
+def loss(model, batch, smoothed=label_smoothed_nll):
+    """The step's forward as training/run.py's `accumulate_gradients` makes it, its loss by `smoothed`."""
     config = model.config
     decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id, config.decoder_start_token_id)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    decoder_input_ids=decoder_input_ids, use_cache=False).logits
-    return label_smoothed_nll(logits, batch["labels"])[0]
+    return smoothed(logits, batch["labels"])[0]
 
 
 def bfloat16_autocast(model, batch):
@@ -133,13 +133,14 @@ def main():
     print(f"eager: {sum(eager) / len(eager):.3f} s a step")
     bf16 = train(model(), bfloat16_autocast, args.steps, per_step, clip)[SKIPPED:]
     print(f"eager, bfloat16 autocast (--mixed_precision bf16): {sum(bf16) / len(bf16):.3f} s a step")
-    if not args.no_compile:  # the model compiled, the loss outside its graph: as training/step.py compiles
+    if not args.no_compile:  # the model and the plain loss compiled, as training/step.py compiles them
         plain = model()
         forward = torch.compile(plain, dynamic=True)
+        smoothed = torch.compile(plain_label_smoothed_nll, dynamic=True)
 
         def compiled_loss(_, batch):
             with own_symbols():
-                return loss(forward, batch)
+                return loss(forward, batch, smoothed)
 
         compiled = train(plain, compiled_loss, args.steps, per_step, clip)
         steady = sum(compiled[SKIPPED:]) / len(compiled[SKIPPED:])
