@@ -6,6 +6,7 @@ import functools
 import io
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # user's ~/.cache; the processes the tests start inherit it.
 os.environ["VASWANI_HF_CACHE"] = tempfile.mkdtemp(prefix="vaswani-hf-tests-")
 
+import psutil
 import pytest
 import torch
 from filelock import FileLock
@@ -295,6 +297,30 @@ def run_training(*argv) -> None:
             AcceleratorState._reset_state(reset_partial_state=True)
             GradientState._reset_state()
             torch.set_num_threads(threads)
+
+
+def run_or_show_stacks(command: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """`command` run to its end, its output captured as text. If it is still running after `timeout` seconds (a
+    hang: nothing run this way needs that long), every process it started, itself included, prints each thread's
+    Python stack (faulthandler, on SIGABRT) and the test fails with what they printed: where each one waited."""
+    with subprocess.Popen(command, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            launched = psutil.Process(process.pid)
+            processes = [*launched.children(recursive=True), launched]
+            stdout = stderr = ""
+            for ending in (signal.SIGABRT, signal.SIGKILL):  # SIGKILL: for any that do not end on SIGABRT
+                for member in processes:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        member.send_signal(ending)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    stdout, stderr = process.communicate(timeout=60)
+                    break
+            pytest.fail(f"still running after {timeout} s: {' '.join(command)}\nit printed:\n{stdout[-3000:]}\n"
+                        f"its processes' threads, and what else they printed:\n{stderr[-30000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def run_hidden(script: str, *args, env_extra=None, cwd=None) -> str:

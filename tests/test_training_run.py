@@ -16,7 +16,7 @@ import pytest
 import torch
 from accelerate.commands.config.config_args import ClusterConfig
 from accelerate.utils import DistributedType
-from conftest import CODE_FILES, run_hidden, run_training, tiny_model
+from conftest import CODE_FILES, run_hidden, run_or_show_stacks, run_training, tiny_model
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
@@ -71,7 +71,7 @@ def launch(output_dir, *flags, processes=1, env_extra=None, killed=False, fsdp=F
            **(env_extra or {})}
     # A guard against a hang, not a speed limit: the embedded-data run takes about 135 s on one core of a 2-core
     # AMD EPYC (family 23) beside the other worker's tests, and a slower machine must not fail it by the clock.
-    result = subprocess.run(command, env=env, check=False, capture_output=True, text=True, timeout=1800)
+    result = run_or_show_stacks(command, env, timeout=900)
     if killed:  # the run killed itself with SIGKILL at its VASWANI_FAULT point (training/faults.py)
         if command[1] == "-m":  # the launcher reports its process's signal
             assert result.returncode != 0 and "SIGKILL" in result.stderr, result.stderr[-3000:]
