@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=None,
                         help="fresh processes parts 1 and 2 each run in, one after another (default: 3 on a GPU, 1 "
                         "with --tiny)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="the training part's runs with run.py's --deterministic: the resumed run must then "
+                        "repeat the first one's losses exactly")
     args = parser.parse_args(argv)
     if args.processes is not None and args.processes < 1:
         raise SystemExit(f"error: --processes {args.processes}: parts 1 and 2 need at least one process")
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is downloaded, here or in the processes it starts
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # float32 as GPUs train it
 
-    shape = SHAPES["tiny" if args.tiny else "gpu"]
+    shape = {**SHAPES["tiny" if args.tiny else "gpu"], "deterministic": args.deterministic}
     processes = args.processes or (1 if args.tiny else 3)
     parts = {**PARTS, **{part: partial(in_processes, part, processes, args.tiny) for part in PAIRED}}
     report = {"date": datetime.date.today().isoformat(), "device": device_name(device), "host": cpu_name(),
@@ -375,7 +378,8 @@ def training(device: torch.device, shape: dict, output_dir: Path) -> dict:
     # steps; faster, this post-LN model's loss jumped up at step 150 (8e-4) on an H100.
     flags = ["--preset", "base", *shape["model_flags"], *write_pairs(output_dir / "data", shape["pairs"]),
              "--max_steps", str(steps), "--save_steps", str(steps // 2), "--save_minutes", "0", "--eval_steps", "0",
-             "--warmup_steps", str(shape["warmup_steps"]), "--lr_scale", str(shape["lr_scale"])]
+             "--warmup_steps", str(shape["warmup_steps"]), "--lr_scale", str(shape["lr_scale"]),
+             *(["--deterministic"] if shape["deterministic"] else [])]
     run, timeout = output_dir / "run", 480  # a compiled run compiles first: about a minute on an H100
     compiled = device.type == "cuda"
     flags += ["--compile", "inductor" if compiled else "no"]  # the eager run's last --compile wins
@@ -607,6 +611,8 @@ def checks(report: dict) -> dict:
         training = report["training"]
         found["loss falls"] = training["last_loss"] < training["first_loss"] - LOSS_FALLS
         found["resumed run follows the first"] = training["resumed_max_relative_difference"] <= RESUMED_TOLERANCE
+        if report.get("shape", {}).get("deterministic"):
+            found["deterministic: the resumed run repeats the first's losses"] = training["resumed_identical"]
         eager = training["eager_last_loss"]
         found["compiled run's loss within 1% of the eager run's"] = (
             abs(training["last_loss"] - eager) <= COMPILED_TOLERANCE * eager)

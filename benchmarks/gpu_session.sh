@@ -26,7 +26,9 @@
 #             200 steps each, and the remote-code check: about 4 min;
 #   eager     as base, eager (`--compile no`), 1 process: 1 min;
 #   cudnn     as eager, with cuDNN's attention kernels for ours too (`--cudnn_attention`): 1 min;
-#   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2: 1.5 min.
+#   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2: 1.5 min;
+#   deterministic  run.py's --deterministic: base's step with it (1 process, no Marian: its cost against base's), then
+#             the training part's runs with it, whose resumed run must repeat the first's losses exactly: 6 min.
 # Every part's log and reports come back as $OUT/gpu_session.tgz (and the speed log beside it); they go to the notebook
 # (benchmarks/README.md) and the README. GPU_SESSION_TINY=1 runs the same parts here, at tiny sizes on the CPU, without
 # the wheels (a dry run).
@@ -88,7 +90,11 @@ for part in "${@:-speed base big}"; do
                           python3 benchmarks/gpu_decoding.py --output_dir "$work/decoding" ;;
             training) run training 240 python3 benchmarks/gpu_check.py --parts training remote \
                           --output_dir "$work/training" ;;
-            *) echo "error: unknown part $name: speed, base, training, big, eager, cudnn, decoding"; exit 1 ;;
+            deterministic) utilisation deterministic-step 150 --sizes base --processes 1 --skip_marian --deterministic
+                           run deterministic 240 python3 benchmarks/gpu_check.py --parts training --deterministic \
+                               --output_dir "$work/deterministic" ;;
+            *) echo "error: unknown part $name: speed, base, training, big, eager, cudnn, decoding, deterministic"
+               exit 1 ;;
         esac
     done
 done

@@ -52,7 +52,7 @@ from training.batching import EpochBatches, collate
 from training.distributed import prepare, unwrap
 from training.loss import label_smoothed_nll
 from training.schedule import paper_optimizer
-from training.step import TrainingStep, compile_backend, largest_batch, read_values
+from training.step import TrainingStep, compile_backend, deterministic_kernels, largest_batch, read_values
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, fast_gpu
 from vaswani_hf.modeling_vaswani import shift_tokens_right
 from vaswani_hf.speed.kernels import cpu_name
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", default="auto", help="as run.py's (auto, no, or a torch.compile backend)")
     parser.add_argument("--cudnn_attention", action="store_true",
                         help="as run.py's: ours may train with cuDNN's attention kernels (torch's choice on Hopper)")
+    parser.add_argument("--deterministic", action="store_true", help="as run.py's: deterministic kernels only")
     parser.add_argument("--max_tokens", type=int, default=0, help="as run.py's (0: the most the GPU's memory holds)")
     parser.add_argument("--pad_to_multiple_of", type=int, default=1)
     parser.add_argument("--no_fast_gpu", action="store_true", help="without vaswani_hf.fast_gpu (run.py applies it)")
@@ -187,6 +188,8 @@ def measure(size: str, args) -> dict:
     vocab, tokens_per_step = (TINY["vocab"], TINY["tokens_per_step"]) if tiny else (VOCAB, TOKENS_PER_STEP)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if args.deterministic:  # before the first product: cuBLAS reads its workspace setting when it starts
+        deterministic_kernels()
     accelerator = Accelerator(mixed_precision="bf16", cpu=device.type == "cpu")
     shape = {key: value for key, value in SIZES[size].items() if key != "recipe_steps"}
     config = VaswaniConfig(vocab_size=vocab, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
@@ -258,7 +261,7 @@ def measure(size: str, args) -> dict:
     result = {
         "size": size, "parameters": unwrap(model).num_parameters(), "max_tokens": max_tokens,
         "batches_per_step": accumulation, "compile": backend or "no", "compiled_graphs": step.compilations(),
-        "cudnn_attention": args.cudnn_attention,
+        "cudnn_attention": args.cudnn_attention, "deterministic": args.deterministic,
         "graph_breaks": graph_breaks(), "profile": profile,
         "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds, "steps": args.steps,
         "seconds_per_step": seconds / args.steps, "target_tokens_per_step": tokens / args.steps,
@@ -416,7 +419,8 @@ def markdown(report: dict) -> str:
                      f"process {by}; FlopCounterMode {s['flops_per_step'] / 1e12:.2f} TFLOP a step (attention's "
                      f"kernels {s['attention_flops_per_step'] / 1e12:.2f}), 6 x weights passed "
                      f"{s['estimated_flops_per_step'] / 1e12:.2f}; compile {s['compile']}, cuDNN attention "
-                     f"{'yes' if s['cudnn_attention'] else 'no'}, warm-up "
+                     f"{'yes' if s['cudnn_attention'] else 'no'}, deterministic "
+                     f"{'yes' if s['deterministic'] else 'no'}, warm-up "
                      f"{s['warmup_steps']} steps in {s['warmup_seconds']:.0f} s; targets: " + ", ".join(
                          f"{name} >= {t['target']} {'met' if t['met'] else 'missed' if t['met'] is False else '–'}"
                          for name, t in s["targets"].items() if t["target"] is not None))

@@ -84,11 +84,12 @@ def test_too_few_processes_is_a_one_line_error_before_any_work(tmp_path):
     assert not (tmp_path / "check").exists()
 
 
-TRAINED = {"first_loss": 6.0, "last_loss": 2.5, "eager_last_loss": 2.48, "resumed_max_relative_difference": 0.0}
+TRAINED = {"first_loss": 6.0, "last_loss": 2.5, "eager_last_loss": 2.48, "resumed_max_relative_difference": 0.0,
+           "resumed_identical": True}
 
 
 def passing_report() -> dict:
-    return {"training": TRAINED, "remote": {"sentences": 16, "equal": 16}}
+    return {"shape": {"deterministic": True}, "training": TRAINED, "remote": {"sentences": 16, "equal": 16}}
 
 
 @pytest.mark.parametrize("broken, failed", [
@@ -96,6 +97,8 @@ def passing_report() -> dict:
     ({"training": {**TRAINED, "resumed_max_relative_difference": 0.05}}, "resumed run follows the first"),
     ({"training": {**TRAINED, "eager_last_loss": 2.45}}, "compiled run's loss within 1% of the eager run's"),
     ({"remote": {"sentences": 16, "equal": 15}}, "remote code translates as vaswani-translate"),
+    ({"training": {**TRAINED, "resumed_identical": False, "resumed_max_relative_difference": 1e-6}},
+     "deterministic: the resumed run repeats the first's losses"),
 ])
 def test_each_check_fails_when_its_property_breaks(broken, failed):
     assert all(checks(passing_report()).values())

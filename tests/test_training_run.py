@@ -18,11 +18,13 @@ from accelerate.commands.config.config_args import ClusterConfig
 from accelerate.utils import DistributedType
 from conftest import CODE_FILES, run_hidden, run_or_show_stacks, run_training, tiny_model
 from safetensors.torch import load_file
+from torch._inductor import config as inductor_config
 from transformers import AutoTokenizer
 
 from training.batching import encode, token_batches
 from training.checkpoints import checkpoints
 from training.default_data import generate
+from training.step import TrainingStep
 from vaswani_hf import VaswaniForConditionalGeneration
 from vaswani_hf.tools.hub import published_files
 
@@ -449,6 +451,32 @@ def test_a_training_step_builds_no_decoding_cache(monkeypatch):
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
     assert tokens == 5 and loss > 0 and all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.xdist_group("whole_run")
+def test_a_deterministic_run_steps_under_torchs_strict_deterministic_mode_and_trains_as_the_default_run(
+        tmp_path, small_data, whole_run, monkeypatch):
+    """--deterministic: every step runs with torch's deterministic algorithms in strict mode (an op without a
+    deterministic kernel raises), cuBLAS's fixed workspace and inductor's deterministic mode set. On a CPU, where an
+    eager run is deterministic without it, the run equals the default one bit for bit: the whole run's losses and
+    weights."""
+    seen, step = [], TrainingStep.__call__
+    strict = lambda: (torch.are_deterministic_algorithms_enabled()
+                      and not torch.is_deterministic_algorithms_warn_only_enabled())
+    monkeypatch.setattr(TrainingStep, "__call__", lambda self, *args: seen.append(strict()) or step(self, *args))
+    monkeypatch.setattr(inductor_config, "deterministic", False)
+    workspace = os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    try:
+        train_here(tmp_path / "run", *WHOLE, *small_data, "--deterministic")
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and inductor_config.deterministic
+    finally:  # the process's settings as they were, for the tests after this one
+        torch.use_deterministic_algorithms(False)
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        if workspace is not None:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = workspace
+    assert len(seen) == len(history(whole_run)) and all(seen) and not strict()
+    assert [h["loss"] for h in history(tmp_path / "run")] == [h["loss"] for h in history(whole_run)]
+    assert_same_weights(tmp_path / "run", whole_run, atol=0)
 
 
 @pytest.mark.xdist_group("whole_run")

@@ -120,6 +120,9 @@ class RecipeArguments:
     cudnn_attention: bool = field(default=False, metadata={
         "help": "On a GPU, let SDPA train with cuDNN's attention kernels, torch's first choice on Hopper GPUs; off by "
                 "default: cuDNN builds a plan for each new batch shape, and batches change shape at every step."})
+    deterministic: bool = field(default=False, metadata={
+        "help": "Only kernels that give the same result from run to run (training/step.py): on a GPU, the same "
+                "command and seed then give the same weights (a CPU run in eager mode gives them without it)."})
     logging_steps: int = 10
     eval_steps: int = field(default=5000, metadata={"help": "Validation loss and BLEU every N steps (0: never)."})
     eval_max_sentences: int = field(default=500, metadata={"help": "Validation sentences decoded for BLEU."})

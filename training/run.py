@@ -66,7 +66,7 @@ from training.hub import write_output_folder
 from training.recipe import NOT_RECIPE, recipe_deviations, training_data
 from training.schedule import inverse_sqrt_lr, paper_optimizer
 from training.schedules import Budgeted, Replayed, Steps
-from training.step import TrainingStep, compile_backend, largest_batch, read_values
+from training.step import TrainingStep, compile_backend, deterministic_kernels, largest_batch, read_values
 from training.streaming import StreamedBatches
 from training.tokenizer import corpus_texts, train_joint_bpe
 from training.tokens import WordEncoder, token_dataset
@@ -302,6 +302,8 @@ def start_processes(args) -> tuple[Accelerator, dict]:
     if not use_gpu:  # share the cores this process may use among the processes; keep freed memory (allocator.py)
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // accelerator.num_processes))
         keep_freed_memory()
+    if args.deterministic:
+        deterministic_kernels()
     set_seed(args.seed)
     return accelerator, distributed
 

@@ -14,14 +14,20 @@
 - Attention kernels on a GPU (`attention_kernels`): SDPA chooses among flash, memory-efficient and math kernels, not
   cuDNN's unless `--cudnn_attention`. On Hopper GPUs torch prefers cuDNN's, and cuDNN builds an execution plan on the
   host for each new problem shape (rows, lengths), while a run's batches change shape at every step.
+- `--deterministic` (`deterministic_kernels`): only kernels whose result does not depend on the order in which
+  threads finish. Without it a GPU run adds some sums with atomics (memory-efficient attention's backward over split
+  keys; the embedding's gradient in a compiled step), so the same command and seed need not give the same weights
+  there; a CPU run in eager mode gives them either way.
 """
 
 import contextlib
 import functools
 import math
+import os
 
 import torch
 from accelerate.utils import broadcast_object_list
+from torch._inductor import config as inductor_config
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from training.distributed import gradient_sync, unwrap
@@ -69,6 +75,16 @@ class TrainingStep:
     def compilations(self) -> int:
         """Graphs compiled for this step so far, the model's and the loss's (0 uncompiled)."""
         return compiled_graphs() - self.graphs if self.forward is not self.model else 0
+
+
+def deterministic_kernels() -> None:
+    """For the rest of the process, kernels that give the same result from run to run (module docstring): torch's
+    deterministic algorithms (memory-efficient attention's backward without split keys, index sums sorted instead of
+    added atomically, in eager and in inductor's code), cuBLAS with a fixed workspace (read when cuBLAS starts: call
+    this before the first product on a GPU), and inductor without kernels chosen by timing them."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    inductor_config.deterministic = True
 
 
 def compile_backend(choice: str, device: torch.device, dropout_changes: bool = False) -> str | None:
