@@ -299,13 +299,14 @@ def run_training(*argv) -> None:
             torch.set_num_threads(threads)
 
 
-def run_or_show_stacks(command: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+def run_or_show_stacks(command: list[str], env: dict, timeout: float, cwd=None) -> subprocess.CompletedProcess:
     """`command` run to its end, its output captured as text. If it is still running after `timeout` seconds (a
     hang: nothing run this way needs that long), every process it started, itself included, prints each thread's
     Python stack (faulthandler, on SIGABRT) and the test fails with what they printed: where each one waited. Their
     output is unbuffered, so that it shows every line printed before the hang (a signal loses what a buffer holds)."""
     env = {**env, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
-    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+    with subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

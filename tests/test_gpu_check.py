@@ -3,7 +3,6 @@ hand; and its checks, which must fail when the property they name breaks."""
 
 import json
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -15,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check
+from conftest import run_or_show_stacks
 from gpu_check import checks, main, ratio, without_repository
 
 
@@ -24,7 +24,7 @@ def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--processes", "2",
                "--output_dir", str(tmp_path / "check")]
-    result = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=1200)
+    result = run_or_show_stacks(command, env, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "check" / "gpu_check.json").read_text())
     assert report["errors"] == {}

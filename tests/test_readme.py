@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_or_show_stacks
 
 from training.default_data import generate
 
@@ -136,8 +137,7 @@ def test_the_readmes_blocks_run_in_order(tmp_path, console, monkeypatch):
         if words[0] in IN_PROCESS:
             result = run_here(console, monkeypatch, tmp_path, words)
         else:
-            result = subprocess.run(command, cwd=tmp_path, env=env, check=False, capture_output=True, text=True,
-                                    timeout=900)
+            result = run_or_show_stacks(command, env, timeout=900, cwd=tmp_path)
         assert result.returncode == 0, f"{command[-1]}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     assert (tmp_path / "outputs" / "run" / "model.safetensors").is_file()
     assert (tmp_path / "translations.txt").read_text().count("\n") == 3

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from conftest import run_or_show_stacks
 from utilisation import main
 
 
@@ -24,7 +25,7 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, str(ROOT / "benchmarks" / "utilisation.py"), "--tiny", "--warmup", "1", "--steps", "2",
                "--pad_to_multiple_of", "8", "--output_dir", str(tmp_path / "out")]
-    result = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=900)
+    result = run_or_show_stacks(command, env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     tiny = json.loads((tmp_path / "out" / "utilisation.json").read_text())["sizes"]["tiny"]
     assert tiny["flops_per_step"] - tiny["attention_flops_per_step"] == tiny["estimated_flops_per_step"] > 0
