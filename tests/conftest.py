@@ -299,7 +299,8 @@ def run_training(*argv) -> None:
             torch.set_num_threads(threads)
 
 
-def run_or_show_stacks(command: list[str], env: dict, timeout: float, cwd=None) -> subprocess.CompletedProcess:
+def run_or_show_stacks(command: list[str], env: dict, timeout: float,
+                       cwd: os.PathLike | None = None) -> subprocess.CompletedProcess:
     """`command` run to its end, its output captured as text. If it is still running after `timeout` seconds (a
     hang: nothing run this way needs that long), every process it started, itself included, prints each thread's
     Python stack (faulthandler, on SIGABRT) and the test fails with what they printed: where each one waited. Their
