@@ -79,8 +79,8 @@ for part in "${@:-speed base big}"; do
     for name in $part; do
         case $name in
             speed) sizes=${tiny:+--sizes small --repeats 1}
-                   PYTHONPATH=".:${PYTHONPATH:-}" timeout $((${GPU_SESSION_SECONDS:-580} - 10)) taskset -c 0,1 python3 benchmarks/speed.py \
-                       ${sizes:---sizes small base} > "$out/speed.log" 2>&1 &
+                   PYTHONPATH=".:${PYTHONPATH:-}" timeout $((${GPU_SESSION_SECONDS:-580} - 10)) \
+                       taskset -c 0,1 python3 benchmarks/speed.py ${sizes:---sizes small base} >"$out/speed.log" 2>&1 &
                    [ "$(nproc)" -gt 2 ] && pin="taskset -c 2-$(($(nproc) - 1))" ;;
             base) utilisation base 240 --sizes base --processes 3 ;;
             big) utilisation big 200 --sizes big --processes 1 ;;
