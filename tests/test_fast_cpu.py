@@ -646,7 +646,9 @@ def test_the_attention_kernel_the_user_names_is_the_one_that_runs(monkeypatch, r
 
 
 # Pages faulted in by a 64 MiB tensor allocated and written right after an equal one was freed, before and after
-# keep_freed_memory() (a fresh process: the setting is for the whole process).
+# keep_freed_memory() (a fresh process: the setting is for the whole process), 8 times after. The first times after may
+# still take fresh pages: the heap grows until its freed memory has run together into a block large enough (at most 3
+# times in 150 processes of this probe on a Zen 4), and from then on it does not grow.
 REFAULT_PROBE = """
 import resource, torch
 from vaswani_hf import keep_freed_memory
@@ -659,8 +661,7 @@ def refaults():
 
 default = refaults()
 applied = keep_freed_memory()
-refaults()  # the heap grows once
-print(default, applied, refaults())
+print(default, applied, *[refaults() for _ in range(8)])
 """
 
 
@@ -668,6 +669,6 @@ def test_keep_freed_memory_lets_a_freed_block_be_reused_without_faulting_its_pag
     result = subprocess.run([sys.executable, "-c", REFAULT_PROBE], check=False, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    default, applied, kept = result.stdout.split()
+    default, applied, *kept = result.stdout.split()
     assert applied == "True"  # Linux with glibc, as the machines that run these tests
-    assert int(default) > 1000 and int(kept) * 100 < int(default), (default, kept)
+    assert int(default) > 1000 and all(int(faults) * 100 < int(default) for faults in kept[4:]), (default, kept)
