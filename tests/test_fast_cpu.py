@@ -647,8 +647,9 @@ def test_the_attention_kernel_the_user_names_is_the_one_that_runs(monkeypatch, r
 
 # Pages faulted in by a 64 MiB tensor allocated and written right after an equal one was freed, before and after
 # keep_freed_memory() (a fresh process: the setting is for the whole process), 8 times after. The first times after may
-# still take fresh pages: the heap grows until its freed memory has run together into a block large enough (at most 3
-# times in 150 processes of this probe on a Zen 4), and from then on it does not grow.
+# still take fresh pages: torch asks for its blocks 64-byte aligned, which takes glibc a little more than the block, so
+# a freed block with a small one after it cannot serve the next, and the heap grows until freed blocks have run
+# together (at most 3 times in 150 processes of this probe on a Zen 4); from then on it does not grow.
 REFAULT_PROBE = """
 import resource, torch
 from vaswani_hf import keep_freed_memory
