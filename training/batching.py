@@ -7,6 +7,7 @@ batches are shuffled. The order depends only on (seed, epoch), so every process 
 its share, and a resumed run sees the same batches.
 """
 
+import itertools
 import random
 
 import numpy as np
@@ -115,9 +116,8 @@ class EpochBatches:
 def rows_of(column) -> list[np.ndarray]:
     """The rows of an Arrow column of id lists, as numpy views of its memory."""
     column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    offsets = column.offsets.to_numpy()
-    values = column.values.to_numpy()[offsets[0]: offsets[-1]]
-    return np.split(values, offsets[1:-1] - offsets[0])
+    values, offsets = column.values.to_numpy(), column.offsets.to_numpy().tolist()
+    return [values[start:end] for start, end in itertools.pairwise(offsets)]  # np.split: several times slower
 
 
 def encode(tokenizer, pairs):
