@@ -17,8 +17,9 @@ Each size, in each of `--processes` fresh processes (ours / Marian is the median
    batches a step as the GPU's memory holds (`--max_tokens 0`). After `--warmup` steps (compiling, if compiled),
    `--steps` timed ones: target tokens/s, seconds a step, peak memory, the caching allocator's calls to CUDA a step
    (allocations, frees, retries), the host's seconds a step reading and padding batches (which the GPU does not wait
-   for unless they exceed its step), host waits in a step, and one step profiled (the GPU's busy share, kernels
-   launched, the 8 slowest kernels, the host's calls of most self time);
+   for unless they exceed its step), the host's seconds to hand a step to an idle GPU (at the step's seconds, the
+   host sets the pace), host waits in a step, and one step profiled (the GPU's busy share, kernels launched, the 8
+   slowest kernels, the host's calls of most self time);
 2. FLOPs: the timed steps' forward and backward again, eager, under `torch.utils.flop_counter.FlopCounterMode` (the
    matrix products and attention's kernels, whose share is also reported), beside 6 x the weights each (padded) token
    passes through, which leaves attention out (on a CPU the count without attention's kernels and the estimate agree);
@@ -138,6 +139,7 @@ def brief(run: dict) -> dict:
     keys = ("seconds_per_step", "target_tokens_per_second", "mfu", "peak_memory_gib", "compiled_graphs",
             "warmup_seconds")
     return {**{key: run[key] for key in keys}, "busy": run["profile"].get("busy"),
+            "host_issue_seconds_per_step": run["host_issue_seconds_per_step"],
             "host_ms": {k["call"][:40]: round(k["ms"], 1) for k in run["profile"]["top_host"][:4]},
             "allocator_calls_per_step": run["allocator_calls_per_step"], "host_waits_at": run["host_waits_at"],
             "marian_tokens_per_second": run.get("marian", {}).get("target_tokens_per_second")}
@@ -252,6 +254,7 @@ def measure(size: str, args) -> dict:
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
     waits = sync_places(device, lambda: one_step(timed.stop))
     profile = kernels_of(device, lambda: one_step(timed.stop + 1), seconds / args.steps, top=8)
+    issue = issue_seconds(device, one_step, range(timed.stop + 2, timed.stop + 5))
 
     flops, attention = counted_flops(accelerator, unwrap(model), [inputs_of[index] for index in timed], device,
                                      args.pad_to_multiple_of)
@@ -266,7 +269,7 @@ def measure(size: str, args) -> dict:
         "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds, "steps": args.steps,
         "seconds_per_step": seconds / args.steps, "target_tokens_per_step": tokens / args.steps,
         "target_tokens_per_second": tokens / seconds, "peak_memory_gib": peak, "allocator_calls_per_step": allocator,
-        "host_data_seconds_per_step": statistics.median(host),
+        "host_data_seconds_per_step": statistics.median(host), "host_issue_seconds_per_step": issue,
         "host_waits_per_step": None if waits is None else len(waits), "host_waits_at": waits,
         "flops_per_step": flops / args.steps, "attention_flops_per_step": attention / args.steps,
         "estimated_flops_per_step": estimate / args.steps,
@@ -280,6 +283,23 @@ def measure(size: str, args) -> dict:
         result["marian"] = marian(size, config, [inputs_of[index] for index in range(args.warmup + args.steps)],
                                   accumulation, args.warmup, device, workspace, args.pad_to_multiple_of)
     return result
+
+
+def issue_seconds(device: torch.device, one_step, indices: range) -> float | None:
+    """The median seconds the host takes to hand one step to an idle GPU, its batches read and padded, each step
+    started on an empty queue and its kernels not waited for: near the step's seconds with no wait in the step, the
+    host sets the pace; with a wait, up to the wait's place the GPU's time is in it too. None on a CPU, where the
+    host computes the step itself."""
+    if device.type != "cuda":
+        return None
+    seconds = []
+    for index in indices:
+        synchronize(device)
+        started = time.perf_counter()
+        one_step(index)
+        seconds.append(time.perf_counter() - started)
+    synchronize(device)
+    return statistics.median(seconds)
 
 
 def allocator_calls(device: torch.device) -> dict[str, int]:
@@ -401,17 +421,18 @@ def summary(size: str, runs: list[dict]) -> dict:
 
 def markdown(report: dict) -> str:
     header = ("| size | batches a step | target tokens/s | ours / Marian | TFLOP/s | MFU | peak GiB | s a step | "
-              "recipe hours | graphs | host s a step, waits |")
+              "recipe hours | graphs | host s a step: data, issue; waits |")
     lines = [f"**{report['device']}**, {report['date']}; host {report['host']}; torch {report['torch']}", "", header,
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for size, s in report["sizes"].items():
         ratio = f"{s['over_marian']:.2f}x" if "over_marian" in s else "–"
         mfu = f"{s['mfu']:.1%}" if s.get("mfu") is not None else "–"
         peak = f"{s['peak_memory_gib']:.1f}" if s.get("peak_memory_gib") is not None else "–"
+        issue = f"{s['host_issue_seconds_per_step']:.3f}" if s.get("host_issue_seconds_per_step") is not None else "–"
         cells = [size, f"{s['batches_per_step']} of <= {s['max_tokens']}", f"{s['target_tokens_per_second']:,.0f}",
                  ratio, f"{s['tflops_per_second']:.1f}", mfu, peak, f"{s['seconds_per_step']:.3f}",
                  f"{s['recipe_hours']:.1f} ({s['recipe_steps'] // 1000}k steps)", str(s["compiled_graphs"]),
-                 f"{s['host_data_seconds_per_step']:.3f}, {s['host_waits_per_step']}"]
+                 f"{s['host_data_seconds_per_step']:.3f}, {issue}; {s['host_waits_per_step']}"]
         lines.append("| " + " | ".join(cells) + " |")
     for size, s in report["sizes"].items():
         by = ", ".join(f"{run['target_tokens_per_second']:,.0f}" for run in s["processes"])

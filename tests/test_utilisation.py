@@ -35,6 +35,7 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
         tiny["target_tokens_per_second"] / tiny["marian"]["target_tokens_per_second"])
     assert tiny["compile"] == "no" and tiny["compiled_graphs"] == 0  # auto: eager on a CPU
     assert tiny["mfu"] is None and tiny["host_waits_per_step"] is None  # no GPU: no peak, no waits to count
+    assert tiny["host_issue_seconds_per_step"] is None  # nor steps handed to a GPU
     assert tiny["recipe_hours"] == pytest.approx(100_000 * tiny["seconds_per_step"] / 3600)
     host = tiny["profile"]["top_host"]  # where a step's host time goes: the operators of most self time, in order
     assert len(host) == 8 and any(call["call"].startswith("aten::") for call in host)
