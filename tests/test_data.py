@@ -163,10 +163,11 @@ def test_token_batches_on_arrays_are_the_pair_by_pair_batches(max_tokens):
             assert as_lists(token_batches(*arrays, max_tokens, seed, epoch)) == expected
 
 
-def test_a_process_reads_the_ids_of_its_share_of_each_steps_batches_leaving_out_overlong_pairs():
-    """EpochBatches.step against the pairs as plain lists: for each of this process's batches of a step (the
-    step's `accumulation` x processes batches, every processes-th from its rank), the ids of the batch's pairs,
-    read from a table of several Arrow chunks, where pairs longer than max_length are not counted."""
+def test_the_processes_read_the_ids_of_their_share_of_each_steps_batches_leaving_out_overlong_pairs():
+    """EpochBatches.step against the pairs as plain lists: for each of a process's batches of a step (the step's
+    `accumulation` x processes batches, every processes-th from its rank), the ids of the batch's pairs, read from a
+    table of several Arrow chunks, where pairs longer than max_length are not counted. Every step of an epoch on
+    both processes, and one step of the third epoch."""
     import random
 
     from datasets import concatenate_datasets
@@ -175,23 +176,30 @@ def test_a_process_reads_the_ids_of_its_share_of_each_steps_batches_leaving_out_
     from training.tokens import FEATURES
 
     rng = random.Random(3)
-    pairs = [[[rng.randrange(4, 60) for _ in range(rng.choice([1, 2, 5, 9, 14]))] for _ in range(2)]
+    pairs = [tuple([rng.randrange(4, 60) for _ in range(rng.choice([1, 2, 5, 9, 14]))] for _ in range(2))
              for _ in range(600)]
+    for first in (0, 250, 500):  # the first row of each chunk (below), kept
+        pairs[first] = ([5], [6, 7])
     columns = lambda part: {"source_ids": [s for s, _ in part], "target_ids": [t for _, t in part],
                             "source_length": [len(s) for s, _ in part], "target_length": [len(t) for _, t in part]}
     train = concatenate_datasets([Dataset.from_dict(columns(pairs[k:k + 250]), features=FEATURES)
                                   for k in range(0, 600, 250)])
     assert train.data.column("source_ids").num_chunks == 3
     kept = [i for i, (s, t) in enumerate(pairs) if max(len(s), len(t)) <= 9]
-    batches = EpochBatches(train, 9, 40, seed=2, accumulation=2, rank=1, world=2)
-    assert batches.skipped == 600 - len(kept) > 0
-    for step in (0, 1, batches.steps_per_epoch + 2):  # a step of the first epoch, and one of the third
-        epoch, place = divmod(step, batches.steps_per_epoch)
-        expected = token_batches([len(pairs[i][0]) for i in kept], [len(pairs[i][1]) for i in kept], 40, 2, epoch)
-        mine = [expected[place * 4 + a * 2 + 1] for a in range(2)]
-        read = batches.step(step)
-        assert [[[row.tolist() for row in side] for side in batch] for batch in read] == [
-            [[pairs[kept[i]][side] for i in batch] for side in (0, 1)] for batch in mine]
+    read = set()
+    for rank in (0, 1):
+        batches = EpochBatches(train, 9, 40, seed=2, accumulation=2, rank=rank, world=2)
+        assert batches.skipped == 600 - len(kept) > 0
+        for step in [*range(batches.steps_per_epoch), 2 * batches.steps_per_epoch + 1]:
+            epoch, place = divmod(step, batches.steps_per_epoch)
+            expected = token_batches([len(pairs[i][0]) for i in kept], [len(pairs[i][1]) for i in kept], 40, 2,
+                                     epoch)
+            mine = [expected[place * 4 + a * 2 + rank] for a in range(2)]
+            assert [[[row.tolist() for row in side] for side in batch] for batch in batches.step(step)] == [
+                [[pairs[kept[i]][side] for i in batch] for side in (0, 1)] for batch in mine]
+            read.update(kept[i] for batch in mine for i in batch if epoch == 0)
+    assert {0, 250, 500} <= read
+
 
 def test_the_word_cached_encoder_gives_the_tokenizers_ids_on_any_text():
     """training/tokens.py WordEncoder against the tokenizer itself: the embedded data, and random text mixing the
