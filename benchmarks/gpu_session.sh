@@ -6,7 +6,7 @@
 #
 # then the device call, `carry: [".whl"]`, timeout 590:
 #
-#     bash benchmarks/gpu_session.sh [PART ...]      # default: speed base big
+#     bash benchmarks/gpu_session.sh [PART ...]      # default: speed base wrapper
 #
 # and at once, on the machine still warm, a second call with the lease's time left (15 minutes a session; the first
 # call's start and transfers took about 30 s on 2026-11-29, the second's 12 s), timeout T, GPU_SESSION_SECONDS
@@ -21,7 +21,11 @@
 #   base      utilisation.py, base, as run.py trains by default (compiled by inductor, SDPA without cuDNN's kernels),
 #             3 processes, Marian beside (torch's choice of kernels): about 5 min (2026-11-29: the first process's
 #             compile 2.2 min; the others may find inductor's cache);
-#   big       as base, big, 1 process: about 3.5 min;
+#   wrapper   as base, 1 process, no Marian, inductor's kernels called from C++ (TORCHINDUCTOR_CPP_WRAPPER=1), not
+#             Python: whether the host's time a step sets base's pace (utilisation.py's issue seconds): about 3.5 min
+#             (not yet timed on a GPU: its C++ is compiled too);
+#   big       as base, big, 1 process: about 3.5 min (off the default since session 75: 35.6% in session 70, over
+#             its target, and the step has only lost work since);
 #   training  benchmarks/gpu_check.py --parts training remote: run.py's base preset compiled, resumed and eager,
 #             200 steps each, and the remote-code check: about 4 min;
 #   eager     as base, eager (`--compile no`), 1 process: 1 min;
@@ -75,7 +79,7 @@ utilisation() {  # NAME SECONDS_NEEDED FLAGS...: benchmarks/utilisation.py into 
     run "$name" "$needed" python3 benchmarks/utilisation.py --output_dir "$work/$name" "$@"
 }
 
-for part in "${@:-speed base big}"; do
+for part in "${@:-speed base wrapper}"; do
     for name in $part; do
         case $name in
             speed) sizes=${tiny:+--sizes small --repeats 1}
@@ -84,6 +88,8 @@ for part in "${@:-speed base big}"; do
                    [ "$(nproc)" -gt 2 ] && pin="taskset -c 2-$(($(nproc) - 1))" ;;
             base) utilisation base 240 --sizes base --processes 3 ;;
             big) utilisation big 200 --sizes big --processes 1 ;;
+            wrapper) run wrapper 200 env TORCHINDUCTOR_CPP_WRAPPER=1 python3 benchmarks/utilisation.py --output_dir \
+                         "$work/wrapper" --sizes base --processes 1 --skip_marian --compile inductor ;;
             eager) utilisation eager 60 --sizes base --processes 1 --compile no ;;
             cudnn) utilisation cudnn 60 --sizes base --processes 1 --compile no --cudnn_attention ;;
             decoding) run decoding 100 env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
@@ -93,7 +99,8 @@ for part in "${@:-speed base big}"; do
             deterministic) utilisation deterministic-step 150 --sizes base --processes 1 --skip_marian --deterministic
                            run deterministic 240 python3 benchmarks/gpu_check.py --parts training --deterministic \
                                --output_dir "$work/deterministic" ;;
-            *) echo "error: unknown part $name: speed, base, training, big, eager, cudnn, decoding, deterministic"
+            *) echo "error: unknown part $name: speed, base, wrapper, big, training, eager, cudnn, decoding," \
+                    "deterministic"
                exit 1 ;;
         esac
     done

@@ -263,7 +263,7 @@ def measure(size: str, args) -> dict:
     estimate = 6 * sum(passed[side] * count for side, count in padded.items())
     result = {
         "size": size, "parameters": unwrap(model).num_parameters(), "max_tokens": max_tokens,
-        "batches_per_step": accumulation, "compile": backend or "no", "compiled_graphs": step.compilations(),
+        "batches_per_step": accumulation, "compile": compiled_by(backend), "compiled_graphs": step.compilations(),
         "cudnn_attention": args.cudnn_attention, "deterministic": args.deterministic,
         "graph_breaks": graph_breaks(), "profile": profile,
         "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds, "steps": args.steps,
@@ -300,6 +300,16 @@ def issue_seconds(device: torch.device, one_step, indices: range) -> float | Non
         seconds.append(time.perf_counter() - started)
     synchronize(device)
     return statistics.median(seconds)
+
+
+def compiled_by(backend: str | None) -> str:
+    """The backend, and for inductor the language of the code that calls its kernels (C++ with
+    TORCHINDUCTOR_CPP_WRAPPER=1: less of the host's time a step than Python's)."""
+    from torch._inductor import config
+
+    if backend == "inductor":
+        return f"inductor, {'C++' if config.cpp_wrapper else 'Python'} wrapper"
+    return backend or "no"
 
 
 def allocator_calls(device: torch.device) -> dict[str, int]:
