@@ -304,7 +304,7 @@ def issue_seconds(device: torch.device, one_step, indices: range) -> float | Non
 
 def compiled_by(backend: str | None) -> str:
     """The backend, and for inductor the language of the code that calls its kernels (C++ with
-    TORCHINDUCTOR_CPP_WRAPPER=1: less of the host's time a step than Python's)."""
+    TORCHINDUCTOR_CPP_WRAPPER=1, Python by default)."""
     from torch._inductor import config
 
     if backend == "inductor":
