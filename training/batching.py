@@ -114,8 +114,7 @@ class EpochBatches:
 
 class ChunkedRows:
     """`rows[indices]`: the rows of an Arrow column of id lists (a `datasets` table's, memory-mapped or not) as numpy
-    views of its memory, read straight from its chunks' offsets and values (gathering them as Arrow rows and joining
-    those took 4x as long: the host's time of a GPU step)."""
+    views of its memory, read straight from its chunks' offsets and values."""
 
     def __init__(self, column):
         self.offsets = [chunk.offsets.to_numpy() for chunk in column.chunks]
