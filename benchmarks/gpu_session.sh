@@ -88,8 +88,8 @@ for part in "${@:-speed base wrapper}"; do
                    [ "$(nproc)" -gt 2 ] && pin="taskset -c 2-$(($(nproc) - 1))" ;;
             base) utilisation base 240 --sizes base --processes 3 ;;
             big) utilisation big 200 --sizes big --processes 1 ;;
-            wrapper) run wrapper 200 env TORCHINDUCTOR_CPP_WRAPPER=1 python3 benchmarks/utilisation.py --output_dir \
-                         "$work/wrapper" --sizes base --processes 1 --skip_marian --compile inductor ;;
+            wrapper) TORCHINDUCTOR_CPP_WRAPPER=1 utilisation wrapper 200 --sizes base --processes 1 --skip_marian \
+                         --compile inductor ;;
             eager) utilisation eager 60 --sizes base --processes 1 --compile no ;;
             cudnn) utilisation cudnn 60 --sizes base --processes 1 --compile no --cudnn_attention ;;
             decoding) run decoding 100 env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
