@@ -6,33 +6,34 @@
 #
 # then the device call, `carry: [".whl"]`, timeout 590:
 #
-#     bash benchmarks/gpu_session.sh [PART ...]      # default: speed base wrapper
+#     bash benchmarks/gpu_session.sh [PART ...]      # default: training
 #
 # and at once, on the machine still warm, a second call with the lease's time left (15 minutes a session; the first
-# call's start and transfers took about 30 s on 2026-11-29, the second's 12 s), timeout T, GPU_SESSION_SECONDS
-# about T - 10:
+# call's start and transfers took about 30 s on 2026-11-29 and 2026-11-30, the second's 12 s), timeout T,
+# GPU_SESSION_SECONDS about T - 10:
 #
-#     GPU_SESSION_SECONDS=250 bash benchmarks/gpu_session.sh training
+#     GPU_SESSION_SECONDS=250 bash benchmarks/gpu_session.sh wrapper
 #
 # Parts, in the order given, each skipped when fewer seconds are left of the call's GPU_SESSION_SECONDS (580) than it
 # needs, each leaving its report even when a later one fails (the slowest last: what is cut is the least needed):
 #   speed     benchmarks/speed.py --sizes small base on the host's CPU, pinned to cores 0 and 1 with 2 threads (the
 #             2-core machine's stand-in), in the background while the GPU parts run on the other cores: 5 min;
 #   base      utilisation.py, base, as run.py trains by default (compiled by inductor, SDPA without cuDNN's kernels),
-#             3 processes, Marian beside (torch's choice of kernels): about 5 min (2026-11-29: the first process's
-#             compile 2.2 min; the others may find inductor's cache);
+#             3 processes, Marian beside (torch's choice of kernels): 7.5 min (2026-11-30: 445 s, the first process
+#             202 s, the others 111-117 s with inductor's cache);
 #   wrapper   as base, 1 process, no Marian, inductor's kernels called from C++ (TORCHINDUCTOR_CPP_WRAPPER=1), not
 #             Python: whether the host's time a step sets base's pace (utilisation.py's issue seconds): about 3.5 min
 #             (not yet timed on a GPU: its C++ is compiled too);
 #   big       as base, big, 1 process: about 3.5 min (off the default since session 75: 35.6% in session 70, over
 #             its target, and the step has only lost work since);
 #   training  benchmarks/gpu_check.py --parts training remote: run.py's base preset compiled, resumed and eager,
-#             200 steps each, and the remote-code check: about 4 min;
+#             200 steps each, and the remote-code check, dynamo's reasons for compiling again in the runs' logs: about
+#             7.5 min (2026-11-30: the compiled run alone 215 s, 174 s of it compiling 3 graphs);
 #   eager     as base, eager (`--compile no`), 1 process: 1 min;
 #   cudnn     as eager, with cuDNN's attention kernels for ours too (`--cudnn_attention`): 1 min;
 #   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2: 1.5 min;
 #   deterministic  run.py's --deterministic: base's step with it (1 process, no Marian: its cost against base's), then
-#             the training part's runs with it, whose resumed run must repeat the first's losses exactly: 6 min.
+#             the training part's runs with it, whose resumed run must repeat the first's losses exactly: 10 min.
 # Every part's log and reports come back as $OUT/gpu_session.tgz (and the speed log beside it); they go to the notebook
 # (benchmarks/README.md) and the README. GPU_SESSION_TINY=1 runs the same parts here, at tiny sizes on the CPU, without
 # the wheels (a dry run).
@@ -79,7 +80,7 @@ utilisation() {  # NAME SECONDS_NEEDED FLAGS...: benchmarks/utilisation.py into 
     run "$name" "$needed" python3 benchmarks/utilisation.py --output_dir "$work/$name" "$@"
 }
 
-for part in "${@:-speed base wrapper}"; do
+for part in "${@:-training}"; do
     for name in $part; do
         case $name in
             speed) sizes=${tiny:+--sizes small --repeats 1}
@@ -94,10 +95,10 @@ for part in "${@:-speed base wrapper}"; do
             cudnn) utilisation cudnn 60 --sizes base --processes 1 --compile no --cudnn_attention ;;
             decoding) run decoding 100 env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
                           python3 benchmarks/gpu_decoding.py --output_dir "$work/decoding" ;;
-            training) run training 240 python3 benchmarks/gpu_check.py --parts training remote \
-                          --output_dir "$work/training" ;;
+            training) run training 450 env TORCH_LOGS=recompiles python3 benchmarks/gpu_check.py \
+                          --parts training remote --output_dir "$work/training" ;;
             deterministic) utilisation deterministic-step 150 --sizes base --processes 1 --skip_marian --deterministic
-                           run deterministic 240 python3 benchmarks/gpu_check.py --parts training --deterministic \
+                           run deterministic 450 python3 benchmarks/gpu_check.py --parts training --deterministic \
                                --output_dir "$work/deterministic" ;;
             *) echo "error: unknown part $name: speed, base, wrapper, big, training, eager, cudnn, decoding," \
                     "deterministic"
