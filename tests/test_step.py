@@ -172,6 +172,41 @@ def test_a_compiled_step_whose_first_batch_has_one_width_on_both_sides_compiles_
         GradientState._reset_state()
 
 
+def test_a_compiled_steps_loss_takes_the_vocabulary_as_a_constant_and_the_batchs_sizes_as_symbols():
+    """In the loss's graph the logits' rows and lengths are symbols (any batch, one graph) and the vocabulary's size a
+    number: with a symbol, each of the loss's kernels would find a logit's row by dividing by a value read at run
+    time (a GPU's 925 million logits a step). What dynamo hands the compiler, read off the graph's inputs."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from conftest import tiny_model
+
+    from training.batching import collate
+    from training.step import TrainingStep
+
+    shapes = []  # each graph's inputs' sizes, as dynamo traced them
+
+    def recording(graph, inputs):
+        shapes.append({node.name: tuple(node.meta["example_value"].shape) for node in graph.graph.nodes
+                       if node.op == "placeholder" and isinstance(node.meta.get("example_value"), torch.Tensor)})
+        return graph.forward
+
+    torch._dynamo.reset()
+    model = tiny_model(num_layers=1, num_decoder_layers=1).train()
+    try:
+        step = TrainingStep(Accelerator(cpu=True), model, 0.1, backend=recording)
+        for sources, targets in ((SOURCES, TARGETS), (SOURCES[1:], TARGETS[:2])):
+            batch = collate(range(len(sources)), sources, targets, 0, "cpu")
+            step([batch], int(batch["labels"].ne(-100).sum()))
+        assert step.compilations() == 2
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    (logits,) = [sizes for graph in shapes for name, sizes in graph.items() if "logits" in name]
+    rows, length, vocabulary = logits
+    assert isinstance(rows, torch.SymInt) and isinstance(length, torch.SymInt)
+    assert type(vocabulary) is int and vocabulary == model.config.vocab_size
+
+
 def test_compile_auto_is_inductor_on_a_gpu_and_eager_on_a_cpu():
     """--compile auto (the default): inductor on a GPU, where it measured the faster; eager on a CPU, and eager when
     --dropout_epochs changes P_drop at every step; a backend named is taken as it is."""

@@ -9,6 +9,8 @@
   rows and lengths, and compiling for each shape would recompile until dynamo gives up), each size a symbol of its
   own (`own_symbols`); a run compiles each once, which `compilations()` counts. Compiled, the loss is
   training/loss.py's `plain_label_smoothed_nll`, which the compiler fuses; eager, `label_smoothed_nll`'s blocks.
+  The loss's graph takes the vocabulary's size as a constant (it never changes): with a symbol there, each of the
+  loss's kernels would find a logit's row by dividing its index by a number read at run time.
 - Largest batches (`--max_tokens 0` on a GPU, `fewest_batches`): an optimizer step in as few batches as the GPU's
   memory holds, found by trial steps at the sizes that would divide the step evenly.
 - Attention kernels on a GPU (`attention_kernels`): SDPA chooses among flash, memory-efficient and math kernels, not
@@ -66,6 +68,8 @@ class TrainingStep:
                                                        config.decoder_start_token_id)
                 logits = self.forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                       decoder_input_ids=decoder_input_ids, use_cache=False).logits
+                if self.forward is not self.model:
+                    torch._dynamo.mark_static(logits, logits.dim() - 1)  # the vocabulary: module docstring
                 loss_sum, _, _ = self.loss(logits, batch["labels"], self.label_smoothing)
                 # DDP and FSDP average gradients over processes: scale so the step's sum is divided by its tokens.
                 accelerator.backward(loss_sum * accelerator.num_processes / step_tokens)
