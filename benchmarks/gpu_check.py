@@ -70,13 +70,13 @@ from vaswani_hf.modeling_vaswani import shift_tokens_right
 from vaswani_hf.speed.kernels import cpu_name
 
 # What each part runs on: the paper's base model on a GPU; tiny sizes on a CPU, so the tests run every line. Part 4's
-# steps are 7 batches of <= 4,096 tokens, not the GPU's one batch of 25,000: a batch holds pairs of one length, which
+# steps are 4 batches of <= 8,192 tokens, not the GPU's one batch of 25,000: a batch holds pairs of one length, which
 # in the embedded grammar are few sentence patterns, and steps of one batch each swung the loss twofold from step to
 # step (benchmarks/README.md, 2026-11-30), too much for two runs' last losses to meet within 1% but by chance.
 SHAPES = {
     "gpu": {"size": SIZES["base"], "train": (128, 32), "generate": (64, 32), "new_tokens": 32, "repeats": 10,
             "steps": 200, "pairs": (30000, 200, 200), "warmup_steps": 400, "lr_scale": 0.6,
-            "model_flags": ["--max_tokens", "4096"]},
+            "model_flags": ["--max_tokens", "8192"]},
     "tiny": {"size": {"d_model": 32, "num_layers": 2, "num_heads": 4, "d_ff": 64, "vocab_size": 300},
              "train": (8, 12), "generate": (4, 10), "new_tokens": 6, "repeats": 2, "steps": 40,
              "pairs": (2000, 8, 8), "warmup_steps": 10, "lr_scale": 0.1,
