@@ -174,8 +174,8 @@ def test_a_compiled_step_whose_first_batch_has_one_width_on_both_sides_compiles_
 
 def test_a_compiled_steps_loss_takes_the_vocabulary_as_a_constant_and_the_batchs_sizes_as_symbols():
     """In the loss's graph the logits' rows and lengths are symbols (any batch, one graph) and the vocabulary's size a
-    number: with a symbol, each of the loss's kernels would find a logit's row by dividing by a value read at run
-    time (a GPU's 925 million logits a step). What dynamo hands the compiler, read off the graph's inputs."""
+    number: with a symbol, the loss's kernels may find a logit's row by dividing by a value read at run time (a
+    GPU's 925 million logits a step). What dynamo hands the compiler, read off the graph's inputs."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
     from conftest import tiny_model

@@ -9,8 +9,8 @@
   rows and lengths, and compiling for each shape would recompile until dynamo gives up), each size a symbol of its
   own (`own_symbols`); a run compiles each once, which `compilations()` counts. Compiled, the loss is
   training/loss.py's `plain_label_smoothed_nll`, which the compiler fuses; eager, `label_smoothed_nll`'s blocks.
-  The loss's graph takes the vocabulary's size as a constant (it never changes): with a symbol there, each of the
-  loss's kernels would find a logit's row by dividing its index by a number read at run time.
+  The loss's graph takes the vocabulary's size as a constant (it never changes): with a symbol there, the loss's
+  kernels may find a logit's row by dividing its index by a number read at run time.
 - Largest batches (`--max_tokens 0` on a GPU, `fewest_batches`): an optimizer step in as few batches as the GPU's
   memory holds, found by trial steps at the sizes that would divide the step evenly.
 - Attention kernels on a GPU (`attention_kernels`): SDPA chooses among flash, memory-efficient and math kernels, not
