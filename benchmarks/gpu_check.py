@@ -17,8 +17,8 @@ Eight parts; each runs even when another fails:
    of one token with a filled cache), and per new token in greedy, beam-4 and GNMT decoding (from two lengths);
 4. training: `accelerate launch --num_processes 1 training/run.py --preset base` on the embedded grammar's pairs,
    at the default mixed precision (and compiled by inductor, on a GPU), with a checkpoint halfway; then the same
-   command resumed from that checkpoint, and the same run eager (`--compile no`; off a GPU the first run is eager
-   and is not run twice). The loss must fall, the resumed run's losses must follow the first run's, and the
+   run eager (`--compile no`; off a GPU the first run is eager and is not run twice), and the first command resumed
+   from that checkpoint. The loss must fall, the resumed run's losses must follow the first run's, and the
    compiled run's last losses must be within 1% of the eager run's;
 5. remote code: the trained folder loaded by the translation pipeline in a fresh Python where vaswani_hf cannot be
    imported (`trust_remote_code=True`); its translations must equal `vaswani-translate`'s (the package's loader and
@@ -388,8 +388,9 @@ def training(device: torch.device, shape: dict, output_dir: Path) -> dict:
     compiled = device.type == "cuda"
     flags += ["--compile", "inductor" if compiled else "no"]  # the eager run's last --compile wins
     first = launch(run, flags, timeout)
-    resumed = launch(run, [*flags, "--resume_from_checkpoint", str(run / f"checkpoint-{steps // 2}")], timeout)
+    # eager before resumed: a call cut short still leaves both runs' metrics.json for the comparison issue 77 asks
     eager = launch(output_dir / "eager", [*flags, "--compile", "no"], timeout) if compiled else first  # off a GPU
+    resumed = launch(run, [*flags, "--resume_from_checkpoint", str(run / f"checkpoint-{steps // 2}")], timeout)
     losses = [entry["loss"] for entry in first["metrics"]["history"]]
     again = [entry["loss"] for entry in resumed["metrics"]["history"]]
     eager_losses = [entry["loss"] for entry in eager["metrics"]["history"]]

@@ -26,7 +26,7 @@
 #             (not yet timed on a GPU: its C++ is compiled too);
 #   big       as base, big, 1 process: about 3.5 min (off the default since session 75: 35.6% in session 70, over
 #             its target, and the step has only lost work since);
-#   training  benchmarks/gpu_check.py --parts training remote: run.py's base preset compiled, resumed and eager,
+#   training  benchmarks/gpu_check.py --parts training remote: run.py's base preset compiled, eager and resumed,
 #             200 steps each, and the remote-code check, dynamo's reasons for compiling again in the runs' logs: about
 #             7.5 min (2026-11-30: the compiled run alone 215 s, 174 s of it compiling 3 graphs);
 #   eager     as base, eager (`--compile no`), 1 process: 1 min;
