@@ -145,11 +145,9 @@ def test_on_a_gpu_the_step_trains_without_cudnns_attention_unless_asked(monkeypa
     assert isinstance(chosen_for(torch.device("cpu")), contextlib.nullcontext)  # off a GPU: torch's choice
 
 
-def test_a_compiled_step_whose_first_batch_has_one_width_on_both_sides_compiles_once():
-    """Dynamo gives sizes equal at its first trace one symbol ("duck sizing"): a first batch whose sources and
-    targets have one width would make the first batch where they differ compile a second graph (a base step compiles
-    for about a minute on a GPU). The step gives each size a symbol of its own: one graph for batches of any widths,
-    the model's, and one for the loss."""
+def compiled_steps(backend, pairs) -> int:
+    """run.py's step compiled by `backend` (one process, a fresh dynamo: other tests' compiled forwards count toward
+    its limits) over one batch of each (sources, targets) in `pairs`; the graphs it compiled."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
     from conftest import tiny_model
@@ -157,31 +155,35 @@ def test_a_compiled_step_whose_first_batch_has_one_width_on_both_sides_compiles_
     from training.batching import collate
     from training.step import TrainingStep
 
-    torch._dynamo.reset()  # other tests' compiled forwards count toward dynamo's limits
+    torch._dynamo.reset()
     model = tiny_model(num_layers=1, num_decoder_layers=1).train()
     try:
-        step = TrainingStep(Accelerator(cpu=True), model, 0.1, backend="eager")  # dynamo alone
-        for sources, targets in ((SOURCES, [t + [20] * (len(s) - len(t)) for s, t in zip(SOURCES, TARGETS)]),
-                                 (SOURCES, TARGETS), (SOURCES[1:], TARGETS[:2])):
+        step = TrainingStep(Accelerator(cpu=True), model, 0.1, backend=backend)
+        for sources, targets in pairs:
             batch = collate(range(len(sources)), sources, targets, 0, "cpu")
             step([batch], int(batch["labels"].ne(-100).sum()))
             model.zero_grad(set_to_none=True)
-        assert step.compilations() == 2
+        return step.compilations()
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
+
+
+def test_a_compiled_step_whose_first_batch_has_one_width_on_both_sides_compiles_once():
+    """Dynamo gives sizes equal at its first trace one symbol ("duck sizing"): a first batch whose sources and
+    targets have one width would make the first batch where they differ compile a second graph (a base step compiles
+    for about a minute on a GPU). The step gives each size a symbol of its own: one graph for batches of any widths,
+    the model's, and one for the loss."""
+    pairs = [(SOURCES, [t + [20] * (len(s) - len(t)) for s, t in zip(SOURCES, TARGETS)]), (SOURCES, TARGETS),
+             (SOURCES[1:], TARGETS[:2])]
+    assert compiled_steps("eager", pairs) == 2  # dynamo alone
 
 
 def test_a_compiled_steps_loss_takes_the_vocabulary_as_a_constant_and_the_batchs_sizes_as_symbols():
     """In the loss's graph the logits' rows and lengths are symbols (any batch, one graph) and the vocabulary's size a
     number: with a symbol, the loss's kernels may find a logit's row by dividing by a value read at run time (a
     GPU's 925 million logits a step). What dynamo hands the compiler, read off the graph's inputs."""
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
     from conftest import tiny_model
-
-    from training.batching import collate
-    from training.step import TrainingStep
 
     shapes = []  # each graph's inputs' sizes, as dynamo traced them
 
@@ -190,21 +192,11 @@ def test_a_compiled_steps_loss_takes_the_vocabulary_as_a_constant_and_the_batchs
                        if node.op == "placeholder" and isinstance(node.meta.get("example_value"), torch.Tensor)})
         return graph.forward
 
-    torch._dynamo.reset()
-    model = tiny_model(num_layers=1, num_decoder_layers=1).train()
-    try:
-        step = TrainingStep(Accelerator(cpu=True), model, 0.1, backend=recording)
-        for sources, targets in ((SOURCES, TARGETS), (SOURCES[1:], TARGETS[:2])):
-            batch = collate(range(len(sources)), sources, targets, 0, "cpu")
-            step([batch], int(batch["labels"].ne(-100).sum()))
-        assert step.compilations() == 2
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+    assert compiled_steps(recording, [(SOURCES, TARGETS), (SOURCES[1:], TARGETS[:2])]) == 2
     (logits,) = [sizes for graph in shapes for name, sizes in graph.items() if "logits" in name]
     rows, length, vocabulary = logits
     assert isinstance(rows, torch.SymInt) and isinstance(length, torch.SymInt)
-    assert type(vocabulary) is int and vocabulary == model.config.vocab_size
+    assert type(vocabulary) is int and vocabulary == tiny_model().config.vocab_size
 
 
 def test_compile_auto_is_inductor_on_a_gpu_and_eager_on_a_cpu():
