@@ -8,7 +8,8 @@ import sys
 
 import pytest
 import torch
-from conftest import refused_translation, run_or_show_stacks, run_training, save_marian_folder
+from conftest import refused_translation, run_training, save_marian_folder
+from forked import run_forked
 
 from training import run_trainer
 from training.data import load_pairs
@@ -159,9 +160,8 @@ def test_a_bad_line_of_a_streamed_file_is_one_line_where_it_is_read(tmp_path):
     stream = load_splits("en", "de", files={"train": str(tmp_path / "r")}, streaming=True)["train"]
     with pytest.raises(DataError, match="r.en is not UTF-8 text: byte 0xe9 on line 2"):
         list(stream)
-    result = run_or_show_stacks([sys.executable, os.path.join(ROOT, "training", "run.py"), *TINY, "--train_file",
-                                 str(tmp_path / "q"), "--streaming", "--bpe_sample", "1", "--output_dir",
-                                 str(tmp_path / "out")], {**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
+    result = run_forked([*TINY, "--train_file", str(tmp_path / "q"), "--streaming", "--bpe_sample", "1",
+                         "--output_dir", str(tmp_path / "out")], [{}], timeout=600)  # a process of its own
     assert result.returncode == 1 and result.stderr.splitlines()[-1] == "error: --train_file " + str(
         tmp_path / "q") + ": 3 en lines but 2 de lines", result.stderr[-2000:]
     assert "Traceback" not in result.stderr

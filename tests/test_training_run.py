@@ -16,7 +16,8 @@ import pytest
 import torch
 from accelerate.commands.config.config_args import ClusterConfig
 from accelerate.utils import DistributedType
-from conftest import CODE_FILES, run_hidden, run_or_show_stacks, run_training, tiny_model
+from conftest import CODE_FILES, run_hidden, run_training, tiny_model
+from forked import accelerate_ranks, run_forked
 from safetensors.torch import load_file
 from torch._inductor import config as inductor_config
 from transformers import AutoTokenizer
@@ -57,28 +58,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def launch(output_dir, *flags, processes=1, env_extra=None, killed=False, fsdp=False, launcher=False):
-    """training/run.py in processes of its own: by `accelerate launch` for several processes (or `launcher`), else
-    as `python training/run.py` (one process: what the launcher would start, without the launcher's own start-up)."""
-    command = [sys.executable]
-    if processes > 1 or launcher:
-        command += ["-m", "accelerate.commands.launch", "--num_processes", str(processes), "--num_machines", "1",
-                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
-    if fsdp:  # sharded by torch's fully_shard, CPU processes over gloo (training/distributed.py)
-        command += ["--use_fsdp", "--fsdp_version", "2"]
-    elif processes > 1:
-        command.append("--multi_gpu")  # on a machine without GPUs: CPU processes over gloo
-    command += [str(ROOT / "training" / "run.py"), "--output_dir", str(output_dir), *flags]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           **(env_extra or {})}
+def launch(output_dir, *flags, processes=1, env_extra=None, killed=False, fsdp=False):
+    """training/run.py in processes of its own, forked from one that has imported it (forked.py): one process, or the
+    `processes` ranks of `accelerate launch --multi_gpu` (with `fsdp`: `--use_fsdp --fsdp_version 2`), CPU processes
+    over gloo on a machine without GPUs (training/distributed.py). The launcher itself runs in test_readme.py."""
+    ranks = [{}] if processes == 1 else accelerate_ranks(
+        processes, "--mixed_precision", "no", "--dynamo_backend", "no",
+        *(("--use_fsdp", "--fsdp_version", "2") if fsdp else ("--multi_gpu",)), port=free_port())
     # A guard against a hang, not a speed limit: the embedded-data run takes about 135 s on one core of a 2-core
     # AMD EPYC (family 23) beside the other worker's tests, and a slower machine must not fail it by the clock.
-    result = run_or_show_stacks(command, env, timeout=900)
+    result = run_forked(["--output_dir", output_dir, *flags], [{**rank, **(env_extra or {})} for rank in ranks],
+                        timeout=900)
     if killed:  # the run killed itself with SIGKILL at its VASWANI_FAULT point (training/faults.py)
-        if command[1] == "-m":  # the launcher reports its process's signal
-            assert result.returncode != 0 and "SIGKILL" in result.stderr, result.stderr[-3000:]
-        else:
-            assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+        assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
     else:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
@@ -157,7 +149,7 @@ def test_the_embedded_default_run_learns(tmp_path):
     launch(tmp_path / "main", "--preset", "cpu-small", "--max_train_minutes", "60", "--max_steps", "240",
            "--eval_steps", "0", "--save_minutes", "0", "--save_steps", "4",  # checkpoints by steps: deterministic
            "--train_file", str(default / "train.jsonl"), "--validation_file", str(tmp_path / "validation.jsonl"),
-           "--test_file", str(tmp_path / "test.jsonl"), launcher=True)  # the README's command
+           "--test_file", str(tmp_path / "test.jsonl"))  # the README's command, cut
     metrics = json.loads((tmp_path / "main" / "metrics.json").read_text())
     assert metrics["test"]["bleu"] > 80, metrics["test"]
     # The preset chooses GNMT α on the validation set (§6.1) and saves the winner with the model.

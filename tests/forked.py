@@ -1,0 +1,105 @@
+"""training/run.py in processes forked from one that has already imported what it imports: a process of its own
+(a kill, a signal, an exit code, a rank of a distributed run) without the 10 s or so that each interpreter spends
+importing torch, transformers, datasets and Accelerate on a slow CPU.
+
+The processes come from multiprocessing's fork server, started once per pytest worker with the environment that
+the launches share (environment variables that libraries read as they are imported must be the same in every
+launch; a launch's own are set before the script runs). A distributed run's ranks get the environment that
+`accelerate launch` computes for its processes (Accelerate's own functions) and the variables torchrun adds; the
+launcher itself is tested where a test runs the README's commands."""
+
+import atexit
+import faulthandler
+import multiprocessing
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import tempfile
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ROOT / "training" / "run.py"
+SHARED_ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+SERVER = multiprocessing.get_context("forkserver")
+SERVER.set_forkserver_preload(["training.run"])
+
+
+def _script(script: str, argv: list[str], env: dict, output: str) -> None:
+    """In the forked process: `python script *argv` with this environment, stdout and stderr going to
+    `output`.out and .err unbuffered, faulthandler on, the interpreter's exit handlers run at the end."""
+    for fd, suffix in ((1, ".out"), (2, ".err")):
+        file = os.open(output + suffix, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(file, fd)
+        os.close(file)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(write_through=True)
+    faulthandler.enable()
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = [script, *argv]
+    sys.path.insert(0, str(Path(script).parent))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        atexit._run_exitfuncs()
+
+
+def start_server() -> None:
+    """The fork server, started with the shared environment (once; later calls find it running)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in SHARED_ENV.items():
+            patch.setenv(name, value)
+        multiprocessing.forkserver.ensure_running()
+
+
+def run_forked(argv: list[str], envs: list[dict], timeout: float) -> subprocess.CompletedProcess:
+    """training/run.py with `argv` in one forked process per environment (a run's ranks; each on top of this
+    process's), to the end of all. If one fails, the others are stopped, as torchrun stops them. A hang (`timeout`
+    seconds without an end: nothing run this way needs that long) fails the test with each process's threads'
+    Python stacks. Returns the exit status (the first failure's, else 0) and what the processes printed, rank after
+    rank."""
+    start_server()
+    argv = [str(arg) for arg in argv]
+    with tempfile.TemporaryDirectory() as folder:
+        outputs = [os.path.join(folder, str(rank)) for rank in range(len(envs))]
+        processes = [SERVER.Process(target=_script, args=(str(RUN), argv, {**os.environ, **SHARED_ENV, **env}, output))
+                     for env, output in zip(envs, outputs)]
+        for process in processes:
+            process.start()
+        running, failed = {process.sentinel: process for process in processes}, None
+        while running and (ended := wait(list(running), timeout=timeout)):
+            for sentinel in ended:
+                process = running.pop(sentinel)
+                process.join()
+                if process.exitcode and failed is None:
+                    failed = process
+                    for other in running.values():
+                        other.terminate()
+        for process in running.values():  # a hang: each prints its stacks (faulthandler) and stops
+            os.kill(process.pid, signal.SIGABRT)
+        for process in processes:
+            process.join()
+        out, err = ("".join(Path(output + suffix).read_text() for output in outputs) for suffix in (".out", ".err"))
+    if running:
+        pytest.fail(f"training/run.py {' '.join(argv)} still ran after {timeout} s:\n{out}{err}")
+    return subprocess.CompletedProcess([str(RUN), *argv], failed.exitcode if failed else 0, out, err)
+
+
+def accelerate_ranks(processes: int, *launch_flags: str, port: int) -> list[dict]:
+    """The environment of each process of `accelerate launch --num_processes N *launch_flags` on this machine: what
+    the launcher hands torchrun (Accelerate's prepare_multi_gpu_env) and what torchrun adds for each rank."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--num_processes", str(processes), "--num_machines", "1",
+                                               "--main_process_port", str(port), *launch_flags, str(RUN)])
+    args, _, _ = _validate_launch_command(args)
+    common = {name: value for name, value in prepare_multi_gpu_env(args).items() if os.environ.get(name) != value}
+    return [{**common, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "WORLD_SIZE": str(processes),
+             "LOCAL_WORLD_SIZE": str(processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            for rank in range(processes)]
