@@ -3,6 +3,7 @@ hand; and its checks, which must fail when the property they name breaks."""
 
 import json
 import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -15,15 +16,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check
 from conftest import run_or_show_stacks
-from gpu_check import checks, main, ratio, without_repository
+from gpu_check import PAIRED, checks, main, ratio, without_repository
 
 
 @pytest.mark.long(minutes=1.5)
 def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
-    """Two launches of training/run.py, a resume, a fresh process without vaswani_hf, both models side by side."""
+    """Two launches of training/run.py, a resume, a fresh process without vaswani_hf, both models side by side (parts
+    1 and 2 in the check's own process, as --tiny runs them: their processes are the next test's)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--processes", "2",
-               "--output_dir", str(tmp_path / "check")]
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--output_dir",
+               str(tmp_path / "check")]
     result = run_or_show_stacks(command, env, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "check" / "gpu_check.json").read_text())
@@ -50,14 +52,53 @@ def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
     table = (tmp_path / "check" / "gpu_check.md").read_text()
     assert "| training tokens/s, bf16 autocast |" in table and table in result.stdout
     assert "| training tokens/s, bf16 autocast (ours: fast_gpu) |" in table
+    assert_targets_are_the_processes_ratios(report, 1)
+
+
+def assert_targets_are_the_processes_ratios(report: dict, processes: int) -> None:
+    """Each target of parts 1 and 2 is the median (of two, their mean) of the ratios of the processes' own figures."""
     for part, target, kind, name in (("speed", "training tokens/s, bf16", "bf16", "ours, fast_gpu"),
                                      ("decoding", "greedy tokens/s", "greedy", "ours"),
                                      ("decoding", "beam-4 tokens/s", "beam4", "ours")):
-        runs = report[part]["processes"]  # parts 1 and 2 in two processes each, as on a GPU in three
-        assert len(runs) == 2 and f"{part}: in 2 processes" in table
+        runs = report[part].get("processes", [report[part]])
+        assert len(runs) == processes
         assert report["targets"][target]["ours / marian"] == pytest.approx(sum(
             run[kind][name]["tokens_per_second"] / run[kind]["marian"]["tokens_per_second"]
-            for run in runs) / 2)  # the median (here the mean) of the processes' ratios
+            for run in runs) / processes)
+
+
+def test_parts_1_and_2_in_two_processes_keep_each_ones_figures_and_give_their_medians(tmp_path, monkeypatch):
+    """`--processes 2`, as a GPU runs three: parts 1 and 2 each in two processes, one after another, each
+    `gpu_check.py --parts PART --processes 1 --tiny` in a folder of its own. Each figure is the median over the
+    processes, ours / Marian the median of their ratios, and the table says so. Here each process's command runs
+    in this process (main() with its arguments: the one-process part that the test above runs in a fresh one)."""
+    commands = []
+
+    def in_this_process(command, **kwargs):
+        assert command[:2] == [sys.executable, gpu_check.__file__]
+        commands.append(command[2:])
+        return subprocess.CompletedProcess(command, main(command[2:]), "", "")
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", in_this_process)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # main() sets these: restored after the test
+    for backend in (torch.backends.cuda.matmul, torch.backends.cudnn):
+        monkeypatch.setattr(backend, "allow_tf32", backend.allow_tf32)
+    folder = tmp_path / "check"
+    assert main(["--tiny", "--processes", "2", "--parts", "speed", "decoding", "--output_dir", str(folder)]) == 0
+    assert commands == [["--parts", part, "--processes", "1", "--output_dir", str(folder / f"{part}-{index}"),
+                         "--tiny"] for part in ("speed", "decoding") for index in (1, 2)]
+    report = json.loads((folder / "gpu_check.json").read_text())
+    assert report["errors"] == {}
+    for part in PAIRED:
+        runs = report[part]["processes"]
+        assert runs == [json.loads((folder / f"{part}-{index}" / "gpu_check.json").read_text())[part]
+                        for index in (1, 2)]
+        for kind in PAIRED[part]:
+            for name, figures in report[part][kind].items():
+                assert figures == {key: pytest.approx((runs[0][kind][name][key] + runs[1][kind][name][key]) / 2)
+                                   for key in figures}
+        assert f"{part}: in 2 processes" in (folder / "gpu_check.md").read_text()
+    assert_targets_are_the_processes_ratios(report, 2)
 
 
 def test_a_ratio_over_processes_is_the_median_of_their_ratios():
