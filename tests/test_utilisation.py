@@ -2,31 +2,37 @@
 (but the compiler and the memory trials), before one is at hand."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from conftest import run_or_show_stacks
 from utilisation import main
 
 
-@pytest.mark.long(minutes=0.5)
-def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives(tmp_path):
-    """run.py's step and MarianMTModel by Seq2SeqTrainer on the same WMT-like batches, in a process of their own.
-    FlopCounterMode's count without attention's kernels (which torch 2.15 counts on a CPU too, 2.13 not) must equal
-    6 x the weights each padded source and target token passes through, widths rounded up to 8 (the benchmark's
-    independent estimate)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, str(ROOT / "benchmarks" / "utilisation.py"), "--tiny", "--warmup", "1", "--steps", "2",
-               "--pad_to_multiple_of", "8", "--output_dir", str(tmp_path / "out")]
-    result = run_or_show_stacks(command, env, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives(tmp_path, monkeypatch, capsys):
+    """run.py's step and MarianMTModel by Seq2SeqTrainer on the same WMT-like batches, in a process of their own:
+    here the process's command (`utilisation.py ... --one tiny --output_dir FOLDER`) runs in this process, main()
+    with its arguments. FlopCounterMode's count without attention's kernels (which torch 2.15 counts on a CPU too,
+    2.13 not) must equal 6 x the weights each padded source and target token passes through, widths rounded up to 8
+    (the benchmark's independent estimate)."""
+    import utilisation
+
+    def in_this_process(command, **kwargs):
+        assert command[:2] == [sys.executable, utilisation.__file__] and command[-4:-2] == ["--one", "tiny"]
+        return subprocess.CompletedProcess(command, main(command[2:]), "", "")
+
+    monkeypatch.setattr(utilisation.subprocess, "run", in_this_process)
+    for backend in (torch.backends.cuda.matmul, torch.backends.cudnn):  # the process sets them: restored after
+        monkeypatch.setattr(backend, "allow_tf32", backend.allow_tf32)
+    assert main(["--tiny", "--warmup", "1", "--steps", "2", "--pad_to_multiple_of", "8", "--output_dir",
+                 str(tmp_path / "out")]) == 0
+    result = capsys.readouterr()
     tiny = json.loads((tmp_path / "out" / "utilisation.json").read_text())["sizes"]["tiny"]
     assert tiny["flops_per_step"] - tiny["attention_flops_per_step"] == tiny["estimated_flops_per_step"] > 0
     assert tiny["batches_per_step"] == 2 and tiny["steps"] == 2 and len(tiny["processes"]) == 1
@@ -40,9 +46,9 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
     host = tiny["profile"]["top_host"]  # where a step's host time goes: the operators of most self time, in order
     assert len(host) == 8 and any(call["call"].startswith("aten::") for call in host)
     assert [call["ms"] for call in host] == sorted((call["ms"] for call in host), reverse=True)
-    assert '"host_ms"' in result.stdout  # each process's figures printed as it ends
+    assert '"host_ms"' in result.out  # each process's figures printed as it ends
     table = (tmp_path / "out" / "utilisation.md").read_text()
-    assert "| tiny | 2 of <= 400 |" in table and table in result.stdout
+    assert "| tiny | 2 of <= 400 |" in table and table in result.out
 
 
 def test_a_size_whose_process_fails_is_reported_and_the_benchmark_fails(tmp_path, capsys, monkeypatch):
