@@ -6,8 +6,8 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import sys
+import threading
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -413,21 +413,41 @@ def test_token_batches_hold_at_most_max_tokens_sorted_by_length():
     assert [[lengths[i] for i in batch] for batch in batches] == [[1, 3, 3], [5, 7], [8], [12], [40]]
 
 
-def test_output_streams_as_batches_finish(translation_folder):
-    """With windows of 2 lines, the first two translations arrive while the input is still open."""
-    with subprocess.Popen([sys.executable, "-m", "vaswani_hf.tools.translate", "--model", str(translation_folder),
-                           "--window", "2", "--quiet"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}) as process:
-        try:
-            process.stdin.write(f"{SOURCES[0]}\n{SOURCES[1]}\n")
-            process.stdin.flush()
-            first_two = [process.stdout.readline(), process.stdout.readline()]  # blocks until they are written
-            process.stdin.write(f"{SOURCES[2]}\n")
-            process.stdin.close()
-            rest = process.stdout.read()
-            assert process.wait(timeout=300) == 0, process.stderr.read()
-        finally:
-            process.kill()
+def test_output_streams_as_batches_finish(translation_folder, monkeypatch):
+    """With windows of 2 lines, the first two translations arrive while the input is still open. vaswani-translate's
+    main() reads and writes pipes, in a thread of this process (a process of its own would add only its imports)."""
+    from transformers.utils.logging import enable_progress_bar
+
+    from vaswani_hf.tools import translate as command
+
+    monkeypatch.setattr(command, "keep_freed_memory", lambda: None)  # as conftest's console: not in the test process
+    (source_read, source_write), (output_read, output_write) = os.pipe(), os.pipe()
+    failed = []
+
+    def translating():
+        # The output is closed at the end, as at a process's exit: the reader sees where it ends.
+        with (open(source_read, encoding="utf-8") as stdin, open(output_write, "w", encoding="utf-8") as stdout,
+              monkeypatch.context() as patch):
+            patch.setattr(sys, "stdin", stdin)
+            patch.setattr(sys, "stdout", stdout)
+            try:
+                command.main(["--model", str(translation_folder), "--window", "2", "--quiet"])
+            except BaseException as error:  # noqa: BLE001 — shown by the test, below
+                failed.append(error)
+            finally:
+                enable_progress_bar()
+
+    thread = threading.Thread(target=translating)
+    thread.start()
+    with open(source_write, "w", encoding="utf-8") as stdin, open(output_read, encoding="utf-8") as stdout:
+        stdin.write(f"{SOURCES[0]}\n{SOURCES[1]}\n")
+        stdin.flush()
+        first_two = [stdout.readline(), stdout.readline()]  # blocks until they are written
+        stdin.write(f"{SOURCES[2]}\n")
+        stdin.close()
+        rest = stdout.read()
+    thread.join()
+    assert not failed, failed
     model, tokenizer = load_local(translation_folder)
     assert [line.rstrip("\n") for line in first_two] + rest.splitlines() == translate(model, tokenizer, SOURCES)
 
