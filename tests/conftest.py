@@ -278,24 +278,37 @@ def cli(console):
     return functools.partial(console, translate.main)
 
 
+@contextlib.contextmanager
+def accelerate_as_in_a_new_process():
+    """Accelerate's process-wide state cleared before and after (as Accelerate's own tests clear it): code that makes
+    an Accelerator runs in this process as in a process of its own, whatever an earlier test left."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    def clear():
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+    clear()
+    try:
+        yield
+    finally:
+        clear()
+
+
 def run_training(*argv) -> None:
     """training/run.py's main() with these arguments, in this process: for one process that nothing kills, a process
     of its own would add only its imports. The allocator setting it makes (allocator.py), which cannot be undone,
-    stays out of the test process; Accelerate's process-wide state is cleared after (as Accelerate's own tests clear
-    it), so that each run starts as the command does; torch's thread count is restored."""
-    from accelerate.state import AcceleratorState, GradientState
-
+    stays out of the test process; Accelerate's state is a new process's (`accelerate_as_in_a_new_process`), so that
+    each run starts as the command does; torch's thread count is restored."""
     import training.run
 
     threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, accelerate_as_in_a_new_process():
         patch.setattr(sys, "argv", ["run.py", *map(str, argv)])
         patch.setattr(training.run, "keep_freed_memory", lambda: None)
         try:
             training.run.main()
         finally:
-            AcceleratorState._reset_state(reset_partial_state=True)
-            GradientState._reset_state()
             torch.set_num_threads(threads)
 
 

@@ -9,6 +9,7 @@ import pickle
 import pytest
 import torch
 from accelerate import Accelerator
+from conftest import accelerate_as_in_a_new_process
 from safetensors import SafetensorError
 
 from training import checkpoints as checkpoints_module
@@ -33,13 +34,10 @@ class Killed(BaseException):
 def accelerator():
     """An Accelerator for the test, its process-wide state cleared after: a test that runs next in this process with
     another mixed precision (training/run.py's bf16) would otherwise be refused by Accelerate."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    accelerator = Accelerator(cpu=True)
-    yield accelerator
-    accelerator.free_memory()
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    with accelerate_as_in_a_new_process():
+        accelerator = Accelerator(cpu=True)
+        yield accelerator
+        accelerator.free_memory()
 
 
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, accelerator, monkeypatch):

@@ -34,15 +34,12 @@ def step_of(model, batch, tokens: int):
     """run.py's step (one process, eager) over one batch of `tokens` target tokens: its loss tensor and the
     gradients it left."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
+    from conftest import accelerate_as_in_a_new_process
 
     from training.step import TrainingStep
 
-    try:
+    with accelerate_as_in_a_new_process():
         loss, _ = TrainingStep(Accelerator(cpu=True), model, 0.1)([batch], tokens)
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
     gradients = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     return loss, gradients
@@ -149,24 +146,20 @@ def compiled_steps(backend, pairs) -> int:
     """run.py's step compiled by `backend` (one process, a fresh dynamo: other tests' compiled forwards count toward
     its limits) over one batch of each (sources, targets) in `pairs`; the graphs it compiled."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
-    from conftest import tiny_model
+    from conftest import accelerate_as_in_a_new_process, tiny_model
 
     from training.batching import collate
     from training.step import TrainingStep
 
     torch._dynamo.reset()
     model = tiny_model(num_layers=1, num_decoder_layers=1).train()
-    try:
+    with accelerate_as_in_a_new_process():
         step = TrainingStep(Accelerator(cpu=True), model, 0.1, backend=backend)
         for sources, targets in pairs:
             batch = collate(range(len(sources)), sources, targets, 0, "cpu")
             step([batch], int(batch["labels"].ne(-100).sum()))
             model.zero_grad(set_to_none=True)
         return step.compilations()
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
 
 
 def test_a_compiled_step_whose_first_batch_has_one_width_on_both_sides_compiles_once():
@@ -216,8 +209,7 @@ def test_mixed_precision_keeps_the_logits_dtype_and_trains_as_accelerates_float3
     and a step's loss and gradients are those of the model as Accelerate prepares it, bit for bit (bfloat16 to
     float32 is exact, and the loss converts what it reads)."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
-    from conftest import tiny_model
+    from conftest import accelerate_as_in_a_new_process, tiny_model
 
     from training.batching import collate
     from training.distributed import prepare
@@ -227,7 +219,7 @@ def test_mixed_precision_keeps_the_logits_dtype_and_trains_as_accelerates_float3
     batch = collate(range(3), SOURCES, TARGETS, 0, "cpu")
     ours, accelerates = tiny_model().train(), tiny_model().train()
     accelerates.load_state_dict(ours.state_dict())
-    try:
+    with accelerate_as_in_a_new_process():
         accelerator = Accelerator(cpu=True, mixed_precision="bf16")
         ours = prepare(accelerator, ours, lambda m: paper_optimizer(m, 24))[0]
         accelerates = accelerator.prepare(accelerates)
@@ -235,9 +227,6 @@ def test_mixed_precision_keeps_the_logits_dtype_and_trains_as_accelerates_float3
         assert ours(input_ids=source, decoder_input_ids=source, use_cache=False).logits.dtype == torch.bfloat16
         assert accelerates(input_ids=source, decoder_input_ids=source, use_cache=False).logits.dtype == torch.float32
         losses = [TrainingStep(accelerator, model, 0.1)([batch], 10)[0] for model in (ours, accelerates)]
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
     assert torch.equal(*losses)
     for (name, parameter), other in zip(ours.named_parameters(), accelerates.parameters()):
         assert torch.equal(parameter.grad, other.grad), name

@@ -12,6 +12,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from conftest import accelerate_as_in_a_new_process
 from utilisation import main
 
 
@@ -30,8 +31,9 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
     monkeypatch.setattr(utilisation.subprocess, "run", in_this_process)
     for backend in (torch.backends.cuda.matmul, torch.backends.cudnn):  # the process sets them: restored after
         monkeypatch.setattr(backend, "allow_tf32", backend.allow_tf32)
-    assert main(["--tiny", "--warmup", "1", "--steps", "2", "--pad_to_multiple_of", "8", "--output_dir",
-                 str(tmp_path / "out")]) == 0
+    with accelerate_as_in_a_new_process():
+        assert main(["--tiny", "--warmup", "1", "--steps", "2", "--pad_to_multiple_of", "8", "--output_dir",
+                     str(tmp_path / "out")]) == 0
     result = capsys.readouterr()
     tiny = json.loads((tmp_path / "out" / "utilisation.json").read_text())["sizes"]["tiny"]
     assert tiny["flops_per_step"] - tiny["attention_flops_per_step"] == tiny["estimated_flops_per_step"] > 0
