@@ -295,6 +295,23 @@ def accelerate_as_in_a_new_process():
         clear()
 
 
+def commands_run_here(monkeypatch, module) -> list[list[str]]:
+    """A benchmark's processes (`subprocess.run([python, module.py, *args])`) run as `module.main(args)` in this
+    process: its commands, each process's work and what the parent reads back, without each process's imports. The
+    list fills with each command's arguments; the TF32 switches the benchmarks set are restored after the test."""
+    commands = []
+
+    def here(command, **kwargs):
+        assert command[:2] == [sys.executable, module.__file__], command
+        commands.append(command[2:])
+        return subprocess.CompletedProcess(command, module.main(command[2:]), "", "")
+
+    monkeypatch.setattr(module.subprocess, "run", here)
+    for backend in (torch.backends.cuda.matmul, torch.backends.cudnn):
+        monkeypatch.setattr(backend, "allow_tf32", backend.allow_tf32)
+    return commands
+
+
 def run_training(*argv) -> None:
     """training/run.py's main() with these arguments, in this process: for one process that nothing kills, a process
     of its own would add only its imports. The allocator setting it makes (allocator.py), which cannot be undone,

@@ -342,8 +342,8 @@ def test_a_compiled_forward_with_a_static_cache_decodes_as_the_dynamic_cache_and
     source, mask = padded_sources()
     other, other_mask = random_ids(3, 7, seed=21), torch.ones(3, 7, dtype=torch.long)
     # aot_eager: the graph dynamo captures and AOTAutograd traces, run by torch's kernels. inductor's C++ code for a
-    # CPU (20-30 s to write on a slow CPU) is no decoding path: transformers compiles on accelerators only, unless
-    # told (below); test_model.py compiles the forward with inductor.
+    # CPU is no decoding path: transformers compiles on accelerators only, unless told (below); inductor compiles the
+    # model on a GPU in benchmarks/gpu_check.py.
     compile_config = CompileConfig(fullgraph=True, dynamic=False, backend="aot_eager", mode="default")
     compile_config._compile_all_devices = True
     model = tiny_model(seed=1).eval()

@@ -3,7 +3,6 @@ hand; and its checks, which must fail when the property they name breaks."""
 
 import json
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -15,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check
-from conftest import run_or_show_stacks
+from conftest import commands_run_here, run_or_show_stacks
 from gpu_check import PAIRED, checks, main, ratio, without_repository
 
 
@@ -72,17 +71,8 @@ def test_parts_1_and_2_in_two_processes_keep_each_ones_figures_and_give_their_me
     `gpu_check.py --parts PART --processes 1 --tiny` in a folder of its own. Each figure is the median over the
     processes, ours / Marian the median of their ratios, and the table says so. Here each process's command runs
     in this process (main() with its arguments: the one-process part that the test above runs in a fresh one)."""
-    commands = []
-
-    def in_this_process(command, **kwargs):
-        assert command[:2] == [sys.executable, gpu_check.__file__]
-        commands.append(command[2:])
-        return subprocess.CompletedProcess(command, main(command[2:]), "", "")
-
-    monkeypatch.setattr(gpu_check.subprocess, "run", in_this_process)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # main() sets these: restored after the test
-    for backend in (torch.backends.cuda.matmul, torch.backends.cudnn):
-        monkeypatch.setattr(backend, "allow_tf32", backend.allow_tf32)
+    commands = commands_run_here(monkeypatch, gpu_check)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # main() sets it: restored after the test
     folder = tmp_path / "check"
     assert main(["--tiny", "--processes", "2", "--parts", "speed", "decoding", "--output_dir", str(folder)]) == 0
     assert commands == [["--parts", part, "--processes", "1", "--output_dir", str(folder / f"{part}-{index}"),

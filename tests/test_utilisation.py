@@ -7,12 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from conftest import accelerate_as_in_a_new_process
+from conftest import accelerate_as_in_a_new_process, commands_run_here
 from utilisation import main
 
 
@@ -24,16 +23,12 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
     (the benchmark's independent estimate)."""
     import utilisation
 
-    def in_this_process(command, **kwargs):
-        assert command[:2] == [sys.executable, utilisation.__file__] and command[-4:-2] == ["--one", "tiny"]
-        return subprocess.CompletedProcess(command, main(command[2:]), "", "")
-
-    monkeypatch.setattr(utilisation.subprocess, "run", in_this_process)
-    for backend in (torch.backends.cuda.matmul, torch.backends.cudnn):  # the process sets them: restored after
-        monkeypatch.setattr(backend, "allow_tf32", backend.allow_tf32)
+    commands = commands_run_here(monkeypatch, utilisation)
     with accelerate_as_in_a_new_process():
         assert main(["--tiny", "--warmup", "1", "--steps", "2", "--pad_to_multiple_of", "8", "--output_dir",
                      str(tmp_path / "out")]) == 0
+    folder = str(tmp_path / "out" / "tiny-1")  # one process for the one size
+    assert [command[-4:] for command in commands] == [["--one", "tiny", "--output_dir", folder]]
     result = capsys.readouterr()
     tiny = json.loads((tmp_path / "out" / "utilisation.json").read_text())["sizes"]["tiny"]
     assert tiny["flops_per_step"] - tiny["attention_flops_per_step"] == tiny["estimated_flops_per_step"] > 0
