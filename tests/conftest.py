@@ -308,7 +308,7 @@ def accelerate_as_in_a_new_process():
 def commands_run_here(monkeypatch, module) -> list[list[str]]:
     """A benchmark's processes (`subprocess.run([python, module.py, *args])`) run as `module.main(args)` in this
     process: its commands, each process's work and what the parent reads back, without each process's imports. The
-    list fills with each command's arguments; the TF32 switches the benchmarks set are restored after the test."""
+    list fills with each command's arguments; the TF32 switches are restored after the test (`tf32_restored`)."""
     commands = []
 
     def here(command, **kwargs):
@@ -317,9 +317,14 @@ def commands_run_here(monkeypatch, module) -> list[list[str]]:
         return subprocess.CompletedProcess(command, module.main(command[2:]), "", "")
 
     monkeypatch.setattr(module.subprocess, "run", here)
+    tf32_restored(monkeypatch)
+    return commands
+
+
+def tf32_restored(monkeypatch) -> None:
+    """The TF32 switches that the GPU benchmarks set in their process, restored after the test that runs them here."""
     for backend in (torch.backends.cuda.matmul, torch.backends.cudnn):
         monkeypatch.setattr(backend, "allow_tf32", backend.allow_tf32)
-    return commands
 
 
 def run_training(*argv) -> None:

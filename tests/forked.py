@@ -29,9 +29,10 @@ SERVER = multiprocessing.get_context("forkserver")
 SERVER.set_forkserver_preload(["training.run"])
 
 
-def _script(script: str, argv: list[str], env: dict, output: str) -> None:
-    """In the forked process: `python script *argv` with this environment, stdout and stderr going to
+def _script(script: str, argv: list[str], env: dict, output: str, cwd: str) -> None:
+    """In the forked process: `python script *argv` in `cwd` with this environment, stdout and stderr going to
     `output`.out and .err unbuffered, faulthandler on, the interpreter's exit handlers run at the end."""
+    os.chdir(cwd)
     for fd, suffix in ((1, ".out"), (2, ".err")):
         file = os.open(output + suffix, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(file, fd)
@@ -57,18 +58,20 @@ def start_server() -> None:
         multiprocessing.forkserver.ensure_running()
 
 
-def run_forked(argv: list[str], envs: list[dict], timeout: float) -> subprocess.CompletedProcess:
+def run_forked(argv: list[str], envs: list[dict], timeout: float,
+               cwd: os.PathLike | None = None) -> subprocess.CompletedProcess:
     """training/run.py with `argv` in one forked process per environment (a run's ranks; each on top of this
     process's), to the end of all. If one fails, the others are stopped, as torchrun stops them. A hang (`timeout`
     seconds without an end: nothing run this way needs that long) fails the test with each process's threads'
     Python stacks. Returns the exit status (the first failure's, else 0) and what the processes printed, rank after
-    rank."""
+    rank. They run in `cwd` (default: this process's working folder)."""
     start_server()
     argv = [str(arg) for arg in argv]
     with tempfile.TemporaryDirectory() as folder:
         outputs = [os.path.join(folder, str(rank)) for rank in range(len(envs))]
-        processes = [SERVER.Process(target=_script, args=(str(RUN), argv, {**os.environ, **SHARED_ENV, **env}, output))
-                     for env, output in zip(envs, outputs)]
+        cwd = os.fspath(cwd or os.getcwd())
+        processes = [SERVER.Process(target=_script, args=(str(RUN), argv, {**os.environ, **SHARED_ENV, **env}, output,
+                                                          cwd)) for env, output in zip(envs, outputs)]
         for process in processes:
             process.start()
         running, failed = {process.sentinel: process for process in processes}, None
@@ -103,3 +106,19 @@ def accelerate_ranks(processes: int, *launch_flags: str, port: int) -> list[dict
     return [{**common, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "WORLD_SIZE": str(processes),
              "LOCAL_WORLD_SIZE": str(processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
             for rank in range(processes)]
+
+
+def run_launch_command(launch_args: list[str], env: dict, timeout: float,
+                       cwd: os.PathLike | None = None) -> subprocess.CompletedProcess:
+    """`accelerate launch *launch_args` (FLAGS training/run.py ARGS) for one process, in the environment `env`, as the
+    launcher runs it: run.py forked as above, with the variables that Accelerate's own
+    `prepare_simple_launcher_cmd_env` sets for it (and those of `env` that differ from this process's)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(launch_args))
+    assert args.num_processes <= 1 and not (args.multi_gpu or args.use_fsdp), launch_args  # the simple launcher's
+    assert (Path(cwd or os.getcwd()) / args.training_script).resolve() == RUN, launch_args
+    launched = {**env, **prepare_simple_launcher_cmd_env(args)[1]}
+    own = {name: value for name, value in launched.items() if os.environ.get(name) != value}
+    return run_forked(args.training_script_args, [own], timeout, cwd)

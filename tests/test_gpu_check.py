@@ -3,6 +3,7 @@ hand; and its checks, which must fail when the property they name breaks."""
 
 import json
 import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -14,19 +15,31 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check
-from conftest import commands_run_here, run_or_show_stacks
+from conftest import accelerate_as_in_a_new_process, commands_run_here, tf32_restored
+from forked import run_launch_command
 from gpu_check import PAIRED, checks, main, ratio, without_repository
 
 
-@pytest.mark.long(minutes=1.5)
-def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
+@pytest.mark.long(minutes=1)
+def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path, monkeypatch, capsys):
     """Two launches of training/run.py, a resume, a fresh process without vaswani_hf, both models side by side (parts
-    1 and 2 in the check's own process, as --tiny runs them: their processes are the next test's)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--output_dir",
-               str(tmp_path / "check")]
-    result = run_or_show_stacks(command, env, timeout=1200)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    1 and 2 in the check's own process, as --tiny runs them: their processes are the next test's). The check runs in
+    this process, and each `accelerate launch` of run.py as the launcher runs it, forked (forked.py: the launcher
+    itself runs in test_readme.py); the remote code's fresh process is a fresh process."""
+    launches, fresh = [], subprocess.run
+
+    def run(command, **kwargs):
+        if command[:3] == [sys.executable, "-m", "accelerate.commands.launch"]:
+            launches.append(command)
+            return run_launch_command(command[3:], kwargs["env"], kwargs["timeout"])
+        return fresh(command, **kwargs)
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", run)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # main() sets it: restored after the test
+    tf32_restored(monkeypatch)
+    with accelerate_as_in_a_new_process():
+        assert main(["--tiny", "--output_dir", str(tmp_path / "check")]) == 0, capsys.readouterr().err[-3000:]
+    assert len(launches) == 2 and ["--resume_from_checkpoint" in command for command in launches] == [False, True]
     report = json.loads((tmp_path / "check" / "gpu_check.json").read_text())
     assert report["errors"] == {}
     assert report["checks"] == {"loss falls": True, "resumed run follows the first": True,
@@ -49,7 +62,7 @@ def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path):
                                    "run.py step, collated, fast_gpu"}
     assert report["loop"]["bare"]["over_bare"] == 1.0 and report["loop"]["bare"]["host_waits"] is None
     table = (tmp_path / "check" / "gpu_check.md").read_text()
-    assert "| training tokens/s, bf16 autocast |" in table and table in result.stdout
+    assert "| training tokens/s, bf16 autocast |" in table and table in capsys.readouterr().out
     assert "| training tokens/s, bf16 autocast (ours: fast_gpu) |" in table
     assert_targets_are_the_processes_ratios(report, 1)
 
