@@ -119,14 +119,14 @@ def translate(model, tokenizer, sources: list[str], num_beams: int) -> list[str]
     return found
 
 
-def main():
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "marian-run")
     parser.add_argument("--budget_min", type=float, default=25.0)
     parser.add_argument("--eval_limit", type=int, help="score only the first N sentences of each split (a smoke test)")
     parser.add_argument("--seed", type=int, default=42)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     set_seed(args.seed)
@@ -172,7 +172,8 @@ def main():
         (args.out / f"{split}_beam{beams}.hyp.de").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
         print(f"{split}, beam {beams}: {bleu}  chrF {chrf.score:.2f}", flush=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -316,7 +316,7 @@ def commands_run_here(monkeypatch, module) -> list[list[str]]:
         commands.append(command[2:])
         return subprocess.CompletedProcess(command, module.main(command[2:]), "", "")
 
-    monkeypatch.setattr(module.subprocess, "run", here)
+    monkeypatch.setattr(subprocess, "run", here)
     tf32_restored(monkeypatch)
     return commands
 
