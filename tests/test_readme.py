@@ -1,8 +1,9 @@
 """The README's commands and code, run as a reader would run them, so that the guide cannot rot: each shell and Python
 block, in order, in one fresh folder, with a small model where a block names a bigger one (SMALLER), and only the
 blocks listed in NOT_RUN left out, each with its reason. Training lines, the quick start's translation and the Python
-blocks run as processes of their own; our other console-script lines as their `main(args)` here (IN_PROCESS). The
-Hub is huggingface_hub's calls recorded (tests/upload_capture), not the network."""
+blocks run as processes of their own (the own-data training line forked, FORKED); our other console-script lines as
+their `main(args)` here (IN_PROCESS). The Hub is huggingface_hub's calls recorded (tests/upload_capture), not the
+network."""
 
 import importlib
 import itertools
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_or_show_stacks
+from forked import run_launch_command
 
 from training.default_data import generate
 
@@ -40,6 +42,11 @@ SKIPPED_LINES = {"python -m pytest": "the suite itself", "ruff check .": "tests/
 # its imports, 5-7 s each); the quick start's `echo ... | vaswani-translate` runs the installed script itself.
 IN_PROCESS = {"vaswani-translate": "vaswani_hf.tools.translate", "vaswani-attention": "vaswani_hf.tools.visualize",
               "vaswani-export": "vaswani_hf.tools.export", "vaswani-push": "vaswani_hf.tools.hub"}
+
+
+# Launches run as the launcher runs them, run.py forked from an interpreter that has imported it, with the launcher's
+# environment (forked.py): its imports, 10-15 s on a slow CPU, are paid once. The quick start runs the launcher itself.
+FORKED = ("accelerate launch training/run.py --preset cpu-medium",)
 
 
 def blocks_to_run() -> list[tuple[str, str]]:
@@ -78,7 +85,7 @@ def test_every_block_is_run_or_listed_with_its_reason():
     firsts = [code.splitlines()[0] for _, code in BLOCKS]
     for first in NOT_RUN:
         assert any(line.startswith(first) for line in firsts), f"NOT_RUN lists a block the README lacks: {first}"
-    for prefix in [*SMALLER, *SKIPPED_LINES]:
+    for prefix in [*SMALLER, *SKIPPED_LINES, *FORKED]:
         assert any(prefix in " ".join(shell_lines(code)) for _, code in BLOCKS), prefix
     assert len(blocks_to_run()) == len(BLOCKS) - len(NOT_RUN) >= 8
 
@@ -136,6 +143,8 @@ def test_the_readmes_blocks_run_in_order(tmp_path, console, monkeypatch):
         words = shlex.split(command[-1]) if command[0] == "bash" else [""]
         if words[0] in IN_PROCESS:
             result = run_here(console, monkeypatch, tmp_path, words)
+        elif command[-1].startswith(FORKED):
+            result = run_launch_command(words[2:], env, timeout=900, cwd=tmp_path)
         else:
             result = run_or_show_stacks(command, env, timeout=900, cwd=tmp_path)
         assert result.returncode == 0, f"{command[-1]}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
