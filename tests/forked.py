@@ -93,16 +93,26 @@ def run_forked(argv: list[str], envs: list[dict], timeout: float,
     return subprocess.CompletedProcess([str(RUN), *argv], failed.exitcode if failed else 0, out, err)
 
 
+def launched(launch_args: list[str]):
+    """`accelerate launch *launch_args` parsed and completed as the launcher does it (Accelerate's own functions)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    return _validate_launch_command(launch_command_parser().parse_args(launch_args))[0]
+
+
+def changed(environ: dict) -> dict:
+    """The variables of `environ` that this process lacks or has with another value."""
+    return {name: value for name, value in environ.items() if os.environ.get(name) != value}
+
+
 def accelerate_ranks(processes: int, *launch_flags: str, port: int) -> list[dict]:
     """The environment of each process of `accelerate launch --num_processes N *launch_flags` on this machine: what
     the launcher hands torchrun (Accelerate's prepare_multi_gpu_env) and what torchrun adds for each rank."""
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import prepare_multi_gpu_env
 
-    args = launch_command_parser().parse_args(["--num_processes", str(processes), "--num_machines", "1",
-                                               "--main_process_port", str(port), *launch_flags, str(RUN)])
-    args, _, _ = _validate_launch_command(args)
-    common = {name: value for name, value in prepare_multi_gpu_env(args).items() if os.environ.get(name) != value}
+    args = launched(["--num_processes", str(processes), "--num_machines", "1", "--main_process_port", str(port),
+                     *launch_flags, str(RUN)])
+    common = changed(prepare_multi_gpu_env(args))
     return [{**common, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "WORLD_SIZE": str(processes),
              "LOCAL_WORLD_SIZE": str(processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
             for rank in range(processes)]
@@ -113,12 +123,10 @@ def run_launch_command(launch_args: list[str], env: dict, timeout: float,
     """`accelerate launch *launch_args` (FLAGS training/run.py ARGS) for one process, in the environment `env`, as the
     launcher runs it: run.py forked as above, with the variables that Accelerate's own
     `prepare_simple_launcher_cmd_env` sets for it (and those of `env` that differ from this process's)."""
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import prepare_simple_launcher_cmd_env
 
-    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(launch_args))
+    args = launched(launch_args)
     assert args.num_processes <= 1 and not (args.multi_gpu or args.use_fsdp), launch_args  # the simple launcher's
     assert (Path(cwd or os.getcwd()) / args.training_script).resolve() == RUN, launch_args
-    launched = {**env, **prepare_simple_launcher_cmd_env(args)[1]}
-    own = {name: value for name, value in launched.items() if os.environ.get(name) != value}
+    own = changed({**env, **prepare_simple_launcher_cmd_env(args)[1]})
     return run_forked(args.training_script_args, [own], timeout, cwd)
