@@ -41,8 +41,8 @@ from torch import nn
 from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory, quantize_int8
-from vaswani_hf.speed.fast_cpu import candidates
 from vaswani_hf.speed.kernels import cache_root, cpu_name
+from vaswani_hf.speed.quantization import is_int8
 
 SIZES = {
     "small": {"d_model": 256, "num_layers": 3, "num_heads": 4, "d_ff": 1024, "vocab_size": 8000},
@@ -281,14 +281,14 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
 
 
 def plan_seconds(model: nn.Module) -> str:
-    """The seconds of each candidate the plan was measured with, from the plan kept in the cache."""
+    """The seconds of each candidate the plan was measured with, from the choices kept in the cache."""
     kept = [json.loads(path.read_text()) for path in cache_root("fast_cpu").glob("*.json")]
-    found = [entry for entry in kept if entry["sizes"]["d_model"] == model.config.d_model
-             and entry["sizes"]["vocab_size"] == model.config.vocab_size
-             and entry["candidates"]["greedy"] == candidates(model)["greedy"]]  # the int8 copy's, or the float32's
+    found = {entry["mode"]: entry["seconds"] for entry in kept if entry.get("int8") == is_int8(model)
+             and entry["sizes"]["d_model"] == model.config.d_model
+             and entry["sizes"]["vocab_size"] == model.config.vocab_size}  # the int8 copy's, or the float32's
     return "; ".join(f"{mode}: " + ", ".join(
         f"{'+'.join(name for name, on in candidate.items() if on and name != 'seconds') or 'plain'} "
-        f"{candidate['seconds']:.3f}" for candidate in candidates) for mode, candidates in found[0]["seconds"].items())
+        f"{candidate['seconds']:.3f}" for candidate in found[mode]) for mode in model.fast_cpu_plan if mode in found)
 
 
 def main():

@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 from conftest import random_ids, tiny_model
+from transformers import AutoConfig
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from vaswani_hf import fast_cpu, modeling_vaswani, quantize_int8
@@ -48,6 +49,12 @@ def plans(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fast_cpu_module, "measured_plan", counted)
     return measured
+
+
+def kept_by_mode(tmp_path, int8: bool = False) -> dict:
+    """The choices kept in the `plans` fixture's cache, by mode, of the float32 model's sizes or the int8 copy's."""
+    kept = [json.loads(path.read_text()) for path in (tmp_path / "cache" / "fast_cpu").glob("*.json")]
+    return {entry["mode"]: entry for entry in kept if entry["int8"] == int8}
 
 
 # --- packed layers -----------------------------------------------------------------------------------------------
@@ -297,10 +304,13 @@ def test_the_plan_is_measured_once_and_read_back_for_the_same_machine_and_sizes(
         first = fast_cpu(tiny_model(seed=1))
     assert len(plans) == 1
     assert said.out.startswith("fast_cpu: timing greedy, beam, training on this CPU for this model's sizes, once")
-    kept = json.loads(next((tmp_path / "cache" / "fast_cpu").glob("*.json")).read_text())
-    assert kept["plan"] == first.fast_cpu_plan and kept["threads"] == torch.get_num_threads()
-    assert kept["sizes"]["d_model"] == first.config.d_model and kept["cpu"] and kept["torch"] == torch.__version__
-    assert set(kept["seconds"]) == {"greedy", "beam", "training"}
+    kept = kept_by_mode(tmp_path)
+    assert {mode: entry["choice"] for mode, entry in kept.items()} == first.fast_cpu_plan
+    for mode, entry in kept.items():
+        assert entry["threads"] == torch.get_num_threads() and entry["sizes"]["d_model"] == first.config.d_model
+        assert entry["cpu"] and entry["torch"] == torch.__version__ and not entry["int8"]
+        assert [{name: on for name, on in timed.items() if name != "seconds"} for timed in entry["seconds"]] == \
+            entry["candidates"] == fast_cpu_module.CANDIDATES[mode]
     with CaptureLogger(fast_cpu_module.logger) as said:
         again = fast_cpu(tiny_model(seed=2))  # other weights, the same sizes: read back, silently
     assert len(plans) == 1 and again.fast_cpu_plan == first.fast_cpu_plan and said.out == ""
@@ -313,19 +323,24 @@ def test_the_plan_is_measured_once_and_read_back_for_the_same_machine_and_sizes(
     assert len(plans) == 4
 
 
-def test_vaswani_translate_plans_decoding_alone_and_trains_as_torch(plans, tmp_path, translation_folder):
-    """The tools that only decode (`vaswani_hf.tools.loading.load`, as vaswani-translate loads) time no training:
-    the plan kept names the decoding modes alone, and training stays torch's. A model transformed for training
-    too measures its own plan."""
+def test_vaswani_translate_plans_decoding_alone_and_reads_a_training_runs_choices(plans, tmp_path,
+                                                                                    translation_folder):
+    """The tools that only decode (`vaswani_hf.tools.loading.load`, as vaswani-translate loads) time no training,
+    and training stays torch's. After a training run of the same sizes (the main job, then vaswani-translate) they
+    take the decoding choices the run kept and time nothing; a model transformed for training after them times
+    training alone."""
     from vaswani_hf.tools.loading import load
 
+    sizes = {name: getattr(AutoConfig.from_pretrained(translation_folder), name) for name in fast_cpu_module.SIZES}
+    trained = fast_cpu(tiny_model(seed=1, **sizes))
     model, _ = load(str(translation_folder), device="cpu")
-    assert [modes for _, modes in plans] == [("greedy", "beam")]
-    assert model.fast_cpu_plan["training"] == PLAIN["training"]
-    kept = json.loads(next((tmp_path / "cache" / "fast_cpu").glob("*.json")).read_text())
-    assert set(kept["seconds"]) == set(kept["candidates"]) == {"greedy", "beam"}
-    fast_cpu(tiny_model(seed=1, **{name: getattr(model.config, name) for name in fast_cpu_module.SIZES}))
-    assert [modes for _, modes in plans] == [("greedy", "beam"), ("greedy", "beam", "training")]
+    assert [modes for _, modes in plans] == [("greedy", "beam", "training")]
+    assert model.fast_cpu_plan == {**trained.fast_cpu_plan, "training": PLAIN["training"]}
+    (tmp_path / "cache").rename(tmp_path / "before")
+    load(str(translation_folder), device="cpu")
+    assert set(kept_by_mode(tmp_path)) == {"greedy", "beam"}
+    fast_cpu(tiny_model(seed=2, **sizes))
+    assert [modes for _, modes in plans] == [("greedy", "beam", "training"), ("greedy", "beam"), ("training",)]
 
 
 def test_an_int8_copy_plans_decoding_with_its_own_candidates_timed_with_its_own_calls(plans, tmp_path):
@@ -335,12 +350,11 @@ def test_an_int8_copy_plans_decoding_with_its_own_candidates_timed_with_its_own_
     fast_cpu(tiny_model(seed=1))
     int8 = fast_cpu(quantize_int8(tiny_model(seed=1)))
     assert [modes for _, modes in plans] == [("greedy", "beam", "training"), ("greedy", "beam")]
-    kept = [json.loads(path.read_text()) for path in (tmp_path / "cache" / "fast_cpu").glob("*.json")]
-    (own,) = [entry for entry in kept if entry["candidates"] == fast_cpu_module.INT8_CANDIDATES]
-    assert own["plan"] == int8.fast_cpu_plan
+    own = kept_by_mode(tmp_path, int8=True)
+    assert {**PLAIN, **{mode: entry["choice"] for mode, entry in own.items()}} == int8.fast_cpu_plan
     for mode, listed in fast_cpu_module.INT8_CANDIDATES.items():  # timed: each candidate, and no other
-        timed = [{name: on for name, on in entry.items() if name != "seconds"} for entry in own["seconds"][mode]]
-        assert timed == listed
+        timed = [{name: on for name, on in entry.items() if name != "seconds"} for entry in own[mode]["seconds"]]
+        assert timed == own[mode]["candidates"] == listed
     again = fast_cpu(quantize_int8(tiny_model(seed=2)))
     assert len(plans) == 2 and again.fast_cpu_plan == int8.fast_cpu_plan
     assert quantize_int8(fast_cpu(tiny_model(seed=1), EVERYTHING)).fast_cpu_plan == PLAIN
@@ -363,12 +377,14 @@ def test_every_plan_an_int8_copy_may_take_decodes_as_the_plain_copy_bit_for_bit(
         assert all(torch.equal(ours, own) for ours, own in zip(found.scores, plain.scores, strict=True)), candidate
 
 
-def test_a_damaged_plan_is_measured_again(plans, tmp_path):
+def test_a_damaged_choice_is_measured_again_alone(plans, tmp_path):
     fast_cpu(tiny_model(seed=1))
-    kept = next((tmp_path / "cache" / "fast_cpu").glob("*.json"))
+    (kept,) = [path for path in (tmp_path / "cache" / "fast_cpu").glob("*.json")
+               if json.loads(path.read_text())["mode"] == "beam"]
     kept.write_text(kept.read_text()[:20])
     model = fast_cpu(tiny_model(seed=1))
-    assert len(plans) == 2 and json.loads(kept.read_text())["plan"] == model.fast_cpu_plan
+    assert [modes for _, modes in plans] == [("greedy", "beam", "training"), ("beam",)]
+    assert json.loads(kept.read_text())["choice"] == model.fast_cpu_plan["beam"]
 
 
 def encoder_rows(model, source, num_beams):

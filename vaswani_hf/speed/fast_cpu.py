@@ -15,11 +15,12 @@ faster with it:
   a forward and backward of the model) took at most `MARGIN` of the time of those without, on random inputs of the
   model's sizes (`PROBE`), by both the best of `ROUNDS` interleaved rounds and the median of the rounds' ratios; else
   the plain way stays;
-* measured once per CPU model, torch version, thread count, model sizes and modes planned (`vaswani-translate`,
-  which only decodes, plans decoding alone: training stays torch's), and kept as JSON in `$VASWANI_HF_CACHE/fast_cpu/`
-  (else `~/.cache/vaswani_hf/fast_cpu/`); later calls read it back. The same machine therefore decodes and trains the
-  same way, busy or quiet: the plan is timed once, the products never. (A training run also keeps its plan in its
-  checkpoints: resumed, it computes as it did.)
+* measured once per CPU model, torch version, thread count, model sizes and mode, and kept as JSON, a file per mode,
+  in `$VASWANI_HF_CACHE/fast_cpu/` (else `~/.cache/vaswani_hf/fast_cpu/`); later calls read it back.
+  `vaswani-translate`, which only decodes, plans decoding alone (training stays torch's): after a training run of
+  the same sizes, it reads that run's decoding choices and times nothing. The same machine therefore decodes and
+  trains the same way, busy or quiet: the plan is timed once, the products never. (A training run also keeps its
+  plan in its checkpoints: resumed, it computes as it did.)
 
 An int8 copy (`quantize_int8`) only decodes: its plan is for decoding, timed with its own calls (`INT8_CANDIDATES`).
 
@@ -40,7 +41,7 @@ from transformers import GenerationConfig
 from transformers.utils import logging
 
 from .decoding import PLAIN, bind_plan
-from .kernels import ONEDNN, PACKING, PackedLinear, cache_root, cpu_name, kept
+from .kernels import ONEDNN, PACKING, PackedLinear, cache_root, cpu_name, kept_apart
 from .quantization import is_int8
 
 logger = logging.get_logger(__name__)
@@ -87,20 +88,22 @@ def use_plan(model: nn.Module, plan: dict) -> None:
 
 
 def kept_plan(model: nn.Module, modes: tuple[str, ...]) -> dict:
-    """The plan of these modes kept for this machine and the model's sizes, measured now if none is (or it cannot be
-    read); the other modes plain."""
+    """The plan of these modes kept for this machine and the model's sizes, each mode's choice in a file of its own
+    (a tool that only decodes reads the choices a training run measured); those not kept (or that cannot be read)
+    measured now, together; the other modes plain."""
     listed = candidates(model)
     facts = {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-             "sizes": {name: getattr(model.config, name, None) for name in SIZES},
-             "candidates": {mode: listed[mode] for mode in modes}, "probe": PROBE, "rule": rule()}
+             "sizes": {name: getattr(model.config, name, None) for name in SIZES}, "int8": is_int8(model),
+             "probe": PROBE, "rule": rule()}
 
-    def measure() -> dict:
-        logger.warning(f"fast_cpu: timing {', '.join(modes)} on this CPU for this model's sizes, once; kept in "
+    def measure(missing: list[str]) -> dict:
+        logger.warning(f"fast_cpu: timing {', '.join(missing)} on this CPU for this model's sizes, once; kept in "
                        f"{cache_root('fast_cpu')}")
-        plan, seconds = measured_plan(model, modes)
-        return {"plan": {**PLAIN, **plan}, "seconds": seconds}
+        plan, seconds = measured_plan(model, tuple(missing))
+        return {mode: {"choice": plan[mode], "seconds": seconds[mode]} for mode in missing}
 
-    return kept(cache_root("fast_cpu"), facts, "plan", measure)
+    by_mode = {mode: {**facts, "mode": mode, "candidates": listed[mode]} for mode in modes}
+    return {**PLAIN, **kept_apart(cache_root("fast_cpu"), by_mode, "choice", measure)}
 
 
 CANDIDATES = {"greedy": [{"lean": False, "packed": False}, {"lean": True, "packed": False},

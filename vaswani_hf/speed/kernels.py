@@ -1,6 +1,6 @@
 # Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
 """Linear layers that multiply by weights packed once for a decoding loop or train in oneDNN, and the machine facts
-our CPU choices are kept under (`cpu_name`, `cache_root`, `kept`).
+our CPU choices are kept under (`cpu_name`, `cache_root`, `kept`, `kept_apart`).
 
 A decoding loop multiplies the same weights by a few new rows at every step. oneDNN can multiply by a copy of a
 weight reordered once into its blocked layout; a training step's products and their gradients can run in oneDNN as
@@ -57,19 +57,34 @@ def cache_root(kind: str) -> Path:
 
 def kept(folder: Path, facts: dict, key: str, measure: Callable[[], dict]):
     """`key` of what `measure()` found under these facts (the CPU, versions, sizes: JSON values), kept in `folder` as
-    a file named by them: measured the first time, and again if the file cannot be read; read back after. Written
-    whole or not at all: a killed process leaves no half-written file."""
-    path = folder / f"{hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]}.json"
-    try:
-        return json.loads(path.read_text())[key]
-    except (OSError, ValueError, KeyError):
-        pass
-    found = {**facts, **measure()}
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".partial", delete=False) as file:
-        json.dump(found, file, indent=1)
-    os.replace(file.name, path)
-    return found[key]
+    a file named by them: measured the first time, and again if the file cannot be read; read back after."""
+    return kept_apart(folder, {"": facts}, key, lambda missing: {"": measure()})[""]
+
+
+def kept_apart(folder: Path, facts: dict[str, dict], key: str,
+               measure: Callable[[list[str]], dict[str, dict]]) -> dict[str, object]:
+    """By name, `key` of what was found under each name's facts, each kept in a file of its own named by them (so
+    another call that lists a name with the same facts reads it back): those whose file is missing or cannot be read
+    are measured together, `measure(names)` returning what was found by name. Each file is written whole or not at
+    all: a killed process leaves no half-written file."""
+    paths = {name: folder / f"{hashlib.sha256(json.dumps(own, sort_keys=True).encode()).hexdigest()[:32]}.json"
+             for name, own in facts.items()}
+    found = {}
+    for name, path in paths.items():
+        try:
+            found[name] = json.loads(path.read_text())[key]
+        except (OSError, ValueError, KeyError):
+            pass
+    missing = [name for name in facts if name not in found]
+    if missing:
+        measured = measure(missing)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in missing:
+            with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".partial", delete=False) as file:
+                json.dump({**facts[name], **measured[name]}, file, indent=1)
+            os.replace(file.name, paths[name])
+            found[name] = measured[name][key]
+    return {name: found[name] for name in facts}
 
 
 class Packing:
