@@ -212,6 +212,32 @@ def test_a_schedule_to_replay_that_cannot_be_is_refused_before_any_work(tmp_path
     assert not out.exists()
 
 
+def test_a_cache_that_cannot_be_written_is_one_line_before_any_work(tmp_path, monkeypatch, capfd, data,
+                                                                    translation_folder):
+    """run.py on a CPU, vaswani-translate with either engine and `fast_cpu(model)` keep what they measure or convert in
+    $VASWANI_HF_CACHE: a folder there that cannot be made is named in one line, with the way out, before any timing,
+    conversion or training. (A path under a file: root, who runs CI, can write where permissions say no.)"""
+    from vaswani_hf import fast_cpu
+    from vaswani_hf.speed import fast_cpu as fast_cpu_module
+    from vaswani_hf.speed.kernels import CacheNotWritable
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "file" / "cache"))
+    monkeypatch.setattr(fast_cpu_module, "measured_plan", lambda *args: pytest.fail("timed a plan it cannot keep"))
+    out = tmp_path / "out"
+    message = refused(monkeypatch, *TINY, *data, "--output_dir", str(out))
+    assert message.startswith(f"error: vaswani_hf cannot write its cache {tmp_path / 'file' / 'cache' / 'fast_cpu'} ")
+    assert message.endswith("set VASWANI_HF_CACHE to a folder it can write, or give --no_fast_cpu")
+    assert not out.exists()
+    for engine in ("torch", "ctranslate2"):
+        message = refused_translation(capfd, monkeypatch, "--model", translation_folder, "--engine", engine,
+                                      stdin=b"A dog runs.\n")
+        kind = "fast_cpu" if engine == "torch" else "ctranslate2"
+        assert message.startswith(f"error: vaswani_hf cannot write its cache {tmp_path / 'file' / 'cache' / kind} ")
+    with pytest.raises(CacheNotWritable, match="^vaswani_hf cannot write its cache .*VASWANI_HF_CACHE"):
+        fast_cpu(load(str(translation_folder), device="cpu", fast=False)[0])
+
+
 # --- lines ------------------------------------------------------------------------------------------------------
 
 def test_lines_split_at_newlines_only():

@@ -8,6 +8,7 @@ from pathlib import Path
 from transformers import HfArgumentParser
 
 from vaswani_hf import VaswaniConfig
+from vaswani_hf.speed.kernels import CacheNotWritable, cache_root, writable
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 
@@ -208,6 +209,11 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     if args.mixed_precision == "fp16" and not gpu:
         raise SystemExit("error: --mixed_precision fp16 needs a GPU (float16 autocast is not run on the CPU): "
                          "use no (float32) or bf16")
+    if args.fast_cpu and not gpu and not args.resume_from_checkpoint:  # where fast_cpu keeps its plan (a resumed
+        try:                                                               # run's checkpoints keep its own)
+            writable(cache_root("fast_cpu"))
+        except CacheNotWritable as error:
+            raise SystemExit(f"error: {error}, or give --no_fast_cpu") from None
     try:  # the model's own checks (sizes, heads, dropout, positions), with a stand-in for the tokenizer's ids
         config = model_args.config(_StandInTokenizer(model_args.vocab_size))
     except ValueError as error:

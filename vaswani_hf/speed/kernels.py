@@ -1,6 +1,6 @@
 # Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
 """Linear layers that multiply by weights packed once for a decoding loop or train in oneDNN, and the machine facts
-our CPU choices are kept under (`cpu_name`, `cache_root`, `kept`, `kept_apart`).
+our CPU choices are kept under (`cpu_name`, `cache_root`, `writable`, `kept`, `kept_apart`).
 
 A decoding loop multiplies the same weights by a few new rows at every step. oneDNN can multiply by a copy of a
 weight reordered once into its blocked layout; a training step's products and their gradients can run in oneDNN as
@@ -55,6 +55,22 @@ def cache_root(kind: str) -> Path:
     return Path(os.environ.get("VASWANI_HF_CACHE") or Path.home() / ".cache" / "vaswani_hf") / kind
 
 
+class CacheNotWritable(OSError):
+    """The cache folder cannot be written; the message names it and the way out, in one line."""
+
+
+def writable(folder: Path) -> Path:
+    """`folder`, made if missing, once a file could be written in it; else `CacheNotWritable`."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, suffix=".partial"):
+            pass
+    except OSError as error:
+        raise CacheNotWritable(f"vaswani_hf cannot write its cache {folder} ({error.strerror or error}): set "
+                               f"VASWANI_HF_CACHE to a folder it can write") from None
+    return folder
+
+
 def kept(folder: Path, facts: dict, key: str, measure: Callable[[], dict]):
     """`key` of what `measure()` found under these facts (the CPU, versions, sizes: JSON values), kept in `folder` as
     a file named by them: measured the first time, and again if the file cannot be read; read back after."""
@@ -65,8 +81,8 @@ def kept_apart(folder: Path, facts: dict[str, dict], key: str,
                measure: Callable[[list[str]], dict[str, dict]]) -> dict[str, object]:
     """By name, `key` of what was found under each name's facts, each kept in a file of its own named by them (so
     another call that lists a name with the same facts reads it back): those whose file is missing or cannot be read
-    are measured together, `measure(names)` returning what was found by name. Each file is written whole or not at
-    all: a killed process leaves no half-written file."""
+    are measured together, `measure(names)` returning what was found by name, once `folder` is known to be writable
+    (`writable`). Each file is written whole or not at all: a killed process leaves no half-written file."""
     paths = {name: folder / f"{hashlib.sha256(json.dumps(own, sort_keys=True).encode()).hexdigest()[:32]}.json"
              for name, own in facts.items()}
     found = {}
@@ -77,8 +93,8 @@ def kept_apart(folder: Path, facts: dict[str, dict], key: str,
             pass
     missing = [name for name in facts if name not in found]
     if missing:
+        writable(folder)  # before the measurement, not after it
         measured = measure(missing)
-        folder.mkdir(parents=True, exist_ok=True)
         for name in missing:
             with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".partial", delete=False) as file:
                 json.dump({**facts[name], **measured[name]}, file, indent=1)

@@ -15,7 +15,7 @@ from transformers.utils import cached_file
 from ..exports import to_ctranslate2
 from ..gnmt import EXTRA_OUTPUT_LENGTH
 from ..speed.fast_cpu import chosen, round_seconds, rule
-from ..speed.kernels import cache_root, cpu_name, kept
+from ..speed.kernels import cache_root, cpu_name, kept, writable
 from .export import written_whole
 from .loading import load
 
@@ -66,6 +66,7 @@ def cached_export(name_or_path: str, quantization: str) -> Path:
                 key.update(block)
     folder = cache_root("ctranslate2") / key.hexdigest()[:32]
     if not (folder / "model.bin").is_file():
+        writable(folder.parent)  # before the conversion, not after it
         model, tokenizer = load(name_or_path, device="cpu", fast=False)
         with written_whole(folder) as partial:
             to_ctranslate2.export(model, tokenizer, partial, quantization=quantization)

@@ -8,6 +8,7 @@ import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from ..speed.fast_cpu import fast_cpu
+from ..speed.kernels import CacheNotWritable
 from ..speed.quantization import quantize_int8
 
 
@@ -27,7 +28,10 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool
         model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
     model = quantize_int8(model) if int8 else model.to(device).eval()
     if fast and kind == "cpu":
-        fast_cpu(model, training=False)  # the tools decode: a plan for decoding alone
+        try:
+            fast_cpu(model, training=False)  # the tools decode: a plan for decoding alone
+        except CacheNotWritable as error:
+            raise SystemExit(f"error: {error}, or give --no_fast_cpu") from None
     return model, tokenizer
 
 
@@ -64,6 +68,8 @@ def one_line_errors(name_or_path: str):
     """Inside: what an unusable folder raises (OSError, ValueError, KeyError, ...) exits with its first line."""
     try:
         yield
+    except CacheNotWritable as error:  # not the folder's fault
+        raise SystemExit(f"error: {error}") from None
     except Exception as error:  # noqa: BLE001 - unusable folders raise OSError, ValueError, KeyError, ...
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SystemExit(f"error: cannot load a model from {name_or_path}: {message}") from None
