@@ -209,8 +209,9 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     if args.mixed_precision == "fp16" and not gpu:
         raise SystemExit("error: --mixed_precision fp16 needs a GPU (float16 autocast is not run on the CPU): "
                          "use no (float32) or bf16")
-    if args.fast_cpu and not gpu and not args.resume_from_checkpoint:  # where fast_cpu keeps its plan (a resumed
-        try:                                                               # run's checkpoints keep its own)
+    # fast_cpu keeps its plan in the cache (a resumed run's checkpoints keep its own): one it cannot write, named now
+    if args.fast_cpu and not gpu and not args.resume_from_checkpoint:
+        try:
             writable(cache_root("fast_cpu"))
         except CacheNotWritable as error:
             raise SystemExit(f"error: {error}, or give --no_fast_cpu") from None
