@@ -387,6 +387,35 @@ def test_a_damaged_choice_is_measured_again_alone(plans, tmp_path):
     assert json.loads(kept.read_text())["choice"] == model.fast_cpu_plan["beam"]
 
 
+def test_processes_that_need_the_same_choice_at_once_measure_it_once(tmp_path):
+    """Runs started together (a sweep on one machine) take one plan: while one process measures, another that needs
+    the same choice waits, then reads what the first kept (kernels.kept_apart)."""
+    import multiprocessing
+    import os
+    import time
+
+    from vaswani_hf.speed.kernels import kept_apart
+
+    def measure(names):
+        with open(tmp_path / "measured", "a") as record:
+            record.write(f"{os.getpid()}\n")
+        time.sleep(1)  # long enough for the other process to ask meanwhile
+        return {name: {"choice": os.getpid()} for name in names}
+
+    def need(index):
+        found = kept_apart(tmp_path / "cache", {"greedy": {"sizes": 1}}, "choice", measure)
+        (tmp_path / f"found{index}").write_text(json.dumps(found))
+
+    processes = [multiprocessing.get_context("fork").Process(target=need, args=(index,)) for index in range(2)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+    assert [process.exitcode for process in processes] == [0, 0]
+    (measurer,) = (tmp_path / "measured").read_text().split()
+    assert {(tmp_path / f"found{index}").read_text() for index in range(2)} == {json.dumps({"greedy": int(measurer)})}
+
+
 def encoder_rows(model, source, num_beams):
     """Rows of the encoder output whose cross-attention keys are computed, in generate(num_beams)."""
     rows = []

@@ -18,9 +18,9 @@ faster with it:
 * measured once per CPU model, torch version, thread count, model sizes and mode, and kept as JSON, a file per mode,
   in `$VASWANI_HF_CACHE/fast_cpu/` (else `~/.cache/vaswani_hf/fast_cpu/`); later calls read it back.
   `vaswani-translate`, which only decodes, plans decoding alone (training stays torch's): after a training run of
-  the same sizes, it reads that run's decoding choices and times nothing. The same machine therefore decodes and
-  trains the same way, busy or quiet: the plan is timed once, the products never. (A training run also keeps its
-  plan in its checkpoints: resumed, it computes as it did.)
+  the same sizes, it reads that run's decoding choices and times nothing; processes that need a plan at once wait
+  for one to time it. The same machine therefore decodes and trains the same way, busy or quiet: the plan is timed
+  once, the products never. (A training run also keeps its plan in its checkpoints: resumed, it computes as it did.)
 
 An int8 copy (`quantize_int8`) only decodes: its plan is for decoding, timed with its own calls (`INT8_CANDIDATES`).
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from torch import nn
 from transformers.utils import is_torchdynamo_compiling
 
@@ -82,25 +83,35 @@ def kept_apart(folder: Path, facts: dict[str, dict], key: str,
     """By name, `key` of what was found under each name's facts, each kept in a file of its own named by them (so
     another call that lists a name with the same facts reads it back): those whose file is missing or cannot be read
     are measured together, `measure(names)` returning what was found by name, once `folder` is known to be writable
-    (`writable`). Each file is written whole or not at all: a killed process leaves no half-written file."""
+    (`writable`). One process measures at a time: another that needs the same waits, then reads what the first kept
+    (runs started together take one plan, measured on a machine the others are not loading). Each file is written
+    whole or not at all: a killed process leaves no half-written file."""
     paths = {name: folder / f"{hashlib.sha256(json.dumps(own, sort_keys=True).encode()).hexdigest()[:32]}.json"
              for name, own in facts.items()}
+    found = readable(paths, key)
+    if len(found) < len(facts):
+        with FileLock(writable(folder) / "measuring.lock"):
+            found = readable(paths, key)
+            missing = [name for name in facts if name not in found]
+            if missing:
+                measured = measure(missing)
+                for name in missing:
+                    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".partial", delete=False) as file:
+                        json.dump({**facts[name], **measured[name]}, file, indent=1)
+                    os.replace(file.name, paths[name])
+                    found[name] = measured[name][key]
+    return {name: found[name] for name in facts}
+
+
+def readable(paths: dict[str, Path], key: str) -> dict[str, object]:
+    """By name, `key` of each file that can be read and holds it."""
     found = {}
     for name, path in paths.items():
         try:
             found[name] = json.loads(path.read_text())[key]
         except (OSError, ValueError, KeyError):
             pass
-    missing = [name for name in facts if name not in found]
-    if missing:
-        writable(folder)  # before the measurement, not after it
-        measured = measure(missing)
-        for name in missing:
-            with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".partial", delete=False) as file:
-                json.dump({**facts[name], **measured[name]}, file, indent=1)
-            os.replace(file.name, paths[name])
-            found[name] = measured[name][key]
-    return {name: found[name] for name in facts}
+    return found
 
 
 class Packing:
