@@ -212,6 +212,24 @@ def test_vaswani_push_refuses_what_is_not_a_finished_model_in_one_line(translati
         assert "\n" not in str(refused.value)
 
 
+def test_a_hub_that_refuses_or_cannot_be_reached_is_one_line_that_says_how_to_push_again(translation_folder,
+                                                                                            monkeypatch, capfd):
+    import huggingface_hub
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    from vaswani_hf.tools import hub
+
+    def offline(*args, **kwargs):
+        raise OfflineModeIsEnabled("Cannot reach https://huggingface.co/api/repos/create: offline mode is enabled.\n"
+                                   "To disable it, unset HF_HUB_OFFLINE.")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", offline)
+    assert refusal(capfd, hub.main, translation_folder, "org/name") == (
+        f"error: pushing {translation_folder} to org/name failed: Cannot reach "
+        f"https://huggingface.co/api/repos/create: offline mode is enabled. (to try again: vaswani-push "
+        f"{translation_folder} org/name)")
+
+
 def test_model_push_to_hub_sends_weights_code_config_and_generation_config(tmp_path, monkeypatch):
     import huggingface_hub
     from conftest import tiny_model

@@ -238,6 +238,26 @@ def test_a_cache_that_cannot_be_written_is_one_line_before_any_work(tmp_path, mo
         fast_cpu(load(str(translation_folder), device="cpu", fast=False)[0])
 
 
+def test_a_push_that_could_not_happen_is_one_line_before_any_work(tmp_path, monkeypatch, data):
+    """--push_to_hub offline, or without a token: training/run.py and run_trainer.py say so at the start, not after
+    the training."""
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda *a, **kw: pytest.fail("nothing is created"))
+    out = tmp_path / "out"
+    push = [*TINY, *data, "--output_dir", str(out), "--push_to_hub", "--hub_model_id", "org/name"]
+    monkeypatch.setenv("HF_TOKEN", "hf_vaswaniTestToken0123456789abcdef")
+    assert "HF_HUB_OFFLINE is set" in refused(monkeypatch, *push)  # the suite runs offline
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)  # nor a token file
+    assert refused(monkeypatch, *push) == ("error: --push_to_hub needs a Hugging Face token: hf auth login, or set "
+                                           "HF_TOKEN")
+    with pytest.raises(SystemExit, match="^error: --push_to_hub needs a Hugging Face token"):
+        run_trainer.main([*TINY, *data, "--output_dir", str(out), "--push_to_hub", "--max_steps", "1"])
+    assert not out.exists()
+
+
 # --- lines ------------------------------------------------------------------------------------------------------
 
 def test_lines_split_at_newlines_only():

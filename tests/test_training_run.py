@@ -524,6 +524,7 @@ def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
     monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # the suite's; the two calls are recorded
     train_here(tmp_path / "run", *TINY, *small_data, "--max_steps", "4", "--save_steps", "2", "--average_checkpoints",
                "2", "--push_to_hub", "--hub_model_id", "org/tiny", "--hub_private_repo", "--max_length", "12")
     printed = capfd.readouterr()

@@ -9,6 +9,7 @@ from transformers import HfArgumentParser
 
 from vaswani_hf import VaswaniConfig
 from vaswani_hf.speed.kernels import CacheNotWritable, cache_root, writable
+from vaswani_hf.tools.hub import check_can_push
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 
@@ -209,6 +210,8 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     if args.mixed_precision == "fp16" and not gpu:
         raise SystemExit("error: --mixed_precision fp16 needs a GPU (float16 autocast is not run on the CPU): "
                          "use no (float32) or bf16")
+    if args.push_to_hub:
+        check_can_push()
     # fast_cpu keeps its plan in the cache (a resumed run's checkpoints keep its own): one it cannot write, named now
     if args.fast_cpu and not gpu and not args.resume_from_checkpoint:
         try:

@@ -279,10 +279,9 @@ def publish(final, tokenizer, output_dir: Path, metrics: dict, pairs: dict, alph
     )
     say(f"model, tokenizer, metrics and model card in {output_dir}")
     if args.push_to_hub:
-        from vaswani_hf.tools.hub import push
+        from vaswani_hf.tools.hub import push_or_exit
 
-        url = push(output_dir, args.hub_model_id or output_dir.name, private=args.hub_private_repo)
-        say(f"pushed to {url}")
+        say(f"pushed to {push_or_exit(output_dir, args.hub_model_id or output_dir.name, args.hub_private_repo)}")
 
 
 def start_processes(args) -> tuple[Accelerator, dict]:

@@ -42,6 +42,7 @@ from training.hub import write_output_folder
 from training.recipe import training_data
 from training.tokenizer import train_joint_bpe
 from vaswani_hf import VaswaniForConditionalGeneration
+from vaswani_hf.tools.hub import check_can_push, push_or_exit
 
 PAPER_TRAINER_DEFAULTS = {
     "adam_beta1": 0.9, "adam_beta2": 0.98, "adam_epsilon": 1e-9, "weight_decay": 0.0, "max_grad_norm": 0.0,
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None):
     if not training_args.resume_from_checkpoint and output_dir.is_dir() and any(output_dir.iterdir()):
         raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with "
                          "--resume_from_checkpoint, or choose another folder")
+    if training_args.push_to_hub:
+        check_can_push()
     pairs = {split: as_pairs(rows) for split, rows in load_run_data(data_args).items()}  # Trainer datasets: lists
     with training_args.main_process_first():  # the main process trains the joint BPE, the others read it
         if not (output_dir / "tokenizer.json").is_file():
@@ -156,10 +159,8 @@ def main(argv: list[str] | None = None):
             num_beams=training_args.generation_num_beams or 4,
         )
         if training_args.push_to_hub:
-            from vaswani_hf.tools.hub import push
-
-            url = push(output_dir, training_args.hub_model_id or output_dir.name,
-                       private=bool(training_args.hub_private_repo))
+            url = push_or_exit(output_dir, training_args.hub_model_id or output_dir.name,
+                               private=bool(training_args.hub_private_repo))
             print(f"pushed to {url}")
 
 

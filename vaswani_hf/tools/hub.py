@@ -65,17 +65,37 @@ def push(folder: Path, repo_id: str, private: bool = False) -> str:
     return str(repo)
 
 
+def check_can_push() -> None:
+    """Before a run that pushes at its end: one line now, not after the training, if it could not (offline, or no
+    token)."""
+    from huggingface_hub import constants, get_token
+
+    if constants.HF_HUB_OFFLINE:
+        raise SystemExit("error: --push_to_hub, but HF_HUB_OFFLINE is set: the run could not push at its end")
+    if get_token() is None:
+        raise SystemExit("error: --push_to_hub needs a Hugging Face token: hf auth login, or set HF_TOKEN")
+
+
+def push_or_exit(folder: Path, repo_id: str, private: bool = False) -> str:
+    """`push` for the command lines: a folder that is not a finished model, or a Hub that refuses or cannot be reached
+    (offline, no token, no access, no network), exits with one line; the folder is left as it was."""
+    try:
+        return push(folder, repo_id, private=private)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    except OSError as error:  # huggingface_hub's errors are OSErrors
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise SystemExit(f"error: pushing {folder} to {repo_id} failed: {reason} (to try again: vaswani-push "
+                         f"{folder} {repo_id})") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vaswani-push", description=__doc__.splitlines()[0].split(": ", 1)[1])
     parser.add_argument("folder", help="a model folder written by training/run.py or training/run_trainer.py")
     parser.add_argument("repo_id", help="the Hub repository, e.g. org/name (created if it does not exist)")
     parser.add_argument("--private", action="store_true", help="create the repository private")
     args = parser.parse_args(argv)
-    try:
-        url = push(Path(args.folder), args.repo_id, private=args.private)
-    except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
-    print(f"pushed {args.folder} to {url}")
+    print(f"pushed {args.folder} to {push_or_exit(Path(args.folder), args.repo_id, private=args.private)}")
 
 
 if __name__ == "__main__":
