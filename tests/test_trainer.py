@@ -115,7 +115,20 @@ def test_compute_metrics_reads_minus_100_as_padding(tokenizer):
     assert make_compute_metrics(tokenizer)(EvalPrediction(predictions=worse, label_ids=padded))["bleu"] < 100
 
 
-def test_the_trainer_entry_point_writes_a_hub_ready_folder(tmp_path):
+def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(tmp_path, monkeypatch):
+    """With --push_to_hub (huggingface_hub's calls recorded), the finished folder's model files go up once, at the
+    end, as vaswani-push sends them: not the Trainer's own uploads at each save (logs, training_args.bin)."""
+    import huggingface_hub
+
+    from vaswani_hf.tools.hub import published_files
+
+    calls = []
+    monkeypatch.setenv("HF_TOKEN", "hf_vaswaniTestToken0123456789abcdef")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # the suite's; the calls are recorded
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(
+        ("create", repo_id)) or huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}"))
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", lambda self, **kw: calls.append(
+        ("upload", kw["repo_id"], sorted(kw.get("allow_patterns") or ["everything"]))))
     data = generate()
     files = {}
     for split, size in (("train", 300), ("validation", 6), ("test", 6)):
@@ -130,7 +143,8 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder(tmp_path):
         "--save_steps", "3", "--warmup_steps", "2", "--per_device_train_batch_size", "16", "--use_cpu",
         "--generation_max_length", "20", "--disable_tqdm", "true",
     ]
-    run_trainer.main(flags)
+    run_trainer.main([*flags, "--push_to_hub", "--hub_model_id", "org/tiny"])
+    assert calls == [("create", "org/tiny"), ("upload", "org/tiny", sorted(published_files(output)))]
     with pytest.raises(SystemExit, match=f"error: --output_dir {output} is not empty"):  # its tokenizer is not reused
         run_trainer.main(flags)
     metrics = json.loads((output / "metrics.json").read_text())

@@ -111,7 +111,10 @@ def main(argv: list[str] | None = None):
     if not training_args.resume_from_checkpoint and output_dir.is_dir() and any(output_dir.iterdir()):
         raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with "
                          "--resume_from_checkpoint, or choose another folder")
-    if training_args.push_to_hub:
+    # The Trainer itself would upload the output folder at every save (logs, training_args.bin, ...): the run pushes
+    # the finished model's files alone, at its end, as training/run.py and vaswani-push do.
+    publish, training_args.push_to_hub = training_args.push_to_hub, False
+    if publish:
         check_can_push()
     pairs = {split: as_pairs(rows) for split, rows in load_run_data(data_args).items()}  # Trainer datasets: lists
     with training_args.main_process_first():  # the main process trains the joint BPE, the others read it
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None):
             batching=f"batches of {training_args.per_device_train_batch_size} sentences per process",
             num_beams=training_args.generation_num_beams or 4,
         )
-        if training_args.push_to_hub:
+        if publish:
             url = push_or_exit(output_dir, training_args.hub_model_id or output_dir.name,
                                private=bool(training_args.hub_private_repo))
             print(f"pushed to {url}")
