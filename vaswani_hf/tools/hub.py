@@ -15,6 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
+from .loading import first_line
+
 REQUIRED = ("config.json", "generation_config.json", "README.md")
 TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
 # The files a tokenizer reads, by its class (tokenizer_config.json names it): ours, tokenizers' JSON; the SentencePiece
@@ -84,9 +86,8 @@ def push_or_exit(folder: Path, repo_id: str, private: bool = False) -> str:
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
     except OSError as error:  # huggingface_hub's errors are OSErrors
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise SystemExit(f"error: pushing {folder} to {repo_id} failed: {reason} (to try again: vaswani-push "
-                         f"{folder} {repo_id})") from None
+        raise SystemExit(f"error: pushing {folder} to {repo_id} failed: {first_line(error)} (to try again: "
+                         f"vaswani-push {folder} {repo_id})") from None
 
 
 def main(argv: list[str] | None = None) -> None:

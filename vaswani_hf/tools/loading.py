@@ -71,5 +71,10 @@ def one_line_errors(name_or_path: str):
     except CacheNotWritable as error:  # not the folder's fault
         raise SystemExit(f"error: {error}") from None
     except Exception as error:  # noqa: BLE001 - unusable folders raise OSError, ValueError, KeyError, ...
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise SystemExit(f"error: cannot load a model from {name_or_path}: {message}") from None
+        raise SystemExit(f"error: cannot load a model from {name_or_path}: {first_line(error)}") from None
+
+
+def first_line(error: BaseException) -> str:
+    """What a one-line error says of `error`: its message's first line, or its type's name when it has none."""
+    message = str(error).strip()
+    return message.splitlines()[0] if message else type(error).__name__
