@@ -46,6 +46,7 @@ from transformers.utils.logging import disable_progress_bar
 from ..configuration_vaswani import VaswaniConfig
 from ..modeling_vaswani import VaswaniForConditionalGeneration
 from ..tools.export import written_whole
+from ..tools.loading import is_local
 
 SOURCE_PACKAGES = {"marian": ("sentencepiece", "sacremoses"), "fairseq": ("sacremoses",)}
 
@@ -106,7 +107,7 @@ def from_marian(name_or_path: str):
     """(model, tokenizer) of a MarianMTModel folder or Hub id, with the generation config it was published with."""
     from transformers import MarianMTModel
 
-    if Path(name_or_path).is_dir() and not (Path(name_or_path) / "config.json").is_file():
+    if is_local(name_or_path) and not (Path(name_or_path) / "config.json").is_file():
         raise ValueError(f"{name_or_path} is not a model folder (no config.json there)")
     source = AutoConfig.from_pretrained(name_or_path)
     if source.model_type != "marian":

@@ -42,14 +42,18 @@ def device_kind(device: str) -> str:
         raise SystemExit(f"error: --device {device}: not a device (cpu, cuda, cuda:1, ...)") from None
 
 
+def is_local(name_or_path: str) -> bool:
+    """Whether `name_or_path` means a folder here: a Hub id is "name" or "owner/name", and a path that exists, starts
+    as a path does or whose parent folder exists here is not sent to the Hub."""
+    path = Path(name_or_path)
+    return path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or (
+        path.parent != Path(".") and path.parent.is_dir())
+
+
 def checked(name_or_path: str):
     """(config, tokenizer) of a model folder or Hub repository, its weights not read: a missing or broken folder,
     another kind of model or a tokenizer without padding exits with one line."""
-    path = Path(name_or_path)
-    # A Hub id is "name" or "owner/name"; a path whose folder exists here is local, and is not sent to the Hub.
-    local = path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or (
-        path.parent != Path(".") and path.parent.is_dir())
-    if local and not (path / "config.json").is_file():
+    if is_local(name_or_path) and not (Path(name_or_path) / "config.json").is_file():
         raise SystemExit(f"error: {name_or_path} is not a model folder (no config.json there)")
     with one_line_errors(name_or_path):
         config = AutoConfig.from_pretrained(name_or_path)
