@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from conftest import BOS, random_ids, tiny_model
+from support import BOS, random_ids, tiny_model
 
 
 def one_line_error(call, *fragments):

@@ -9,8 +9,8 @@ import pickle
 import pytest
 import torch
 from accelerate import Accelerator
-from conftest import accelerate_as_in_a_new_process
 from safetensors import SafetensorError
+from support import accelerate_as_in_a_new_process
 
 from training import checkpoints as checkpoints_module
 from training.averaging import averaged_model
@@ -183,7 +183,7 @@ def test_a_resumed_run_computes_with_its_checkpoints_plan_and_a_new_run_with_the
                                                                                          monkeypatch):
     """fast_cpu's plan (training in oneDNN or not) is the run's: a resumed run takes its checkpoint's, not what is
     kept for the machine now; a new run takes the kept one, measured with the run's random state left alone."""
-    from conftest import tiny_config
+    from support import tiny_config
 
     import training.run as run_module
 

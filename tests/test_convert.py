@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from conftest import CODE_FILES, refusal, run_hidden
+from support import CODE_FILES, refusal, run_hidden
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, MarianMTModel, MarianTokenizer
 
 from training.default_data import generate

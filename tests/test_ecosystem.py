@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CODE_FILES, LENGTH_LIMIT, refusal, refused_translation, run_hidden
 from huggingface_hub import ModelCard
+from support import CODE_FILES, LENGTH_LIMIT, refusal, refused_translation, run_hidden
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from training.arguments import DataArguments
@@ -232,7 +232,7 @@ def test_a_hub_that_refuses_or_cannot_be_reached_is_one_line_that_says_how_to_pu
 
 def test_model_push_to_hub_sends_weights_code_config_and_generation_config(tmp_path, monkeypatch):
     import huggingface_hub
-    from conftest import tiny_model
+    from support import tiny_model
 
     sent = {}
 
@@ -438,7 +438,7 @@ def test_output_streams_as_batches_finish(translation_folder, monkeypatch):
 
     from vaswani_hf.tools import translate as command
 
-    monkeypatch.setattr(command, "keep_freed_memory", lambda: None)  # as conftest's console: not in the test process
+    monkeypatch.setattr(command, "keep_freed_memory", lambda: None)  # as support's console: not in the test process
     (source_read, source_write), (output_read, output_write) = os.pipe(), os.pipe()
     failed = []
 
@@ -522,7 +522,7 @@ def test_a_converted_models_greedy_translations_are_scored_by_the_log_probabilit
 @pytest.mark.parametrize("problem", ["missing", "empty", "broken config", "no weights"])
 def test_vaswani_translate_explains_a_bad_model_folder_in_one_line(translation_folder, tmp_path, capfd, monkeypatch,
                                                                   problem):
-    """In this process (conftest.refused_translation): the command's own stderr is tested in test_misuse.py."""
+    """In this process (support.refused_translation): the command's own stderr is tested in test_misuse.py."""
     folder = tmp_path / "model"
     if problem != "missing":
         folder.mkdir()
@@ -575,7 +575,7 @@ def test_the_visualize_command_writes_one_picture_per_attention(translation_fold
 
 
 def test_the_visualize_command_explains_a_missing_layer_in_one_line(translation_folder, tmp_path, capfd):
-    """In this process (conftest.refusal): the message, and nothing else on stdout or stderr."""
+    """In this process (support.refusal): the message, and nothing else on stdout or stderr."""
     from vaswani_hf.tools.visualize import main
 
     message = refusal(capfd, main, translation_folder, "--source", SOURCES[0], "--target", "Hallo.", "--layer", "7",

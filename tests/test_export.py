@@ -1,5 +1,5 @@
 """`vaswani-export`: the CTranslate2 and ONNX exports, run by the real `ctranslate2` and `onnxruntime`, against our
-own model on a briefly trained EN-DE model (conftest's `translation_folder`)."""
+own model on a briefly trained EN-DE model (support's `translation_folder`)."""
 
 import shutil
 import sys
@@ -10,8 +10,8 @@ import ctranslate2
 import numpy as np
 import pytest
 import torch
-from conftest import refusal, save_marian_folder, tiny_model
 from ctranslate2.converters import TransformersConverter
+from support import refusal, save_marian_folder, tiny_model
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from conftest import random_ids, tiny_model
+from support import random_ids, tiny_model
 from transformers import AutoConfig
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from conftest import PAD, random_ids, tiny_model
+from support import PAD, random_ids, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vaswani_hf import fast_gpu

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from conftest import BOS, EOS, PAD, random_ids, tiny_model
+from support import BOS, EOS, PAD, random_ids, tiny_model
 from transformers import AttentionInterface, EncoderDecoderCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_outputs import BaseModelOutput

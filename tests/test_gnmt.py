@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import BOS, EOS, PAD, random_ids, tiny_model
+from support import BOS, EOS, PAD, random_ids, tiny_model
 
 from vaswani_hf.gnmt import gnmt_beam_search, gnmt_length_penalty
 

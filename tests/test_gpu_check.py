@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check
-from conftest import accelerate_as_in_a_new_process, commands_run_here, tf32_restored
 from forked import run_launch_command
 from gpu_check import PAIRED, checks, main, ratio, without_repository
+from support import accelerate_as_in_a_new_process, commands_run_here, tf32_restored
 
 
 @pytest.mark.long(minutes=1)

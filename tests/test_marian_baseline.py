@@ -8,8 +8,8 @@ import os
 import sys
 from types import SimpleNamespace
 
-from conftest import accelerate_as_in_a_new_process, commands_run_here
 from sacrebleu.metrics import BLEU
+from support import accelerate_as_in_a_new_process, commands_run_here
 
 from training.default_data import generate
 from vaswani_hf.tools.text import read_lines

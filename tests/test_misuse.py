@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import torch
-from conftest import refused_translation, run_training, save_marian_folder
 from forked import run_forked
+from support import refused_translation, run_training, save_marian_folder
 
 from training import run_trainer
 from training.data import load_pairs
@@ -24,7 +24,7 @@ TINY = ["--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "
 
 
 def refused(monkeypatch, *flags) -> str:
-    """training/run.py's main() with these flags, in this process (conftest.run_training): the one-line error it
+    """training/run.py's main() with these flags, in this process (support.run_training): the one-line error it
     exits with."""
     with pytest.raises(SystemExit) as stop:
         run_training(*flags)
@@ -277,7 +277,7 @@ def test_aligned_files_stay_aligned_whatever_the_characters(tmp_path):
 
 @pytest.fixture
 def cli(cli):
-    """conftest's `cli` as (exit status, stdout, stderr stripped)."""
+    """support's `cli` as (exit status, stdout, stderr stripped)."""
 
     def run(*args, stdin: bytes = b""):
         result = cli(*args, stdin=stdin)
@@ -297,7 +297,7 @@ def test_one_output_line_for_each_input_line_whatever_the_characters(translation
 @pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device bogus",
                                   "output is a folder", "mistyped relative path", "marian folder"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
-    """In this process (conftest.refused_translation); the command itself in the tests below."""
+    """In this process (support.refused_translation); the command itself in the tests below."""
     args, stdin = ["--model", translation_folder], b"A dog runs.\n"
     if case == "latin-1 stdin":
         stdin = "Café.\n".encode("latin-1")

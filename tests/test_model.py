@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import BOS, EOS, PAD, formula_position_encoding, random_ids, tiny_model
+from support import BOS, EOS, PAD, formula_position_encoding, random_ids, tiny_model
 from torch import nn
 
 from vaswani_hf.modeling_vaswani import shift_tokens_right, sinusoidal_position_encoding

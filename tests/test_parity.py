@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import BOS, EOS, PAD, formula_position_encoding, random_ids, tiny_model
+from support import BOS, EOS, PAD, formula_position_encoding, random_ids, tiny_model
 from torch import nn
 from transformers import MarianConfig, MarianMTModel
 

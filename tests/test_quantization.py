@@ -4,7 +4,7 @@ logits close to the float32 model's, and the translator's --int8 flag."""
 import copy
 
 import torch
-from conftest import random_ids, tiny_model
+from support import random_ids, tiny_model
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_or_show_stacks
 from forked import run_launch_command
+from support import run_or_show_stacks
 
 from training.default_data import generate
 
@@ -38,7 +38,7 @@ TINY = ("--d_model 32 --d_ff 64 --num_heads 4 --num_layers 3 --vocab_size 300 --
 SMALLER = {"accelerate launch training/run.py --preset cpu-small": TINY,
            "accelerate launch training/run.py --preset cpu-medium": TINY}
 SKIPPED_LINES = {"python -m pytest": "the suite itself", "ruff check .": "tests/test_lint.py runs it"}
-# Our console scripts, run as `main(args)` in this process (conftest's `console`: a process of their own would add only
+# Our console scripts, run as `main(args)` in this process (support's `console`: a process of their own would add only
 # its imports, 5-7 s each); the quick start's `echo ... | vaswani-translate` runs the installed script itself.
 IN_PROCESS = {"vaswani-translate": "vaswani_hf.tools.translate", "vaswani-attention": "vaswani_hf.tools.visualize",
               "vaswani-export": "vaswani_hf.tools.export", "vaswani-push": "vaswani_hf.tools.hub"}

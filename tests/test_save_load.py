@@ -6,8 +6,8 @@ import json
 import sys
 
 import torch
-from conftest import CODE_FILES, random_ids, run_hidden, tiny_model
 from safetensors.torch import load_file
+from support import CODE_FILES, random_ids, run_hidden, tiny_model
 from transformers import AutoModel, AutoModelForSeq2SeqLM
 
 from vaswani_hf import VaswaniForConditionalGeneration, VaswaniModel

@@ -34,7 +34,7 @@ def step_of(model, batch, tokens: int):
     """run.py's step (one process, eager) over one batch of `tokens` target tokens: its loss tensor and the
     gradients it left."""
     from accelerate import Accelerator
-    from conftest import accelerate_as_in_a_new_process
+    from support import accelerate_as_in_a_new_process
 
     from training.step import TrainingStep
 
@@ -51,7 +51,7 @@ SOURCES, TARGETS = [[5, 6, 7, 8, 9, 2], [10, 11, 2], [12, 2]], [[13, 14, 2], [15
 def test_widths_padded_to_a_multiple_give_the_same_loss_and_gradients():
     """--pad_to_multiple_of 8 (bucketed widths, for compiled steps): the padding is masked in the encoder, in the
     encoder-decoder attention and in the loss, so the step is the one padded to the longest pair."""
-    from conftest import tiny_model
+    from support import tiny_model
 
     from training.batching import collate
 
@@ -70,7 +70,7 @@ class StandIn(torch.nn.Module):
     """A model that reads nothing to the host: logits from the decoder inputs' embeddings."""
 
     def __init__(self):
-        from conftest import tiny_config
+        from support import tiny_config
 
         super().__init__()
         self.config = tiny_config()
@@ -146,7 +146,7 @@ def compiled_steps(backend, pairs) -> int:
     """run.py's step compiled by `backend` (one process, a fresh dynamo: other tests' compiled forwards count toward
     its limits) over one batch of each (sources, targets) in `pairs`; the graphs it compiled."""
     from accelerate import Accelerator
-    from conftest import accelerate_as_in_a_new_process, tiny_model
+    from support import accelerate_as_in_a_new_process, tiny_model
 
     from training.batching import collate
     from training.step import TrainingStep
@@ -176,7 +176,7 @@ def test_a_compiled_steps_loss_takes_the_vocabulary_as_a_constant_and_the_batchs
     """In the loss's graph the logits' rows and lengths are symbols (any batch, one graph) and the vocabulary's size a
     number: with a symbol, the loss's kernels may find a logit's row by dividing by a value read at run time (a
     GPU's 925 million logits a step). What dynamo hands the compiler, read off the graph's inputs."""
-    from conftest import tiny_model
+    from support import tiny_model
 
     shapes = []  # each graph's inputs' sizes, as dynamo traced them
 
@@ -209,7 +209,7 @@ def test_mixed_precision_keeps_the_logits_dtype_and_trains_as_accelerates_float3
     and a step's loss and gradients are those of the model as Accelerate prepares it, bit for bit (bfloat16 to
     float32 is exact, and the loss converts what it reads)."""
     from accelerate import Accelerator
-    from conftest import accelerate_as_in_a_new_process, tiny_model
+    from support import accelerate_as_in_a_new_process, tiny_model
 
     from training.batching import collate
     from training.distributed import prepare

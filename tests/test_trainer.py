@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
+from support import tiny_model
 from torch.utils.data import SequentialSampler
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.trainer_utils import EvalPrediction

@@ -16,9 +16,9 @@ import pytest
 import torch
 from accelerate.commands.config.config_args import ClusterConfig
 from accelerate.utils import DistributedType
-from conftest import CODE_FILES, run_hidden, run_training, tiny_model
 from forked import accelerate_ranks, run_forked
 from safetensors.torch import load_file
+from support import CODE_FILES, run_hidden, run_training, tiny_model
 from torch._inductor import config as inductor_config
 from transformers import AutoTokenizer
 
@@ -77,7 +77,7 @@ def launch(output_dir, *flags, processes=1, env_extra=None, killed=False, fsdp=F
 
 
 def train_here(output_dir, *flags) -> None:
-    """training/run.py in this process (conftest.run_training)."""
+    """training/run.py in this process (support.run_training)."""
     run_training("--output_dir", output_dir, *flags)
 
 

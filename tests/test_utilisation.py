@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from conftest import accelerate_as_in_a_new_process, commands_run_here
+from support import accelerate_as_in_a_new_process, commands_run_here
 from utilisation import main
 
 
