@@ -32,7 +32,7 @@ from training.arguments import ModelArguments
 from training.batching import collate, encode, token_batches
 from training.loss import label_smoothed_nll, plain_label_smoothed_nll
 from training.schedule import paper_optimizer
-from training.step import own_symbols
+from training.step import tracing_options
 from training.tokenizer import train_joint_bpe
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu
 from vaswani_hf.modeling_vaswani import shift_tokens_right
@@ -139,7 +139,7 @@ def main():
         smoothed = torch.compile(plain_label_smoothed_nll, dynamic=True)
 
         def compiled_loss(_, batch):
-            with own_symbols():
+            with tracing_options():
                 return loss(forward, batch, smoothed)
 
         compiled = train(plain, compiled_loss, args.steps, per_step, clip)

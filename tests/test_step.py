@@ -172,6 +172,17 @@ def test_a_compiled_step_whose_first_batch_has_one_width_on_both_sides_compiles_
     assert compiled_steps("eager", pairs) == 2  # dynamo alone
 
 
+def test_a_compiled_step_is_traced_once_with_its_floats_as_constants():
+    """`dynamic=True` traces Python floats as symbols; the embeddings' `norm_type`, which torch's embedding reads as a
+    number, then stops AOTAutograd and dynamo traces the whole model again. Each Python float a constant, AOTAutograd
+    traces each of the step's two graphs once."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    assert compiled_steps("aot_eager", [(SOURCES, TARGETS)]) == 2
+    assert counters["aot_autograd"]["total"] == 2
+
+
 def test_a_compiled_steps_loss_takes_the_vocabulary_as_a_constant_and_the_batchs_sizes_as_symbols():
     """In the loss's graph the logits' rows and lengths are symbols (any batch, one graph) and the vocabulary's size a
     number: with a symbol, the loss's kernels may find a logit's row by dividing by a value read at run time (a

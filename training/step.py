@@ -7,7 +7,8 @@
 - `--compile BACKEND` runs the model and the loss through `torch.compile` (inductor on a GPU by default, eager on a
   CPU: `compile_backend`), their sizes symbolic from the first compile (`dynamic=True`: a run's batches differ in
   rows and lengths, and compiling for each shape would recompile until dynamo gives up), each size a symbol of its
-  own (`own_symbols`); a run compiles each once, which `compilations()` counts. Compiled, the loss is
+  own and each Python float a constant (`tracing_options`); a run compiles each once, which `compilations()`
+  counts. Compiled, the loss is
   training/loss.py's `plain_label_smoothed_nll`, which the compiler fuses; eager, `label_smoothed_nll`'s blocks.
   The loss's graph takes the vocabulary's size as a constant (it never changes): with a symbol there, the loss's
   kernels may find a logit's row by dividing its index by a number read at run time.
@@ -53,7 +54,7 @@ class TrainingStep:
         self.forward = torch.compile(model, backend=backend, dynamic=True) if backend else model
         self.loss = torch.compile(plain_label_smoothed_nll, backend=backend, dynamic=True) if backend else \
             label_smoothed_nll
-        self.symbols = own_symbols if backend else contextlib.nullcontext
+        self.symbols = tracing_options if backend else contextlib.nullcontext
         self.graphs = compiled_graphs()  # dynamo's count is per process: this step's are those compiled after
 
     def __call__(self, inputs: list[dict], local_tokens: int) -> tuple[torch.Tensor, int]:
@@ -108,11 +109,16 @@ def attention_kernels(device: torch.device, cudnn: bool = False):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-def own_symbols():
-    """A block in which torch.compile gives each input size a symbol of its own. By default sizes equal when it first
-    traces share one ("duck sizing"), so a run whose first batch had sources and targets of one width compiled again
-    at the first batch where they differ."""
-    return torch.fx.experimental._config.patch(use_duck_shape=False)
+@contextlib.contextmanager
+def tracing_options():
+    """A block in which torch.compile traces the step once for a whole run. Each input size is a symbol of its own: by
+    default sizes equal when it first traces share one ("duck sizing"), so a run whose first batch had sources and
+    targets of one width compiled again at the first batch where they differ. Each Python float is a constant:
+    `dynamic=True` traces floats as symbols, and the embeddings' `norm_type`, which torch's embedding reads as a
+    number, made dynamo trace the whole model a second time (35 s of a tiny model's first step on a Zen 3, 20 s
+    without)."""
+    with torch.fx.experimental._config.patch(use_duck_shape=False), torch._dynamo.config.patch(specialize_float=True):
+        yield
 
 
 def read_values(entries: list[dict]) -> None:
