@@ -172,31 +172,27 @@ def test_a_compiled_step_whose_first_batch_has_one_width_on_both_sides_compiles_
     assert compiled_steps("eager", pairs) == 2  # dynamo alone
 
 
-def test_a_compiled_step_is_traced_once_with_its_floats_as_constants():
-    """`dynamic=True` traces Python floats as symbols; the embeddings' `norm_type`, which torch's embedding reads as a
-    number, then stops AOTAutograd and dynamo traces the whole model again. Each Python float a constant, AOTAutograd
-    traces each of the step's two graphs once."""
-    from torch._dynamo.utils import counters
-
-    counters.clear()
-    assert compiled_steps("aot_eager", [(SOURCES, TARGETS)]) == 2
-    assert counters["aot_autograd"]["total"] == 2
-
-
-def test_a_compiled_steps_loss_takes_the_vocabulary_as_a_constant_and_the_batchs_sizes_as_symbols():
+def test_a_compiled_step_is_traced_once_its_loss_with_the_vocabulary_as_a_constant_and_the_sizes_as_symbols():
     """In the loss's graph the logits' rows and lengths are symbols (any batch, one graph) and the vocabulary's size a
     number: with a symbol, the loss's kernels may find a logit's row by dividing by a value read at run time (a
-    GPU's 925 million logits a step). What dynamo hands the compiler, read off the graph's inputs."""
+    GPU's 925 million logits a step). What dynamo hands the compiler, read off the graph's inputs, then compiled by
+    aot_eager: AOTAutograd traces each graph once. (`dynamic=True` traces Python floats as symbols unless told; the
+    embeddings' `norm_type`, which torch's embedding reads as a number, then stopped AOTAutograd, and dynamo traced
+    the whole model again.)"""
     from support import tiny_model
+    from torch._dynamo.backends.debugging import aot_eager
+    from torch._dynamo.utils import counters
 
     shapes = []  # each graph's inputs' sizes, as dynamo traced them
 
     def recording(graph, inputs):
         shapes.append({node.name: tuple(node.meta["example_value"].shape) for node in graph.graph.nodes
                        if node.op == "placeholder" and isinstance(node.meta.get("example_value"), torch.Tensor)})
-        return graph.forward
+        return aot_eager(graph, inputs)
 
+    counters.clear()
     assert compiled_steps(recording, [(SOURCES, TARGETS), (SOURCES[1:], TARGETS[:2])]) == 2
+    assert counters["aot_autograd"]["total"] == 2
     (logits,) = [sizes for graph in shapes for name, sizes in graph.items() if "logits" in name]
     rows, length, vocabulary = logits
     assert isinstance(rows, torch.SymInt) and isinstance(length, torch.SymInt)
