@@ -20,8 +20,9 @@ def is_xdist_controller(config) -> bool:
 
 
 def pytest_configure(config):
-    """With pytest-xdist's `-n N` (pyproject.toml), worker k keeps to one core of its own, and so do the processes
-    it starts (training/run.py shares the cores it may use): the workers never fight over a core."""
+    """Where tests run, support.py's helpers and fixtures are loaded; with pytest-xdist's `-n N` (pyproject.toml),
+    worker k keeps to one core of its own, and so do the processes it starts (training/run.py shares the cores it
+    may use): the workers never fight over a core."""
     if is_xdist_controller(config):
         return
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")

@@ -158,7 +158,7 @@ def test_the_compiled_plain_loss_is_the_eager_loss_without_a_float32_copy_of_the
         return allocate(size, stride, dtype, *rest)
 
     monkeypatch.setattr(torch._C._dynamo.guards, "_empty_strided_cpu", recorded)
-    # Two kernels to compile: precompiling inductor's headers first (11 s on a Zen 3, cold) costs more than it saves.
+    # Two kernels to compile: precompiling inductor's headers first costs more than it saves (benchmarks/README.md).
     monkeypatch.setattr(torch._inductor.config, "cpp_cache_precompile_headers", False)
     torch._dynamo.reset()
     logits = random_logits(seed=4, shape=(3, 7, 29)).bfloat16().requires_grad_()

@@ -8,8 +8,8 @@
   CPU: `compile_backend`), their sizes symbolic from the first compile (`dynamic=True`: a run's batches differ in
   rows and lengths, and compiling for each shape would recompile until dynamo gives up), each size a symbol of its
   own and each Python float a constant (`tracing_options`); a run compiles each once, which `compilations()`
-  counts. Compiled, the loss is
-  training/loss.py's `plain_label_smoothed_nll`, which the compiler fuses; eager, `label_smoothed_nll`'s blocks.
+  counts. Compiled, the loss is training/loss.py's `plain_label_smoothed_nll`, which the compiler fuses; eager,
+  `label_smoothed_nll`'s blocks.
   The loss's graph takes the vocabulary's size as a constant (it never changes): with a symbol there, the loss's
   kernels may find a logit's row by dividing its index by a number read at run time.
 - Largest batches (`--max_tokens 0` on a GPU, `fewest_batches`): an optimizer step in as few batches as the GPU's
@@ -115,8 +115,7 @@ def tracing_options():
     default sizes equal when it first traces share one ("duck sizing"), so a run whose first batch had sources and
     targets of one width compiled again at the first batch where they differ. Each Python float is a constant:
     `dynamic=True` traces floats as symbols, and the embeddings' `norm_type`, which torch's embedding reads as a
-    number, made dynamo trace the whole model a second time (35 s of a tiny model's first step on a Zen 3, 20 s
-    without)."""
+    number, made dynamo trace the whole model a second time (benchmarks/README.md, session 96)."""
     with torch.fx.experimental._config.patch(use_duck_shape=False), torch._dynamo.config.patch(specialize_float=True):
         yield
 
