@@ -190,9 +190,9 @@ def test_a_compiled_step_is_traced_once_its_loss_with_the_vocabulary_as_a_consta
                        if node.op == "placeholder" and isinstance(node.meta.get("example_value"), torch.Tensor)})
         return aot_eager(graph, inputs)
 
-    counters.clear()
+    traced = counters["aot_autograd"]["total"]  # dynamo's counts are per process: this step's are the growth
     assert compiled_steps(recording, [(SOURCES, TARGETS), (SOURCES[1:], TARGETS[:2])]) == 2
-    assert counters["aot_autograd"]["total"] == 2
+    assert counters["aot_autograd"]["total"] - traced == 2
     (logits,) = [sizes for graph in shapes for name, sizes in graph.items() if "logits" in name]
     rows, length, vocabulary = logits
     assert isinstance(rows, torch.SymInt) and isinstance(length, torch.SymInt)
