@@ -295,7 +295,8 @@ def test_one_output_line_for_each_input_line_whatever_the_characters(translation
 
 
 @pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device bogus",
-                                  "output is a folder", "mistyped relative path", "marian folder"])
+                                  "output is a folder", "mistyped relative path", "marian folder",
+                                  "no beams", "no tokens"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
     """In this process (support.refused_translation); the command itself in the tests below."""
     args, stdin = ["--model", translation_folder], b"A dog runs.\n"
@@ -321,12 +322,18 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
     if case == "marian folder":
         save_marian_folder(tmp_path / "marian")
         args = ["--model", tmp_path / "marian"]
+    if case == "no beams":
+        args += ["--num_beams", "0"]
+    if case == "no tokens":
+        args += ["--max_tokens", "-5"]
     expected = {"latin-1 stdin": "standard input is not UTF-8 text: byte 0xe9 on line 1",
                 "latin-1 file": "in.txt is not UTF-8 text: byte 0xe9 on line 2",
                 "missing input": f"--input {tmp_path / 'no-such.txt'}: no such file", "device cuda": "no CUDA GPU",
                 "device bogus": "--device bogus", "output is a folder": "--output",
                 "mistyped relative path": "rel/nomodel is not a model folder",
-                "marian folder": "holds a 'marian' model, not a vaswani_hf one"}
+                "marian folder": "holds a 'marian' model, not a vaswani_hf one",
+                "no beams": "error: --num_beams 0: must be at least 1",
+                "no tokens": "error: --max_tokens -5: must be at least 1"}
     assert expected[case] in refused_translation(capfd, monkeypatch, *args, stdin=stdin)
 
 

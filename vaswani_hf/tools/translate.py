@@ -256,8 +256,9 @@ def main(argv: list[str] | None = None) -> None:
                         "measured faster with on this machine (vaswani_hf.fast_cpu).")
     parser.add_argument("--quiet", action="store_true", help="No progress bar on stderr.")
     args = parser.parse_args(argv)
-    if min(args.max_tokens, args.window, args.nbest, args.num_beams or 1) < 1:
-        parser.error("--max_tokens, --window, --num_beams and --nbest must be at least 1")
+    for name in ("max_tokens", "window", "num_beams", "nbest"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:  # num_beams None: the model's
+            raise SystemExit(f"error: --{name} {getattr(args, name)}: must be at least 1")
     if args.input and not Path(args.input).is_file():
         raise SystemExit(f"error: --input {args.input}: no such file")
     if args.output and (Path(args.output).is_dir() or not Path(args.output).resolve().parent.is_dir()):
