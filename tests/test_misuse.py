@@ -52,8 +52,11 @@ def data(tmp_path):
     (["--num_heads", "5"], "num_heads"),
     (["--num_decoder_layers", "0"], "num_decoder_layers"),
     (["--max_grad_norm", "-1"], "--max_grad_norm -1"),
+    (["--max_grad_norm", "nan"], "--max_grad_norm nan"),
+    (["--length_penalty_alpha", "nan"], "--length_penalty_alpha nan"),
     (["--attention_dropout", "1.5"], "attention_dropout"),
     (["--alpha_candidates", "0.6", "-1"], "--alpha_candidates"),
+    (["--alpha_candidates", "nan"], "--alpha_candidates [nan]"),
     (["--dropout_epochs", "30", "10"], "--dropout_epochs [30.0, 10.0]"),
     (["--dropout_epochs", "10"], "--dropout_epochs [10.0]"),
     (["--position_embedding", "learned", "--max_length", "2000"], "--max_length 2000"),
@@ -296,7 +299,7 @@ def test_one_output_line_for_each_input_line_whatever_the_characters(translation
 
 @pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device bogus",
                                   "output is a folder", "mistyped relative path", "marian folder",
-                                  "no beams", "no tokens"])
+                                  "no beams", "no tokens", "alpha not a number"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
     """In this process (support.refused_translation); the command itself in the tests below."""
     args, stdin = ["--model", translation_folder], b"A dog runs.\n"
@@ -326,6 +329,8 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         args += ["--num_beams", "0"]
     if case == "no tokens":
         args += ["--max_tokens", "-5"]
+    if case == "alpha not a number":
+        args += ["--alpha", "nan"]
     expected = {"latin-1 stdin": "standard input is not UTF-8 text: byte 0xe9 on line 1",
                 "latin-1 file": "in.txt is not UTF-8 text: byte 0xe9 on line 2",
                 "missing input": f"--input {tmp_path / 'no-such.txt'}: no such file", "device cuda": "no CUDA GPU",
@@ -333,7 +338,8 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
                 "mistyped relative path": "rel/nomodel is not a model folder",
                 "marian folder": "holds a 'marian' model, not a vaswani_hf one",
                 "no beams": "error: --num_beams 0: must be at least 1",
-                "no tokens": "error: --max_tokens -5: must be at least 1"}
+                "no tokens": "error: --max_tokens -5: must be at least 1",
+                "alpha not a number": "error: --alpha nan: must be at least 0"}
     assert expected[case] in refused_translation(capfd, monkeypatch, *args, stdin=stdin)
 
 

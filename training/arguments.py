@@ -176,7 +176,7 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
                 "bpe_sample": (1 if data_args.bpe_sample is None else data_args.bpe_sample, 1),
                 "shuffle_buffer": (data_args.shuffle_buffer, 1)}
     for name, (value, low) in at_least.items():
-        if value < low:
+        if not value >= low:  # NaN too
             raise SystemExit(f"error: --{name} {value}: must be at least {low}")
     for name, value in (("lr_scale", args.lr_scale), ("max_train_minutes", args.max_train_minutes)):
         if value is not None and not value > 0:
@@ -195,7 +195,7 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
         )
     if data_args.streaming and epochs is not None:
         raise SystemExit("error: --dropout_epochs counts epochs of a corpus whose size --streaming does not know")
-    if any(alpha < 0 for alpha in args.alpha_candidates or []):
+    if not all(alpha >= 0 for alpha in args.alpha_candidates or []):
         raise SystemExit(f"error: --alpha_candidates {args.alpha_candidates}: α must be at least 0")
     if args.compile not in ("auto", "no"):
         from torch._dynamo import list_backends

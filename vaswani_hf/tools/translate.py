@@ -259,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("max_tokens", "window", "num_beams", "nbest"):
         if getattr(args, name) is not None and getattr(args, name) < 1:  # num_beams None: the model's
             raise SystemExit(f"error: --{name} {getattr(args, name)}: must be at least 1")
+    if args.alpha is not None and not args.alpha >= 0:
+        raise SystemExit(f"error: --alpha {args.alpha}: must be at least 0")  # as training/run.py's
     if args.input and not Path(args.input).is_file():
         raise SystemExit(f"error: --input {args.input}: no such file")
     if args.output and (Path(args.output).is_dir() or not Path(args.output).resolve().parent.is_dir()):
