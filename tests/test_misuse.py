@@ -47,6 +47,8 @@ def data(tmp_path):
     (["--average_checkpoints", "-1"], "--average_checkpoints -1"),
     (["--warmup_share", "1.5"], "--warmup_share 1.5"),
     (["--max_train_minutes", "0"], "--max_train_minutes 0"),
+    (["--max_train_minutes", "inf"], "--max_train_minutes inf"),
+    (["--lr_scale", "inf"], "--lr_scale inf"),
     (["--mixed_precision", "fp16"], "needs a GPU"),
     (["--mixed_precision", "fp8"], "--mixed_precision fp8"),
     (["--num_heads", "5"], "num_heads"),

@@ -2,6 +2,7 @@
 that any flag overrides, and every value checked before any work starts."""
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,8 +180,8 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
         if not value >= low:  # NaN too
             raise SystemExit(f"error: --{name} {value}: must be at least {low}")
     for name, value in (("lr_scale", args.lr_scale), ("max_train_minutes", args.max_train_minutes)):
-        if value is not None and not value > 0:
-            raise SystemExit(f"error: --{name} {value}: must be positive")
+        if value is not None and not 0 < value < math.inf:
+            raise SystemExit(f"error: --{name} {value}: must be positive and finite")
     for name in ("label_smoothing", "warmup_share", "cooldown_share", "average_share"):
         if not 0 <= getattr(args, name) <= 1:
             raise SystemExit(f"error: --{name} {getattr(args, name)}: must be between 0 and 1")
