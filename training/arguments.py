@@ -165,23 +165,17 @@ def parse_arguments() -> tuple[DataArguments, ModelArguments, RecipeArguments]:
 
 def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: RecipeArguments, gpu: bool) -> None:
     """Every flag checked before any work: a wrong value is a one-line SystemExit naming the flag."""
-    at_least = {"max_length": (data_args.max_length, 1), "vocab_size": (model_args.vocab_size, 8),
-                "max_steps": (args.max_steps, 1), "max_tokens": (args.max_tokens, 0),
+    check_model_arguments(data_args, model_args)
+    at_least = {"max_steps": (args.max_steps, 1), "max_tokens": (args.max_tokens, 0),
                 "pad_to_multiple_of": (args.pad_to_multiple_of, 1),
                 "tokens_per_step": (args.tokens_per_step, 1), "warmup_steps": (args.warmup_steps, 1),
                 "logging_steps": (args.logging_steps, 1), "eval_steps": (args.eval_steps, 0),
                 "eval_max_sentences": (args.eval_max_sentences, 1), "save_steps": (args.save_steps, 0),
                 "save_minutes": (args.save_minutes, 0), "average_checkpoints": (args.average_checkpoints, 1),
                 "evaluations": (args.evaluations, 0), "num_beams": (args.num_beams, 1),
-                "length_penalty_alpha": (args.length_penalty_alpha, 0), "max_grad_norm": (args.max_grad_norm, 0),
-                "bpe_sample": (1 if data_args.bpe_sample is None else data_args.bpe_sample, 1),
-                "shuffle_buffer": (data_args.shuffle_buffer, 1)}
-    for name, (value, low) in at_least.items():
-        if not value >= low:  # NaN too
-            raise SystemExit(f"error: --{name} {value}: must be at least {low}")
-    for name, value in (("lr_scale", args.lr_scale), ("max_train_minutes", args.max_train_minutes)):
-        if value is not None and not 0 < value < math.inf:
-            raise SystemExit(f"error: --{name} {value}: must be positive and finite")
+                "length_penalty_alpha": (args.length_penalty_alpha, 0), "max_grad_norm": (args.max_grad_norm, 0)}
+    refuse_below(at_least)
+    refuse_unless_positive({"lr_scale": args.lr_scale, "max_train_minutes": args.max_train_minutes})
     for name in ("label_smoothing", "warmup_share", "cooldown_share", "average_share"):
         if not 0 <= getattr(args, name) <= 1:
             raise SystemExit(f"error: --{name} {getattr(args, name)}: must be between 0 and 1")
@@ -219,6 +213,13 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
             writable(cache_root("fast_cpu"))
         except CacheNotWritable as error:
             raise SystemExit(f"error: {error}, or give --no_fast_cpu") from None
+
+
+def check_model_arguments(data_args: DataArguments, model_args: ModelArguments) -> None:
+    """The data and model flags of run.py and run_trainer.py, checked before the BPE is trained."""
+    refuse_below({"max_length": (data_args.max_length, 1), "vocab_size": (model_args.vocab_size, 8),
+                  "bpe_sample": (1 if data_args.bpe_sample is None else data_args.bpe_sample, 1),
+                  "shuffle_buffer": (data_args.shuffle_buffer, 1)})
     try:  # the model's own checks (sizes, heads, dropout, positions), with a stand-in for the tokenizer's ids
         config = model_args.config(_StandInTokenizer(model_args.vocab_size))
     except ValueError as error:
@@ -226,6 +227,20 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     if model_args.position_embedding == "learned" and data_args.max_length > config.max_position_embeddings:
         raise SystemExit(f"error: --max_length {data_args.max_length}: learned positions stop at "
                          f"{config.max_position_embeddings}")
+
+
+def refuse_below(values: dict[str, tuple[float, float]]) -> None:
+    """A one-line SystemExit for the first flag whose value (NaN too) is below its least: {name: (value, least)}."""
+    for name, (value, low) in values.items():
+        if not value >= low:
+            raise SystemExit(f"error: --{name} {value}: must be at least {low}")
+
+
+def refuse_unless_positive(values: dict[str, float | None]) -> None:
+    """A one-line SystemExit for the first flag given (not None) that is not a positive finite number."""
+    for name, value in values.items():
+        if value is not None and not 0 < value < math.inf:
+            raise SystemExit(f"error: --{name} {value}: must be positive and finite")
 
 
 class _StandInTokenizer:

@@ -35,7 +35,14 @@ from transformers import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.arguments import DataArguments, ModelArguments, read_preset
+from training.arguments import (
+    DataArguments,
+    ModelArguments,
+    check_model_arguments,
+    read_preset,
+    refuse_below,
+    refuse_unless_positive,
+)
 from training.data import as_pairs, load_run_data
 from training.evaluation import score, translate
 from training.hub import write_output_folder
@@ -75,8 +82,15 @@ def parse_arguments(argv: list[str] | None = None):
         parser.set_defaults(**{k: v for k, v in values.items() if k in model_keys},
                             **{PRESET_KEYS[k]: v for k, v in values.items() if k in PRESET_KEYS})
     data_args, model_args, recipe, training_args = parser.parse_args_into_dataclasses(argv)
+    check_model_arguments(data_args, model_args)  # our flags, before any work, as run.py checks them
+    refuse_below({"max_source_length": (recipe.max_source_length, 1)})
+    refuse_unless_positive({"lr_scale": recipe.lr_scale})
     if not any(arg.split("=")[0] == "--learning_rate" for arg in argv):  # §5.3 peak
+        if not training_args.warmup_steps >= 1:  # the Trainer reads a float below 1 as a share of the steps
+            raise SystemExit(f"error: --warmup_steps {training_args.warmup_steps:g}: the §5.3 peak learning rate "
+                             "needs at least 1 step (or give --learning_rate)")
         training_args.learning_rate = recipe.lr_scale * model_args.d_model**-0.5 * training_args.warmup_steps**-0.5
+    refuse_unless_positive({"learning_rate": training_args.learning_rate})
     return data_args, model_args, recipe, training_args
 
 
