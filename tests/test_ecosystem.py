@@ -574,14 +574,22 @@ def test_the_visualize_command_writes_one_picture_per_attention(translation_fold
         assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
-def test_the_visualize_command_explains_a_missing_layer_in_one_line(translation_folder, tmp_path, capfd):
-    """In this process (support.refusal): the message, and nothing else on stdout or stderr."""
+@pytest.mark.parametrize(("flags", "expected"), [
+    (["--layer", "7"], "error: layer 7 does not exist: the model has 2 layers (0..1)"),
+    (["--source", " "], "error: --source is blank: give a sentence"),
+    (["--target", ""], "error: --target is blank: give a sentence, or none for the model's translation"),
+    (["--output_dir", "{file}"], "error: --output_dir {file} is a file, not a folder"),
+])
+def test_the_visualize_command_explains_misuse_in_one_line(translation_folder, tmp_path, capfd, flags, expected):
+    """In this process (support.refusal): the message, and nothing else on stdout or stderr, and no picture."""
     from vaswani_hf.tools.visualize import main
 
-    message = refusal(capfd, main, translation_folder, "--source", SOURCES[0], "--target", "Hallo.", "--layer", "7",
-                      "--output_dir", tmp_path / "pictures")
-    assert message == "error: layer 7 does not exist: the model has 2 layers (0..1)"
-    assert not (tmp_path / "pictures").exists()
+    (tmp_path / "file").write_text("someone's notes\n")
+    flags = [flag.format(file=tmp_path / "file") for flag in flags]
+    message = refusal(capfd, main, translation_folder, "--source", SOURCES[0], "--target", "Hallo.",
+                      "--output_dir", tmp_path / "pictures", *flags)
+    assert message == expected.format(file=tmp_path / "file")
+    assert not (tmp_path / "pictures").exists() and (tmp_path / "file").read_text() == "someone's notes\n"
 
 
 def test_write_pictures_draws_every_head_with_its_weights_and_tokens(translation_folder, tmp_path, monkeypatch):

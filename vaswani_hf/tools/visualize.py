@@ -113,6 +113,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layer", type=int, default=-1, help="Layer index, from 0; negative counts from the top.")
     parser.add_argument("--output_dir", default="attention", help="Where the PNG files go.")
     args = parser.parse_args(argv)
+    if not args.source.strip():
+        raise SystemExit("error: --source is blank: give a sentence")
+    if args.target is not None and not args.target.strip():
+        raise SystemExit("error: --target is blank: give a sentence, or none for the model's translation")
+    if Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
+        raise SystemExit(f"error: --output_dir {args.output_dir} is a file, not a folder")
 
     disable_progress_bar()  # transformers' weight-loading bar: an error is one line
     model, tokenizer = load(args.model, device="cpu")  # one-line errors for missing or broken model folders
