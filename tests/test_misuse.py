@@ -288,6 +288,15 @@ def test_aligned_files_stay_aligned_whatever_the_characters(tmp_path):
     assert pairs[1] == ("Two\u2028still two.", "Zwei.") and pairs[3] == ("Four.", "Vier.")
 
 
+def test_a_byte_order_mark_at_a_files_start_is_not_read_as_text(tmp_path):
+    """Some editors begin a UTF-8 file with U+FEFF: not part of the first sentence (a BPE would see an unknown
+    character); the same character later in a file is kept."""
+    (tmp_path / "p.en").write_text("\ufeffOne.\n\ufeffTwo.\n", encoding="utf-8")
+    (tmp_path / "p.de").write_text("\ufeffEins.\nZwei.\n", encoding="utf-8")
+    pairs = load_pairs("en", "de", files={"train": str(tmp_path / "p")})["train"]
+    assert pairs == [("One.", "Eins."), ("\ufeffTwo.", "Zwei.")]
+
+
 # --- vaswani-translate --------------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -307,6 +316,12 @@ def test_one_output_line_for_each_input_line_whatever_the_characters(translation
     assert code == 0, err
     lines = out.split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == "", out
+
+
+def test_a_byte_order_mark_before_the_first_line_is_not_translated(translation_folder, cli):
+    code, marked, err = cli("--model", translation_folder, "--num_beams", "1", stdin="\ufeffA dog runs.\n".encode())
+    assert code == 0, err
+    assert marked == cli("--model", translation_folder, "--num_beams", "1", stdin=b"A dog runs.\n")[1]
 
 
 @pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device bogus",

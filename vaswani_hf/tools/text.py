@@ -17,14 +17,15 @@ def split_lines(text: str) -> list[str]:
 
 
 def decode_utf8(data: bytes, name: str, first_line: int = 1) -> str:
-    """`data` (whose first line is line `first_line` of `name`) as UTF-8 text; otherwise a one-line ValueError
-    naming `name`, the line and the byte."""
+    """`data` (whose first line is line `first_line` of `name`) as UTF-8 text, without the byte order mark some
+    editors write at a file's start; otherwise a one-line ValueError naming `name`, the line and the byte."""
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + first_line
         raise ValueError(f"{name} is not UTF-8 text: byte 0x{data[error.start]:02x} on line {line} "
                          f"(convert it, e.g. iconv -f latin1 -t utf-8)") from None
+    return text.removeprefix("\ufeff") if first_line == 1 else text
 
 
 def read_lines(path: str | Path) -> list[str]:
