@@ -5,8 +5,11 @@ output folder for a tiny model with a real joint BPE."""
 import io
 import json
 import os
+import pty
+import select
 import shutil
 import sys
+import termios
 import threading
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -431,15 +434,24 @@ def test_token_batches_hold_at_most_max_tokens_sorted_by_length():
     assert [[lengths[i] for i in batch] for batch in batches] == [[1, 3, 3], [5, 7], [8], [12], [40]]
 
 
-def test_output_streams_as_batches_finish(translation_folder, monkeypatch):
-    """With windows of 2 lines, the first two translations arrive while the input is still open. vaswani-translate's
-    main() reads and writes pipes, in a thread of this process (a process of its own would add only its imports)."""
+@pytest.mark.parametrize("terminal", [False, True], ids=["pipe, windows of 2", "terminal"])
+def test_output_streams_as_batches_finish(translation_folder, monkeypatch, capfd, terminal):
+    """With windows of 2 lines, the first two translations arrive while the input is still open; lines typed at a
+    terminal, each one as it is entered, without a progress bar. vaswani-translate's main() reads a pipe or a
+    pseudo-terminal and writes a pipe, in a thread of this process (a process of its own would add only its
+    imports)."""
     from transformers.utils.logging import enable_progress_bar
 
     from vaswani_hf.tools import translate as command
 
     monkeypatch.setattr(command, "keep_freed_memory", lambda: None)  # as support's console: not in the test process
-    (source_read, source_write), (output_read, output_write) = os.pipe(), os.pipe()
+    source_write, source_read = pty.openpty() if terminal else os.pipe()[::-1]
+    output_read, output_write = os.pipe()
+    if terminal:  # a terminal reading lines as typed, without echoing them
+        settings = termios.tcgetattr(source_read)
+        settings[3] &= ~termios.ECHO
+        termios.tcsetattr(source_read, termios.TCSANOW, settings)
+    flags = [] if terminal else ["--window", "2"]
     failed = []
 
     def translating():
@@ -449,7 +461,7 @@ def test_output_streams_as_batches_finish(translation_folder, monkeypatch):
             patch.setattr(sys, "stdin", stdin)
             patch.setattr(sys, "stdout", stdout)
             try:
-                command.main(["--model", str(translation_folder), "--window", "2", "--quiet"])
+                command.main(["--model", str(translation_folder), *flags])
             except BaseException as error:  # noqa: BLE001 — shown by the test, below
                 failed.append(error)
             finally:
@@ -458,16 +470,23 @@ def test_output_streams_as_batches_finish(translation_folder, monkeypatch):
     thread = threading.Thread(target=translating)
     thread.start()
     with open(source_write, "w", encoding="utf-8") as stdin, open(output_read, encoding="utf-8") as stdout:
-        stdin.write(f"{SOURCES[0]}\n{SOURCES[1]}\n")
+        first = SOURCES[:1] if terminal else SOURCES[:2]
+        stdin.write("".join(f"{line}\n" for line in first))
         stdin.flush()
-        first_two = [stdout.readline(), stdout.readline()]  # blocks until they are written
-        stdin.write(f"{SOURCES[2]}\n")
-        stdin.close()
+        assert select.select([stdout], [], [], 120)[0], "no translation while the input is open"
+        early = [stdout.readline() for _ in first]
+        stdin.write("".join(f"{line}\n" for line in SOURCES[len(first):]))
+        if terminal:
+            stdin.write("\x04")  # Ctrl-D: the end of a terminal's input
+            stdin.flush()
+        else:
+            stdin.close()  # the end of a pipe's
         rest = stdout.read()
     thread.join()
     assert not failed, failed
     model, tokenizer = load_local(translation_folder)
-    assert [line.rstrip("\n") for line in first_two] + rest.splitlines() == translate(model, tokenizer, SOURCES)
+    assert [line.rstrip("\n") for line in early] + rest.splitlines() == translate(model, tokenizer, SOURCES)
+    assert ("lines" in capfd.readouterr().err) != terminal
 
 
 def test_progress_goes_to_stderr_with_lines_and_tokens_per_second(translation_folder, tmp_path, cli):

@@ -6,7 +6,7 @@ code runs); a converted model (`vaswani-convert`) decodes as its source was publ
 Made for large files: lines are read a window at a time, sorted by length inside the window and cut into batches of
 at most `--max_tokens` source tokens (padding included), so memory stays bounded; translations are written as their
 batches finish, in input order, one output line per input line (an empty line stays empty); a progress bar on
-stderr counts lines and tokens/s.
+stderr counts lines and tokens/s. Lines typed at a terminal are translated one by one, as each is entered.
 
     vaswani-translate --model outputs/run --input sources.txt --output translations.txt --max_tokens 4096
     echo "A man is riding a bike." | vaswani-translate --model outputs/run --num_beams 1 --device cpu
@@ -268,9 +268,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.output and Path(args.output).exists() and not args.overwrite:
         raise SystemExit(f"error: --output {args.output} exists: give --overwrite to replace it")
 
+    typed = not args.input and sys.stdin.isatty()  # lines typed at a terminal: each translated when entered
     with contextlib.ExitStack() as files:
         stream = files.enter_context(open(args.input, "rb")) if args.input else sys.stdin.buffer
-        windows = read_windows(stream, args.input or "the standard input", args.window)
+        windows = read_windows(stream, args.input or "the standard input", 1 if typed else args.window)
         first = next(windows, (1, []))  # read before the model loads: a first window that is not UTF-8 stops here
         keep_freed_memory()  # the decoding steps reuse the (beams x vocabulary) blocks they free (allocator.py)
         disable_progress_bar()  # transformers' bars; ours counts lines
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
         check_lengths(engine.config, tokenizer, first[1])  # before the progress bar draws itself
         progress = files.enter_context(tqdm(total=count_lines(args.input) if args.input else None, unit=" lines",
-                                            file=sys.stderr, disable=args.quiet, desc=engine.name))
+                                            file=sys.stderr, disable=args.quiet or typed, desc=engine.name))
         # Written beside --output and renamed at the end: a run that fails or is killed leaves an earlier file whole,
         # and what it translated in OUTPUT.partial.
         partial = f"{args.output}.partial" if args.output else None
