@@ -67,12 +67,18 @@ def test_empty_sequences(model):
     one_line_error(lambda: model(input_ids=random_ids(1, 4), decoder_input_ids=torch.zeros(1, 0, dtype=torch.long)),
                    "decoder_input_ids", "empty")
     one_line_error(lambda: model.generate(torch.zeros(1, 0, dtype=torch.long)), "empty")
+    one_line_error(lambda: model.generate(torch.zeros(0, 3, dtype=torch.long), gnmt_alpha=0.6, num_beams=4),
+                   "input_ids is empty (shape (0, 3))")
 
 
 def test_wrong_ranks_and_types(model):
     one_line_error(lambda: model(input_ids=torch.tensor([5, 6, 7]), decoder_input_ids=target()),
                    "input_ids", "(batch, length)")
     one_line_error(lambda: model(input_ids=torch.tensor([[5.0, 6.0]]), decoder_input_ids=target()), "integer")
+    one_line_error(lambda: model(input_ids=random_ids(1, 3), labels=torch.tensor([5, 6, 2])),
+                   "labels must have shape (batch, length), got shape (3,)")
+    one_line_error(lambda: model(input_ids=random_ids(1, 3), labels=torch.tensor([[5.0, 2.0]])),
+                   "labels must hold integer token ids")
     one_line_error(lambda: model(inputs_embeds=torch.zeros(1, 3, 7), decoder_input_ids=target()), "d_model=24")
     one_line_error(lambda: model(input_ids=random_ids(1, 3), inputs_embeds=torch.zeros(1, 3, 24),
                                  decoder_input_ids=target()),
@@ -81,6 +87,11 @@ def test_wrong_ranks_and_types(model):
 
 def test_generate_with_ids_outside_the_vocabulary(model):
     one_line_error(lambda: model.generate(torch.tensor([[5, 1000]]), max_new_tokens=2), "1000")
+
+
+def test_generate_with_no_beams(model):
+    one_line_error(lambda: model.generate(random_ids(1, 4), gnmt_alpha=0.6, num_beams=0),
+                   "generate(): num_beams must be at least 1, got 0")
 
 
 def test_generate_reads_the_ids_values_once_per_sequence_start_not_at_every_step(model, monkeypatch):

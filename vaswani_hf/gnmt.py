@@ -31,6 +31,8 @@ from transformers import GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 
+from .checks import check_token_ids
+
 # §6.1: "We set the maximum output length during inference to input length + 50".
 EXTRA_OUTPUT_LENGTH = 50
 
@@ -62,6 +64,7 @@ def gnmt_beam_search(
     log P(Y|X) / lp(Y), (B·n,).
     """
     config = model.config
+    check_token_ids(input_ids, config.vocab_size, "input_ids", values=False)  # the encoder reads the values
     if num_beams < 1:
         raise ValueError(f"num_beams must be >= 1, got {num_beams}")
     if not 1 <= num_return_sequences <= num_beams:
@@ -181,6 +184,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     inputs_of_call = config.update(**kwargs)
     if alpha is None:
         return generate(inputs, generation_config=generation_config, **kwargs)
+    if config.num_beams is not None and config.num_beams < 1:
+        raise ValueError(f"generate(): num_beams must be at least 1, got {config.num_beams}")
     source = inputs if inputs is not None else inputs_of_call.get("input_ids")
     mask = inputs_of_call.get("attention_mask")
     defaults = GenerationConfig._get_default_generation_params()

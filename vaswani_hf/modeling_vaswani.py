@@ -548,6 +548,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         """
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if labels is not None:
+            check_token_ids(labels, self.config.vocab_size, "labels", values=False)  # the loss reads the values
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
