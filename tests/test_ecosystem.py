@@ -76,7 +76,8 @@ def test_the_pipeline_passes_generation_arguments(translation_folder):
 
 def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_folder):
     """A source over `max_input_length` tokens reaches the encoder as its first tokens and </s>, `max_input_length`
-    in all, and its translation is that of the truncated source."""
+    in all, and its translation is that of the truncated source; what is not text is a TypeError; no text, no
+    translation."""
     model, tokenizer = load_local(translation_folder)
     translator = TranslationPipeline(model=model, tokenizer=tokenizer, num_beams=1, max_new_tokens=3)
     long_text = " ".join(SOURCES * 40)
@@ -93,6 +94,7 @@ def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_fold
     assert result[0]["translation_text"] == tokenizer.decode(expected[0], skip_special_tokens=True)
     with pytest.raises(TypeError, match="a string or a list of strings"):
         translator(42)
+    assert translator([]) == []
 
 
 # --- the Hub, both ways -------------------------------------------------------------------------------------

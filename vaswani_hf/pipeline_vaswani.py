@@ -55,6 +55,8 @@ class TranslationPipeline(Pipeline):
         texts = [inputs] if isinstance(inputs, str) else inputs
         if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
             raise TypeError(f"TranslationPipeline takes a string or a list of strings, got {type(inputs).__name__}")
+        if not texts:  # nothing to translate: transformers' Pipeline would look for a first item
+            return []
         results = super().__call__(inputs, **kwargs)
         if isinstance(inputs, list) and all(len(result) == 1 for result in results):
             return [result[0] for result in results]
