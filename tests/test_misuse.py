@@ -192,8 +192,14 @@ def test_a_folder_holding_anything_is_refused_unless_resumed_or_overwritten(tmp_
     assert "give one" in refused(monkeypatch, *TINY, *data, "--output_dir", str(out), "--overwrite_output_dir",
                                  "--resume_from_checkpoint", "latest")
     assert [p.name for p in out.iterdir()] == ["notes.txt"]  # nothing written, nothing deleted
-    (tmp_path / "file").write_text("")
-    assert "is a file" in refused(monkeypatch, *TINY, *data, "--output_dir", str(tmp_path / "file"))
+    file = tmp_path / "file"
+    file.write_text("")
+    for inside in (file, file / "run"):
+        assert refused(monkeypatch, *TINY, *data, "--output_dir", str(inside)) == (
+            f"error: --output_dir {inside}: {file} is a file")
+    monkeypatch.setattr(os, "access", lambda path, mode: str(path) != str(tmp_path))  # a folder not ours
+    assert refused(monkeypatch, *TINY, *data, "--output_dir", str(tmp_path / "new" / "run")) == (
+        f"error: --output_dir {tmp_path / 'new' / 'run'}: {tmp_path} is not writable")
 
 
 def test_too_little_data_for_one_step_is_one_line_and_the_folder_it_leaves_is_refused_with_what_to_do(
