@@ -197,6 +197,8 @@ def test_a_folder_holding_anything_is_refused_unless_resumed_or_overwritten(tmp_
     for inside in (file, file / "run"):
         assert refused(monkeypatch, *TINY, *data, "--output_dir", str(inside)) == (
             f"error: --output_dir {inside}: {file} is a file")
+    with pytest.raises(SystemExit, match=f"^error: --output_dir {file / 'run'}: {file} is a file$"):
+        run_trainer.main([*TINY, *data, "--output_dir", str(file / "run")])
     monkeypatch.setattr(os, "access", lambda path, mode: str(path) != str(tmp_path))  # a folder not ours
     assert refused(monkeypatch, *TINY, *data, "--output_dir", str(tmp_path / "new" / "run")) == (
         f"error: --output_dir {tmp_path / 'new' / 'run'}: {tmp_path} is not writable")

@@ -40,7 +40,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast, broadcast_object_list, gather_object, set_seed
 from transformers import AutoTokenizer
 
-from training.arguments import check_arguments, parse_arguments
+from training.arguments import check_arguments, check_output_place, parse_arguments
 from training.averaging import averaged_model
 from training.batching import EpochBatches, collate, encode
 from training.budget import TimeBudget, read_schedule, set_dropout
@@ -405,11 +405,7 @@ def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:
     """The checkpoint to resume from, intact and of this model; or None for a fresh run, whose folder must be new or
     empty unless --overwrite_output_dir. Only reads: a refused run has changed nothing."""
     if not args.resume_from_checkpoint:
-        existing = next(path for path in (output_dir, *output_dir.parents) if path.exists())  # it, or where it goes
-        if not existing.is_dir():
-            raise SystemExit(f"error: --output_dir {output_dir}: {existing} is a file")
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise SystemExit(f"error: --output_dir {output_dir}: {existing} is not writable")
+        check_output_place(output_dir)
         if output_dir.is_dir() and any(output_dir.iterdir()) and not args.overwrite_output_dir:
             if checkpoints(output_dir):
                 held = "is not empty: resume its run with --resume_from_checkpoint latest, replace it"
