@@ -54,6 +54,10 @@ def checked(name_or_path: str):
     """(config, tokenizer) of a model folder or Hub repository, its weights not read: a missing or broken folder,
     another kind of model or a tokenizer without padding exits with one line."""
     if is_local(name_or_path) and not (Path(name_or_path) / "config.json").is_file():
+        if (Path(name_or_path) / "trainer_state.json").is_file():  # training/checkpoints.py's
+            raise SystemExit(f"error: {name_or_path} is a checkpoint of a training run, not a model folder: the run "
+                             "writes its model to the folder above when it ends (a stopped run: resume it with "
+                             "--resume_from_checkpoint latest)")
         raise SystemExit(f"error: {name_or_path} is not a model folder (no config.json there)")
     with one_line_errors(name_or_path):
         config = AutoConfig.from_pretrained(name_or_path)
