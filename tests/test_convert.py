@@ -192,6 +192,8 @@ def test_what_cannot_be_converted_is_one_line_before_anything_is_written(marian_
     out = tmp_path / "out"
     cases = {
         "exists: give a folder that does not": (source, converted),
+        f"{converted / 'config.json' / 'out'}: {converted / 'config.json'} is a file": (source,
+                                                                                  converted / "config.json" / "out"),
         "no config.json": (tmp_path, out),  # an empty folder
         "missing is not a model folder": (tmp_path / "missing", out),  # a path, not a Hub id
         "holds a 'vaswani' model, not a Marian one": (converted, out),

@@ -3,7 +3,6 @@ that any flag overrides, and every value checked before any work starts."""
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,15 +227,6 @@ def check_model_arguments(data_args: DataArguments, model_args: ModelArguments) 
     if model_args.position_embedding == "learned" and data_args.max_length > config.max_position_embeddings:
         raise SystemExit(f"error: --max_length {data_args.max_length}: learned positions stop at "
                          f"{config.max_position_embeddings}")
-
-
-def check_output_place(output_dir: Path) -> None:
-    """A one-line SystemExit where the output folder could not be made: under a file, or in a folder not writable."""
-    existing = next(path for path in (output_dir, *output_dir.parents) if path.exists())  # it, or where it goes
-    if not existing.is_dir():
-        raise SystemExit(f"error: --output_dir {output_dir}: {existing} is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise SystemExit(f"error: --output_dir {output_dir}: {existing} is not writable")
 
 
 def refuse_below(values: dict[str, tuple[float, float]]) -> None:

@@ -40,7 +40,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast, broadcast_object_list, gather_object, set_seed
 from transformers import AutoTokenizer
 
-from training.arguments import check_arguments, check_output_place, parse_arguments
+from training.arguments import check_arguments, parse_arguments
 from training.averaging import averaged_model
 from training.batching import EpochBatches, collate, encode
 from training.budget import TimeBudget, read_schedule, set_dropout
@@ -71,6 +71,7 @@ from training.streaming import StreamedBatches
 from training.tokenizer import corpus_texts, train_joint_bpe
 from training.tokens import WordEncoder, token_dataset
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, fast_gpu, keep_freed_memory
+from vaswani_hf.tools.export import check_output_place
 
 BFLOAT16_CPU = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")  # torch.cpu.get_capabilities()'s: x86, then Arm
 
@@ -405,7 +406,7 @@ def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:
     """The checkpoint to resume from, intact and of this model; or None for a fresh run, whose folder must be new or
     empty unless --overwrite_output_dir. Only reads: a refused run has changed nothing."""
     if not args.resume_from_checkpoint:
-        check_output_place(output_dir)
+        check_output_place(output_dir, f"--output_dir {output_dir}")
         if output_dir.is_dir() and any(output_dir.iterdir()) and not args.overwrite_output_dir:
             if checkpoints(output_dir):
                 held = "is not empty: resume its run with --resume_from_checkpoint latest, replace it"

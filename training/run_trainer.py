@@ -39,7 +39,6 @@ from training.arguments import (
     DataArguments,
     ModelArguments,
     check_model_arguments,
-    check_output_place,
     read_preset,
     refuse_below,
     refuse_unless_positive,
@@ -50,6 +49,7 @@ from training.hub import write_output_folder
 from training.recipe import training_data
 from training.tokenizer import train_joint_bpe
 from vaswani_hf import VaswaniForConditionalGeneration
+from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.hub import check_can_push, push_or_exit
 
 PAPER_TRAINER_DEFAULTS = {
@@ -123,7 +123,7 @@ def make_compute_metrics(tokenizer):
 def main(argv: list[str] | None = None):
     data_args, model_args, recipe, training_args = parse_arguments(argv)
     output_dir = Path(training_args.output_dir)
-    check_output_place(output_dir)
+    check_output_place(output_dir, f"--output_dir {output_dir}")
     if not training_args.resume_from_checkpoint and output_dir.is_dir() and any(output_dir.iterdir()):
         raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with "
                          "--resume_from_checkpoint, or choose another folder")

@@ -45,7 +45,7 @@ from transformers.utils.logging import disable_progress_bar
 
 from ..configuration_vaswani import VaswaniConfig
 from ..modeling_vaswani import VaswaniForConditionalGeneration
-from ..tools.export import written_whole
+from ..tools.export import check_output_place, written_whole
 from ..tools.loading import is_local
 
 SOURCE_PACKAGES = {"marian": ("sentencepiece", "sacremoses"), "fairseq": ("sacremoses",)}
@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if Path(args.output).exists():
         raise SystemExit(f"error: {args.output} exists: give a folder that does not")
+    check_output_place(Path(args.output))
     check_packages(args.source)
     disable_progress_bar()
     try:

@@ -39,6 +39,16 @@ def check_packages(engine: str) -> None:
                          f"pip install {' '.join(missing)}  (or pip install \"vaswani_hf[export]\")")
 
 
+def check_output_place(output: Path, label: str | None = None) -> None:
+    """A one-line SystemExit where the folder `output` could not be made: under a file, or in a folder not writable.
+    `label`: how the message names it (default: the path)."""
+    existing = next(path for path in (output, *output.parents) if path.exists())  # it, or the folder it goes in
+    if not existing.is_dir():
+        raise SystemExit(f"error: {label or output}: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SystemExit(f"error: {label or output}: {existing} is not writable")
+
+
 @contextlib.contextmanager
 def written_whole(output: str | Path) -> Iterator[Path]:
     """A folder to fill, renamed to `output` when the block ends without error: under its name there is a whole
@@ -67,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if Path(args.output).exists():
         raise SystemExit(f"error: {args.output} exists: give a folder that does not")
+    check_output_place(Path(args.output))
     check_packages(args.engine)
     disable_progress_bar()
     model, tokenizer = load(args.model, device="cpu", fast=False)  # the model files' own layers, no transform

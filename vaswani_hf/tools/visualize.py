@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from transformers.utils.logging import disable_progress_bar
 
+from .export import check_output_place
 from .loading import load
 from .translate import translate
 
@@ -117,8 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("error: --source is blank: give a sentence")
     if args.target is not None and not args.target.strip():
         raise SystemExit("error: --target is blank: give a sentence, or none for the model's translation")
-    if Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
-        raise SystemExit(f"error: --output_dir {args.output_dir} is a file, not a folder")
+    check_output_place(Path(args.output_dir), f"--output_dir {args.output_dir}")
 
     disable_progress_bar()  # transformers' weight-loading bar: an error is one line
     model, tokenizer = load(args.model, device="cpu")  # one-line errors for missing or broken model folders
