@@ -101,8 +101,14 @@ def test_bf16_on_a_cpu_without_bfloat16_instructions_is_warned_of_at_the_start(t
     assert ("warning: --mixed_precision bf16 on a CPU without bfloat16 instructions" in printed) == warned
 
 
+def test_run_trainer_refuses_an_unknown_preset_in_one_line():
+    with pytest.raises(SystemExit) as stop:
+        run_trainer.parse_arguments(["--preset", "cpu-tiny", "--output_dir", "unused"])
+    message = str(stop.value.code)
+    assert message.startswith("error: --preset cpu-tiny") and "cpu-medium" in message and "\n" not in message
+
+
 @pytest.mark.parametrize(("flags", "named"), [
-    (["--preset", "cpu-tiny"], "error: --preset cpu-tiny: no "),
     (["--num_heads", "5"], "error: VaswaniConfig: d_model=128 is not divisible by num_heads=5"),
     (["--vocab_size", "3"], "error: --vocab_size 3: must be at least 8"),
     (["--max_source_length", "0"], "error: --max_source_length 0: must be at least 1"),
