@@ -373,8 +373,8 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
     if case == "alpha not a number":
         args += ["--alpha", "nan"]
     if case == "a checkpoint":  # training/checkpoints.py's files
+        (tmp_path / "checkpoint-9").mkdir()
         for name in ("model.safetensors", "optimizer.safetensors", "trainer_state.json"):
-            (tmp_path / "checkpoint-9" / name).parent.mkdir(exist_ok=True)
             (tmp_path / "checkpoint-9" / name).write_text("{}")
         args = ["--model", tmp_path / "checkpoint-9"]
     expected = {"latin-1 stdin": "standard input is not UTF-8 text: byte 0xe9 on line 1",

@@ -256,9 +256,10 @@ def main(argv: list[str] | None = None) -> None:
                         "measured faster with on this machine (vaswani_hf.fast_cpu).")
     parser.add_argument("--quiet", action="store_true", help="No progress bar on stderr.")
     args = parser.parse_args(argv)
-    for name in ("max_tokens", "window", "num_beams", "nbest"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:  # num_beams None: the model's
-            raise SystemExit(f"error: --{name} {getattr(args, name)}: must be at least 1")
+    for name, value in (("max_tokens", args.max_tokens), ("window", args.window), ("num_beams", args.num_beams),
+                        ("nbest", args.nbest)):
+        if value is not None and value < 1:  # num_beams None: the model's
+            raise SystemExit(f"error: --{name} {value}: must be at least 1")
     if args.alpha is not None and not args.alpha >= 0:
         raise SystemExit(f"error: --alpha {args.alpha}: must be at least 0")  # as training/run.py's
     if args.input and not Path(args.input).is_file():
