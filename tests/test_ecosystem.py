@@ -77,7 +77,7 @@ def test_the_pipeline_passes_generation_arguments(translation_folder):
 def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_folder):
     """A source over `max_input_length` tokens reaches the encoder as its first tokens and </s>, `max_input_length`
     in all, and its translation is that of the truncated source; what is not text is a TypeError; no text, no
-    translation."""
+    translation: a blank string's is "", alone or batched."""
     model, tokenizer = load_local(translation_folder)
     translator = TranslationPipeline(model=model, tokenizer=tokenizer, num_beams=1, max_new_tokens=3)
     long_text = " ".join(SOURCES * 40)
@@ -95,6 +95,9 @@ def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_fold
     with pytest.raises(TypeError, match="a string or a list of strings"):
         translator(42)
     assert translator([]) == []
+    nothing = {"translation_text": ""}
+    assert translator(["", " \t", SOURCES[2]], batch_size=2) == [nothing, nothing, translator(SOURCES[2])[0]]
+    assert translator(" ", num_beams=2, num_return_sequences=2) == [nothing, nothing]
 
 
 # --- the Hub, both ways -------------------------------------------------------------------------------------

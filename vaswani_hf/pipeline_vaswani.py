@@ -30,7 +30,8 @@ class TranslationPipeline(Pipeline):
     (default: the model's `max_position_embeddings`) are truncated with a warning instead of failing.
 
     A single string gives a list with one dict per returned sequence; a list of strings gives one such result per
-    string (flattened to one dict each when one sequence is returned, as in transformers 4).
+    string (flattened to one dict each when one sequence is returned, as in transformers 4). A blank string
+    translates to "", as a blank line does in `vaswani-translate`.
     """
 
     _pipeline_calls_generate = True
@@ -69,17 +70,20 @@ class TranslationPipeline(Pipeline):
             length = encoded["input_ids"].shape[1]
             logger.warning(f"a source of {length} tokens was truncated to {limit} (max_input_length)")
             encoded = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=limit)
-        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
+                "blank": not text.strip()}
 
     def _forward(self, model_inputs: dict, **generate_kwargs) -> dict:
         generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
+        blank = model_inputs.pop("blank")  # a bool, or one per source when batched
         output_ids = self.model.generate(**model_inputs, **generate_kwargs)
         batch_size = model_inputs["input_ids"].shape[0]
-        return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1])}  # (B, sequences, L)
+        output_ids = output_ids.reshape(batch_size, -1, output_ids.shape[-1])  # (B, sequences, L)
+        return {"output_ids": output_ids, "blank": blank}
 
     def postprocess(self, model_outputs: dict, skip_special_tokens: bool = True,
                     clean_up_tokenization_spaces: bool = False) -> list[dict]:
         output_ids: torch.Tensor = model_outputs["output_ids"][0]  # (sequences, L)
         texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=skip_special_tokens,
                                             clean_up_tokenization_spaces=clean_up_tokenization_spaces)
-        return [{"translation_text": text} for text in texts]
+        return [{"translation_text": "" if model_outputs["blank"] else text} for text in texts]
