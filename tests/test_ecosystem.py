@@ -579,23 +579,33 @@ def test_attention_weights_are_distributions_and_the_decoder_is_masked(translati
         attention_weights(model, tokenizer, SOURCES[0], "Hallo.", layer=7)
 
 
-def test_the_visualize_command_writes_one_picture_per_attention(translation_folder, tmp_path):
+def test_the_visualize_command_writes_one_picture_per_attention(translation_folder, tmp_path, capfd):
     """Its main() in this process (a process of its own adds only imports; test_readme.py runs the console script);
-    transformers' progress bars, which it turns off, are turned back on after."""
+    transformers' progress bars, which it turns off, are turned back on after. A second sentence's pictures of the
+    same layer in the same folder are refused, the first ones kept, unless --overwrite."""
     from transformers.utils.logging import enable_progress_bar, is_progress_bar_enabled
 
     from vaswani_hf.tools.visualize import main
 
+    folder = tmp_path / "pictures"
     bars = is_progress_bar_enabled()
     try:
-        main([str(translation_folder), "--source", SOURCES[0], "--layer", "0",
-              "--output_dir", str(tmp_path / "pictures")])
+        main([str(translation_folder), "--source", SOURCES[0], "--layer", "0", "--output_dir", str(folder)])
+        for name in ("encoder_self_attention", "decoder_self_attention", "cross_attention"):
+            path = folder / f"{name}_layer0.png"
+            assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        pictures = {path: path.read_bytes() for path in folder.iterdir()}
+        second = [translation_folder, "--source", SOURCES[1], "--layer", "-2", "--output_dir", folder]  # layer 0 too
+        message = refusal(capfd, main, *second)
+        assert message == f"error: {folder}/encoder_self_attention_layer0.png exists: give another --output_dir, " \
+                          "or --overwrite"
+        assert {path: path.read_bytes() for path in folder.iterdir()} == pictures
+        main([str(arg) for arg in second] + ["--overwrite"])
+        redrawn = {path: path.read_bytes() for path in folder.iterdir()}
+        assert redrawn.keys() == pictures.keys() and all(redrawn[path] != pictures[path] for path in pictures)
     finally:
         if bars:
             enable_progress_bar()
-    for name in ("encoder_self_attention", "decoder_self_attention", "cross_attention"):
-        path = tmp_path / "pictures" / f"{name}_layer0.png"
-        assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
 @pytest.mark.parametrize(("flags", "expected"), [

@@ -90,19 +90,22 @@ def plot_heads(weights: torch.Tensor, query_tokens: list[str], key_tokens: list[
     plt.close(figure)
 
 
+def picture_paths(output_dir: Path, layer: int) -> list[Path]:
+    names = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
+    return [output_dir / f"{name}_layer{layer}.png" for name in names]
+
+
 def write_pictures(weights: AttentionWeights, output_dir: Path, layer: int) -> list[Path]:
     output_dir.mkdir(parents=True, exist_ok=True)
     source, target = weights.source_tokens, weights.target_tokens
     pictures = [
-        ("encoder_self_attention", weights.encoder, source, source, "Encoder self-attention"),
-        ("decoder_self_attention", weights.decoder, target, target, "Decoder self-attention (masked)"),
-        ("cross_attention", weights.cross, target, source, "Encoder-decoder attention"),
+        (weights.encoder, source, source, "Encoder self-attention"),
+        (weights.decoder, target, target, "Decoder self-attention (masked)"),
+        (weights.cross, target, source, "Encoder-decoder attention"),
     ]
-    paths = []
-    for name, tensor, queries, keys, title in pictures:
-        path = output_dir / f"{name}_layer{layer}.png"
+    paths = picture_paths(output_dir, layer)
+    for path, (tensor, queries, keys, title) in zip(paths, pictures, strict=True):
         plot_heads(tensor, queries, keys, f"{title}, layer {layer}", path)
-        paths.append(path)
     return paths
 
 
@@ -113,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--target", help="The target sentence (default: the model's translation).")
     parser.add_argument("--layer", type=int, default=-1, help="Layer index, from 0; negative counts from the top.")
     parser.add_argument("--output_dir", default="attention", help="Where the PNG files go.")
+    parser.add_argument("--overwrite", action="store_true", help="Replace this layer's pictures in --output_dir.")
     args = parser.parse_args(argv)
     if not args.source.strip():
         raise SystemExit("error: --source is blank: give a sentence")
@@ -127,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:  # a layer that does not exist
         raise SystemExit(f"error: {error}") from None
     layer = args.layer % min(model.config.num_layers, model.config.num_decoder_layers)
+    taken = [path for path in picture_paths(Path(args.output_dir), layer) if path.exists()]
+    if taken and not args.overwrite:  # another sentence's pictures, perhaps
+        raise SystemExit(f"error: {taken[0]} exists: give another --output_dir, or --overwrite")
     for path in write_pictures(weights, Path(args.output_dir), layer):
         print(path)
 
