@@ -340,7 +340,8 @@ def test_a_byte_order_mark_before_the_first_line_is_not_translated(translation_f
 
 @pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device bogus",
                                   "output is a folder", "mistyped relative path", "marian folder",
-                                  "no beams", "no tokens", "alpha not a number", "a checkpoint"])
+                                  "no beams", "no tokens", "alpha not a number", "a checkpoint",
+                                  "damaged generation_config.json"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
     """In this process (support.refused_translation); the command itself in the tests below."""
     args, stdin = ["--model", translation_folder], b"A dog runs.\n"
@@ -377,6 +378,11 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         for name in ("model.safetensors", "optimizer.safetensors", "trainer_state.json"):
             (tmp_path / "checkpoint-9" / name).write_text("{}")
         args = ["--model", tmp_path / "checkpoint-9"]
+    if case == "damaged generation_config.json":  # transformers would decode greedily, not with the folder's beams
+        shutil.copytree(translation_folder, tmp_path / "damaged")
+        text = (tmp_path / "damaged" / "generation_config.json").read_text()
+        (tmp_path / "damaged" / "generation_config.json").write_text(text[:len(text) // 2])
+        args = ["--model", tmp_path / "damaged"]
     expected = {"latin-1 stdin": "standard input is not UTF-8 text: byte 0xe9 on line 1",
                 "latin-1 file": "in.txt is not UTF-8 text: byte 0xe9 on line 2",
                 "missing input": f"--input {tmp_path / 'no-such.txt'}: no such file", "device cuda": "no CUDA GPU",
@@ -386,7 +392,9 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
                 "no beams": "error: --num_beams 0: must be at least 1",
                 "no tokens": "error: --max_tokens -5: must be at least 1",
                 "alpha not a number": "error: --alpha nan: must be at least 0",
-                "a checkpoint": "checkpoint-9 is a checkpoint of a training run, not a model folder"}
+                "a checkpoint": "checkpoint-9 is a checkpoint of a training run, not a model folder",
+                "damaged generation_config.json": f"error: cannot load a model from {tmp_path / 'damaged'}: It looks "
+                f"like the config file at '{tmp_path / 'damaged' / 'generation_config.json'}' is not a valid JSON"}
     assert expected[case] in refused_translation(capfd, monkeypatch, *args, stdin=stdin)
 
 

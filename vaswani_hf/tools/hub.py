@@ -33,7 +33,7 @@ def is_weights(name: str) -> bool:
 
 def published_files(folder: Path) -> list[str]:
     """The files of `folder` that its Hub repository holds (module docstring). A folder that is not a finished
-    vaswani_hf model is a one-line ValueError naming what it lacks."""
+    vaswani_hf model is a one-line ValueError naming what it lacks, or the file that is damaged."""
     try:
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")
     except (OSError, ValueError, AttributeError):
@@ -51,8 +51,25 @@ def published_files(folder: Path) -> list[str]:
         missing.insert(0, "model.safetensors")
     if missing:
         raise ValueError(f"{folder}: not a finished model folder, no {', '.join(missing)} (written when a run ends)")
-    return [name for name in names
-            if name in required or name in TOKENIZER_EXTRAS or name.endswith(".py") or is_weights(name)]
+    files = [name for name in names
+             if name in required or name in TOKENIZER_EXTRAS or name.endswith(".py") or is_weights(name)]
+    for name in files:
+        check_readable(folder / name)
+    return files
+
+
+def check_readable(path: Path) -> None:
+    """A JSON file that parses, a safetensors file whose header reads; else a one-line ValueError."""
+    from safetensors import safe_open
+
+    try:
+        if path.suffix == ".json":
+            json.loads(path.read_text(encoding="utf-8"))
+        elif path.suffix == ".safetensors":
+            with safe_open(path, framework="pt"):
+                pass
+    except Exception as error:  # noqa: BLE001 - JSON, encoding and safetensors errors alike
+        raise ValueError(f"{path} is damaged: {first_line(error)}") from None
 
 
 def push(folder: Path, repo_id: str, private: bool = False) -> str:

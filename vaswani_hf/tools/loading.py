@@ -5,7 +5,7 @@ import contextlib
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
 from ..speed.fast_cpu import fast_cpu
 from ..speed.kernels import CacheNotWritable
@@ -52,7 +52,8 @@ def is_local(name_or_path: str) -> bool:
 
 def checked(name_or_path: str):
     """(config, tokenizer) of a model folder or Hub repository, its weights not read: a missing or broken folder,
-    another kind of model or a tokenizer without padding exits with one line."""
+    another kind of model or a tokenizer without padding exits with one line. (transformers decodes without a
+    generation_config.json it cannot read, greedily where the folder says beam search: that is refused too.)"""
     if is_local(name_or_path) and not (Path(name_or_path) / "config.json").is_file():
         if (Path(name_or_path) / "trainer_state.json").is_file():  # training/checkpoints.py's
             raise SystemExit(f"error: {name_or_path} is a checkpoint of a training run, not a model folder: the run "
@@ -64,6 +65,8 @@ def checked(name_or_path: str):
         if config.model_type != "vaswani":
             raise SystemExit(f"error: {name_or_path} holds a {config.model_type!r} model, not a vaswani_hf one")
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        if is_local(name_or_path) and (Path(name_or_path) / "generation_config.json").exists():
+            GenerationConfig.from_pretrained(name_or_path)
     if tokenizer.pad_token_id is None:
         raise SystemExit(
             f"error: the tokenizer of {name_or_path} has no padding token (is tokenizer_config.json missing?)"
