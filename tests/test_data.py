@@ -9,7 +9,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 from training.batching import padding_fraction, token_batches
-from training.data import load_pairs
+from training.data import as_pairs, load_pairs
 from training.default_data import generate
 from training.tokenizer import train_joint_bpe
 
@@ -53,6 +53,28 @@ def test_a_column_per_language_loads_as_the_translation_column_and_other_columns
         read("other languages")
     with pytest.raises(ValueError, match=r"^no 'translation' column and no 'en'/'de' columns in \['text', 'label'\]$"):
         read("no languages")
+
+
+def test_json_lines_that_do_not_parse_or_hold_no_text_are_one_line_errors_naming_the_line(tmp_path):
+    """A line that is not JSON is named by its number in the file (pyarrow's own error counts objects within a
+    block); a pair whose text is missing, null or a number is named by its number, read whole or streamed."""
+    from training.data import DataError, load_splits
+
+    good = json.dumps({"translation": {"en": "A dog .", "de": "Ein Hund ."}})
+    (tmp_path / "cut.jsonl").write_text(f"{good}\n\n{good}\n{good[:30]}\n{good}\n")  # cut short on line 4
+    for streaming, message in ((False, "line 4 is not JSON: "), (True, "JSON parse error")):
+        with pytest.raises(DataError, match=f"^--train_file {tmp_path}/cut.jsonl: {message}"):
+            load_splits("en", "de", files={"train": str(tmp_path / "cut.jsonl")}, streaming=streaming)
+    layouts = {"null": [{"translation": {"en": "A dog .", "de": "Ein Hund ."}}, {"translation": {"en": "Two ."}}],
+               "number": [{"en": "A dog .", "de": "Ein Hund ."}, {"en": "Two .", "de": 2}]}
+    for name, rows in layouts.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        held = {"null": "None", "number": "2"}[name]
+        for streaming in (False, True):
+            with pytest.raises(DataError, match=rf"^--train_file {tmp_path}/{name}.jsonl: pair 2 has no de text "
+                                                rf"\(it holds {held}\)$"):
+                as_pairs(load_splits("en", "de", files={"train": str(tmp_path / f"{name}.jsonl")},
+                                     streaming=streaming)["train"])
 
 
 def test_missing_or_misaligned_files_are_one_line_errors(tmp_path):

@@ -8,6 +8,8 @@ datasets' cache and memory-mapped from there: no process holds the corpus in its
 """
 
 import itertools
+import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +39,8 @@ def load_splits(source_lang: str, target_lang: str, dataset_name: str | None = N
     if dataset_name:
         raw = datasets.load_dataset(dataset_name, dataset_config_name, streaming=streaming)
         raw = {("validation" if split == "valid" else split): raw[split] for split in raw}
-        return {split: _columns(rows, source_lang, target_lang) for split, rows in raw.items() if split in SPLITS}
+        return {split: _columns(rows, source_lang, target_lang, f"{dataset_name} ({split})")
+                for split, rows in raw.items() if split in SPLITS}
     if not files:
         files = {split: str(DEFAULT_DATA / f"{split}.jsonl") for split in SPLITS}
     splits = {}
@@ -45,8 +48,8 @@ def load_splits(source_lang: str, target_lang: str, dataset_name: str | None = N
         if path.endswith((".json", ".jsonl")):
             if not Path(path).is_file():
                 raise FileNotFoundError(f"--{split}_file {path}: no such file")
-            splits[split] = _columns(datasets.load_dataset("json", data_files=path, split="train",
-                                                           streaming=streaming), source_lang, target_lang)
+            splits[split] = _columns(_json_lines(path, split, streaming), source_lang, target_lang,
+                                     f"--{split}_file {path}")
         else:
             splits[split] = _aligned_text(path, source_lang, target_lang, split, streaming)
     return splits
@@ -63,13 +66,45 @@ def as_pairs(rows: datasets.Dataset | datasets.IterableDataset) -> list[tuple[st
     return list(zip(rows["source"], rows["target"]))
 
 
-def _translation_columns(batch: dict, source_lang: str, target_lang: str) -> dict[str, list[str]]:
-    return {"source": [pair[source_lang] for pair in batch["translation"]],
-            "target": [pair[target_lang] for pair in batch["translation"]]}
+def _json_lines(path: str, split: str, streaming: bool):
+    # datasets logs a line of its own before a parse error (in a stream, when it is read): the DataError says more
+    logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
+    try:
+        return datasets.load_dataset("json", data_files=path, split="train", streaming=streaming)
+    except datasets.exceptions.DatasetGenerationError as error:
+        raise DataError(f"--{split}_file {path}: {_bad_json_line(path) or error.__cause__ or error}") from None
 
 
-def _columns(rows, source_lang: str, target_lang: str):
-    first = next(iter(rows.take(1)), None)  # a stream's columns may be known only from its first row
+def _bad_json_line(path: str) -> str | None:
+    """Where a JSON lines file first fails to parse ("line N is not JSON: why"), which pyarrow's error does not say
+    (its row counts objects within a block); None where every line parses."""
+    with open(path, "rb") as file:
+        for number, line in enumerate(file, 1):
+            try:
+                if line.strip():
+                    json.loads(line)
+            except ValueError as error:
+                return f"line {number} is not JSON: {error}"
+    return None
+
+
+def _pair_columns(batch: dict, indices: list[int], source_lang: str, target_lang: str, label: str) -> dict:
+    """`source` and `target` of a batch of rows, a pair's text each: anything else is a DataError naming the row."""
+    columns = {}
+    for name, lang in (("source", source_lang), ("target", target_lang)):
+        texts = [(pair or {}).get(lang) for pair in batch["translation"]] if "translation" in batch else batch[lang]
+        for index, text in zip(indices, texts):
+            if not isinstance(text, str):
+                raise DataError(f"{label}: pair {index + 1} has no {lang} text (it holds {text!r})")
+        columns[name] = texts
+    return columns
+
+
+def _columns(rows, source_lang: str, target_lang: str, label: str):
+    try:
+        first = next(iter(rows.take(1)), None)  # a stream's columns may be known only from its first row
+    except pa.ArrowInvalid as error:  # a stream of JSON lines: its first block does not parse
+        raise DataError(f"{label}: {error}") from None
     columns = rows.column_names or list(first or [])
     if "translation" in columns:
         languages = (rows.features or {}).get("translation")
@@ -77,12 +112,10 @@ def _columns(rows, source_lang: str, target_lang: str):
         if first and (source_lang not in languages or target_lang not in languages):
             raise ValueError(f"the translation column has languages {sorted(languages)}, not {source_lang} and "
                              f"{target_lang}")
-        return rows.map(_translation_columns, batched=True, remove_columns=columns,
-                        fn_kwargs={"source_lang": source_lang, "target_lang": target_lang})
-    if source_lang in columns and target_lang in columns:  # e.g. bentrevett/multi30k
-        return rows.select_columns([source_lang, target_lang]).rename_columns(
-            {source_lang: "source", target_lang: "target"})
-    raise ValueError(f"no 'translation' column and no '{source_lang}'/'{target_lang}' columns in {columns}")
+    elif source_lang not in columns or target_lang not in columns:  # e.g. bentrevett/multi30k has en and de
+        raise ValueError(f"no 'translation' column and no '{source_lang}'/'{target_lang}' columns in {columns}")
+    return rows.map(_pair_columns, batched=True, with_indices=True, remove_columns=columns,
+                    fn_kwargs={"source_lang": source_lang, "target_lang": target_lang, "label": label})
 
 
 def _aligned_tables(paths: tuple[str, str], names: tuple[str, str], prefix: str, split: str):
