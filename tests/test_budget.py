@@ -146,6 +146,13 @@ def test_a_budget_ends_with_its_minutes_validates_inside_them_and_saves_in_its_l
     assert len(state["schedule"]["expected_steps"]) == step
 
 
+def test_a_budget_resumed_after_its_end_shows_a_full_bar_without_a_warning(recwarn):
+    """A finished run resumed starts past its budget (its end is redone: the model written again)."""
+    args, state = schedule_args(max_train_minutes=4)
+    bar = Budgeted(args, state, 3, 0.1, True, make_budget(minutes=4)).progress(987, 240.4, disable=True)
+    assert (bar.n, bar.total) == (240, 240) and not recwarn.list
+
+
 def test_a_replayed_schedule_follows_its_record_and_not_the_clock():
     record = {"steps": 6, "expected_steps": [40, 40, 30, 30, 20, 20, 20], "checkpoints": [2, 6], "evaluations": [3]}
     args, state = schedule_args(dropout_epochs=[1, 2])

@@ -124,8 +124,9 @@ class Budgeted(Steps):
 
     def progress(self, step: int, elapsed: float, disable: bool) -> tqdm:
         """A progress bar in seconds of the budget; the steps made and expected beside it."""
-        seconds = self.budget.seconds
-        return tqdm(total=round(seconds), initial=elapsed, desc=f"training, {seconds / 60:g}-minute budget",
+        seconds = self.budget.seconds  # a finished run resumed is past its budget: the bar starts full
+        return tqdm(total=round(seconds), initial=min(elapsed, round(seconds)),
+                    desc=f"training, {seconds / 60:g}-minute budget",
                     bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total} s{postfix}", **shown(disable))
 
     def position(self, step: int, elapsed: float) -> float:
