@@ -624,6 +624,7 @@ def test_the_visualize_command_writes_one_picture_per_attention(translation_fold
     (["--target", ""], "error: --target is blank: give a sentence, or none for the model's translation"),
     (["--output_dir", "{file}"], "error: --output_dir {file}: {file} is a file"),
     (["--output_dir", "{file}/pictures"], "error: --output_dir {file}/pictures: {file} is a file"),
+    (["--output_dir", ""], "error: --output_dir is blank: give a folder"),
 ])
 def test_the_visualize_command_explains_misuse_in_one_line(translation_folder, tmp_path, capfd, flags, expected):
     """In this process (support.refusal): the message, and nothing else on stdout or stderr, and no picture."""

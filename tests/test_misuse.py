@@ -189,15 +189,27 @@ def test_a_bad_line_of_a_streamed_file_is_one_line_where_it_is_read(tmp_path):
 
 
 def test_a_folder_holding_anything_is_refused_unless_resumed_or_overwritten(tmp_path, monkeypatch, data):
+    """--overwrite_output_dir deletes what a run wrote, and nothing else: not a folder holding someone's notes, not
+    the current folder (which a blank --output_dir would be)."""
     out = tmp_path / "out"
     out.mkdir()
-    (out / "notes.txt").write_text("mine")
+    (out / "tokenizer.json").write_text("{}")  # a run stopped before its first checkpoint
     assert refused(monkeypatch, *TINY, *data, "--output_dir", str(out)) == (
         f"error: --output_dir {out} is not empty and holds no checkpoint to resume: replace it with "
         "--overwrite_output_dir, or choose another folder")  # a folder with a checkpoint: test_training_run.py
+    (out / "notes.txt").write_text("mine")
+    for overwrite in ([], ["--overwrite_output_dir"]):
+        assert refused(monkeypatch, *TINY, *data, "--output_dir", str(out), *overwrite) == (
+            f"error: --output_dir {out} holds notes.txt, which no run writes: choose another folder "
+            "(--overwrite_output_dir deletes only a run's)")
     assert "give one" in refused(monkeypatch, *TINY, *data, "--output_dir", str(out), "--overwrite_output_dir",
                                  "--resume_from_checkpoint", "latest")
-    assert [p.name for p in out.iterdir()] == ["notes.txt"]  # nothing written, nothing deleted
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "tokenizer.json"]  # nothing written or deleted
+    monkeypatch.chdir(out)
+    for resume in ([], ["--resume_from_checkpoint", "latest"]):
+        assert refused(monkeypatch, *TINY, *data, "--output_dir", "", "--overwrite_output_dir", *resume) == (
+            "error: --output_dir is blank: give a folder")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "tokenizer.json"]
     file = tmp_path / "file"
     file.write_text("")
     for inside in (file, file / "run"):
@@ -205,6 +217,8 @@ def test_a_folder_holding_anything_is_refused_unless_resumed_or_overwritten(tmp_
             f"error: --output_dir {inside}: {file} is a file")
     with pytest.raises(SystemExit, match=f"^error: --output_dir {file / 'run'}: {file} is a file$"):
         run_trainer.main([*TINY, *data, "--output_dir", str(file / "run")])
+    with pytest.raises(SystemExit, match="^error: --output_dir is blank: give a folder$"):
+        run_trainer.main([*TINY, *data, "--output_dir", ""])
     monkeypatch.setattr(os, "access", lambda path, mode: str(path) != str(tmp_path))  # a folder not ours
     assert refused(monkeypatch, *TINY, *data, "--output_dir", str(tmp_path / "new" / "run")) == (
         f"error: --output_dir {tmp_path / 'new' / 'run'}: {tmp_path} is not writable")

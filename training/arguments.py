@@ -140,8 +140,8 @@ class RecipeArguments:
                 "set)."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint folder, or latest."})
     overwrite_output_dir: bool = field(default=False, metadata={
-        "help": "Delete what --output_dir holds and start afresh (without it, a folder that holds anything is "
-                "refused)."})
+        "help": "Delete the run --output_dir holds and start afresh (without it, a folder that holds anything is "
+                "refused; with it, one that holds what no run writes)."})
     push_to_hub: bool = False
     hub_model_id: str | None = None
     hub_private_repo: bool = False

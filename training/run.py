@@ -23,6 +23,7 @@ import functools
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -402,17 +403,30 @@ def run_plan(accelerator, config, resumed: Path | None) -> dict:
     return broadcast_object_list([plan])[0]
 
 
+# What a run writes in --output_dir: checkpoints and what a killed or resumed run leaves of them, the tokens,
+# TensorBoard's logs, the model folder. --overwrite_output_dir deletes a folder that holds nothing else.
+RUN_ENTRY = re.compile(r"(\.incomplete-|abandoned-)?checkpoint-\d+|tokens(\.partial)?|vaswani|README\.md"
+                       r"|(config|generation_config|metrics|schedule|tokenizer|tokenizer_config|special_tokens_map)\.json"
+                       r"|model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json"
+                       r"|(checks|configuration_vaswani|gnmt|modeling_vaswani|pipeline_vaswani)\.py")
+
+
 def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:
     """The checkpoint to resume from, intact and of this model; or None for a fresh run, whose folder must be new or
-    empty unless --overwrite_output_dir. Only reads: a refused run has changed nothing."""
+    empty unless --overwrite_output_dir, which deletes only what a run writes. Only reads: a refused run has changed
+    nothing."""
+    check_output_place(args.output_dir, "--output_dir")
     if not args.resume_from_checkpoint:
-        check_output_place(output_dir, f"--output_dir {output_dir}")
-        if output_dir.is_dir() and any(output_dir.iterdir()) and not args.overwrite_output_dir:
+        held = sorted(path.name for path in output_dir.iterdir()) if output_dir.is_dir() else []
+        if foreign := [name for name in held if not RUN_ENTRY.fullmatch(name)]:
+            raise SystemExit(f"error: --output_dir {output_dir} holds {foreign[0]}, which no run writes: choose "
+                             "another folder (--overwrite_output_dir deletes only a run's)")
+        if held and not args.overwrite_output_dir:
             if checkpoints(output_dir):
-                held = "is not empty: resume its run with --resume_from_checkpoint latest, replace it"
+                what = "is not empty: resume its run with --resume_from_checkpoint latest, replace it"
             else:
-                held = "is not empty and holds no checkpoint to resume: replace it"
-            raise SystemExit(f"error: --output_dir {output_dir} {held} with --overwrite_output_dir, or choose another "
+                what = "is not empty and holds no checkpoint to resume: replace it"
+            raise SystemExit(f"error: --output_dir {output_dir} {what} with --overwrite_output_dir, or choose another "
                              "folder")
         return None
     if args.overwrite_output_dir:

@@ -122,8 +122,8 @@ def make_compute_metrics(tokenizer):
 
 def main(argv: list[str] | None = None):
     data_args, model_args, recipe, training_args = parse_arguments(argv)
+    check_output_place(training_args.output_dir, "--output_dir")
     output_dir = Path(training_args.output_dir)
-    check_output_place(output_dir, f"--output_dir {output_dir}")
     if not training_args.resume_from_checkpoint and output_dir.is_dir() and any(output_dir.iterdir()):
         raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with "
                          "--resume_from_checkpoint, or choose another folder")

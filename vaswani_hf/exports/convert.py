@@ -328,9 +328,9 @@ def main(argv: list[str] | None = None) -> None:
                                               "own card declares; fairseq's release folders have none)")
     args = parser.parse_args(argv)
 
+    check_output_place(args.output)
     if Path(args.output).exists():
         raise SystemExit(f"error: {args.output} exists: give a folder that does not")
-    check_output_place(Path(args.output))
     check_packages(args.source)
     disable_progress_bar()
     try:

@@ -39,14 +39,18 @@ def check_packages(engine: str) -> None:
                          f"pip install {' '.join(missing)}  (or pip install \"vaswani_hf[export]\")")
 
 
-def check_output_place(output: Path, label: str | None = None) -> None:
-    """A one-line SystemExit where the folder `output` could not be made: under a file, or in a folder not writable.
-    `label`: how the message names it (default: the path)."""
+def check_output_place(output: str | Path, flag: str | None = None) -> None:
+    """A one-line SystemExit where the folder `output` could not be made: blank (not the current folder, as
+    Path("") would be), under a file, or in a folder not writable. `flag`: the option that gave it, if any."""
+    label = f"{flag} {output}" if flag else str(output)
+    if not str(output).strip():
+        raise SystemExit(f"error: {flag or 'the output folder'} is blank: give a folder")
+    output = Path(output)
     existing = next(path for path in (output, *output.parents) if path.exists())  # it, or the folder it goes in
     if not existing.is_dir():
-        raise SystemExit(f"error: {label or output}: {existing} is a file")
+        raise SystemExit(f"error: {label}: {existing} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise SystemExit(f"error: {label or output}: {existing} is not writable")
+        raise SystemExit(f"error: {label}: {existing} is not writable")
 
 
 @contextlib.contextmanager
@@ -75,9 +79,9 @@ def main(argv: list[str] | None = None) -> None:
         engine.add_argument("output", help="the folder to write (must not exist)")
     args = parser.parse_args(argv)
 
+    check_output_place(args.output)
     if Path(args.output).exists():
         raise SystemExit(f"error: {args.output} exists: give a folder that does not")
-    check_output_place(Path(args.output))
     check_packages(args.engine)
     disable_progress_bar()
     model, tokenizer = load(args.model, device="cpu", fast=False)  # the model files' own layers, no transform

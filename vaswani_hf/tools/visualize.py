@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("error: --source is blank: give a sentence")
     if args.target is not None and not args.target.strip():
         raise SystemExit("error: --target is blank: give a sentence, or none for the model's translation")
-    check_output_place(Path(args.output_dir), f"--output_dir {args.output_dir}")
+    check_output_place(args.output_dir, "--output_dir")
 
     disable_progress_bar()  # transformers' weight-loading bar: an error is one line
     model, tokenizer = load(args.model, device="cpu")  # one-line errors for missing or broken model folders
