@@ -70,6 +70,8 @@ def data(tmp_path):
     (["--pad_to_multiple_of", "0"], "--pad_to_multiple_of 0"),
     (["--compile", "inducer"], "--compile inducer"),
     (["--compile", "inductor", "--dropout_epochs", "0", "1"], "add --compile no"),
+    (["--train_file", ""], "--train_file is blank"),  # an unset variable: not the embedded data
+    (["--dataset_name", " "], "--dataset_name is blank"),
 ])
 def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypatch, data, flags, named):
     if "fp16" in flags and torch.cuda.is_available():
@@ -115,6 +117,7 @@ def test_run_trainer_refuses_an_unknown_preset_in_one_line():
     (["--lr_scale", "-1"], "error: --lr_scale -1.0: must be positive and finite"),
     (["--warmup_steps", "0"], "error: --warmup_steps 0: the §5.3 peak learning rate needs at least 1 step"),
     (["--learning_rate", "nan"], "error: --learning_rate nan: must be positive and finite"),
+    (["--validation_file", ""], "error: --validation_file is blank: give one, or leave the flag out"),
 ])
 def test_run_trainer_refuses_a_wrong_flag_in_one_line_before_any_work(flags, named):
     """parse_arguments, the first thing run_trainer.main does: before the data is read and the BPE trained."""

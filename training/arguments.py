@@ -217,6 +217,9 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
 
 def check_model_arguments(data_args: DataArguments, model_args: ModelArguments) -> None:
     """The data and model flags of run.py and run_trainer.py, checked before the BPE is trained."""
+    for name in ("dataset_name", "dataset_config_name", "train_file", "validation_file", "test_file"):
+        if (value := getattr(data_args, name)) is not None and not value.strip():  # not the embedded data
+            raise SystemExit(f"error: --{name} is blank: give one, or leave the flag out")
     refuse_below({"max_length": (data_args.max_length, 1), "vocab_size": (model_args.vocab_size, 8),
                   "bpe_sample": (1 if data_args.bpe_sample is None else data_args.bpe_sample, 1),
                   "shuffle_buffer": (data_args.shuffle_buffer, 1)})
