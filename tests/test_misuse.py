@@ -358,7 +358,7 @@ def test_a_byte_order_mark_before_the_first_line_is_not_translated(translation_f
 @pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device bogus",
                                   "output is a folder", "mistyped relative path", "marian folder",
                                   "no beams", "no tokens", "alpha not a number", "a checkpoint",
-                                  "damaged generation_config.json"])
+                                  "damaged generation_config.json", "blank input", "blank output"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
     """In this process (support.refused_translation); the command itself in the tests below."""
     args, stdin = ["--model", translation_folder], b"A dog runs.\n"
@@ -395,6 +395,8 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         for name in ("model.safetensors", "optimizer.safetensors", "trainer_state.json"):
             (tmp_path / "checkpoint-9" / name).write_text("{}")
         args = ["--model", tmp_path / "checkpoint-9"]
+    if case in ("blank input", "blank output"):
+        args += [f"--{case.split()[1]}", ""]
     if case == "damaged generation_config.json":  # transformers would decode greedily, not with the folder's beams
         shutil.copytree(translation_folder, tmp_path / "damaged")
         text = (tmp_path / "damaged" / "generation_config.json").read_text()
@@ -410,6 +412,8 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
                 "no tokens": "error: --max_tokens -5: must be at least 1",
                 "alpha not a number": "error: --alpha nan: must be at least 0",
                 "a checkpoint": "checkpoint-9 is a checkpoint of a training run, not a model folder",
+                "blank input": "error: --input is blank: give a file, or leave the flag out for standard input",
+                "blank output": "error: --output is blank: give a file, or leave the flag out for standard output",
                 "damaged generation_config.json": f"error: cannot load a model from {tmp_path / 'damaged'}: It looks "
                 f"like the config file at '{tmp_path / 'damaged' / 'generation_config.json'}' is not a valid JSON"}
     assert expected[case] in refused_translation(capfd, monkeypatch, *args, stdin=stdin)

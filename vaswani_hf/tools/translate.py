@@ -262,6 +262,9 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"error: --{name} {value}: must be at least 1")
     if args.alpha is not None and not args.alpha >= 0:
         raise SystemExit(f"error: --alpha {args.alpha}: must be at least 0")  # as training/run.py's
+    for name, default in (("input", "standard input"), ("output", "standard output")):
+        if (value := getattr(args, name)) is not None and not value.strip():  # an unset shell variable
+            raise SystemExit(f"error: --{name} is blank: give a file, or leave the flag out for {default}")
     if args.input and not Path(args.input).is_file():
         raise SystemExit(f"error: --input {args.input}: no such file")
     if args.output and (Path(args.output).is_dir() or not Path(args.output).resolve().parent.is_dir()):
