@@ -197,6 +197,7 @@ def test_what_cannot_be_converted_is_one_line_before_anything_is_written(marian_
         "no config.json": (tmp_path, out),  # an empty folder
         "missing is not a model folder": (tmp_path / "missing", out),  # a path, not a Hub id
         "the output folder is blank: give a folder": (source, ""),  # not the current folder
+        "the model is blank: give its folder or Hub id": (" ", out),
         "holds a 'vaswani' model, not a Marian one": (converted, out),
         "separate source and target vocabularies": (edited_copy(source, tmp_path / "separate",
                                                                 share_encoder_decoder_embeddings=False), out),

@@ -220,6 +220,7 @@ def test_vaswani_push_refuses_what_is_not_a_finished_model_in_one_line(translati
     refusals = {unfinished: f"{unfinished}: not a finished model folder, no tokenizer.json, README.md",
                 tmp_path / "missing": f"{tmp_path / 'missing'}: not a vaswani_hf model folder",
                 tmp_path: f"{tmp_path}: not a vaswani_hf model folder",
+                "": "the folder is blank: give the model's folder",  # not the current folder
                 damaged["generation_config.json"].parent: f"{damaged['generation_config.json']} is damaged: "
                                                           "Unterminated string",
                 damaged["model.safetensors"].parent: f"{damaged['model.safetensors']} is damaged: Error while "

@@ -338,6 +338,7 @@ def test_export_refusals_are_one_line(translation_folder, tmp_path, engine):
             ([str(translation_folder), str(tmp_path / "file" / "out")],
              f"error: {tmp_path / 'file' / 'out'}: {tmp_path / 'file'} is a file"),
             ([str(translation_folder), " "], "error: the output folder is blank: give a folder"),  # not "." exists
+            (["", str(tmp_path / "out")], "error: the model is blank: give its folder or Hub id"),
     ):
         with pytest.raises(SystemExit) as error:
             export_main([engine, *arguments])

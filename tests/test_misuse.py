@@ -72,6 +72,7 @@ def data(tmp_path):
     (["--compile", "inductor", "--dropout_epochs", "0", "1"], "add --compile no"),
     (["--train_file", ""], "--train_file is blank"),  # an unset variable: not the embedded data
     (["--dataset_name", " "], "--dataset_name is blank"),
+    (["--resume_from_checkpoint", ""], "--resume_from_checkpoint is blank"),  # not a fresh run
 ])
 def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypatch, data, flags, named):
     if "fp16" in flags and torch.cuda.is_available():
@@ -118,6 +119,7 @@ def test_run_trainer_refuses_an_unknown_preset_in_one_line():
     (["--warmup_steps", "0"], "error: --warmup_steps 0: the §5.3 peak learning rate needs at least 1 step"),
     (["--learning_rate", "nan"], "error: --learning_rate nan: must be positive and finite"),
     (["--validation_file", ""], "error: --validation_file is blank: give one, or leave the flag out"),
+    (["--resume_from_checkpoint", " "], "error: --resume_from_checkpoint is blank: give one, or leave the flag out"),
 ])
 def test_run_trainer_refuses_a_wrong_flag_in_one_line_before_any_work(flags, named):
     """parse_arguments, the first thing run_trainer.main does: before the data is read and the BPE trained."""
@@ -358,7 +360,7 @@ def test_a_byte_order_mark_before_the_first_line_is_not_translated(translation_f
 @pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device bogus",
                                   "output is a folder", "mistyped relative path", "marian folder",
                                   "no beams", "no tokens", "alpha not a number", "a checkpoint",
-                                  "damaged generation_config.json", "blank input", "blank output"])
+                                  "damaged generation_config.json", "blank input", "blank output", "blank model"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
     """In this process (support.refused_translation); the command itself in the tests below."""
     args, stdin = ["--model", translation_folder], b"A dog runs.\n"
@@ -395,7 +397,7 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         for name in ("model.safetensors", "optimizer.safetensors", "trainer_state.json"):
             (tmp_path / "checkpoint-9" / name).write_text("{}")
         args = ["--model", tmp_path / "checkpoint-9"]
-    if case in ("blank input", "blank output"):
+    if case in ("blank input", "blank output", "blank model"):
         args += [f"--{case.split()[1]}", ""]
     if case == "damaged generation_config.json":  # transformers would decode greedily, not with the folder's beams
         shutil.copytree(translation_folder, tmp_path / "damaged")
@@ -414,6 +416,7 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
                 "a checkpoint": "checkpoint-9 is a checkpoint of a training run, not a model folder",
                 "blank input": "error: --input is blank: give a file, or leave the flag out for standard input",
                 "blank output": "error: --output is blank: give a file, or leave the flag out for standard output",
+                "blank model": "error: the model is blank: give its folder or Hub id",  # not the current folder
                 "damaged generation_config.json": f"error: cannot load a model from {tmp_path / 'damaged'}: It looks "
                 f"like the config file at '{tmp_path / 'damaged' / 'generation_config.json'}' is not a valid JSON"}
     assert expected[case] in refused_translation(capfd, monkeypatch, *args, stdin=stdin)

@@ -176,6 +176,7 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
                 "length_penalty_alpha": (args.length_penalty_alpha, 0), "max_grad_norm": (args.max_grad_norm, 0)}
     refuse_below(at_least)
     refuse_unless_positive({"lr_scale": args.lr_scale, "max_train_minutes": args.max_train_minutes})
+    refuse_blank({"resume_from_checkpoint": args.resume_from_checkpoint, "hub_model_id": args.hub_model_id})
     for name in ("label_smoothing", "warmup_share", "cooldown_share", "average_share"):
         if not 0 <= getattr(args, name) <= 1:
             raise SystemExit(f"error: --{name} {getattr(args, name)}: must be between 0 and 1")
@@ -217,9 +218,8 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
 
 def check_model_arguments(data_args: DataArguments, model_args: ModelArguments) -> None:
     """The data and model flags of run.py and run_trainer.py, checked before the BPE is trained."""
-    for name in ("dataset_name", "dataset_config_name", "train_file", "validation_file", "test_file"):
-        if (value := getattr(data_args, name)) is not None and not value.strip():  # not the embedded data
-            raise SystemExit(f"error: --{name} is blank: give one, or leave the flag out")
+    refuse_blank({name: getattr(data_args, name)  # a blank one is not the embedded data
+                  for name in ("dataset_name", "dataset_config_name", "train_file", "validation_file", "test_file")})
     refuse_below({"max_length": (data_args.max_length, 1), "vocab_size": (model_args.vocab_size, 8),
                   "bpe_sample": (1 if data_args.bpe_sample is None else data_args.bpe_sample, 1),
                   "shuffle_buffer": (data_args.shuffle_buffer, 1)})
@@ -230,6 +230,13 @@ def check_model_arguments(data_args: DataArguments, model_args: ModelArguments) 
     if model_args.position_embedding == "learned" and data_args.max_length > config.max_position_embeddings:
         raise SystemExit(f"error: --max_length {data_args.max_length}: learned positions stop at "
                          f"{config.max_position_embeddings}")
+
+
+def refuse_blank(values: dict[str, str | None]) -> None:
+    """A one-line SystemExit for the first flag given (not None) that is blank, as an unset shell variable gives."""
+    for name, value in values.items():
+        if value is not None and not value.strip():
+            raise SystemExit(f"error: --{name} is blank: give one, or leave the flag out")
 
 
 def refuse_below(values: dict[str, tuple[float, float]]) -> None:

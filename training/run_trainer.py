@@ -41,6 +41,7 @@ from training.arguments import (
     check_model_arguments,
     read_preset,
     refuse_below,
+    refuse_blank,
     refuse_unless_positive,
 )
 from training.data import as_pairs, load_run_data
@@ -92,6 +93,8 @@ def parse_arguments(argv: list[str] | None = None):
                              "needs at least 1 step (or give --learning_rate)")
         training_args.learning_rate = recipe.lr_scale * model_args.d_model**-0.5 * training_args.warmup_steps**-0.5
     refuse_unless_positive({"learning_rate": training_args.learning_rate})
+    refuse_blank({"resume_from_checkpoint": training_args.resume_from_checkpoint,
+                  "hub_model_id": training_args.hub_model_id})
     return data_args, model_args, recipe, training_args
 
 

@@ -328,6 +328,8 @@ def main(argv: list[str] | None = None) -> None:
                                               "own card declares; fairseq's release folders have none)")
     args = parser.parse_args(argv)
 
+    if not args.model.strip():
+        raise SystemExit("error: the model is blank: give its folder or Hub id")
     check_output_place(args.output)
     if Path(args.output).exists():
         raise SystemExit(f"error: {args.output} exists: give a folder that does not")

@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("repo_id", help="the Hub repository, e.g. org/name (created if it does not exist)")
     parser.add_argument("--private", action="store_true", help="create the repository private")
     args = parser.parse_args(argv)
+    if not args.folder.strip():  # Path("") would be the current folder
+        raise SystemExit("error: the folder is blank: give the model's folder")
     print(f"pushed {args.folder} to {push_or_exit(Path(args.folder), args.repo_id, private=args.private)}")
 
 
