@@ -287,8 +287,8 @@ def test_a_cache_that_cannot_be_written_is_one_line_before_any_work(tmp_path, mo
 
 
 def test_a_push_that_could_not_happen_is_one_line_before_any_work(tmp_path, monkeypatch, data):
-    """--push_to_hub offline, or without a token: training/run.py and run_trainer.py say so at the start, not after
-    the training."""
+    """--push_to_hub offline, without a token, or to a name the Hub refuses (the output folder's, by default):
+    training/run.py and run_trainer.py say so at the start, not after the training."""
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda *a, **kw: pytest.fail("nothing is created"))
@@ -303,7 +303,12 @@ def test_a_push_that_could_not_happen_is_one_line_before_any_work(tmp_path, monk
                                            "HF_TOKEN")
     with pytest.raises(SystemExit, match="^error: --push_to_hub needs a Hugging Face token"):
         run_trainer.main([*TINY, *data, "--output_dir", str(out), "--push_to_hub", "--max_steps", "1"])
-    assert not out.exists()
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_vaswaniTestToken0123456789abcdef")
+    assert refused(monkeypatch, *push[:-1], "my model").startswith(
+        "error: --push_to_hub to 'my model': Repo id must use alphanumeric chars")
+    with pytest.raises(SystemExit, match=r"^error: --push_to_hub to 'my run': .* default: --output_dir's last folder"):
+        run_trainer.main([*TINY, *data, "--output_dir", str(tmp_path / "my run"), "--push_to_hub"])
+    assert not out.exists() and not (tmp_path / "my run").exists()
 
 
 # --- lines ------------------------------------------------------------------------------------------------------

@@ -207,7 +207,7 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
         raise SystemExit("error: --mixed_precision fp16 needs a GPU (float16 autocast is not run on the CPU): "
                          "use no (float32) or bf16")
     if args.push_to_hub:
-        check_can_push()
+        check_can_push(args.hub_model_id or Path(args.output_dir).name)
     # fast_cpu keeps its plan in the cache (a resumed run's checkpoints keep its own): one it cannot write, named now
     if args.fast_cpu and not gpu and not args.resume_from_checkpoint:
         try:

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None):
     # the finished model's files alone, at its end, as training/run.py and vaswani-push do.
     publish, training_args.push_to_hub = training_args.push_to_hub, False
     if publish:
-        check_can_push()
+        check_can_push(training_args.hub_model_id or output_dir.name)
     pairs = {split: as_pairs(rows) for split, rows in load_run_data(data_args).items()}  # Trainer datasets: lists
     with training_args.main_process_first():  # the main process trains the joint BPE, the others read it
         if not (output_dir / "tokenizer.json").is_file():

@@ -84,11 +84,17 @@ def push(folder: Path, repo_id: str, private: bool = False) -> str:
     return str(repo)
 
 
-def check_can_push() -> None:
-    """Before a run that pushes at its end: one line now, not after the training, if it could not (offline, or no
-    token)."""
+def check_can_push(repo_id: str) -> None:
+    """Before a run that pushes to `repo_id` at its end: one line now, not after the training, if it could not
+    (a name the Hub refuses, offline, or no token)."""
     from huggingface_hub import constants, get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise SystemExit(f"error: --push_to_hub to {repo_id!r}: {first_line(error)} (--hub_model_id names it; "
+                         "default: --output_dir's last folder)") from None
     if constants.HF_HUB_OFFLINE:
         raise SystemExit("error: --push_to_hub, but HF_HUB_OFFLINE is set: the run could not push at its end")
     if get_token() is None:
