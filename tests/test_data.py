@@ -1,7 +1,10 @@
 """Data, tokenizer and batching of the recipe (§5.1)."""
 
+import bz2
+import gzip
 import itertools
 import json
+import lzma
 
 import numpy as np
 import pytest
@@ -62,9 +65,12 @@ def test_json_lines_that_do_not_parse_or_hold_no_text_are_one_line_errors_naming
 
     good = json.dumps({"translation": {"en": "A dog .", "de": "Ein Hund ."}})
     (tmp_path / "cut.jsonl").write_text(f"{good}\n\n{good}\n{good[:30]}\n{good}\n")  # cut short on line 4
-    for streaming, message in ((False, "line 4 is not JSON: "), (True, "JSON parse error")):
-        with pytest.raises(DataError, match=f"^--train_file {tmp_path}/cut.jsonl: {message}"):
-            load_splits("en", "de", files={"train": str(tmp_path / "cut.jsonl")}, streaming=streaming)
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress((tmp_path / "cut.jsonl").read_bytes()))
+    for name, streaming, message in (("cut.jsonl", False, "line 4 is not JSON: "),
+                                     ("cut.jsonl.gz", False, "line 4 is not JSON: "),
+                                     ("cut.jsonl", True, "JSON parse error")):
+        with pytest.raises(DataError, match=f"^--train_file {tmp_path}/{name}: {message}"):
+            load_splits("en", "de", files={"train": str(tmp_path / name)}, streaming=streaming)
     layouts = {"null": [{"translation": {"en": "A dog .", "de": "Ein Hund ."}}, {"translation": {"en": "Two ."}}],
                "number": [{"en": "A dog .", "de": "Ein Hund ."}, {"en": "Two .", "de": 2}]}
     for name, rows in layouts.items():
@@ -75,6 +81,16 @@ def test_json_lines_that_do_not_parse_or_hold_no_text_are_one_line_errors_naming
                                                 rf"\(it holds {held}\)$"):
                 as_pairs(load_splits("en", "de", files={"train": str(tmp_path / f"{name}.jsonl")},
                                      streaming=streaming)["train"])
+
+
+@pytest.mark.parametrize("compression", ["gz", "bz2", "xz"])
+def test_compressed_json_lines_give_the_pairs_of_the_file_they_compress(tmp_path, compression):
+    rows = [{"translation": {"en": f"{n} dogs .", "de": f"{n} Hunde ."}} for n in range(5)]
+    text = "".join(json.dumps(row) + "\n" for row in rows).encode()
+    compress = {"gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}[compression]
+    (tmp_path / f"t.jsonl.{compression}").write_bytes(compress(text))
+    assert load_pairs("en", "de", files={"train": str(tmp_path / f"t.jsonl.{compression}")})["train"] == [
+        (row["translation"]["en"], row["translation"]["de"]) for row in rows]
 
 
 def test_missing_or_misaligned_files_are_one_line_errors(tmp_path):

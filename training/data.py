@@ -1,15 +1,20 @@
 """Parallel text in, `datasets` out: a Hub dataset with a `translation` column (or one column per language), JSON
-lines files (`{"translation": {"en": "...", "de": "..."}}`), plain aligned text files (`PREFIX.en` / `PREFIX.de`, one
-sentence per line), or — with none of those — the embedded default dataset of `training/data/default/`.
+lines files (`{"translation": {"en": "...", "de": "..."}}`; .gz, .bz2 or .xz compressed too), plain aligned text
+files (`PREFIX.en` / `PREFIX.de`, one sentence per line), or — with none of those — the embedded default dataset of
+`training/data/default/`.
 
 Every source becomes, per split, a `datasets.Dataset` of `source` and `target` strings, written once as Arrow into
 datasets' cache and memory-mapped from there: no process holds the corpus in its own memory. With `streaming`, a
 `datasets.IterableDataset` instead, read as it is iterated and never stored (training/streaming.py).
 """
 
+import bz2
+import gzip
 import itertools
 import json
 import logging
+import lzma
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +28,11 @@ from vaswani_hf.tools.text import decode_utf8, split_lines
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "default"
 SPLITS = ("train", "validation", "test")
 PAIR_FEATURES = datasets.Features({"source": datasets.Value("string"), "target": datasets.Value("string")})
+
+
+# JSON lines, as they are or compressed: datasets' JSON reader decompresses by the suffix, as these open them.
+JSON_LINES = re.compile(r"\.jsonl?(\.(gz|bz2|xz))?$")
+DECOMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
 
 class DataError(ValueError):
@@ -45,7 +55,7 @@ def load_splits(source_lang: str, target_lang: str, dataset_name: str | None = N
         files = {split: str(DEFAULT_DATA / f"{split}.jsonl") for split in SPLITS}
     splits = {}
     for split, path in files.items():
-        if path.endswith((".json", ".jsonl")):
+        if JSON_LINES.search(path):
             if not Path(path).is_file():
                 raise FileNotFoundError(f"--{split}_file {path}: no such file")
             splits[split] = _columns(_json_lines(path, split, streaming), source_lang, target_lang,
@@ -78,7 +88,7 @@ def _json_lines(path: str, split: str, streaming: bool):
 def _bad_json_line(path: str) -> str | None:
     """Where a JSON lines file first fails to parse ("line N is not JSON: why"), which pyarrow's error does not say
     (its row counts objects within a block); None where every line parses."""
-    with open(path, "rb") as file:
+    with DECOMPRESSED.get(Path(path).suffix, open)(path, "rb") as file:
         for number, line in enumerate(file, 1):
             try:
                 if line.strip():
