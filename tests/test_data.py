@@ -84,13 +84,19 @@ def test_json_lines_that_do_not_parse_or_hold_no_text_are_one_line_errors_naming
 
 
 @pytest.mark.parametrize("compression", ["gz", "bz2", "xz"])
-def test_compressed_json_lines_give_the_pairs_of_the_file_they_compress(tmp_path, compression):
-    rows = [{"translation": {"en": f"{n} dogs .", "de": f"{n} Hunde ."}} for n in range(5)]
-    text = "".join(json.dumps(row) + "\n" for row in rows).encode()
+def test_compressed_files_give_the_pairs_of_the_files_they_compress(tmp_path, compression):
+    """JSON lines and aligned text (beside an uncompressed side, or misaligned) read through the compression."""
+    pairs = [(f"{n} dogs .", f"{n} Hunde .") for n in range(5)]
     compress = {"gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}[compression]
-    (tmp_path / f"t.jsonl.{compression}").write_bytes(compress(text))
-    assert load_pairs("en", "de", files={"train": str(tmp_path / f"t.jsonl.{compression}")})["train"] == [
-        (row["translation"]["en"], row["translation"]["de"]) for row in rows]
+    rows = "".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n" for en, de in pairs)
+    (tmp_path / f"t.jsonl.{compression}").write_bytes(compress(rows.encode()))
+    assert load_pairs("en", "de", files={"train": str(tmp_path / f"t.jsonl.{compression}")})["train"] == pairs
+    (tmp_path / f"a.en.{compression}").write_bytes(compress("".join(en + "\n" for en, _ in pairs).encode()))
+    (tmp_path / "a.de").write_text("".join(de + "\n" for _, de in pairs))
+    assert load_pairs("en", "de", files={"train": str(tmp_path / "a")})["train"] == pairs
+    (tmp_path / "a.de").write_text("".join(de + "\n" for _, de in pairs[:4]))
+    with pytest.raises(ValueError, match="5 en lines but 4 de lines"):
+        load_pairs("en", "de", files={"train": str(tmp_path / "a")})
 
 
 def test_missing_or_misaligned_files_are_one_line_errors(tmp_path):

@@ -24,8 +24,8 @@ class DataArguments:
     dataset_name: str | None = field(default=None, metadata={"help": "A Hub dataset with a translation column."})
     dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration, e.g. de-en."})
     train_file: str | None = field(default=None, metadata={
-        "help": "JSON lines (.json, .jsonl, either .gz, .bz2 or .xz compressed too), or a prefix of aligned "
-                "PREFIX.<lang> files."})
+        "help": "JSON lines (.json, .jsonl), or a prefix of aligned PREFIX.<lang> files; either .gz, .bz2 or .xz "
+                "compressed too."})
     validation_file: str | None = field(default=None, metadata={"help": "As train_file."})
     test_file: str | None = field(default=None, metadata={"help": "As train_file."})
     source_lang: str = field(default="en")

@@ -1,7 +1,7 @@
 """Parallel text in, `datasets` out: a Hub dataset with a `translation` column (or one column per language), JSON
-lines files (`{"translation": {"en": "...", "de": "..."}}`; .gz, .bz2 or .xz compressed too), plain aligned text
-files (`PREFIX.en` / `PREFIX.de`, one sentence per line), or — with none of those — the embedded default dataset of
-`training/data/default/`.
+lines files (`{"translation": {"en": "...", "de": "..."}}`), plain aligned text files (`PREFIX.en` / `PREFIX.de`,
+one sentence per line), either .gz, .bz2 or .xz compressed too, or — with none of those — the embedded default dataset
+of `training/data/default/`.
 
 Every source becomes, per split, a `datasets.Dataset` of `source` and `target` strings, written once as Arrow into
 datasets' cache and memory-mapped from there: no process holds the corpus in its own memory. With `streaming`, a
@@ -30,9 +30,14 @@ SPLITS = ("train", "validation", "test")
 PAIR_FEATURES = datasets.Features({"source": datasets.Value("string"), "target": datasets.Value("string")})
 
 
-# JSON lines, as they are or compressed: datasets' JSON reader decompresses by the suffix, as these open them.
+# JSON lines, as they are or compressed: datasets' JSON reader decompresses by the suffix, as `opened` does.
 JSON_LINES = re.compile(r"\.jsonl?(\.(gz|bz2|xz))?$")
 DECOMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+
+
+def opened(path: str):
+    """`path` opened to read bytes, decompressed by its suffix."""
+    return DECOMPRESSED.get(Path(path).suffix, open)(path, "rb")
 
 
 class DataError(ValueError):
@@ -88,7 +93,7 @@ def _json_lines(path: str, split: str, streaming: bool):
 def _bad_json_line(path: str) -> str | None:
     """Where a JSON lines file first fails to parse ("line N is not JSON: why"), which pyarrow's error does not say
     (its row counts objects within a block); None where every line parses."""
-    with DECOMPRESSED.get(Path(path).suffix, open)(path, "rb") as file:
+    with opened(path) as file:
         for number, line in enumerate(file, 1):
             try:
                 if line.strip():
@@ -131,7 +136,7 @@ def _columns(rows, source_lang: str, target_lang: str, label: str):
 def _aligned_tables(paths: tuple[str, str], names: tuple[str, str], prefix: str, split: str):
     """The pairs of two aligned files as Arrow tables of `RECORD_BATCH` lines, split at "\\n" only, as `wc -l`
     counts: a misaligned or non-UTF-8 line is a one-line DataError, raised where it is read."""
-    with open(paths[0], "rb") as source, open(paths[1], "rb") as target:
+    with opened(paths[0]) as source, opened(paths[1]) as target:
         read = 0
         while True:
             chunks = [list(itertools.islice(file, RECORD_BATCH)) for file in (source, target)]
@@ -180,9 +185,11 @@ class AlignedText(datasets.ArrowBasedBuilder):
 def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str, streaming: bool = False):
     paths = []
     for lang in (source_lang, target_lang):
-        path = Path(f"{prefix}.{lang}")
-        if not path.is_file():
-            raise FileNotFoundError(f"--{split}_file {prefix}: expected JSON lines or aligned {path}, not found")
+        path = next((path for suffix in ("", *DECOMPRESSED) if (path := Path(f"{prefix}.{lang}{suffix}")).is_file()),
+                    None)
+        if path is None:
+            raise FileNotFoundError(f"--{split}_file {prefix}: expected JSON lines or aligned {prefix}.{lang} (or "
+                                    f"{prefix}.{lang}.gz, .bz2, .xz), not found")
         paths.append(str(path))
     stamp = tuple((Path(path).stat().st_size, Path(path).stat().st_mtime_ns) for path in paths)
     if not any(size for size, _ in stamp):
