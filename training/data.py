@@ -92,7 +92,7 @@ def _json_lines(path: str, split: str, streaming: bool):
 
 def _bad_json_line(path: str) -> str | None:
     """Where a JSON lines file first fails to parse ("line N is not JSON: why"), which pyarrow's error does not say
-    (its row counts objects within a block); None where every line parses."""
+    (its "row" counts objects from 0, blank lines not counted); None where every line parses."""
     with opened(path) as file:
         for number, line in enumerate(file, 1):
             try:
