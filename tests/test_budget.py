@@ -146,11 +146,14 @@ def test_a_budget_ends_with_its_minutes_validates_inside_them_and_saves_in_its_l
     assert len(state["schedule"]["expected_steps"]) == step
 
 
-def test_a_budget_resumed_after_its_end_shows_a_full_bar_without_a_warning(recwarn):
-    """A finished run resumed starts past its budget (its end is redone: the model written again)."""
+def test_a_budget_resumed_after_its_end_shows_a_full_bar_without_a_warning(recwarn, capsys):
+    """A finished run resumed starts past its budget (its end is redone: the model written again); the bar, shown,
+    draws 100% and tqdm warns of nothing."""
     args, state = schedule_args(max_train_minutes=4)
-    bar = Budgeted(args, state, 3, 0.1, True, make_budget(minutes=4)).progress(987, 240.4, disable=True)
-    assert (bar.n, bar.total) == (240, 240) and not recwarn.list
+    bar = Budgeted(args, state, 3, 0.1, True, make_budget(minutes=4)).progress(987, 240.4, disable=False)
+    bar.close()
+    assert (bar.n, bar.total) == (240, 240) and [str(w.message) for w in recwarn.list] == []
+    assert "100%" in capsys.readouterr().err
 
 
 def test_a_replayed_schedule_follows_its_record_and_not_the_clock():

@@ -185,8 +185,8 @@ class AlignedText(datasets.ArrowBasedBuilder):
 def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str, streaming: bool = False):
     paths = []
     for lang in (source_lang, target_lang):
-        path = next((path for suffix in ("", *DECOMPRESSED) if (path := Path(f"{prefix}.{lang}{suffix}")).is_file()),
-                    None)
+        candidates = [Path(f"{prefix}.{lang}{suffix}") for suffix in ("", *DECOMPRESSED)]
+        path = next((candidate for candidate in candidates if candidate.is_file()), None)
         if path is None:
             raise FileNotFoundError(f"--{split}_file {prefix}: expected JSON lines or aligned {prefix}.{lang} (or "
                                     f"{prefix}.{lang}.gz, .bz2, .xz), not found")

@@ -46,7 +46,7 @@ from transformers.utils.logging import disable_progress_bar
 from ..configuration_vaswani import VaswaniConfig
 from ..modeling_vaswani import VaswaniForConditionalGeneration
 from ..tools.export import check_output_place, written_whole
-from ..tools.loading import is_local
+from ..tools.loading import is_local, refuse_blank_model
 
 SOURCE_PACKAGES = {"marian": ("sentencepiece", "sacremoses"), "fairseq": ("sacremoses",)}
 
@@ -328,8 +328,7 @@ def main(argv: list[str] | None = None) -> None:
                                               "own card declares; fairseq's release folders have none)")
     args = parser.parse_args(argv)
 
-    if not args.model.strip():
-        raise SystemExit("error: the model is blank: give its folder or Hub id")
+    refuse_blank_model(args.model)
     check_output_place(args.output)
     if Path(args.output).exists():
         raise SystemExit(f"error: {args.output} exists: give a folder that does not")

@@ -42,6 +42,12 @@ def device_kind(device: str) -> str:
         raise SystemExit(f"error: --device {device}: not a device (cpu, cuda, cuda:1, ...)") from None
 
 
+def refuse_blank_model(name_or_path: str) -> None:
+    """A blank model argument is a one-line SystemExit: Path("") would be the current folder."""
+    if not name_or_path.strip():
+        raise SystemExit("error: the model is blank: give its folder or Hub id")
+
+
 def is_local(name_or_path: str) -> bool:
     """Whether `name_or_path` means a folder here: a Hub id is "name" or "owner/name", and a path that exists, starts
     as a path does or whose parent folder exists here is not sent to the Hub."""
@@ -54,8 +60,7 @@ def checked(name_or_path: str):
     """(config, tokenizer) of a model folder or Hub repository, its weights not read: a missing or broken folder,
     another kind of model or a tokenizer without padding exits with one line. (transformers decodes without a
     generation_config.json it cannot read, greedily where the folder says beam search: that is refused too.)"""
-    if not name_or_path.strip():  # Path("") would be the current folder
-        raise SystemExit("error: the model is blank: give its folder or Hub id")
+    refuse_blank_model(name_or_path)
     if is_local(name_or_path) and not (Path(name_or_path) / "config.json").is_file():
         if (Path(name_or_path) / "trainer_state.json").is_file():  # training/checkpoints.py's
             raise SystemExit(f"error: {name_or_path} is a checkpoint of a training run, not a model folder: the run "
