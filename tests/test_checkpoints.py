@@ -5,13 +5,15 @@ import argparse
 import json
 import os
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
 from accelerate import Accelerator
 from safetensors import SafetensorError
-from support import accelerate_as_in_a_new_process
+from support import accelerate_as_in_a_new_process, tiny_model
 
+import vaswani_hf
 from training import checkpoints as checkpoints_module
 from training.averaging import averaged_model
 from training.checkpoints import (
@@ -41,7 +43,7 @@ def accelerator():
 
 
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, accelerator, monkeypatch):
-    model = torch.nn.Linear(3, 2)
+    model = tiny_model()
     optimizer = torch.optim.Adam(model.parameters())
     model, optimizer = accelerator.prepare(model, optimizer)
     save_checkpoint(accelerator, model, optimizer, tmp_path, 1, {"history": [1]}, keep=5)
@@ -54,7 +56,8 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, 
         raise Killed  # ... but the process dies before the checkpoint is complete
 
     with torch.no_grad():
-        model.weight.add_(1.0)
+        for parameter in model.parameters():
+            parameter.add_(1.0)
     monkeypatch.setattr(checkpoints_module, "save_training_state", save_then_die)
     with pytest.raises(Killed):
         save_checkpoint(accelerator, model, optimizer, tmp_path, 2, {"history": [1, 2]}, keep=5)
@@ -80,11 +83,12 @@ def test_resuming_from_nothing_is_a_one_line_error(tmp_path):
 
 def saved_run(tmp_path, accelerator, steps):
     """Checkpoints of a small model and Adam at the given steps, each with weights that tell the step."""
-    model = torch.nn.Linear(3, 2)
+    model = tiny_model()
     model, optimizer = accelerator.prepare(model, torch.optim.Adam(model.parameters()))
     for step in steps:
         with torch.no_grad():
-            model.weight.fill_(step)
+            for parameter in model.parameters():
+                parameter.fill_(step)
         save_checkpoint(accelerator, model, optimizer, tmp_path, step, {"history": list(range(step))}, keep=10)
     return model, optimizer
 
@@ -108,7 +112,7 @@ def test_latest_falls_back_to_the_newest_intact_checkpoint_with_one_warning(tmp_
         ("warning: checkpoint-4 is damaged (optimizer.safetensors does not hold what was written (SHA-256 differs)): "
          "trying the one before it")]
     assert load_checkpoint(accelerator, model, optimizer, resolve_checkpoint(tmp_path, "latest", print))["step"] == 2
-    assert torch.all(model.weight == 2)
+    assert all(torch.all(parameter == 2) for parameter in model.parameters())
     with pytest.raises(FileNotFoundError, match="checkpoint-6: damaged"):
         resolve_checkpoint(tmp_path, str(tmp_path / "checkpoint-6"))
     # Averaging reads only the weights: checkpoint-4's are intact, checkpoint-6's are not.
@@ -143,11 +147,17 @@ def test_a_save_removes_every_incomplete_checkpoint_and_records_every_file(tmp_p
 
 
 def test_resuming_unpickles_no_object(tmp_path, accelerator):
-    """A checkpoint folder is data (safetensors and JSON only): a planted pickle beside the files is never run, and
-    one in place of a file the run wrote is refused as damaged and, read anyway, is not a safetensors file."""
+    """A checkpoint folder is data (safetensors and JSON; beside them the model's code as save_pretrained copies it,
+    the package's own files): a planted pickle beside the files is never run, and one in place of a file the run wrote
+    is refused as damaged and, read anyway, is not a safetensors file."""
     model, optimizer = saved_run(tmp_path, accelerator, [1])
-    assert sorted(p.name for p in (tmp_path / "checkpoint-1").iterdir()) == [
-        "model.safetensors", "optimizer.safetensors", "rng_state_0.safetensors", "trainer_state.json"]
+    written = sorted((tmp_path / "checkpoint-1").iterdir())
+    assert [p.name for p in written if not p.name.endswith(".py")] == [
+        "config.json", "generation_config.json", "model.safetensors", "optimizer.safetensors",
+        "rng_state_0.safetensors", "trainer_state.json"]
+    package = Path(vaswani_hf.__file__).parent
+    for code in (p for p in written if p.name.endswith(".py")):
+        assert code.read_text() == (package / code.name).read_text()
     marker = tmp_path / "ran"
 
     class Payload:

@@ -20,7 +20,7 @@ from forked import accelerate_ranks, run_forked
 from safetensors.torch import load_file
 from support import CODE_FILES, run_hidden, run_training, tiny_model
 from torch._inductor import config as inductor_config
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, GenerationConfig
 
 from training.batching import encode, token_batches
 from training.checkpoints import checkpoints
@@ -227,11 +227,19 @@ def test_fsdp_shards_over_two_processes_and_trains_like_one_process(tmp_path, on
     assert 0.45 * total < held < 0.55 * total  # about half of every tensor
     assert metrics_fsdp["validation"]["loss"] == pytest.approx(metrics_one["validation"]["loss"], rel=1e-5)
     assert metrics_fsdp["test"]["bleu"] == metrics_one["test"]["bleu"]
-    # The checkpoints hold the full model, as any run's do: the final folder averaged them.
-    for checkpoint in checkpoints(fsdp_folder):
-        assert sorted(p.name for p in checkpoint.iterdir()) == [
-            "model.safetensors", "optimizer.safetensors", "rng_state_0.safetensors", "rng_state_1.safetensors",
-            "trainer_state.json"]
+    # The checkpoints hold the full model, as any run's do, and are model folders with the run's tokenizer and
+    # decoding: loaded by from_pretrained, their average is the final folder's model.
+    found = checkpoints(fsdp_folder)
+    assert [c.name for c in found] == ["checkpoint-2", "checkpoint-4"]
+    loaded = [VaswaniForConditionalGeneration.from_pretrained(checkpoint).state_dict() for checkpoint in found]
+    for name, tensor in VaswaniForConditionalGeneration.from_pretrained(fsdp_folder).state_dict().items():
+        torch.testing.assert_close(tensor, (loaded[0][name] + loaded[1][name]) / 2, atol=1e-7, rtol=1e-6)
+    for checkpoint in found:
+        assert {"rng_state_0.safetensors", "rng_state_1.safetensors", "optimizer.safetensors"} <= {
+            p.name for p in checkpoint.iterdir()}
+        assert (checkpoint / "tokenizer.json").read_text() == (fsdp_folder / "tokenizer.json").read_text()
+        generation = GenerationConfig.from_pretrained(checkpoint)
+        assert (generation.num_beams, generation.gnmt_alpha) == (4, 0.6)
     # The final folder loads where the package is not installed, and computes what the package computes.
     out = run_hidden("""
         import json, sys, torch

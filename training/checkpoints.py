@@ -1,11 +1,12 @@
 """Checkpoints that survive a kill (§5.2/§6.1: the paper wrote one every 10 minutes and averaged the last few).
 
-A checkpoint is a folder `checkpoint-<step>` holding the run's whole state as data: the model's full weights
-(`model.safetensors`, gathered from every process whatever the layout: one process, DDP or FSDP), Adam's state
-(`optimizer.safetensors`, its hyperparameters as JSON in the header), each process's random generator states
-(`rng_state_<rank>.safetensors`), and `trainer_state.json` (the step, the run's history, the learning-rate
-schedule). It is written under a temporary name and
-renamed into place when complete, so a kill during a save leaves the previous checkpoints untouched and never
+A checkpoint is a folder `checkpoint-<step>` holding the run's whole state as data: the model as `save_pretrained`
+writes it, with the tokenizer (the full weights in `model.safetensors`, gathered from every process whatever the
+layout: one process, DDP or FSDP; config, code, generation config), so that the folder is also a model folder that
+`from_pretrained` and `vaswani-translate` load; Adam's state (`optimizer.safetensors`, its hyperparameters as JSON in
+the header), each process's random generator states (`rng_state_<rank>.safetensors`), and `trainer_state.json` (the
+step, the run's history, the learning-rate schedule). It is written under a temporary name and renamed into place
+when complete, so a kill during a save leaves the previous checkpoints untouched and never
 produces a half-written `checkpoint-<step>`.
 
 No kernel is chosen by timing during a run: the same command gives the same weights, however busy the machine. (On a
@@ -36,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from training.distributed import full_state_dict, unwrap
 from training.faults import fault_point
+from training.hub import save_tokenizer
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -122,7 +124,8 @@ def leave_timeline(resumed: Path) -> list[Path]:
     return moved
 
 
-def save_checkpoint(accelerator, model, optimizer, output_dir: str | Path, step: int, state: dict, keep: int) -> Path:
+def save_checkpoint(accelerator, model, optimizer, output_dir: str | Path, step: int, state: dict, keep: int,
+                    tokenizer=None) -> Path:
     """Every process calls this. Writes checkpoint-<step> atomically and durably, and keeps the newest `keep`."""
     output_dir = Path(output_dir)
     final = output_dir / f"checkpoint-{step}"
@@ -132,7 +135,7 @@ def save_checkpoint(accelerator, model, optimizer, output_dir: str | Path, step:
             shutil.rmtree(stale)
         temporary.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    save_training_state(accelerator, model, optimizer, temporary)
+    save_training_state(accelerator, model, optimizer, temporary, tokenizer)
     fault_point(f"save-{step}")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -165,14 +168,16 @@ def load_checkpoint(accelerator, model, optimizer, path: Path) -> dict:
     return state
 
 
-def save_training_state(accelerator, model, optimizer, folder: Path) -> None:
-    """Every process calls this: the main one writes the full weights and Adam's full state, each its RNG states."""
+def save_training_state(accelerator, model, optimizer, folder: Path, tokenizer=None) -> None:
+    """Every process calls this: the main one writes the model with its full weights (and the tokenizer) and Adam's
+    full state, each its RNG states."""
     weights = full_state_dict(model)
     adam = get_optimizer_state_dict(model, _inner(optimizer),
                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if accelerator.is_main_process:
-        save_file({name: tensor.contiguous() for name, tensor in weights.items()}, folder / WEIGHTS_FILE,
-                  metadata={"format": "pt"})
+        unwrap(model).save_pretrained(folder, state_dict={name: t.contiguous() for name, t in weights.items()})
+        if tokenizer is not None:
+            save_tokenizer(tokenizer, folder)
         # Adam's moments and step per parameter as "<parameter name>/<state name>"; its settings as JSON
         tensors = {f"{name}/{key}": value.contiguous() for name, values in adam["state"].items()
                    for key, value in values.items()}

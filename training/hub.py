@@ -18,16 +18,9 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
     numbers. The card states the run's own recipe: its `batching` (how batches were made), its label smoothing, the
     dropout of its config and the checkpoints `metrics` says were averaged; its data as `data` describes it, and
     `length_limit`, what training did with long pairs."""
-    generation = model.generation_config
-    generation.num_beams = num_beams
-    generation.early_stopping = True
-    generation.gnmt_alpha = alpha  # generate() then runs the paper's search (gnmt.py)
-    generation._from_model_config = False  # else from_pretrained drops the entries transformers does not know
+    paper_decoding(model.generation_config, num_beams, alpha)
     model.save_pretrained(output_dir)
-    # tokenizer.json names its padding token too, so that it alone is a complete tokenizer (tokenizers,
-    # transformers.js, a folder without tokenizer_config.json); padding=True or not, calls pad as they ask.
-    tokenizer.backend_tokenizer.enable_padding(pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
-    tokenizer.save_pretrained(output_dir)
+    save_tokenizer(tokenizer, output_dir)
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     deviations = model.config.deviations() + deviations
     averaged = len(metrics.get("averaged_checkpoints", []))
@@ -63,6 +56,21 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
     card = ModelCard(f"---\n{card_metadata(data, scores, source_lang, target_lang, model_id).to_yaml()}\n---\n\n"
                      + fill_template(MODEL_CARD.read_text(), values))
     card.save(output_dir / "README.md")
+
+
+def paper_decoding(generation, num_beams: int, alpha: float) -> None:
+    """The generation config of the paper's decoding (§6.1): beam search of `num_beams` with GNMT's α."""
+    generation.num_beams = num_beams
+    generation.early_stopping = True
+    generation.gnmt_alpha = alpha  # generate() then runs the paper's search (gnmt.py)
+    generation._from_model_config = False  # else from_pretrained drops the entries transformers does not know
+
+
+def save_tokenizer(tokenizer, folder: Path) -> None:
+    # tokenizer.json names its padding token too, so that it alone is a complete tokenizer (tokenizers,
+    # transformers.js, a folder without tokenizer_config.json); padding=True or not, calls pad as they ask.
+    tokenizer.backend_tokenizer.enable_padding(pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
+    tokenizer.save_pretrained(folder)
 
 
 METRICS = (("bleu", "sacreBLEU"), ("chrf", "chrF"))  # metrics.json's keys, and the names the card gives them

@@ -39,7 +39,8 @@ check_fsdp_request()  # before torch and transformers load: a launch that cannot
 import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast, broadcast_object_list, gather_object, set_seed
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils.logging import disable_progress_bar
 
 from training.arguments import check_arguments, parse_arguments
 from training.averaging import averaged_model
@@ -63,7 +64,7 @@ from training.distributed import (
 )
 from training.evaluation import evaluate_model, final_evaluation
 from training.faults import fault_point
-from training.hub import write_output_folder
+from training.hub import paper_decoding, write_output_folder
 from training.recipe import NOT_RECIPE, recipe_deviations, training_data
 from training.schedule import inverse_sqrt_lr, paper_optimizer
 from training.schedules import Budgeted, Replayed, Steps
@@ -85,6 +86,7 @@ def main():
     accelerator, distributed = start_processes(args)
     resumed = open_output_dir(accelerator, output_dir, args, asdict(model_args))
     say = accelerator.print
+    disable_progress_bar()  # transformers' bar for each checkpoint's weights, within the run's own
 
     data, tokenizer = run_data(accelerator, data_args, model_args.vocab_size, args.seed, output_dir, resumed)
     pairs = {split: as_pairs(rows) for split, rows in data.items() if split != "train"}  # validation, test: small
@@ -99,6 +101,7 @@ def main():
         accelerator.device.type) or (lambda model: model)
     new_model = lambda: speed(VaswaniForConditionalGeneration(config))
     model = new_model()
+    paper_decoding(model.generation_config, args.num_beams, args.length_penalty_alpha)  # a checkpoint's decoding
     max_tokens = batch_tokens(accelerator, model, resumed, args, data_args.max_length)
     budget = time_budget(args, config.d_model)
     model, optimizer, scheduler = prepare(
@@ -113,7 +116,7 @@ def main():
         say(f"the training step is compiled by torch.compile ({backend}): the first steps wait for it")
 
     run = Run(accelerator, model, optimizer, scheduler, batches, train_step, args, output_dir,
-              tokenizer.pad_token_id, data_args.streaming,
+              tokenizer, data_args.streaming,
               {"history": [], "elapsed_seconds": 0.0, "model": asdict(model_args), "max_tokens": max_tokens,
                "fast_cpu_plan": plan})
     step = run.resume(resumed) if resumed else 0
@@ -166,7 +169,7 @@ class Run:
     train_step: TrainingStep
     args: object  # RecipeArguments
     output_dir: Path
-    pad_id: int
+    tokenizer: PreTrainedTokenizerBase  # its padding id for batches; saved in each checkpoint
     streaming: bool
     state: dict  # the checkpoint's state: history, elapsed seconds, the schedule's record, ...
 
@@ -199,7 +202,7 @@ class Run:
         if self.streaming:  # every process's place in its part of the stream
             self.state["stream"] = gather_object([self.batches.position()])
         save_checkpoint(self.accelerator, self.model, self.optimizer, self.output_dir, step, self.state,
-                        keep=self.args.average_checkpoints)
+                        keep=self.args.average_checkpoints, tokenizer=self.tokenizer)
 
 
 def train(run: Run, schedule: Steps, step: int, validate) -> int:
@@ -220,7 +223,7 @@ def train(run: Run, schedule: Steps, step: int, validate) -> int:
         if (p_drop := schedule.dropout()) is not None:  # config.json keeps the last value
             set_dropout(model, p_drop)
         ids = run.batches.step(step)
-        inputs = [collate(range(len(sources)), sources, targets, run.pad_id, accelerator.device,
+        inputs = [collate(range(len(sources)), sources, targets, run.tokenizer.pad_token_id, accelerator.device,
                           args.pad_to_multiple_of) for sources, targets in ids]
         loss, step_tokens = run.train_step(inputs, sum(len(t) for _, targets in ids for t in targets))
         fault_point(f"step-{step + 1}")
