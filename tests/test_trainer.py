@@ -12,7 +12,9 @@ from transformers.trainer_utils import EvalPrediction
 
 from training import run_trainer
 from training.default_data import generate
+from training.hub import paper_decoding
 from training.run_trainer import make_compute_metrics, tokenize
+from vaswani_hf.gnmt import gnmt_beam_search
 from vaswani_hf.modeling_vaswani import shift_tokens_right
 
 
@@ -101,6 +103,21 @@ def test_generation_max_length_and_num_beams_are_respected(tmp_path, tokenizer, 
     assert lengths.max() == 5, lengths  # max_length 5, the decoder start token <s> included
 
 
+def test_predict_with_generate_runs_the_papers_search_of_a_saved_models_generation_config(tmp_path, tokenizer, pairs):
+    """A model whose generation config asks for the paper's decoding (every saved folder's; run_trainer.py's from its
+    start) evaluates under Seq2SeqTrainer, which passes the labels and synced_gpus=False to generate(): its
+    predictions are GNMT beam search's, called directly."""
+    model = tiny_model(seed=5, vocab_size=len(tokenizer))
+    paper_decoding(model.generation_config, num_beams=4, alpha=0.6)
+    trainer = trainer_for(tmp_path, tokenizer, pairs[:8], model=model, predict_with_generate=True,
+                          per_device_eval_batch_size=6)
+    predictions = trainer.predict(tokenize(tokenizer, pairs[:6], 64)).predictions
+    inputs = tokenizer([source for source, _ in pairs[:6]], padding=True, return_tensors="pt")
+    expected = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams=4, alpha=0.6)
+    tokens = lambda rows: [[t for t in row.tolist() if t not in (-100, tokenizer.pad_token_id)] for row in rows]
+    assert tokens(torch.as_tensor(predictions)) == tokens(expected)
+
+
 def test_compute_metrics_reads_minus_100_as_padding(tokenizer):
     references = ["Der Hund sieht den Mann.", "Eine Frau liest."]
     ids = tokenizer(references, padding=True)["input_ids"]
@@ -151,7 +168,9 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
     assert metrics["train_steps"] == 6 and metrics["test"]["bleu_signature"].startswith("nrefs:1")
     assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "pipeline_vaswani.py"} <= {
         p.name for p in output.iterdir()}
-    assert json.loads((output / "generation_config.json").read_text())["gnmt_alpha"] == 0.6
+    for folder in (output, output / "checkpoint-3"):  # the Trainer's checkpoints decode as the finished model does
+        generation = json.loads((folder / "generation_config.json").read_text())
+        assert (generation["num_beams"], generation["gnmt_alpha"]) == (4, 0.6)
     args = run_trainer.parse_arguments(["--d_model", "256", "--warmup_steps", "400", "--lr_scale", "2"])[3]
     assert args.learning_rate == pytest.approx(2 * 256**-0.5 * 400**-0.5)  # §5.3 peak
     assert (args.adam_beta2, args.adam_epsilon, args.max_grad_norm, args.lr_scheduler_type) == (

@@ -14,9 +14,9 @@ and test decoding with beam 4.
 
 Differences from training/run.py, by the Trainer's design: batches are counted in sentences
 (`per_device_train_batch_size`), not tokens; the Trainer's label smoothing gives every token ε/V (the paper: the
-gold token 1 - ε, the others ε/(V-1)); `predict_with_generate` decodes with transformers' beam search, whose length
-penalty is |Y|^α, for the validation BLEU; no checkpoint averaging. The test set and the saved folder decode the
-paper's way (beam 4, GNMT length penalty, saved in generation_config.json), as in run.py.
+gold token 1 - ε, the others ε/(V-1)); no checkpoint averaging. The validation BLEU (`predict_with_generate`), the
+test set, the checkpoints and the saved folder decode the paper's way (beam 4, GNMT length penalty α 0.6, in
+generation_config.json), as in run.py.
 """
 
 import sys
@@ -46,7 +46,7 @@ from training.arguments import (
 )
 from training.data import as_pairs, load_run_data
 from training.evaluation import score, translate
-from training.hub import write_output_folder
+from training.hub import paper_decoding, write_output_folder
 from training.recipe import training_data
 from training.tokenizer import train_joint_bpe
 from vaswani_hf import VaswaniForConditionalGeneration
@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None):
     datasets = {split: tokenize(tokenizer, rows, recipe.max_source_length) for split, rows in pairs.items()}
 
     model = VaswaniForConditionalGeneration(model_args.config(tokenizer))
+    paper_decoding(model.generation_config, training_args.generation_num_beams or 4, alpha=0.6)
     if "validation" not in datasets:
         training_args.eval_strategy = "no"
     trainer = Seq2SeqTrainer(

@@ -162,6 +162,8 @@ TOKEN_SETTINGS = ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start
 # Settings and inputs that name another decoding: a call with one of them is that decoding, transformers' own.
 OTHER_DECODINGS = ("do_sample", "length_penalty", "num_beam_groups", "diversity_penalty", "penalty_alpha",
                    "constraints", "force_words_ids", "prompt_lookup_num_tokens", "custom_generate", "assistant_model")
+# Inputs no decoding reads: transformers' generate never forwards `labels` (Seq2SeqTrainer passes the references).
+UNREAD_INPUTS = ("labels",)
 
 
 def paper_decoding(model, generate, inputs=None, generation_config=None, **kwargs):
@@ -194,8 +196,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     given = {key for key, value in kwargs.items()
              if key not in inputs_of_call and value is not None and value is not False}
     other_settings = {key for key in saved | given if key not in SEARCH_SETTINGS + TOKEN_SETTINGS and key[0] != "_"}
-    other_inputs = {key for key, value in inputs_of_call.items() if value is not None} - {"input_ids",
-                                                                                          "attention_mask"}
+    other_inputs = {key for key, value in inputs_of_call.items() if value is not None and value is not False} - {
+        "input_ids", "attention_mask", *UNREAD_INPUTS}  # synced_gpus=False: one process, nothing to wait for
     if (config.num_beams or 1) > 1 and not (other_settings | other_inputs) & set(OTHER_DECODINGS):
         refused = sorted(other_settings | other_inputs | {
             key for key in TOKEN_SETTINGS if getattr(config, key) not in (None, getattr(model.config, key))})
