@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import runpy
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,14 @@ def _script(script: str, argv: list[str], env: dict, output: str, cwd: str) -> N
         atexit._run_exitfuncs()
 
 
+def free_port() -> int:
+    """A port no other process listens on now (the kernel's choice): runs launched side by side by pytest-xdist's
+    workers do not meet on one."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def start_server() -> None:
     """The fork server, started with the shared environment (once; later calls find it running)."""
     with pytest.MonkeyPatch.context() as patch:
@@ -58,20 +67,20 @@ def start_server() -> None:
         multiprocessing.forkserver.ensure_running()
 
 
-def run_forked(argv: list[str], envs: list[dict], timeout: float,
-               cwd: os.PathLike | None = None) -> subprocess.CompletedProcess:
-    """training/run.py with `argv` in one forked process per environment (a run's ranks; each on top of this
-    process's), to the end of all. If one fails, the others are stopped, as torchrun stops them. A hang (`timeout`
-    seconds without an end: nothing run this way needs that long) fails the test with each process's threads'
-    Python stacks. Returns the exit status (the first failure's, else 0) and what the processes printed, rank after
-    rank. They run in `cwd` (default: this process's working folder)."""
+def run_forked(argv: list[str], envs: list[dict], timeout: float, cwd: os.PathLike | None = None,
+               script: Path = RUN) -> subprocess.CompletedProcess:
+    """training/run.py (or another `script`) with `argv` in one forked process per environment (a run's ranks; each
+    on top of this process's), to the end of all. If one fails, the others are stopped, as torchrun stops them. A
+    hang (`timeout` seconds without an end: nothing run this way needs that long) fails the test with each process's
+    threads' Python stacks. Returns the exit status (the first failure's, else 0) and what the processes printed,
+    rank after rank. They run in `cwd` (default: this process's working folder)."""
     start_server()
     argv = [str(arg) for arg in argv]
     with tempfile.TemporaryDirectory() as folder:
         outputs = [os.path.join(folder, str(rank)) for rank in range(len(envs))]
         cwd = os.fspath(cwd or os.getcwd())
-        processes = [SERVER.Process(target=_script, args=(str(RUN), argv, {**os.environ, **SHARED_ENV, **env}, output,
-                                                          cwd)) for env, output in zip(envs, outputs)]
+        processes = [SERVER.Process(target=_script, args=(str(script), argv, {**os.environ, **SHARED_ENV, **env},
+                                                          output, cwd)) for env, output in zip(envs, outputs)]
         for process in processes:
             process.start()
         running, failed = {process.sentinel: process for process in processes}, None
@@ -89,8 +98,8 @@ def run_forked(argv: list[str], envs: list[dict], timeout: float,
             process.join()
         out, err = ("".join(Path(output + suffix).read_text() for output in outputs) for suffix in (".out", ".err"))
     if running:
-        pytest.fail(f"training/run.py {' '.join(argv)} still ran after {timeout} s:\n{out}{err}")
-    return subprocess.CompletedProcess([str(RUN), *argv], failed.exitcode if failed else 0, out, err)
+        pytest.fail(f"{script.name} {' '.join(argv)} still ran after {timeout} s:\n{out}{err}")
+    return subprocess.CompletedProcess([str(script), *argv], failed.exitcode if failed else 0, out, err)
 
 
 def launched(launch_args: list[str]):

@@ -2,10 +2,14 @@
 
 import contextlib
 import copy
+import json
 import re
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
+from forked import free_port, run_forked
 from support import BOS, EOS, PAD, random_ids, tiny_model
 from transformers import AttentionInterface, EncoderDecoderCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -376,3 +380,40 @@ def test_other_attention_kernels_share_no_source_and_the_model_wants_one_encoder
     encoder_outputs = model.get_encoder()(input_ids=source)
     with pytest.raises(ValueError, match="the decoder has 12 rows but the encoder output 3: give one encoder row per"):
         model(encoder_outputs=encoder_outputs, decoder_input_ids=random_ids(12, 2))
+
+
+def test_with_synced_gpus_every_process_steps_the_model_until_all_are_done(tmp_path):
+    """generate(synced_gpus=True), as Seq2SeqTrainer asks under FSDP, where each forward gathers weights from every
+    process: two processes (gloo) whose sources end at different steps both call the decoder as often as the longer
+    search needs, and each gets the tokens of the search alone."""
+    script = tmp_path / "decode.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys
+        import torch
+        sys.path.insert(0, sys.argv[1])
+        from support import random_ids, tiny_model
+        from vaswani_hf.gnmt import gnmt_beam_search
+
+        torch.distributed.init_process_group("gloo")
+        rank = torch.distributed.get_rank()
+        model = tiny_model()
+        model.generation_config.num_beams, model.generation_config.gnmt_alpha = 3, 0.6
+        source = random_ids(2, 3 + 9 * rank, seed=rank)  # limits of 3 + 50 and 12 + 50 tokens
+        calls = []
+        model.get_decoder().register_forward_hook(lambda *args: calls.append(1))
+        alone = gnmt_beam_search(model, source, None, 3, 0.6)
+        steps_alone, calls[:] = len(calls), []
+        synced = model.generate(source, synced_gpus=True)
+        print(json.dumps({"alone": steps_alone, "synced": len(calls), "same": torch.equal(synced, alone)}))
+        torch.distributed.destroy_process_group()
+        """))
+    port = str(free_port())
+    ranks = [{"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+              "MASTER_PORT": port} for rank in range(2)]
+    result = run_forked([Path(__file__).parent], ranks, timeout=300, script=script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = [json.loads(line) for line in result.stdout.splitlines()]
+    alone = [rank["alone"] for rank in found]
+    assert alone[0] != alone[1]  # the processes' searches end at different steps
+    assert [rank["synced"] for rank in found] == [max(alone)] * 2
+    assert all(rank["same"] for rank in found)

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import pytest
 import torch
 from accelerate.commands.config.config_args import ClusterConfig
 from accelerate.utils import DistributedType
-from forked import accelerate_ranks, run_forked
+from forked import accelerate_ranks, free_port, run_forked
 from safetensors.torch import load_file
 from support import CODE_FILES, run_hidden, run_training, tiny_model
 from torch._inductor import config as inductor_config
@@ -48,14 +47,6 @@ def small_data(tmp_path_factory):
             f.writelines(json.dumps({"translation": {"en": en, "de": de}}) + "\n" for en, de in splits[split][:size])
     return ["--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
             "--test_file", str(files["test"])]
-
-
-def free_port() -> int:
-    """A port no other process listens on now (the kernel's choice): runs launched side by side by pytest-xdist's
-    workers do not meet on one."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def launch(output_dir, *flags, processes=1, env_extra=None, killed=False, fsdp=False):

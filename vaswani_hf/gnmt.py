@@ -25,11 +25,14 @@ travels to the Hub beside the model: it imports only torch and transformers.
 """
 
 import copy
+import itertools
 
 import torch
 from transformers import GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
+from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+from transformers.integrations.fsdp import is_fsdp_managed_module
 
 from .checks import check_token_ids
 
@@ -54,6 +57,7 @@ def gnmt_beam_search(
     min_new_tokens: int = 1,
     num_return_sequences: int = 1,
     output_scores: bool = False,
+    synced_gpus: bool = False,
 ) -> torch.LongTensor | tuple[torch.LongTensor, torch.Tensor]:
     """Beam search scored with the GNMT length penalty; returns the best hypothesis of each source, or its
     `num_return_sequences` best (at most `num_beams`), best first.
@@ -61,7 +65,9 @@ def gnmt_beam_search(
     Each source's output is limited to `max_new_tokens` tokens, or, if that is None, to its own length (non-pad
     tokens) + `extra_length`. Returns (B, T) ids starting with the decoder start token, PAD after EOS — (B·n, T)
     for n > 1 hypotheses, those of a source together — and with `output_scores` also their penalized scores
-    log P(Y|X) / lp(Y), (B·n,).
+    log P(Y|X) / lp(Y), (B·n,). `synced_gpus`: every process of a sharded model (FSDP, DeepSpeed ZeRO-3), whose
+    forward gathers weights from all, calls the model at each step until all processes are done, as transformers'
+    `synced_gpus` does.
     """
     config = model.config
     check_token_ids(input_ids, config.vocab_size, "input_ids", values=False)  # the encoder reads the values
@@ -100,7 +106,18 @@ def gnmt_beam_search(
     done = torch.zeros(batch_size, dtype=torch.bool, device=device)
     rows = torch.arange(batch_size, device=device)
 
-    for step in range(1, max_limit + 1):  # step = |Y| of the hypotheses made in this iteration
+    for step in itertools.count(1):  # step = |Y| of the hypotheses made in this iteration
+        decoded = step > max_limit or bool(done.all())
+        if synced_gpus:
+            everywhere = torch.tensor(float(decoded), device=device)
+            torch.distributed.all_reduce(everywhere, op=torch.distributed.ReduceOp.MIN)
+            if everywhere.item():
+                break
+            if decoded:  # in step with the others, to no effect here
+                model(encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_input_ids=tokens[:, :1])
+                continue
+        elif decoded:
+            break
         logits = model(
             encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_input_ids=tokens[:, -1:],
             cache=cache, use_cache=True,
@@ -146,8 +163,6 @@ def gnmt_beam_search(
         # at most its log P / lp(limit).
         best_possible = alive_scores[:, 0] / gnmt_length_penalty(limits, alpha)
         done |= (finished_scores[:, -1] >= best_possible) | (step >= limits)
-        if done.all():
-            break
 
     sequences = finished[..., : int(finished_lengths.max())]
     sequences = sequences[:, 0] if n == 1 else sequences.flatten(0, 1)
@@ -176,8 +191,9 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     is never swapped for another behind the call's back: a setting or input it does not take (logits processors,
     stopping criteria, streamers, attention outputs, ...) is refused in one line naming it; one that names another
     decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...) or one beam (greedy: the same tokens)
-    is transformers' decoding of it, at most source length + 50 tokens unless the call sets a length. Without
-    `gnmt_alpha` (or with `gnmt_alpha=None` in the call), transformers' decoding unchanged.
+    is transformers' decoding of it, at most source length + 50 tokens unless the call sets a length. `labels` are
+    not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without `gnmt_alpha` (or with
+    `gnmt_alpha=None` in the call), transformers' decoding unchanged.
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
@@ -196,8 +212,12 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     given = {key for key, value in kwargs.items()
              if key not in inputs_of_call and value is not None and value is not False}
     other_settings = {key for key in saved | given if key not in SEARCH_SETTINGS + TOKEN_SETTINGS and key[0] != "_"}
-    other_inputs = {key for key, value in inputs_of_call.items() if value is not None and value is not False} - {
-        "input_ids", "attention_mask", *UNREAD_INPUTS}  # synced_gpus=False: one process, nothing to wait for
+    synced_gpus = inputs_of_call.pop("synced_gpus", None)
+    if synced_gpus is None:  # transformers' default: processes of a sharded model step together
+        synced_gpus = (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model)) and (
+            torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1)
+    other_inputs = {key for key, value in inputs_of_call.items() if value is not None} - {
+        "input_ids", "attention_mask", *UNREAD_INPUTS}
     if (config.num_beams or 1) > 1 and not (other_settings | other_inputs) & set(OTHER_DECODINGS):
         refused = sorted(other_settings | other_inputs | {
             key for key in TOKEN_SETTINGS if getattr(config, key) not in (None, getattr(model.config, key))})
@@ -214,7 +234,7 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         sequences, scores = gnmt_beam_search(
             model, source, mask, config.num_beams, alpha, max_new_tokens,
             min_new_tokens=1 if config.min_new_tokens is None else config.min_new_tokens,
-            num_return_sequences=config.num_return_sequences or 1, output_scores=True)
+            num_return_sequences=config.num_return_sequences or 1, output_scores=True, synced_gpus=synced_gpus)
         if config.return_dict_in_generate:
             return GenerateBeamEncoderDecoderOutput(sequences=sequences,
                                                     sequences_scores=scores if config.output_scores else None)
