@@ -12,7 +12,7 @@ from transformers.trainer_utils import EvalPrediction
 
 from training import run_trainer
 from training.default_data import generate
-from training.hub import paper_decoding
+from training.hub import set_paper_decoding
 from training.run_trainer import make_compute_metrics, tokenize
 from vaswani_hf.gnmt import gnmt_beam_search
 from vaswani_hf.modeling_vaswani import shift_tokens_right
@@ -108,7 +108,7 @@ def test_predict_with_generate_runs_the_papers_search_of_a_saved_models_generati
     start) evaluates under Seq2SeqTrainer, which passes the labels and synced_gpus=False to generate(): its
     predictions are GNMT beam search's, called directly."""
     model = tiny_model(seed=5, vocab_size=len(tokenizer))
-    paper_decoding(model.generation_config, num_beams=4, alpha=0.6)
+    set_paper_decoding(model.generation_config, num_beams=4, alpha=0.6)
     trainer = trainer_for(tmp_path, tokenizer, pairs[:8], model=model, predict_with_generate=True,
                           per_device_eval_batch_size=6)
     predictions = trainer.predict(tokenize(tokenizer, pairs[:6], 64)).predictions

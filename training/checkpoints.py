@@ -2,20 +2,21 @@
 
 A checkpoint is a folder `checkpoint-<step>` holding the run's whole state as data: the model as `save_pretrained`
 writes it, with the tokenizer (the full weights in `model.safetensors`, gathered from every process whatever the
-layout: one process, DDP or FSDP; config, code, generation config), so that the folder is also a model folder that
-`from_pretrained` and `vaswani-translate` load; Adam's state (`optimizer.safetensors`, its hyperparameters as JSON in
-the header), each process's random generator states (`rng_state_<rank>.safetensors`), and `trainer_state.json` (the
-step, the run's history, the learning-rate schedule). It is written under a temporary name and renamed into place
-when complete, so a kill during a save leaves the previous checkpoints untouched and never
+layout: one process, DDP or FSDP; config, generation config, code files), so that the folder is also a model folder
+that `from_pretrained` and `vaswani-translate` load; Adam's state (`optimizer.safetensors`, its hyperparameters as
+JSON in the header), each process's random generator states (`rng_state_<rank>.safetensors`), and
+`trainer_state.json` (the step, the run's history, the learning-rate schedule). It is written under a temporary name
+and renamed into place when complete, so a kill during a save leaves the previous checkpoints untouched and never
 produces a half-written `checkpoint-<step>`.
 
 No kernel is chosen by timing during a run: the same command gives the same weights, however busy the machine. (On a
 CPU, the run trains and decodes with the plan `vaswani_hf.fast_cpu` measured once for the machine and kept;
 trainer_state.json keeps it too: a resumed run computes as the first did.)
 
-Nothing is pickled, written or read: safetensors and JSON only. Every file is fsynced before the rename, and
-trainer_state.json records each file's size and SHA-256, so a checkpoint damaged later (a full disk, a truncated
-copy) is found when it is read: `latest` and the final averaging skip it with one warning line.
+Nothing is pickled, written or read: safetensors and JSON only (and the model's code files, which resuming never
+runs). Every file is fsynced before the rename, and trainer_state.json records each file's size and SHA-256, so a
+checkpoint damaged later (a full disk, a truncated copy) is found when it is read: `latest` and the final averaging
+skip it with one warning line.
 """
 
 import hashlib

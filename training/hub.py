@@ -18,7 +18,7 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
     numbers. The card states the run's own recipe: its `batching` (how batches were made), its label smoothing, the
     dropout of its config and the checkpoints `metrics` says were averaged; its data as `data` describes it, and
     `length_limit`, what training did with long pairs."""
-    paper_decoding(model.generation_config, num_beams, alpha)
+    set_paper_decoding(model.generation_config, num_beams, alpha)
     model.save_pretrained(output_dir)
     save_tokenizer(tokenizer, output_dir)
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
@@ -58,7 +58,7 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
     card.save(output_dir / "README.md")
 
 
-def paper_decoding(generation, num_beams: int, alpha: float) -> None:
+def set_paper_decoding(generation, num_beams: int, alpha: float) -> None:
     """The generation config of the paper's decoding (§6.1): beam search of `num_beams` with GNMT's α."""
     generation.num_beams = num_beams
     generation.early_stopping = True

@@ -64,7 +64,7 @@ from training.distributed import (
 )
 from training.evaluation import evaluate_model, final_evaluation
 from training.faults import fault_point
-from training.hub import paper_decoding, write_output_folder
+from training.hub import set_paper_decoding, write_output_folder
 from training.recipe import NOT_RECIPE, recipe_deviations, training_data
 from training.schedule import inverse_sqrt_lr, paper_optimizer
 from training.schedules import Budgeted, Replayed, Steps
@@ -101,7 +101,7 @@ def main():
         accelerator.device.type) or (lambda model: model)
     new_model = lambda: speed(VaswaniForConditionalGeneration(config))
     model = new_model()
-    paper_decoding(model.generation_config, args.num_beams, args.length_penalty_alpha)  # a checkpoint's decoding
+    set_paper_decoding(model.generation_config, args.num_beams, args.length_penalty_alpha)  # a checkpoint's decoding
     max_tokens = batch_tokens(accelerator, model, resumed, args, data_args.max_length)
     budget = time_budget(args, config.d_model)
     model, optimizer, scheduler = prepare(

@@ -46,7 +46,7 @@ from training.arguments import (
 )
 from training.data import as_pairs, load_run_data
 from training.evaluation import score, translate
-from training.hub import paper_decoding, write_output_folder
+from training.hub import set_paper_decoding, write_output_folder
 from training.recipe import training_data
 from training.tokenizer import train_joint_bpe
 from vaswani_hf import VaswaniForConditionalGeneration
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None):
     datasets = {split: tokenize(tokenizer, rows, recipe.max_source_length) for split, rows in pairs.items()}
 
     model = VaswaniForConditionalGeneration(model_args.config(tokenizer))
-    paper_decoding(model.generation_config, training_args.generation_num_beams or 4, alpha=0.6)
+    set_paper_decoding(model.generation_config, training_args.generation_num_beams or 4, alpha=0.6)
     if "validation" not in datasets:
         training_args.eval_strategy = "no"
     trainer = Seq2SeqTrainer(
