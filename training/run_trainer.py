@@ -14,7 +14,9 @@ and test decoding with beam 4.
 
 Differences from training/run.py, by the Trainer's design: batches are counted in sentences
 (`per_device_train_batch_size`), not tokens; the Trainer's label smoothing gives every token ε/V (the paper: the
-gold token 1 - ε, the others ε/(V-1)); no checkpoint averaging. The validation BLEU (`predict_with_generate`), the
+gold token 1 - ε, the others ε/(V-1)); no checkpoint averaging; the checkpoints are the Trainer's, whose optimizer,
+scheduler, random states and arguments are `torch.save` pickles (it reads its own back with `weights_only=True`;
+training/run.py writes safetensors and JSON only). The validation BLEU (`predict_with_generate`), the
 test set, the checkpoints and the saved folder decode the paper's way (beam 4, GNMT length penalty α 0.6, in
 generation_config.json), as in run.py.
 """
