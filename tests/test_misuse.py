@@ -397,7 +397,7 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         args += ["--max_tokens", "-5"]
     if case == "alpha not a number":
         args += ["--alpha", "nan"]
-    if case == "a checkpoint":  # training/checkpoints.py's files
+    if case == "a checkpoint":  # run.py's checkpoints before they were models
         (tmp_path / "checkpoint-9").mkdir()
         for name in ("model.safetensors", "optimizer.safetensors", "trainer_state.json"):
             (tmp_path / "checkpoint-9" / name).write_text("{}")

@@ -62,7 +62,7 @@ def checked(name_or_path: str):
     generation_config.json it cannot read, greedily where the folder says beam search: that is refused too.)"""
     refuse_blank_model(name_or_path)
     if is_local(name_or_path) and not (Path(name_or_path) / "config.json").is_file():
-        if (Path(name_or_path) / "trainer_state.json").is_file():  # training/checkpoints.py's
+        if (Path(name_or_path) / "trainer_state.json").is_file():  # run.py's checkpoints before they were models
             raise SystemExit(f"error: {name_or_path} is a checkpoint of a training run, not a model folder: the run "
                              "writes its model to the folder above when it ends (a stopped run: resume it with "
                              "--resume_from_checkpoint latest)")
