@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from forked import ROOT, accelerate_ranks, free_port, run_forked
 from support import tiny_model
 from torch.utils.data import SequentialSampler
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
@@ -16,6 +17,8 @@ from training.hub import set_paper_decoding
 from training.run_trainer import make_compute_metrics, tokenize
 from vaswani_hf.gnmt import gnmt_beam_search
 from vaswani_hf.modeling_vaswani import shift_tokens_right
+
+TRAINER = ROOT / "training" / "run_trainer.py"
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +135,19 @@ def test_compute_metrics_reads_minus_100_as_padding(tokenizer):
     assert make_compute_metrics(tokenizer)(EvalPrediction(predictions=worse, label_ids=padded))["bleu"] < 100
 
 
+def entry_flags(tmp_path) -> list[str]:
+    """run_trainer.py's flags: 300 training pairs (6 to validate, 6 to test) in JSON-lines files, a tiny model."""
+    data, flags = generate(), []
+    for split, size in (("train", 300), ("validation", 6), ("test", 6)):
+        file = tmp_path / f"{split}.jsonl"
+        file.write_text("".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n"
+                                for en, de in data[split][:size]))
+        flags += [f"--{split}_file", str(file)]
+    return [*flags, "--vocab_size", "200", "--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "2",
+            "--warmup_steps", "2", "--per_device_train_batch_size", "16", "--generation_max_length", "20",
+            "--disable_tqdm", "true"]
+
+
 def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(tmp_path, monkeypatch):
     """With --push_to_hub (huggingface_hub's calls recorded), the finished folder's model files go up once, at the
     end, as vaswani-push sends them: not the Trainer's own uploads at each save (logs, training_args.bin)."""
@@ -146,20 +162,9 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
         ("create", repo_id)) or huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}"))
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", lambda self, **kw: calls.append(
         ("upload", kw["repo_id"], sorted(kw.get("allow_patterns") or ["everything"]))))
-    data = generate()
-    files = {}
-    for split, size in (("train", 300), ("validation", 6), ("test", 6)):
-        files[split] = tmp_path / f"{split}.jsonl"
-        files[split].write_text("".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n"
-                                        for en, de in data[split][:size]))
     output = tmp_path / "out"
-    flags = [
-        "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
-        "--test_file", str(files["test"]), "--output_dir", str(output), "--vocab_size", "200", "--d_model", "32",
-        "--d_ff", "64", "--num_heads", "4", "--num_layers", "2", "--max_steps", "6", "--eval_steps", "3",
-        "--save_steps", "3", "--warmup_steps", "2", "--per_device_train_batch_size", "16", "--use_cpu",
-        "--generation_max_length", "20", "--disable_tqdm", "true",
-    ]
+    flags = [*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "6", "--eval_steps", "3",
+             "--save_steps", "3", "--use_cpu"]
     run_trainer.main([*flags, "--push_to_hub", "--hub_model_id", "org/tiny"])
     assert calls == [("create", "org/tiny"), ("upload", "org/tiny", sorted(published_files(output)))]
     with pytest.raises(SystemExit, match=f"error: --output_dir {output} is not empty"):  # its tokenizer is not reused
@@ -176,3 +181,27 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
     assert (args.adam_beta2, args.adam_epsilon, args.max_grad_norm, args.lr_scheduler_type) == (
         0.98, 1e-9, 0.0, "inverse_sqrt")
     assert run_trainer.parse_arguments(["--preset", "cpu-medium"])[3].max_grad_norm == 1.0  # the preset's clipping
+
+
+def test_launched_as_two_cpu_processes_the_trainer_entry_point_shares_the_epoch_between_them(tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2` on a machine without GPUs: one training process per rank,
+    each taking half of every step's batches (DDP over gloo), not two copies of the whole run in one folder (the
+    Trainer alone asks Accelerate for no CPU process group). One epoch of 300 pairs, 16 a process: 10 steps, not 19."""
+    ranks = accelerate_ranks(2, "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no", port=free_port())
+    output = tmp_path / "out"
+    result = run_forked([*entry_flags(tmp_path), "--output_dir", output, "--num_train_epochs", "1",
+                         "--eval_steps", "10", "--save_strategy", "no"], ranks, timeout=300, script=TRAINER)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((output / "metrics.json").read_text())["train_steps"] == 10
+    assert result.stdout.count("'eval_bleu'") == 1 and result.stdout.count("test: sacreBLEU") == 1  # rank 0 says
+
+
+@pytest.mark.parametrize("launch", [{"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, {}])
+def test_a_request_to_shard_under_the_trainer_is_a_one_line_error(monkeypatch, launch):
+    """Sharding is training/run.py's: under Accelerate's FSDP the Trainer would train unsharded (CPU) or fail at its
+    first step (GPU); asked by `accelerate launch --use_fsdp` or by the Trainer's own --fsdp."""
+    for name, value in launch.items():
+        monkeypatch.setenv(name, value)
+    flags = [] if launch else ["--fsdp", "full_shard"]
+    with pytest.raises(SystemExit, match="^error: training/run_trainer.py does not shard with FSDP: shard with "):
+        run_trainer.parse_arguments(flags)

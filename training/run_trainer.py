@@ -4,7 +4,7 @@
     python training/run_trainer.py --train_file ../shared/data/multi30k/train \\
         --validation_file ../shared/data/multi30k/valid --test_file ../shared/data/multi30k/test2016 \\
         --vocab_size 8000 --d_model 256 --d_ff 1024 --num_heads 4 --num_layers 3 --max_steps 2000
-    accelerate launch training/run_trainer.py ...          # the Trainer distributes itself
+    accelerate launch --multi_gpu training/run_trainer.py ...   # the Trainer distributes itself (DDP; CPUs too)
 
 Data and model flags are those of training/run.py (and `--preset` reads the same recipe files, for the keys that
 exist here); every other flag is a `Seq2SeqTrainingArguments` one. Their defaults here are the paper's (§5.3,
@@ -16,16 +16,18 @@ Differences from training/run.py, by the Trainer's design: batches are counted i
 (`per_device_train_batch_size`), not tokens; the Trainer's label smoothing gives every token ε/V (the paper: the
 gold token 1 - ε, the others ε/(V-1)); no checkpoint averaging; the checkpoints are the Trainer's, whose optimizer,
 scheduler, random states and arguments are `torch.save` pickles (it reads its own back with `weights_only=True`;
-training/run.py writes safetensors and JSON only). The validation BLEU (`predict_with_generate`), the
-test set, the checkpoints and the saved folder decode the paper's way (beam 4, GNMT length penalty α 0.6, in
-generation_config.json), as in run.py.
+training/run.py writes safetensors and JSON only); no FSDP (refused: run.py shards). The validation BLEU
+(`predict_with_generate`), the test set, the checkpoints and the saved folder decode the paper's way (beam 4, GNMT
+length penalty α 0.6, in generation_config.json), as in run.py.
 """
 
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 from datasets import Dataset
 from transformers import (
     AutoTokenizer,
@@ -48,6 +50,7 @@ from training.arguments import (
 )
 from training.data import as_pairs, load_run_data
 from training.evaluation import score, translate
+from training.fsdp_request import fsdp_requested, refuse
 from training.hub import set_paper_decoding, write_output_folder
 from training.recipe import training_data
 from training.tokenizer import train_joint_bpe
@@ -60,7 +63,7 @@ PAPER_TRAINER_DEFAULTS = {
     "lr_scheduler_type": "inverse_sqrt", "warmup_steps": 4000, "label_smoothing_factor": 0.1,
     "predict_with_generate": True, "generation_num_beams": 4, "eval_strategy": "steps", "eval_steps": 1000,
     "save_steps": 1000, "logging_steps": 50, "per_device_train_batch_size": 64, "per_device_eval_batch_size": 64,
-    "report_to": "none", "output_dir": "outputs/trainer",
+    "report_to": "none", "output_dir": "outputs/trainer", "ddp_find_unused_parameters": False,
 }
 # Recipe-file keys and their Trainer names.
 PRESET_KEYS = {"warmup_steps": "warmup_steps", "eval_steps": "eval_steps", "seed": "seed", "max_steps": "max_steps",
@@ -78,14 +81,21 @@ class TrainerRecipeArguments:
 def parse_arguments(argv: list[str] | None = None):
     argv = sys.argv[1:] if argv is None else argv
     parser = HfArgumentParser((DataArguments, ModelArguments, TrainerRecipeArguments, Seq2SeqTrainingArguments))
-    parser.set_defaults(**PAPER_TRAINER_DEFAULTS)
+    # Launched as several processes on a machine without CUDA, the Trainer would run each one alone (Accelerate forms
+    # a CPU process group only when asked for the CPU): it is asked, as training/run.py asks.
+    several_cpu_processes = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+    parser.set_defaults(**PAPER_TRAINER_DEFAULTS, use_cpu=several_cpu_processes)
     preset = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)[2].preset
     if preset:
         values = read_preset(preset)
         model_keys = {f for f in ModelArguments.__dataclass_fields__} | {"lr_scale"}
         parser.set_defaults(**{k: v for k, v in values.items() if k in model_keys},
                             **{PRESET_KEYS[k]: v for k, v in values.items() if k in PRESET_KEYS})
+    if fsdp_requested():  # asked by `accelerate launch`: refused before the Trainer's arguments join the processes
+        refuse_fsdp()
     data_args, model_args, recipe, training_args = parser.parse_args_into_dataclasses(argv)
+    if training_args.fsdp_plugin_args is not None:  # asked by the Trainer's --fsdp
+        refuse_fsdp()
     check_model_arguments(data_args, model_args)  # our flags, before any work, as run.py checks them
     refuse_below({"max_source_length": (recipe.max_source_length, 1)})
     refuse_unless_positive({"lr_scale": recipe.lr_scale})
@@ -98,6 +108,13 @@ def parse_arguments(argv: list[str] | None = None):
     refuse_blank({"resume_from_checkpoint": training_args.resume_from_checkpoint,
                   "hub_model_id": training_args.hub_model_id})
     return data_args, model_args, recipe, training_args
+
+
+def refuse_fsdp():
+    """Accelerate shards nothing on CPUs, and on GPUs its FSDP2 grouping refuses the embedding matrix that three
+    modules share (training/distributed.py); the end of this run (test decoding, the folder) is one process's."""
+    refuse("error: training/run_trainer.py does not shard with FSDP: shard with training/run.py (the same data and "
+           "model flags), or launch without FSDP (DDP)")
 
 
 def tokenize(tokenizer, pairs: list[tuple[str, str]], max_length: int) -> Dataset:
