@@ -8,7 +8,8 @@ import sys
 
 import pytest
 import torch
-from forked import run_forked
+from forked import ROOT as REPOSITORY
+from forked import accelerate_ranks, free_port, run_forked
 from support import refused_translation, run_training, save_marian_folder
 
 from training import run_trainer
@@ -486,3 +487,20 @@ def test_a_folder_without_tokenizer_config_translates_as_the_complete_one(transl
     assert code == 0, err
     complete = translate(*load(str(translation_folder), device="cpu"), sources)
     assert partial.splitlines() == complete and all(complete)
+
+
+@pytest.mark.parametrize("script", ["run.py", "run_trainer.py"])
+def test_on_several_processes_a_refusal_is_said_once(tmp_path, data, script):
+    """Every process of `accelerate launch --multi_gpu --num_processes 2` checks its flags and the output folder alike
+    and stops; the first alone says why (two copies of a line, written at once, interleave)."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    for flags, message in (
+            (["--d_model", "30"], "error: VaswaniConfig: d_model=30 is not divisible by num_heads=4"),
+            ([], f"error: --output_dir {tmp_path / 'out'} ")):  # not empty
+        ranks = accelerate_ranks(2, "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
+                                 port=free_port())
+        result = run_forked([*TINY, *data, "--output_dir", tmp_path / "out", *flags], ranks, timeout=300,
+                            script=REPOSITORY / "training" / script)
+        said = [line for line in result.stderr.splitlines() if line.startswith("error")]
+        assert result.returncode == 1 and len(said) == 1 and said[0].startswith(message), result.stderr[-2000:]

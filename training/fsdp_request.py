@@ -1,8 +1,10 @@
 """What `accelerate launch` asked of FSDP (its environment variables), and the one-line refusal of what a run here
-cannot honour. Standard library only: training/run.py checks before it loads torch and transformers, so a launch
-that cannot be honoured stops in a moment in every process (training/distributed.py does the sharding)."""
+cannot honour, said by one process. Standard library only: training/run.py checks before it loads torch and
+transformers, so a launch that cannot be honoured stops in a moment in every process (training/distributed.py does
+the sharding)."""
 
 import os
+from contextlib import contextmanager
 
 UNSUPPORTED = {  # Accelerate's FSDP settings (environment variables set by `accelerate launch`) we cannot honour
     "FSDP_OFFLOAD_PARAMS": "parameter offloading",
@@ -34,3 +36,15 @@ def check_fsdp_request() -> None:
 def refuse(message: str) -> None:
     """Every process stops; only the first says why (two processes writing one line at once garble it)."""
     raise SystemExit(message if os.environ.get("RANK", "0") == "0" else 1)
+
+
+@contextmanager
+def said_once():
+    """Around checks that every process makes alike (its flags, the output folder): a refusal (a SystemExit with a
+    message) stops each process, and only the first says why, as `refuse` does."""
+    try:
+        yield
+    except SystemExit as refusal:
+        if isinstance(refusal.code, str):
+            refuse(refusal.code)
+        raise

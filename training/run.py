@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.fsdp_request import check_fsdp_request
+from training.fsdp_request import check_fsdp_request, said_once
 
 check_fsdp_request()  # before torch and transformers load: a launch that cannot be honoured stops in a moment
 
@@ -79,12 +79,13 @@ BFLOAT16_CPU = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")  # torch.cpu.get_
 
 
 def main():
-    data_args, model_args, args = parse_arguments()
-    output_dir = Path(args.output_dir)
-    check_arguments(data_args, model_args, args, torch.cuda.is_available())
-    replay = read_schedule(args.replay_schedule) if args.replay_schedule else None  # a budgeted run's record
-    accelerator, distributed = start_processes(args)
-    resumed = open_output_dir(accelerator, output_dir, args, asdict(model_args))
+    with said_once():  # checks that every process makes alike, before any work
+        data_args, model_args, args = parse_arguments()
+        output_dir = Path(args.output_dir)
+        check_arguments(data_args, model_args, args, torch.cuda.is_available())
+        replay = read_schedule(args.replay_schedule) if args.replay_schedule else None  # a budgeted run's record
+        accelerator, distributed = start_processes(args)
+        resumed = open_output_dir(accelerator, output_dir, args, asdict(model_args))
     say = accelerator.print
     disable_progress_bar()  # transformers' bar for each checkpoint's weights, within the run's own
 

@@ -50,7 +50,7 @@ from training.arguments import (
 )
 from training.data import as_pairs, load_run_data
 from training.evaluation import score, translate
-from training.fsdp_request import fsdp_requested, refuse
+from training.fsdp_request import fsdp_requested, refuse, said_once
 from training.hub import set_paper_decoding, write_output_folder
 from training.recipe import training_data
 from training.tokenizer import train_joint_bpe
@@ -143,17 +143,19 @@ def make_compute_metrics(tokenizer):
 
 
 def main(argv: list[str] | None = None):
-    data_args, model_args, recipe, training_args = parse_arguments(argv)
-    check_output_place(training_args.output_dir, "--output_dir")
-    output_dir = Path(training_args.output_dir)
-    if not training_args.resume_from_checkpoint and output_dir.is_dir() and any(output_dir.iterdir()):
-        raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with "
-                         "--resume_from_checkpoint, or choose another folder")
-    # The Trainer itself would upload the output folder at every save (logs, training_args.bin, ...): the run pushes
-    # the finished model's files alone, at its end, as training/run.py and vaswani-push do.
-    publish, training_args.push_to_hub = training_args.push_to_hub, False
-    if publish:
-        check_can_push(training_args.hub_model_id or output_dir.name)
+    with said_once():  # checks that every process makes alike, before any work
+        data_args, model_args, recipe, training_args = parse_arguments(argv)
+        check_output_place(training_args.output_dir, "--output_dir")
+        output_dir = Path(training_args.output_dir)
+        if not training_args.resume_from_checkpoint and output_dir.is_dir() and any(output_dir.iterdir()):
+            raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with "
+                             "--resume_from_checkpoint, or choose another folder")
+        # The Trainer itself would upload the output folder at every save (logs, training_args.bin, ...): the run
+        # pushes the finished model's files alone, at its end, as training/run.py and vaswani-push do.
+        publish, training_args.push_to_hub = training_args.push_to_hub, False
+        if publish:
+            check_can_push(training_args.hub_model_id or output_dir.name)
+    training_args.distributed_state.wait_for_everyone()  # every process has looked before the main one writes there
     pairs = {split: as_pairs(rows) for split, rows in load_run_data(data_args).items()}  # Trainer datasets: lists
     with training_args.main_process_first():  # the main process trains the joint BPE, the others read it
         if not (output_dir / "tokenizer.json").is_file():
