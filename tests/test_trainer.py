@@ -148,7 +148,7 @@ def entry_flags(tmp_path) -> list[str]:
             "--disable_tqdm", "true"]
 
 
-def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(tmp_path, monkeypatch):
+def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(tmp_path, monkeypatch, recwarn):
     """With --push_to_hub (huggingface_hub's calls recorded), the finished folder's model files go up once, at the
     end, as vaswani-push sends them: not the Trainer's own uploads at each save (logs, training_args.bin)."""
     import huggingface_hub
@@ -164,8 +164,9 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
         ("upload", kw["repo_id"], sorted(kw.get("allow_patterns") or ["everything"]))))
     output = tmp_path / "out"
     flags = [*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "6", "--eval_steps", "3",
-             "--save_steps", "3", "--use_cpu"]
+             "--save_steps", "3"]
     run_trainer.main([*flags, "--push_to_hub", "--hub_model_id", "org/tiny"])
+    assert not [w for w in recwarn if "pin_memory" in str(w.message)]  # no pinned memory asked of a CPU
     assert calls == [("create", "org/tiny"), ("upload", "org/tiny", sorted(published_files(output)))]
     with pytest.raises(SystemExit, match=f"error: --output_dir {output} is not empty"):  # its tokenizer is not reused
         run_trainer.main(flags)

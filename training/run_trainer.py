@@ -21,7 +21,6 @@ training/run.py writes safetensors and JSON only); no FSDP (refused: run.py shar
 length penalty α 0.6, in generation_config.json), as in run.py.
 """
 
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -81,10 +80,10 @@ class TrainerRecipeArguments:
 def parse_arguments(argv: list[str] | None = None):
     argv = sys.argv[1:] if argv is None else argv
     parser = HfArgumentParser((DataArguments, ModelArguments, TrainerRecipeArguments, Seq2SeqTrainingArguments))
-    # Launched as several processes on a machine without CUDA, the Trainer would run each one alone (Accelerate forms
-    # a CPU process group only when asked for the CPU): it is asked, as training/run.py asks.
-    several_cpu_processes = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
-    parser.set_defaults(**PAPER_TRAINER_DEFAULTS, use_cpu=several_cpu_processes)
+    # Without CUDA the run is on the CPU, as training/run.py's: the Trainer asked alone would run each of several
+    # launched processes on its own (Accelerate forms a CPU process group only when asked for the CPU), and pin
+    # memory for no device (torch's DataLoader warns of it at each evaluation).
+    parser.set_defaults(**PAPER_TRAINER_DEFAULTS, use_cpu=not torch.cuda.is_available())
     preset = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)[2].preset
     if preset:
         values = read_preset(preset)
