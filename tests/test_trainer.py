@@ -199,8 +199,8 @@ def test_launched_as_two_cpu_processes_the_trainer_entry_point_shares_the_epoch_
 
 @pytest.mark.parametrize("launch", [{"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, {}])
 def test_a_request_to_shard_under_the_trainer_is_a_one_line_error(monkeypatch, launch):
-    """Sharding is training/run.py's: under Accelerate's FSDP the Trainer would train unsharded (CPU) or fail at its
-    first step (GPU); asked by `accelerate launch --use_fsdp` or by the Trainer's own --fsdp."""
+    """Sharding is training/run.py's: under Accelerate's FSDP the Trainer would train unsharded (CPU) or fail as it
+    wraps the model (GPU); asked by `accelerate launch --use_fsdp` or by the Trainer's own --fsdp."""
     for name, value in launch.items():
         monkeypatch.setenv(name, value)
     flags = [] if launch else ["--fsdp", "full_shard"]
