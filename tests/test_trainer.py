@@ -206,3 +206,25 @@ def test_a_request_to_shard_under_the_trainer_is_a_one_line_error(monkeypatch, l
     flags = [] if launch else ["--fsdp", "full_shard"]
     with pytest.raises(SystemExit, match="^error: training/run_trainer.py does not shard with FSDP: shard with "):
         run_trainer.parse_arguments(flags)
+
+
+def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finished(tmp_path, monkeypatch):
+    """`--resume_from_checkpoint latest`, as run.py takes it: the newest checkpoint-<step> holding trainer_state.json,
+    the last file the Trainer writes (a run killed while saving leaves a checkpoint without it). A folder with
+    nothing to resume, or a path that is no finished checkpoint, is one line before any work."""
+    output, data = tmp_path / "out", entry_flags(tmp_path)
+    flags = [*data, "--output_dir", str(output), "--max_steps", "4", "--save_steps", "2", "--eval_strategy", "no"]
+    run_trainer.main(flags)
+    (output / "checkpoint-4" / "trainer_state.json").unlink()  # killed while saving its last checkpoint
+    loaded = []
+    load = Seq2SeqTrainer._load_from_checkpoint
+    monkeypatch.setattr(Seq2SeqTrainer, "_load_from_checkpoint",
+                        lambda self, path, *args, **kwargs: loaded.append(path) or load(self, path, *args, **kwargs))
+    run_trainer.main([*flags, "--resume_from_checkpoint", "latest"])
+    assert loaded == [str(output / "checkpoint-2")]
+    assert json.loads((output / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
+    for given, message in (("latest", f"latest: {tmp_path / 'new'} holds no checkpoint the Trainer finished saving"),
+                           (str(output), f"{output} is not a checkpoint the Trainer finished saving")):
+        with pytest.raises(SystemExit, match=f"^error: --resume_from_checkpoint {message}"):
+            run_trainer.main([*data, "--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", given])
+    assert not (tmp_path / "new").exists()

@@ -5,6 +5,7 @@
         --validation_file ../shared/data/multi30k/valid --test_file ../shared/data/multi30k/test2016 \\
         --vocab_size 8000 --d_model 256 --d_ff 1024 --num_heads 4 --num_layers 3 --max_steps 2000
     accelerate launch --multi_gpu training/run_trainer.py ...   # the Trainer distributes itself (DDP; CPUs too)
+    python training/run_trainer.py ... --resume_from_checkpoint latest   # a stopped run, from its newest checkpoint
 
 Data and model flags are those of training/run.py (and `--preset` reads the same recipe files, for the keys that
 exist here); every other flag is a `Seq2SeqTrainingArguments` one. Their defaults here are the paper's (§5.3,
@@ -21,6 +22,7 @@ training/run.py writes safetensors and JSON only); no FSDP (refused: run.py shar
 length penalty α 0.6, in generation_config.json), as in run.py.
 """
 
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -116,6 +118,22 @@ def refuse_fsdp():
            "model flags), or launch without FSDP (DDP)")
 
 
+def resume_point(given: str | None, output_dir: Path) -> str | None:
+    """--resume_from_checkpoint: a checkpoint folder, or `latest` (as run.py takes it): the newest checkpoint-<step>
+    in --output_dir that the Trainer finished saving (trainer_state.json is the last file it writes)."""
+    if given == "latest":
+        finished = [path for path in output_dir.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", path.name)
+                    and (path / "trainer_state.json").is_file()]
+        if not finished:
+            raise SystemExit(f"error: --resume_from_checkpoint latest: {output_dir} holds no checkpoint the Trainer "
+                             "finished saving")
+        return str(max(finished, key=lambda path: int(path.name.removeprefix("checkpoint-"))))
+    if given is not None and not (Path(given) / "trainer_state.json").is_file():
+        raise SystemExit(f"error: --resume_from_checkpoint {given} is not a checkpoint the Trainer finished saving "
+                         "(no trainer_state.json): give one, or latest")
+    return given
+
+
 def tokenize(tokenizer, pairs: list[tuple[str, str]], max_length: int) -> Dataset:
     sources, targets = zip(*pairs)
     encoded = tokenizer(list(sources), text_target=list(targets), truncation=True, max_length=max_length)
@@ -146,9 +164,10 @@ def main(argv: list[str] | None = None):
         data_args, model_args, recipe, training_args = parse_arguments(argv)
         check_output_place(training_args.output_dir, "--output_dir")
         output_dir = Path(training_args.output_dir)
-        if not training_args.resume_from_checkpoint and output_dir.is_dir() and any(output_dir.iterdir()):
+        resumed = resume_point(training_args.resume_from_checkpoint, output_dir)
+        if not resumed and output_dir.is_dir() and any(output_dir.iterdir()):
             raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with "
-                             "--resume_from_checkpoint, or choose another folder")
+                             "--resume_from_checkpoint latest, or choose another folder")
         # The Trainer itself would upload the output folder at every save (logs, training_args.bin, ...): the run
         # pushes the finished model's files alone, at its end, as training/run.py and vaswani-push do.
         publish, training_args.push_to_hub = training_args.push_to_hub, False
@@ -176,7 +195,7 @@ def main(argv: list[str] | None = None):
         processing_class=tokenizer,
         compute_metrics=make_compute_metrics(tokenizer),
     )
-    result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    result = trainer.train(resume_from_checkpoint=resumed)
     metrics = {"train_steps": result.global_step, "train_minutes": result.metrics["train_runtime"] / 60}
     if trainer.is_world_process_zero():
         if "test" in pairs:  # the paper's decoding (§6.1), as in run.py
