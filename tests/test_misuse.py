@@ -74,6 +74,9 @@ def data(tmp_path):
     (["--train_file", ""], "--train_file is blank"),  # an unset variable: not the embedded data
     (["--dataset_name", " "], "--dataset_name is blank"),
     (["--resume_from_checkpoint", ""], "--resume_from_checkpoint is blank"),  # not a fresh run
+    (["--lenght_penalty_alpha", "1"],  # not HfArgumentParser's traceback
+     "--lenght_penalty_alpha is not a flag of training/run.py (did you mean --length_penalty_alpha?); --help lists"),
+    (["stray"], "error: stray is not a flag of training/run.py; --help lists them"),
 ])
 def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypatch, data, flags, named):
     if "fp16" in flags and torch.cuda.is_available():
@@ -121,6 +124,8 @@ def test_run_trainer_refuses_an_unknown_preset_in_one_line():
     (["--learning_rate", "nan"], "error: --learning_rate nan: must be positive and finite"),
     (["--validation_file", ""], "error: --validation_file is blank: give one, or leave the flag out"),
     (["--resume_from_checkpoint", " "], "error: --resume_from_checkpoint is blank: give one, or leave the flag out"),
+    (["--overwrite_output_dir"],  # run.py's flag; transformers 5's Trainer has none
+     "error: --overwrite_output_dir is not a flag of training/run_trainer.py; --help lists them"),
 ])
 def test_run_trainer_refuses_a_wrong_flag_in_one_line_before_any_work(flags, named):
     """parse_arguments, the first thing run_trainer.main does: before the data is read and the BPE trained."""

@@ -1,9 +1,10 @@
 """The flags of training/run.py: data, model and recipe, with presets (training/presets/NAME.json) as defaults
 that any flag overrides, and every value checked before any work starts."""
 
+import difflib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from transformers import HfArgumentParser
@@ -161,7 +162,19 @@ def parse_arguments() -> tuple[DataArguments, ModelArguments, RecipeArguments]:
     preset = parser.parse_args_into_dataclasses(return_remaining_strings=True)[2].preset
     if preset:
         parser.set_defaults(**read_preset(preset))
-    return parser.parse_args_into_dataclasses()
+    return parse_flags(parser, None, "training/run.py")
+
+
+def parse_flags(parser: HfArgumentParser, argv: list[str] | None, script: str) -> tuple:
+    """The parser's dataclasses from `argv` (None: the command line); a word that is none of their flags is a
+    one-line SystemExit naming it and the nearest flag, not HfArgumentParser's traceback."""
+    *parsed, unknown = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
+    if unknown:
+        flags = [f"--{field.name}" for kind in parser.dataclass_types for field in fields(kind)]
+        nearest = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1, cutoff=0.8)
+        hint = f" (did you mean {nearest[0]}?)" if nearest else ""
+        raise SystemExit(f"error: {unknown[0]} is not a flag of {script}{hint}; --help lists them")
+    return tuple(parsed)
 
 
 def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: RecipeArguments, gpu: bool) -> None:

@@ -44,6 +44,7 @@ from training.arguments import (
     DataArguments,
     ModelArguments,
     check_model_arguments,
+    parse_flags,
     read_preset,
     refuse_below,
     refuse_blank,
@@ -94,7 +95,7 @@ def parse_arguments(argv: list[str] | None = None):
                             **{PRESET_KEYS[k]: v for k, v in values.items() if k in PRESET_KEYS})
     if fsdp_requested():  # asked by `accelerate launch`: refused before the Trainer's arguments join the processes
         refuse_fsdp()
-    data_args, model_args, recipe, training_args = parser.parse_args_into_dataclasses(argv)
+    data_args, model_args, recipe, training_args = parse_flags(parser, argv, "training/run_trainer.py")
     if training_args.fsdp_plugin_args is not None:  # asked by the Trainer's --fsdp
         refuse_fsdp()
     check_model_arguments(data_args, model_args)  # our flags, before any work, as run.py checks them
