@@ -126,6 +126,10 @@ def test_run_trainer_refuses_an_unknown_preset_in_one_line():
     (["--resume_from_checkpoint", " "], "error: --resume_from_checkpoint is blank: give one, or leave the flag out"),
     (["--overwrite_output_dir"],  # run.py's flag; transformers 5's Trainer has none
      "error: --overwrite_output_dir is not a flag of training/run_trainer.py; --help lists them"),
+    (["--streaming", "--bpe_sample", "10"],  # run.py's data flags that this run would ignore
+     "error: --streaming is training/run.py's (here the Trainer's datasets hold the training pairs in memory)"),
+    (["--max_length=100"], "error: --max_length is training/run.py's (it skips longer pairs; here pairs are"),
+    (["--shuffle_buffer", "10"], "error: --shuffle_buffer is training/run.py's (it orders a --streaming run)"),
 ])
 def test_run_trainer_refuses_a_wrong_flag_in_one_line_before_any_work(flags, named):
     """parse_arguments, the first thing run_trainer.main does: before the data is read and the BPE trained."""

@@ -228,3 +228,15 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
         with pytest.raises(SystemExit, match=f"^error: --resume_from_checkpoint {message}"):
             run_trainer.main([*data, "--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", given])
     assert not (tmp_path / "new").exists()
+
+
+def test_the_trainer_entry_point_learns_its_bpe_from_bpe_sample_pairs(tmp_path):
+    """--bpe_sample N, as in run.py: the joint BPE learns from N pairs drawn at random. From one pair (two sentences)
+    the merges run out far below --vocab_size 200, which all 300 pairs reach."""
+    sizes = {}
+    for sample in ([], ["--bpe_sample", "1"]):
+        output = tmp_path / f"out{len(sample)}"
+        run_trainer.main([*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "1", "--eval_strategy",
+                          "no", *sample])
+        sizes[len(sample)] = len(AutoTokenizer.from_pretrained(output))
+    assert sizes[0] == 200 and sizes[2] < 100

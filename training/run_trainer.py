@@ -8,7 +8,8 @@
     python training/run_trainer.py ... --resume_from_checkpoint latest   # a stopped run, from its newest checkpoint
 
 Data and model flags are those of training/run.py (and `--preset` reads the same recipe files, for the keys that
-exist here); every other flag is a `Seq2SeqTrainingArguments` one. Their defaults here are the paper's (§5.3,
+exist here), but for `--streaming`, `--shuffle_buffer` and `--max_length` (refused: RUN_PY_ONLY); every other flag is
+a `Seq2SeqTrainingArguments` one. Their defaults here are the paper's (§5.3,
 §5.4): Adam(0.9, 0.98, 1e-9), no weight decay, no clipping, linear warmup over 4000 steps then inverse square
 root decay with the peak learning rate lr_scale · d_model^-0.5 · warmup^-0.5, label smoothing 0.1, evaluation
 and test decoding with beam 4.
@@ -55,7 +56,7 @@ from training.evaluation import score, translate
 from training.fsdp_request import fsdp_requested, refuse, said_once
 from training.hub import set_paper_decoding, write_output_folder
 from training.recipe import training_data
-from training.tokenizer import train_joint_bpe
+from training.tokenizer import corpus_texts, train_joint_bpe
 from vaswani_hf import VaswaniForConditionalGeneration
 from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.hub import check_can_push, push_or_exit
@@ -66,6 +67,12 @@ PAPER_TRAINER_DEFAULTS = {
     "predict_with_generate": True, "generation_num_beams": 4, "eval_strategy": "steps", "eval_steps": 1000,
     "save_steps": 1000, "logging_steps": 50, "per_device_train_batch_size": 64, "per_device_eval_batch_size": 64,
     "report_to": "none", "output_dir": "outputs/trainer", "ddp_find_unused_parameters": False,
+}
+# training/run.py's data flags that this run does not honour, and why.
+RUN_PY_ONLY = {
+    "--streaming": "here the Trainer's datasets hold the training pairs in memory",
+    "--shuffle_buffer": "it orders a --streaming run",
+    "--max_length": "it skips longer pairs; here pairs are truncated to --max_source_length",
 }
 # Recipe-file keys and their Trainer names.
 PRESET_KEYS = {"warmup_steps": "warmup_steps", "eval_steps": "eval_steps", "seed": "seed", "max_steps": "max_steps",
@@ -98,6 +105,8 @@ def parse_arguments(argv: list[str] | None = None):
     data_args, model_args, recipe, training_args = parse_flags(parser, argv, "training/run_trainer.py")
     if training_args.fsdp_plugin_args is not None:  # asked by the Trainer's --fsdp
         refuse_fsdp()
+    for flag in RUN_PY_ONLY.keys() & {arg.split("=")[0] for arg in argv}:
+        raise SystemExit(f"error: {flag} is training/run.py's ({RUN_PY_ONLY[flag]})")
     check_model_arguments(data_args, model_args)  # our flags, before any work, as run.py checks them
     refuse_below({"max_source_length": (recipe.max_source_length, 1)})
     refuse_unless_positive({"lr_scale": recipe.lr_scale})
@@ -175,11 +184,12 @@ def main(argv: list[str] | None = None):
         if publish:
             check_can_push(training_args.hub_model_id or output_dir.name)
     training_args.distributed_state.wait_for_everyone()  # every process has looked before the main one writes there
-    pairs = {split: as_pairs(rows) for split, rows in load_run_data(data_args).items()}  # Trainer datasets: lists
+    data = load_run_data(data_args)
+    pairs = {split: as_pairs(rows) for split, rows in data.items()}  # Trainer datasets: lists
     with training_args.main_process_first():  # the main process trains the joint BPE, the others read it
         if not (output_dir / "tokenizer.json").is_file():
-            sides = (side for pair in pairs["train"] for side in pair)
-            train_joint_bpe(sides, model_args.vocab_size).save_pretrained(output_dir)
+            texts = corpus_texts(data["train"], data_args.bpe_sample, training_args.seed)  # as run.py's
+            train_joint_bpe(texts, model_args.vocab_size).save_pretrained(output_dir)
         tokenizer = AutoTokenizer.from_pretrained(output_dir)
     datasets = {split: tokenize(tokenizer, rows, recipe.max_source_length) for split, rows in pairs.items()}
 
