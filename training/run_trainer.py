@@ -8,11 +8,10 @@
     python training/run_trainer.py ... --resume_from_checkpoint latest   # a stopped run, from its newest checkpoint
 
 Data and model flags are those of training/run.py (and `--preset` reads the same recipe files, for the keys that
-exist here), but for `--streaming`, `--shuffle_buffer` and `--max_length` (refused: RUN_PY_ONLY); every other flag is
-a `Seq2SeqTrainingArguments` one. Their defaults here are the paper's (§5.3,
-§5.4): Adam(0.9, 0.98, 1e-9), no weight decay, no clipping, linear warmup over 4000 steps then inverse square
-root decay with the peak learning rate lr_scale · d_model^-0.5 · warmup^-0.5, label smoothing 0.1, evaluation
-and test decoding with beam 4.
+exist here), but for `--streaming`, `--shuffle_buffer` and `--max_length` (refused: RUN_PY_ONLY); every other flag
+is a `Seq2SeqTrainingArguments` one. Their defaults here are the paper's (§5.3, §5.4): Adam(0.9, 0.98, 1e-9), no
+weight decay, no clipping, linear warmup over 4000 steps then inverse square root decay with the peak learning rate
+lr_scale · d_model^-0.5 · warmup^-0.5, label smoothing 0.1, evaluation and test decoding with beam 4.
 
 Differences from training/run.py, by the Trainer's design: batches are counted in sentences
 (`per_device_train_batch_size`), not tokens; the Trainer's label smoothing gives every token ε/V (the paper: the
@@ -105,7 +104,7 @@ def parse_arguments(argv: list[str] | None = None):
     data_args, model_args, recipe, training_args = parse_flags(parser, argv, "training/run_trainer.py")
     if training_args.fsdp_plugin_args is not None:  # asked by the Trainer's --fsdp
         refuse_fsdp()
-    for flag in RUN_PY_ONLY.keys() & {arg.split("=")[0] for arg in argv}:
+    for flag in sorted(RUN_PY_ONLY.keys() & {arg.split("=")[0] for arg in argv}):
         raise SystemExit(f"error: {flag} is training/run.py's ({RUN_PY_ONLY[flag]})")
     check_model_arguments(data_args, model_args)  # our flags, before any work, as run.py checks them
     refuse_below({"max_source_length": (recipe.max_source_length, 1)})
