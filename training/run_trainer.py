@@ -104,12 +104,13 @@ def parse_arguments(argv: list[str] | None = None):
     data_args, model_args, recipe, training_args = parse_flags(parser, argv, "training/run_trainer.py")
     if training_args.fsdp_plugin_args is not None:  # asked by the Trainer's --fsdp
         refuse_fsdp()
-    for flag in sorted(RUN_PY_ONLY.keys() & {arg.split("=")[0] for arg in argv}):
+    given = {arg.split("=")[0] for arg in argv}
+    for flag in sorted(RUN_PY_ONLY.keys() & given):
         raise SystemExit(f"error: {flag} is training/run.py's ({RUN_PY_ONLY[flag]})")
     check_model_arguments(data_args, model_args)  # our flags, before any work, as run.py checks them
     refuse_below({"max_source_length": (recipe.max_source_length, 1)})
     refuse_unless_positive({"lr_scale": recipe.lr_scale})
-    if not any(arg.split("=")[0] == "--learning_rate" for arg in argv):  # §5.3 peak
+    if "--learning_rate" not in given:  # §5.3 peak
         if not training_args.warmup_steps >= 1:  # the Trainer reads a float below 1 as a share of the steps
             raise SystemExit(f"error: --warmup_steps {training_args.warmup_steps:g}: the §5.3 peak learning rate "
                              "needs at least 1 step (or give --learning_rate)")
