@@ -42,51 +42,98 @@ def copy_norm(reference: nn.LayerNorm, ours: nn.LayerNorm, index=slice(None)) ->
     reference.bias.copy_(ours.bias[index])
 
 
-@pytest.mark.parametrize("normalize_before", [False, True], ids=["post-LN (paper)", "pre-LN (option)"])
-@torch.no_grad()
-def test_logits_match_torch_nn_transformer(normalize_before):
-    model = tiny_model(seed=3, num_decoder_layers=2, normalize_before=normalize_before)
+def torch_transformer(model) -> nn.Transformer:
+    """torch.nn.Transformer with our weights: post-LN with its stack-final norms replaced by identity (the paper's
+    stacks end without one), or pre-LN with our final norms. Dropout modules as built: P_drop 0."""
     c = model.config
     reference = nn.Transformer(
         d_model=c.d_model, nhead=c.num_heads, num_encoder_layers=c.num_layers, num_decoder_layers=c.num_decoder_layers,
         dim_feedforward=c.d_ff, dropout=0.0, activation="relu", layer_norm_eps=c.layer_norm_eps, batch_first=True,
-        norm_first=normalize_before,
-    ).eval()
-    if normalize_before:  # pre-LN keeps a final norm on each stack
-        copy_norm(reference.encoder.norm, model.model.encoder.layer_norm)
-        copy_norm(reference.decoder.norm, model.model.decoder.layer_norm)
-    else:  # the paper's post-LN stacks end without a final norm
-        reference.encoder.norm = nn.Identity()
-        reference.decoder.norm = nn.Identity()
-    for ref, ours in zip(reference.encoder.layers, model.model.encoder.layers):
-        copy_attention(ref.self_attn, ours.self_attn)
-        copy_linear(ref.linear1, ours.fc1), copy_linear(ref.linear2, ours.fc2)
-        copy_norm(ref.norm1, ours.self_attn_layer_norm), copy_norm(ref.norm2, ours.final_layer_norm)
-    for ref, ours in zip(reference.decoder.layers, model.model.decoder.layers):
-        copy_attention(ref.self_attn, ours.self_attn)
-        copy_attention(ref.multihead_attn, ours.encoder_attn)
-        copy_linear(ref.linear1, ours.fc1), copy_linear(ref.linear2, ours.fc2)
-        copy_norm(ref.norm1, ours.self_attn_layer_norm)
-        copy_norm(ref.norm2, ours.encoder_attn_layer_norm)
-        copy_norm(ref.norm3, ours.final_layer_norm)
+        norm_first=c.normalize_before,
+    )
+    with torch.no_grad():
+        if c.normalize_before:
+            copy_norm(reference.encoder.norm, model.model.encoder.layer_norm)
+            copy_norm(reference.decoder.norm, model.model.decoder.layer_norm)
+        else:
+            reference.encoder.norm = nn.Identity()
+            reference.decoder.norm = nn.Identity()
+        for ref, ours in zip(reference.encoder.layers, model.model.encoder.layers):
+            copy_attention(ref.self_attn, ours.self_attn)
+            copy_linear(ref.linear1, ours.fc1), copy_linear(ref.linear2, ours.fc2)
+            copy_norm(ref.norm1, ours.self_attn_layer_norm), copy_norm(ref.norm2, ours.final_layer_norm)
+        for ref, ours in zip(reference.decoder.layers, model.model.decoder.layers):
+            copy_attention(ref.self_attn, ours.self_attn)
+            copy_attention(ref.multihead_attn, ours.encoder_attn)
+            copy_linear(ref.linear1, ours.fc1), copy_linear(ref.linear2, ours.fc2)
+            copy_norm(ref.norm1, ours.self_attn_layer_norm)
+            copy_norm(ref.norm2, ours.encoder_attn_layer_norm)
+            copy_norm(ref.norm3, ours.final_layer_norm)
+    return reference
 
-    source, source_mask, target = padded_batch()
-    embedding = model.get_input_embeddings().weight.clone()
+
+def torch_transformer_logits(reference: nn.Transformer, model, source, source_mask, target, drop=None):
+    """The reference's logits: the §3.4 scaled embeddings plus the §3.5 sinusoids of the formula, `drop` applied to
+    those sums (§5.4), and the shared embedding as the pre-softmax projection, without bias."""
+    c = model.config
+    drop = drop or nn.Identity()
+    embedding = model.get_input_embeddings().weight.detach().clone()
     scale = math.sqrt(c.d_model)
-    source_in = embedding[source] * scale + formula_position_encoding(source.shape[1], c.d_model)
-    target_in = embedding[target] * scale + formula_position_encoding(target.shape[1], c.d_model)
+    source_in = drop(embedding[source] * scale + formula_position_encoding(source.shape[1], c.d_model))
+    target_in = drop(embedding[target] * scale + formula_position_encoding(target.shape[1], c.d_model))
     hidden = reference(
         source_in, target_in,
         tgt_mask=nn.Transformer.generate_square_subsequent_mask(target.shape[1]),
         src_key_padding_mask=source_mask == 0,
         memory_key_padding_mask=source_mask == 0,
     )
-    expected = hidden @ embedding.T  # §3.4: the pre-softmax projection is the shared embedding, no bias
+    return hidden @ embedding.T
 
+
+@pytest.mark.parametrize("normalize_before", [False, True], ids=["post-LN (paper)", "pre-LN (option)"])
+@torch.no_grad()
+def test_logits_match_torch_nn_transformer(normalize_before):
+    model = tiny_model(seed=3, num_decoder_layers=2, normalize_before=normalize_before)
+    source, source_mask, target = padded_batch()
+    expected = torch_transformer_logits(torch_transformer(model).eval(), model, source, source_mask, target)
     for implementation in ("eager", "sdpa"):
         model.set_attn_implementation(implementation)
         logits = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=target).logits
         torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
+
+
+class FixedDropout(nn.Module):
+    """Dropout with p = 1/3 whose mask is fixed: (position + feature) % 3 == 0 dropped, the rest scaled by 3/2, so
+    that two implementations drop the same units wherever they call it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length, width = x.shape[-2:]
+        kept = (torch.arange(length)[:, None] + torch.arange(width)) % 3 != 0
+        return x * kept * 1.5
+
+
+@pytest.mark.parametrize("normalize_before", [False, True], ids=["post-LN (paper)", "pre-LN (option)"])
+@torch.no_grad()
+def test_dropout_falls_where_section_5_4_puts_it(normalize_before):
+    """§5.4: "We apply dropout to the output of each sub-layer, before it is added to the sub-layer input and
+    normalized. In addition, we apply dropout to the sums of the embeddings and the positional encodings": in
+    training, our model and torch.nn.Transformer drop the same units at those places (and only there: attention
+    and activation dropouts are 0) and give the same logits."""
+    model = tiny_model(seed=3, num_decoder_layers=2, normalize_before=normalize_before, dropout=0.3).train()
+    dropouts = [name for name, module in model.named_modules()
+                if isinstance(module, nn.Dropout) and module.p == model.config.dropout]
+    assert len(dropouts) == 2 + model.config.num_layers + model.config.num_decoder_layers  # one a stack, one a layer
+    for name in dropouts:
+        model.set_submodule(name, FixedDropout())
+    reference = torch_transformer(model).train()  # training: no fused fast path, each dropout module called
+    for layer in [*reference.encoder.layers, *reference.decoder.layers]:
+        for name in ("dropout1", "dropout2", "dropout3"):
+            if hasattr(layer, name):
+                setattr(layer, name, FixedDropout())
+    source, source_mask, target = padded_batch()
+    expected = torch_transformer_logits(reference, model, source, source_mask, target, drop=FixedDropout())
+    logits = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=target).logits
+    torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
 
 
 def marian_feature_order(d_model: int) -> torch.Tensor:
