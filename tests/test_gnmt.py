@@ -79,6 +79,45 @@ def test_the_n_best_are_the_brute_force_n_best_with_their_scores(alpha, max_leng
                                        atol=1e-5, rtol=0)
 
 
+@torch.no_grad()
+def textbook_beam_search(model, source, num_beams, alpha, max_length, min_new_tokens):
+    """tensor2tensor's search for one source, written plainly: each alive hypothesis teacher-forced anew (no cache),
+    the 2K best candidates of a step taken, those ending (EOS, or the length limit) scored log P / lp(|Y|), the K
+    best others kept alive. The best that ended by EOS wins, else the best cut one. It runs to the limit: log P only
+    falls and lp only grows up to lp(limit), so stopping early, as the search does, cannot change the winner."""
+    alive, ended = [([], 0.0)], []  # (hypothesis, log P); (by EOS, penalized score, hypothesis)
+    for step in range(1, max_length + 1):
+        hypotheses = torch.tensor([[BOS, *hypothesis] for hypothesis, _ in alive])
+        logits = model(input_ids=source.expand(len(alive), -1), decoder_input_ids=hypotheses).logits[:, -1]
+        log_probs = logits.float().log_softmax(-1)
+        if step <= min_new_tokens:
+            log_probs[:, EOS] = float("-inf")
+        candidates = sorted(((hypothesis + [token], log_p + float(log_probs[row, token]))
+                             for row, (hypothesis, log_p) in enumerate(alive) for token in range(logits.shape[-1])),
+                            key=lambda candidate: -candidate[1])[: 2 * num_beams]
+        ends = [candidate[0][-1] == EOS or step == max_length for candidate in candidates]
+        ended += [(hypothesis[-1] == EOS, log_p / gnmt_length_penalty(step, alpha), hypothesis)
+                  for (hypothesis, log_p), end in zip(candidates, ends, strict=True) if end]
+        alive = [candidate for candidate, end in zip(candidates, ends, strict=True) if not end][:num_beams]
+    return max(ended)[2]
+
+
+@pytest.mark.parametrize("alpha", [0.6, 2.0])  # 2.0: lengths reward enough to punish an early stop
+@pytest.mark.parametrize("num_beams", [2, 3])
+def test_a_narrow_beam_keeps_what_tensor2tensors_keeps(num_beams, alpha):
+    """With K < the vocabulary the search is no longer exhaustive: it must keep exactly tensor2tensor's hypotheses
+    (2K candidates a step, an ended one never taking an alive one's place) to return the textbook search's winner, for
+    each source of a batch, with a cache."""
+    vocab, max_length = 8, 6
+    for seed in range(4):
+        model = sharpened_model(seed, vocab)
+        sources = torch.randint(3, vocab, (4, 5), generator=torch.Generator().manual_seed(seed))
+        found = gnmt_beam_search(model, sources, num_beams=num_beams, alpha=alpha, max_new_tokens=max_length)
+        expected = [textbook_beam_search(model, source[None], num_beams, alpha, max_length, min_new_tokens=1)
+                    for source in sources]
+        assert hypotheses(found) == expected, (seed, alpha)
+
+
 def test_the_best_of_the_n_best_is_the_single_best(trained_model):
     source = random_ids(3, 7, seed=5)
     best = gnmt_beam_search(trained_model, source)
