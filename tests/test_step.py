@@ -66,6 +66,37 @@ def test_widths_padded_to_a_multiple_give_the_same_loss_and_gradients():
         torch.testing.assert_close(gradients_bucketed[name], gradient, msg=name)
 
 
+def test_a_step_of_several_batches_divides_its_smoothed_loss_sum_by_all_its_target_tokens():
+    """§5.1, §5.4: an optimizer step is a set of pairs, however it is cut into batches. Over two batches of 2 and 8
+    target tokens, the step's loss and gradients are those of the formula written out: the cross-entropy against the
+    smoothed distribution (gold 1 - ε, every other token ε / (V - 1)), summed over the 10 tokens, divided by 10."""
+    from accelerate import Accelerator
+    from support import accelerate_as_in_a_new_process, tiny_model
+
+    from training.batching import collate
+    from training.step import TrainingStep
+
+    model, epsilon = tiny_model(), 0.1
+    batches = [collate(pairs, SOURCES, TARGETS, 0, "cpu") for pairs in ([2], [0, 1])]
+    assert [int(batch["labels"].ne(-100).sum()) for batch in batches] == [2, 8]
+    with accelerate_as_in_a_new_process():
+        loss, _ = TrainingStep(Accelerator(cpu=True), model, epsilon)(batches, 10)
+    gradients = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+
+    total = 0.0
+    for batch in batches:
+        log_probs = model(**batch).logits.log_softmax(-1)  # the model shifts the labels into its decoder inputs
+        vocab = log_probs.shape[-1]
+        gold = batch["labels"].clamp(min=0)
+        smoothed = torch.full_like(log_probs, epsilon / (vocab - 1)).scatter(-1, gold[..., None], 1 - epsilon)
+        total = total + (-(smoothed * log_probs).sum(-1) * batch["labels"].ne(-100)).sum()
+    (total / 10).backward()
+    torch.testing.assert_close(loss, total.detach() / 10)
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(gradients[name], parameter.grad, msg=name)
+
+
 class StandIn(torch.nn.Module):
     """A model that reads nothing to the host: logits from the decoder inputs' embeddings."""
 
