@@ -94,6 +94,21 @@ def test_generate_with_no_beams(model):
                    "generate(): num_beams must be at least 1, got 0")
 
 
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"gnmt_alpha": float("nan")}, "gnmt_alpha must be a finite number of at least 0, got nan"),
+    ({"gnmt_alpha": float("inf")}, "gnmt_alpha must be a finite number of at least 0, got inf"),
+    ({"gnmt_alpha": -0.5}, "gnmt_alpha must be a finite number of at least 0, got -0.5"),  # lp would shrink
+    ({"gnmt_alpha": "0.6"}, "gnmt_alpha must be a finite number of at least 0, got '0.6'"),
+    ({"num_beams": 2.5}, "num_beams must be a whole number of at least 1, got 2.5"),
+    ({"max_length": 1}, "the search must make at least 1 token, got max_new_tokens=0"),
+])
+def test_the_papers_search_refuses_settings_it_cannot_honour_in_one_line(model, settings, message):
+    """An α that is not a finite number >= 0 (the early stop assumes lp grows with length; NaN decoded nothing but
+    padding, infinity tied every hypothesis), a fractional beam, no token to make: before, nonsense or a traceback."""
+    one_line_error(lambda: model.generate(random_ids(2, 4), **{"num_beams": 4, "gnmt_alpha": 0.6, **settings}),
+                   message)
+
+
 def test_generate_reads_the_ids_values_once_per_sequence_start_not_at_every_step(model, monkeypatch):
     """Reading the least and greatest id makes the host wait for a GPU: once for the source and once for the decoder's
     first step, however many tokens follow (the later steps feed back the model's own choices)."""

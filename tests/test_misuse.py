@@ -57,9 +57,11 @@ def data(tmp_path):
     (["--max_grad_norm", "-1"], "--max_grad_norm -1"),
     (["--max_grad_norm", "nan"], "--max_grad_norm nan"),
     (["--length_penalty_alpha", "nan"], "--length_penalty_alpha nan"),
+    (["--length_penalty_alpha", "inf"], "--length_penalty_alpha inf: must be finite and at least 0"),
     (["--attention_dropout", "1.5"], "attention_dropout"),
     (["--alpha_candidates", "0.6", "-1"], "--alpha_candidates"),
     (["--alpha_candidates", "nan"], "--alpha_candidates [nan]"),
+    (["--alpha_candidates", "0.6", "inf"], "--alpha_candidates [0.6, inf]: each α must be finite"),
     (["--dropout_epochs", "30", "10"], "--dropout_epochs [30.0, 10.0]"),
     (["--dropout_epochs", "10"], "--dropout_epochs [10.0]"),
     (["--position_embedding", "learned", "--max_length", "2000"], "--max_length 2000"),
@@ -374,7 +376,7 @@ def test_a_byte_order_mark_before_the_first_line_is_not_translated(translation_f
 
 @pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device bogus",
                                   "output is a folder", "mistyped relative path", "marian folder",
-                                  "no beams", "no tokens", "alpha not a number", "a checkpoint",
+                                  "no beams", "no tokens", "alpha not a number", "alpha infinite", "a checkpoint",
                                   "damaged generation_config.json", "blank input", "blank output", "blank model"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
     """In this process (support.refused_translation); the command itself in the tests below."""
@@ -407,6 +409,8 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         args += ["--max_tokens", "-5"]
     if case == "alpha not a number":
         args += ["--alpha", "nan"]
+    if case == "alpha infinite":
+        args += ["--alpha", "inf"]
     if case == "a checkpoint":  # run.py's checkpoints before they were models
         (tmp_path / "checkpoint-9").mkdir()
         for name in ("model.safetensors", "optimizer.safetensors", "trainer_state.json"):
@@ -427,7 +431,8 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
                 "marian folder": "holds a 'marian' model, not a vaswani_hf one",
                 "no beams": "error: --num_beams 0: must be at least 1",
                 "no tokens": "error: --max_tokens -5: must be at least 1",
-                "alpha not a number": "error: --alpha nan: must be at least 0",
+                "alpha not a number": "error: --alpha nan: must be finite and at least 0",
+                "alpha infinite": "error: --alpha inf: must be finite and at least 0",
                 "a checkpoint": "checkpoint-9 is a checkpoint of a training run, not a model folder",
                 "blank input": "error: --input is blank: give a file, or leave the flag out for standard input",
                 "blank output": "error: --output is blank: give a file, or leave the flag out for standard output",

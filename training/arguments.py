@@ -187,7 +187,7 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
                 "eval_max_sentences": (args.eval_max_sentences, 1), "save_steps": (args.save_steps, 0),
                 "save_minutes": (args.save_minutes, 0), "average_checkpoints": (args.average_checkpoints, 1),
                 "evaluations": (args.evaluations, 0), "num_beams": (args.num_beams, 1),
-                "length_penalty_alpha": (args.length_penalty_alpha, 0), "max_grad_norm": (args.max_grad_norm, 0)}
+                "max_grad_norm": (args.max_grad_norm, 0)}
     refuse_below(at_least)
     refuse_unless_positive({"lr_scale": args.lr_scale, "max_train_minutes": args.max_train_minutes})
     refuse_blank({"resume_from_checkpoint": args.resume_from_checkpoint, "hub_model_id": args.hub_model_id})
@@ -205,8 +205,10 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
         )
     if data_args.streaming and epochs is not None:
         raise SystemExit("error: --dropout_epochs counts epochs of a corpus whose size --streaming does not know")
-    if not all(alpha >= 0 for alpha in args.alpha_candidates or []):
-        raise SystemExit(f"error: --alpha_candidates {args.alpha_candidates}: α must be at least 0")
+    if not 0 <= args.length_penalty_alpha < math.inf:
+        raise SystemExit(f"error: --length_penalty_alpha {args.length_penalty_alpha}: must be finite and at least 0")
+    if not all(0 <= alpha < math.inf for alpha in args.alpha_candidates or []):
+        raise SystemExit(f"error: --alpha_candidates {args.alpha_candidates}: each α must be finite and at least 0")
     if args.compile not in ("auto", "no"):
         from torch._dynamo import list_backends
 

@@ -26,6 +26,8 @@ travels to the Hub beside the model: it imports only torch and transformers.
 
 import copy
 import itertools
+import math
+import numbers
 
 import torch
 from transformers import GenerationConfig
@@ -71,8 +73,14 @@ def gnmt_beam_search(
     """
     config = model.config
     check_token_ids(input_ids, config.vocab_size, "input_ids", values=False)  # the encoder reads the values
-    if num_beams < 1:
-        raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+    if isinstance(num_beams, bool) or not isinstance(num_beams, numbers.Integral) or num_beams < 1:
+        raise ValueError(f"num_beams must be a whole number of at least 1, got {num_beams!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha < math.inf:
+        # The early stop below relies on lp growing with length, as it does for α >= 0.
+        raise ValueError(f"gnmt_alpha must be a finite number of at least 0, got {alpha!r}")
+    if max_new_tokens is not None and not max_new_tokens >= 1:
+        raise ValueError(f"the search must make at least 1 token, got max_new_tokens={max_new_tokens} "
+                         "(max_length counts the decoder start token)")
     if not 1 <= num_return_sequences <= num_beams:
         raise ValueError(
             f"num_return_sequences must be between 1 and num_beams={num_beams}, got {num_return_sequences}"

@@ -27,6 +27,7 @@ greedy tokens, its own beam search (log P / |Y|^α). In Python, `load_engine` gi
 import argparse
 import contextlib
 import itertools
+import math
 import os
 import sys
 import time
@@ -260,8 +261,8 @@ def main(argv: list[str] | None = None) -> None:
                         ("nbest", args.nbest)):
         if value is not None and value < 1:  # num_beams None: the model's
             raise SystemExit(f"error: --{name} {value}: must be at least 1")
-    if args.alpha is not None and not args.alpha >= 0:
-        raise SystemExit(f"error: --alpha {args.alpha}: must be at least 0")  # as training/run.py's
+    if args.alpha is not None and not 0 <= args.alpha < math.inf:
+        raise SystemExit(f"error: --alpha {args.alpha}: must be finite and at least 0")  # as training/run.py's
     for name, default in (("input", "standard input"), ("output", "standard output")):
         if (value := getattr(args, name)) is not None and not value.strip():  # an unset shell variable
             raise SystemExit(f"error: --{name} is blank: give a file, or leave the flag out for {default}")
