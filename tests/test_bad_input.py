@@ -91,7 +91,7 @@ def test_generate_with_ids_outside_the_vocabulary(model):
 
 def test_generate_with_no_beams(model):
     one_line_error(lambda: model.generate(random_ids(1, 4), gnmt_alpha=0.6, num_beams=0),
-                   "generate(): num_beams must be at least 1, got 0")
+                   "generate(): num_beams must be a whole number of at least 1, got 0")
 
 
 @pytest.mark.parametrize(("settings", "message"), [
@@ -100,11 +100,16 @@ def test_generate_with_no_beams(model):
     ({"gnmt_alpha": -0.5}, "gnmt_alpha must be a finite number of at least 0, got -0.5"),  # lp would shrink
     ({"gnmt_alpha": "0.6"}, "gnmt_alpha must be a finite number of at least 0, got '0.6'"),
     ({"num_beams": 2.5}, "num_beams must be a whole number of at least 1, got 2.5"),
-    ({"max_length": 1}, "the search must make at least 1 token, got max_new_tokens=0"),
+    ({"num_beams": "4"}, "num_beams must be a whole number of at least 1, got '4'"),
+    ({"num_return_sequences": 0}, "num_return_sequences must be a whole number of at least 1, got 0"),
+    ({"min_new_tokens": 1.5}, "min_new_tokens must be a whole number of at least 0, got 1.5"),
+    ({"max_new_tokens": 2.5}, "max_new_tokens (max_length counts the decoder start token) must be a whole number"),
+    ({"max_length": 1}, "the decoder start token) must be a whole number of at least 1, got 0"),
 ])
 def test_the_papers_search_refuses_settings_it_cannot_honour_in_one_line(model, settings, message):
     """An α that is not a finite number >= 0 (the early stop assumes lp grows with length; NaN decoded nothing but
-    padding, infinity tied every hypothesis), a fractional beam, no token to make: before, nonsense or a traceback."""
+    padding, infinity tied every hypothesis), counts that are not whole numbers, no token to make: before, nonsense
+    (padding alone for max_new_tokens=2.5, one sequence for num_return_sequences=0) or a traceback."""
     one_line_error(lambda: model.generate(random_ids(2, 4), **{"num_beams": 4, "gnmt_alpha": 0.6, **settings}),
                    message)
 

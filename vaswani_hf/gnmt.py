@@ -73,14 +73,14 @@ def gnmt_beam_search(
     """
     config = model.config
     check_token_ids(input_ids, config.vocab_size, "input_ids", values=False)  # the encoder reads the values
-    if isinstance(num_beams, bool) or not isinstance(num_beams, numbers.Integral) or num_beams < 1:
-        raise ValueError(f"num_beams must be a whole number of at least 1, got {num_beams!r}")
+    check_whole("num_beams", num_beams, 1)
+    check_whole("min_new_tokens", min_new_tokens, 0)
+    check_whole("num_return_sequences", num_return_sequences, 1)
+    if max_new_tokens is not None:
+        check_whole("max_new_tokens (max_length counts the decoder start token)", max_new_tokens, 1)
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha < math.inf:
         # The early stop below relies on lp growing with length, as it does for α >= 0.
         raise ValueError(f"gnmt_alpha must be a finite number of at least 0, got {alpha!r}")
-    if max_new_tokens is not None and not max_new_tokens >= 1:
-        raise ValueError(f"the search must make at least 1 token, got max_new_tokens={max_new_tokens} "
-                         "(max_length counts the decoder start token)")
     if not 1 <= num_return_sequences <= num_beams:
         raise ValueError(
             f"num_return_sequences must be between 1 and num_beams={num_beams}, got {num_return_sequences}"
@@ -177,6 +177,12 @@ def gnmt_beam_search(
     return (sequences, finished_scores.flatten()) if output_scores else sequences
 
 
+def check_whole(name: str, value, least: int) -> None:
+    """A one-line ValueError unless `value` is a whole number (not a bool) of at least `least`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
+
+
 # What the search takes of a generation config or a call: a saved config's or the call's own (other than None or
 # False). max_length counts the decoder start token, as transformers' does for encoder-decoder models.
 SEARCH_SETTINGS = ("num_beams", "gnmt_alpha", "max_new_tokens", "max_length", "min_new_tokens", "num_return_sequences",
@@ -210,8 +216,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     inputs_of_call = config.update(**kwargs)
     if alpha is None:
         return generate(inputs, generation_config=generation_config, **kwargs)
-    if config.num_beams is not None and config.num_beams < 1:
-        raise ValueError(f"generate(): num_beams must be at least 1, got {config.num_beams}")
+    if config.num_beams is not None:
+        check_whole("generate(): num_beams", config.num_beams, 1)
     source = inputs if inputs is not None else inputs_of_call.get("input_ids")
     mask = inputs_of_call.get("attention_mask")
     defaults = GenerationConfig._get_default_generation_params()
@@ -242,7 +248,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         sequences, scores = gnmt_beam_search(
             model, source, mask, config.num_beams, alpha, max_new_tokens,
             min_new_tokens=1 if config.min_new_tokens is None else config.min_new_tokens,
-            num_return_sequences=config.num_return_sequences or 1, output_scores=True, synced_gpus=synced_gpus)
+            num_return_sequences=1 if config.num_return_sequences is None else config.num_return_sequences,
+            output_scores=True, synced_gpus=synced_gpus)
         if config.return_dict_in_generate:
             return GenerateBeamEncoderDecoderOutput(sequences=sequences,
                                                     sequences_scores=scores if config.output_scores else None)
