@@ -92,8 +92,10 @@ def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_fold
     assert encoded == [[truncated]]
     expected = model.generate(torch.tensor([truncated]), num_beams=1, max_new_tokens=3)
     assert result[0]["translation_text"] == tokenizer.decode(expected[0], skip_special_tokens=True)
-    with pytest.raises(TypeError, match="a string or a list of strings"):
+    with pytest.raises(TypeError, match="a string or a list of strings, got int$"):
         translator(42)
+    with pytest.raises(TypeError, match="a string or a list of strings, got a list holding NoneType$"):
+        translator([SOURCES[0], None])
     assert translator([]) == []
     nothing = {"translation_text": ""}
     assert translator(["", " \t", SOURCES[2]], batch_size=2) == [nothing, nothing, translator(SOURCES[2])[0]]

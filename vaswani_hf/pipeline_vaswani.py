@@ -54,8 +54,11 @@ class TranslationPipeline(Pipeline):
 
     def __call__(self, inputs: str | list[str], **kwargs):
         texts = [inputs] if isinstance(inputs, str) else inputs
-        if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
-            raise TypeError(f"TranslationPipeline takes a string or a list of strings, got {type(inputs).__name__}")
+        listed = isinstance(texts, list)
+        others = [type(text).__name__ for text in texts if not isinstance(text, str)] if listed else []
+        if not listed or others:
+            got = f"a list holding {others[0]}" if others else type(inputs).__name__
+            raise TypeError(f"TranslationPipeline takes a string or a list of strings, got {got}")
         if not texts:  # nothing to translate: transformers' Pipeline would look for a first item
             return []
         results = super().__call__(inputs, **kwargs)
