@@ -94,6 +94,14 @@ def test_generate_with_no_beams(model):
                    "generate(): num_beams must be a whole number of at least 1, got 0")
 
 
+@pytest.mark.parametrize("eos", [None, [2, 3]])
+def test_the_papers_search_needs_one_eos_id(eos):
+    """Without one (None: it returned padding alone; several: none ended a hypothesis), one line."""
+    model = tiny_model(eos_token_id=eos)
+    one_line_error(lambda: model.generate(random_ids(2, 4), num_beams=4, gnmt_alpha=0.6),
+                   f"the paper's search ends hypotheses at one eos_token_id, the model has {eos}")
+
+
 @pytest.mark.parametrize(("settings", "message"), [
     ({"gnmt_alpha": float("nan")}, "gnmt_alpha must be a finite number of at least 0, got nan"),
     ({"gnmt_alpha": float("inf")}, "gnmt_alpha must be a finite number of at least 0, got inf"),

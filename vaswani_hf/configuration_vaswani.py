@@ -89,7 +89,8 @@ class VaswaniConfig(PretrainedConfig):
             variant of later tensor2tensor releases, `x + Dropout(Sublayer(LayerNorm(x)))` with a final LayerNorm
             on each stack: a deviation from the paper, off by default.
         pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`):
-            Special token ids. The decoder starts from `decoder_start_token_id` (by default the BOS token).
+            Special token ids. The decoder starts from `decoder_start_token_id` (by default the BOS token). Only
+            `bos_token_id` and `eos_token_id` may be None (the paper's search needs one EOS id).
         custom_pipelines (`dict`, *optional*):
             Pipelines that `pipeline()` loads from the model folder; by default the `translation` task of
             `pipeline_vaswani.py` (transformers 5 has none).
@@ -130,10 +131,10 @@ class VaswaniConfig(PretrainedConfig):
     normalize_before: bool = False
     use_cache: bool = True
     is_encoder_decoder: bool = True
-    pad_token_id: int | None = 0
+    pad_token_id: int = 0
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
-    decoder_start_token_id: int | None = 1
+    decoder_start_token_id: int = 1
     custom_pipelines: dict | None = None
 
     def __post_init__(self, **kwargs):
@@ -180,9 +181,14 @@ class VaswaniConfig(PretrainedConfig):
         _check_positive("max_position_embeddings", self.max_position_embeddings)
         if not self.layer_norm_eps > 0:
             raise ValueError(f"VaswaniConfig: layer_norm_eps={self.layer_norm_eps} must be > 0")
-        for name in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
+        for name, use in (("pad_token_id", "fills batches and is left out of the loss"),
+                          ("decoder_start_token_id", "is the decoder's first input")):
+            if getattr(self, name) is None:
+                raise ValueError(f"VaswaniConfig: {name} is None: the model needs one, it {use}")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
-            if value is not None and not 0 <= value < self.vocab_size:
+            ids = value if isinstance(value, list) else [value]  # transformers allows several EOS ids
+            if any(i is not None and not 0 <= i < self.vocab_size for i in ids):
                 raise ValueError(f"VaswaniConfig: {name}={value} is outside the vocabulary [0, {self.vocab_size})")
         super().__post_init__(**kwargs)
 

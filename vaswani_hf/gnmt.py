@@ -89,6 +89,11 @@ def gnmt_beam_search(
         attention_mask = torch.ones_like(input_ids)
     batch_size, vocab_size, device = input_ids.shape[0], config.vocab_size, input_ids.device
     pad, eos, start = config.pad_token_id, config.eos_token_id, config.decoder_start_token_id
+    eos_ids = eos if isinstance(eos, list) else [eos]
+    if len(eos_ids) != 1 or eos_ids[0] is None:  # tensor2tensor's search, like the paper's models, ends at one token
+        raise ValueError(f"the paper's search ends hypotheses at one eos_token_id, the model has {eos!r}: set one, "
+                         "or pass gnmt_alpha=None for transformers' beam search")
+    eos = eos_ids[0]
     limits = attention_mask.sum(-1) + extra_length if max_new_tokens is None else torch.full(
         (batch_size,), max_new_tokens, device=device)  # (B,)
     if config.position_embedding == "learned":  # no position beyond the learned ones
