@@ -129,11 +129,14 @@ def test_ctranslate2_scores_with_a_converted_models_position_table(translation_f
 
 
 @pytest.mark.parametrize("options", [{"normalize_before": True},
-                                     {"position_embedding": "learned", "max_position_embeddings": 64}],
-                         ids=["pre-LN", "learned positions"])
-def test_ctranslate2_scores_a_pre_ln_or_learned_position_model_as_ours_does(translation_folder, tmp_path, options):
-    """The two deviations the export writes beyond the paper's model: a pre-LN stack's final LayerNorm and learned
-    positions (Table 3, row E). Random weights, every LayerNorm's drawn too, so that each must reach the export."""
+                                     {"position_embedding": "learned", "max_position_embeddings": 64},
+                                     {"d_k": 4, "d_v": 4}, {"scale_embedding": False}, {"layer_norm_eps": 0.1}],
+                         ids=["pre-LN", "learned positions", "heads narrower than d_model / h", "unscaled embeddings",
+                              "another LayerNorm epsilon"])
+def test_ctranslate2_scores_a_model_beyond_the_papers_defaults_as_ours_does(translation_folder, tmp_path, options):
+    """What the export writes beyond the paper's model: a pre-LN stack's final LayerNorm, learned positions
+    (Table 3, row E), heads of d_k < d_model / h (row B), embeddings not scaled by sqrt(d_model) and another LayerNorm
+    epsilon (converted models). Random weights, every LayerNorm's drawn too, so that each must reach the export."""
     tokenizer = AutoTokenizer.from_pretrained(translation_folder)
     model = tiny_model(seed=5, vocab_size=len(tokenizer), **options)
     with torch.no_grad():
