@@ -275,3 +275,43 @@ def test_alpha_is_chosen_among_the_candidates_even_one_that_is_not_the_default(t
     assert alpha == best and args.length_penalty_alpha == 1.4  # returned, the flags untouched
     assert metrics["validation"]["bleu"] == bleu("validation", best)
     assert metrics["test"]["bleu"] == bleu("test", best)
+
+
+def test_the_final_evaluation_reports_the_best_alphas_scores_and_the_unsmoothed_validation_loss(translation_folder,
+                                                                                                monkeypatch):
+    """§6.1's α search, wired: translations (a stand-in) are right only with α = 0.2, the middle candidate, so the
+    chosen α, the validation and test scores must all be 0.2's. The validation loss is the plain per-token NLL
+    over every token (torch's cross-entropy, no smoothing; batches of 30 tokens at most, of unequal sizes) and the
+    perplexity its exponential, of an untrained model (loss above 5)."""
+    from types import SimpleNamespace
+
+    from support import tiny_model
+    from transformers import AutoTokenizer
+
+    from training import evaluation
+    from training.batching import encode
+    from training.default_data import generate
+
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    model = tiny_model(seed=3, vocab_size=len(tokenizer))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8)  # confidently wrong: a loss well above 5
+    pairs = {"validation": generate()["validation"][:6], "test": generate()["test"][:4]}
+    reference = dict(pairs["validation"] + pairs["test"])
+    monkeypatch.setattr(evaluation, "translate", lambda model, tokenizer, sources, num_beams, alpha: [
+        reference[source] if alpha == 0.2 else "das ist es nicht" for source in sources])
+    args = SimpleNamespace(alpha_candidates=[1.0, 0.2, 0.6], length_penalty_alpha=0.6, num_beams=4, max_tokens=30)
+    encoded = encode(tokenizer, pairs["validation"])
+    metrics, alpha = evaluation.final_evaluation(model, tokenizer, pairs, encoded, args, print)
+
+    search = metrics["alpha_search"]
+    assert alpha == 0.2 and search[0.2] == pytest.approx(100) and search[1.0] < 1 and search[0.6] < 1
+    assert metrics["validation"]["bleu"] == pytest.approx(100) and metrics["test"]["bleu"] == pytest.approx(100)
+    total = count = 0
+    for source, target in zip(*encoded):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([source]), labels=torch.tensor([target])).logits[0]
+        total += torch.nn.functional.cross_entropy(logits, torch.tensor(target), reduction="sum").item()
+        count += len(target)
+    assert metrics["validation"]["loss"] == pytest.approx(total / count, rel=1e-5) and total / count > 5
+    assert metrics["validation"]["perplexity"] == pytest.approx(math.exp(total / count), rel=1e-5)
