@@ -476,6 +476,26 @@ def test_decoding_gives_the_same_sequences_and_scores_whatever_the_plan(num_beam
         torch.testing.assert_close(torch.stack(other.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
 
 
+def test_a_cache_that_generate_returns_or_takes_has_transformers_layout_and_the_model_is_plain_after():
+    """Beams that share their source keep one cross-attention row a source during the call only: the cache the call
+    returns holds a row per sequence, as the plain model's; given back to generate(), it continues as the plain
+    model's does; and the model's next forward computes as the plain model's."""
+    source = random_ids(3, 8, seed=3)
+    models = [tiny_model(seed=5).eval(), fast_cpu(tiny_model(seed=5), {**PLAIN, "beam": {"shared": True,
+                                                                                         "packed": False}}).eval()]
+    first = [model.generate(source, num_beams=4, max_new_tokens=4, return_dict_in_generate=True) for model in models]
+    caches = [[layer.keys for layer in output.cache.cross_attention_cache.layers] for output in first]
+    assert [keys.shape[0] for keys in caches[1]] == [12] * 3
+    assert all(torch.equal(ours, plain) for ours, plain in zip(caches[1], caches[0], strict=True))
+    then = [model.generate(source, decoder_input_ids=output.sequences, cache=copy.deepcopy(output.cache), num_beams=4,
+                           max_new_tokens=3, output_scores=True, return_dict_in_generate=True)
+            for model, output in zip(models, first, strict=True)]
+    assert torch.equal(then[1].sequences, then[0].sequences)
+    torch.testing.assert_close(torch.stack(then[1].scores), torch.stack(then[0].scores), rtol=1e-5, atol=1e-5)
+    plain, ours = (model(input_ids=source, decoder_input_ids=source[:, :5]).logits for model in models)
+    torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-5)
+
+
 # --- the lean step ----------------------------------------------------------------------------------------------
 
 def with_lean(lean: bool, shared: bool = True, packed: bool = False) -> dict:
@@ -531,13 +551,16 @@ def test_the_lean_step_takes_every_step_after_the_first_of_the_mode_its_plan_nam
         assert "forward" not in vars(model.get_decoder())  # the decoder's own forward is back after the call
 
 
-@pytest.mark.parametrize("what", ["hidden states", "eager kernel", "another sdpa kernel", "a decoder mask"])
+@pytest.mark.parametrize("what", ["hidden states", "eager kernel", "another sdpa kernel", "a decoder mask",
+                                  "training mode"])
 def test_the_decoders_own_forward_takes_every_step_the_lean_one_does_not_compute(monkeypatch, what):
-    """Recorded hidden states, a kernel other than transformers' SDPA, a decoder attention mask: the decoder's own
-    forward runs every step, and the call gives what the plain model gives."""
+    """Recorded hidden states, a kernel other than transformers' SDPA, a decoder attention mask, training mode (the
+    lean step has no dropout; here P_drop is 0, so the plain model decodes alike): the decoder's own forward runs
+    every step, and the call gives what the plain model gives."""
     attention = "eager" if what == "eager kernel" else "sdpa"
     model = fast_cpu(tiny_model(seed=6, attn_implementation=attention), with_lean(True, shared=False))
     plain, source = tiny_model(seed=6, attn_implementation=attention), random_ids(3, 8, seed=4)
+    model.train(what == "training mode"), plain.train(what == "training mode")
     if what == "another sdpa kernel":
         monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", functools.partial(ALL_ATTENTION_FUNCTIONS["sdpa"]))
     options = {"output_hidden_states": what == "hidden states", "min_new_tokens": 10}  # decode(): at most 10
@@ -551,6 +574,23 @@ def test_the_decoders_own_forward_takes_every_step_the_lean_one_does_not_compute
     if what == "hidden states":
         assert all(torch.equal(torch.stack(ours), torch.stack(theirs))
                    for ours, theirs in zip(found.decoder_hidden_states, expected.decoder_hidden_states, strict=True))
+
+
+def test_a_first_step_of_several_tokens_after_a_given_cache_goes_to_the_decoders_own_forward(monkeypatch):
+    """generate() continuing from a cache it returned, with the sequences so far: its first step feeds several tokens
+    a row to a filled cache, which the lean step does not compute; the continuation is the plain model's."""
+    source = random_ids(3, 8, seed=4)
+    models = [tiny_model(seed=6), fast_cpu(tiny_model(seed=6), with_lean(True, shared=False))]
+    first = [model.generate(source, max_new_tokens=4, return_dict_in_generate=True) for model in models]
+
+    def then(model, output):
+        return model.generate(source, decoder_input_ids=output.sequences, cache=copy.deepcopy(output.cache),
+                              max_new_tokens=3, min_new_tokens=3)
+
+    expected = then(models[0], first[0])
+    calls = own_forward_calls(monkeypatch, models[1])
+    assert torch.equal(then(models[1], first[1]), expected)
+    assert len(calls) == 1  # the first step; the lean one computes the two after it
 
 
 def test_inside_a_lean_block_the_decoders_own_checks_speak():
