@@ -140,6 +140,19 @@ def test_a_packed_layer_computes_the_formula_inside_a_block_and_is_nn_linear_out
     torch.testing.assert_close(inside.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_under_autocast_a_packed_layer_is_nn_linear_even_in_a_block():
+    """bfloat16 autocast (a CPU run's --bf16) computes the product in bfloat16, as torch's layer does; a block's
+    float32 oneDNN product would be another result."""
+    torch.manual_seed(0)
+    layer = PackedLinear(24, 40).eval()
+    x = torch.randn(4, 1, 24)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+        with PACKING.block():
+            inside = layer(x)
+    assert inside.dtype == torch.bfloat16 and torch.equal(inside, expected) and layer not in PACKING.packed
+
+
 def test_the_plain_model_runs_torchs_layers_and_packs_nothing():
     """What travels to the Hub: nn.Linear and transformers' SDPA; nothing measured, nothing packed."""
     model, source = tiny_model(seed=8), random_ids(3, 8, seed=6)
@@ -669,6 +682,12 @@ def test_packed_weights_are_kept_between_calls_in_eval_mode_and_never_go_stale()
     assert PACKING.packed[model.lm_head][3] is not kept
     plain = decode(plain_twin(model), source)
     assert torch.equal(fast.sequences, plain.sequences)
+    torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
+
+    with torch.no_grad():  # one value the fingerprint does not sample (it takes flat indices 0, 20, ...): its version
+        model.lm_head.weight[0, 1] += 5.0
+    fast = decode(model, source)
+    plain = decode(plain_twin(model), source)
     torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
 
 
