@@ -509,6 +509,27 @@ def test_a_cache_that_generate_returns_or_takes_has_transformers_layout_and_the_
     torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_beams_that_share_their_source_attend_as_the_plain_model_at_several_positions_at_once(attention):
+    """A forward of four beams a source over five target positions (a call's first step after a given cache has
+    several): logits and, with the eager kernel, the encoder-decoder attention weights of every beam are the plain
+    model's; in eval mode the attention dropout (0.3 here) is off in both."""
+    source, mask = padded_source()
+    plain, model = (tiny_model(seed=5, attn_implementation=attention, dropout=0.3, attention_dropout=0.3)
+                    for _ in range(2))
+    model = fast_cpu(model, {**PLAIN, "beam": {"shared": True, "packed": False}}).eval()
+    encoded = plain.get_encoder()(input_ids=source, attention_mask=mask).last_hidden_state
+    inputs = {"encoder_outputs": (encoded.repeat_interleave(4, 0),), "attention_mask": mask.repeat_interleave(4, 0),
+              "decoder_input_ids": random_ids(12, 5, seed=7), "output_attentions": attention == "eager"}
+    expected = plain(**inputs)
+    with model.fast_decoding(4) as shared:
+        found = model(**inputs)
+    assert shared
+    torch.testing.assert_close(found.logits, expected.logits, rtol=1e-5, atol=1e-5)
+    for ours, plains in zip(found.cross_attentions or (), expected.cross_attentions or (), strict=True):
+        torch.testing.assert_close(ours, plains, rtol=1e-5, atol=1e-6)
+
+
 # --- the lean step ----------------------------------------------------------------------------------------------
 
 def with_lean(lean: bool, shared: bool = True, packed: bool = False) -> dict:
