@@ -508,7 +508,8 @@ def test_output_streams_as_batches_finish(translation_folder, monkeypatch, capfd
 
 
 def test_progress_goes_to_stderr_with_lines_and_tokens_per_second(translation_folder, tmp_path, cli):
-    (tmp_path / "in.txt").write_text("\n".join(MANY) + "\n")
+    """The file's last line has no newline: it counts in the total all the same."""
+    (tmp_path / "in.txt").write_text("\n".join(MANY))
     result = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt")
     assert result.returncode == 0 and result.stdout == ""
     assert f"{len(MANY)}/{len(MANY)}" in result.stderr and "lines" in result.stderr and "tokens/s" in result.stderr
@@ -520,10 +521,11 @@ def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_fold
 
     model, tokenizer = load_local(translation_folder)
     lines = [SOURCES[0], "", SOURCES[2]]
-    result = cli("--model", translation_folder, "--nbest", "3", "--quiet", stdin="\n".join(lines) + "\n")
+    result = cli("--model", translation_folder, "--nbest", "3", "--quiet", "--window", "2",
+                 stdin="\n".join(lines) + "\n")
     assert result.returncode == 0, result.stderr
     rows = [line.split(" ||| ") for line in result.stdout.splitlines()]
-    assert [int(index) for index, _, _ in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [int(index) for index, _, _ in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # the input's line, across windows
     assert [text for _, text, _ in rows[3:6]] == ["", "", ""]
     for index in (0, 2):
         inputs = tokenizer(lines[index], return_tensors="pt")
@@ -535,6 +537,16 @@ def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_fold
         assert ours[0][1] == translate(model, tokenizer, [lines[index]])[0]
     assert refused_translation(capfd, monkeypatch, "--model", translation_folder, "--nbest", "5",
                                stdin=b"A dog.\n") == "error: --nbest 5 is more than the beam size 4"
+
+
+def test_a_translation_holding_a_newline_is_still_one_output_line():
+    """One output line per input line, whatever a tokenizer decodes (a converted model's vocabulary may hold a
+    newline)."""
+    from vaswani_hf.tools.translate import output_lines
+
+    assert output_lines("A dog.", [("Ein\nHund.", -1.0)], 0, 1) == "Ein Hund.\n"
+    assert output_lines("A dog.", [("Ein\nHund.", -1.0), ("Hund", -2.5)], 7, 2) == \
+        "7 ||| Ein Hund. ||| -1.0000\n7 ||| Hund ||| -2.5000\n"
 
 
 def test_a_converted_models_greedy_translations_are_scored_by_the_log_probability_of_their_tokens(
