@@ -42,6 +42,13 @@ def test_warmup_and_cooldown_are_shares_of_the_expected_run(expected_steps):
     assert rates[-1] == 0.0
 
 
+@pytest.mark.parametrize("warmup_share", [0.0, 0.0001])
+def test_a_warmup_shorter_than_a_step_starts_at_the_peak_and_decays_from_it(warmup_share):
+    """--warmup_share 0 (or a share of under one step): no ramp, the §5.3 decay from step 1, peak · step^-0.5."""
+    rates = [budget_lr(step, 1000, PEAK, warmup_share) for step in (1, 4, 100)]
+    assert rates == pytest.approx([PEAK, PEAK / 2, PEAK / 10])
+
+
 def test_a_machine_half_as_fast_expects_half_the_steps_and_warms_up_for_half_as_many():
     fast, slow = make_budget(), make_budget()
     # 100 steps done; the first took 20 s (it measures kernels), the others 0.5 s or 1 s each
