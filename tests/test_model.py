@@ -195,6 +195,20 @@ def test_shared_embeddings_are_one_matrix_or_three():
     assert abs(untied.lm_head.weight.std().item() - std) < 0.15 * std
 
 
+def test_new_input_embeddings_are_both_embeddings_and_the_projection_when_tied_and_the_sources_alone_when_not():
+    """§3.4's one matrix stays one when a user swaps it in: `set_input_embeddings` gives it to both stacks at once, as
+    Marian's does, and transformers' `tie_weights` to the projection; untied, the new matrix is the encoder's only."""
+    for tie in (True, False):
+        model = tiny_model(tie_word_embeddings=tie)
+        target, projection = model.model.decoder.embed_tokens.weight, model.lm_head.weight
+        new = torch.nn.Embedding(53, 24, padding_idx=PAD)
+        model.set_input_embeddings(new)
+        assert model.model.encoder.embed_tokens is new
+        assert model.model.decoder.embed_tokens.weight is (new.weight if tie else target)
+        model.tie_weights()
+        assert model.lm_head.weight is (new.weight if tie else projection)
+
+
 def test_resizing_the_vocabulary_keeps_the_matrices_tied_or_resizes_all_three():
     for tie in (True, False):
         model = tiny_model(tie_word_embeddings=tie)
