@@ -594,7 +594,8 @@ def test_the_decoders_own_forward_takes_every_step_the_lean_one_does_not_compute
     attention = "eager" if what == "eager kernel" else "sdpa"
     model = fast_cpu(tiny_model(seed=6, attn_implementation=attention), with_lean(True, shared=False))
     plain, source = tiny_model(seed=6, attn_implementation=attention), random_ids(3, 8, seed=4)
-    model.train(what == "training mode"), plain.train(what == "training mode")
+    for each in (model, plain):
+        each.train(what == "training mode")
     if what == "another sdpa kernel":
         monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", functools.partial(ALL_ATTENTION_FUNCTIONS["sdpa"]))
     options = {"output_hidden_states": what == "hidden states", "min_new_tokens": 10}  # decode(): at most 10
