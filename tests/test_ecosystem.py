@@ -23,7 +23,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from training.arguments import DataArguments
 from training.default_data import generate as generate_default_data
 from training.evaluation import translate
-from training.hub import write_output_folder
+from training.hub import fill_template, write_output_folder
 from training.recipe import training_data
 from vaswani_hf import TranslationPipeline, quantize_int8
 from vaswani_hf.tools.visualize import attention_weights, write_pictures
@@ -112,6 +112,18 @@ def test_the_folder_declares_its_pipeline_and_code(translation_folder):
         assert (translation_folder / name).is_file(), name
 
 
+def test_tokenizer_json_alone_pads_as_the_folders_tokenizer_does(translation_folder):
+    """tokenizer.json by itself (the tokenizers library, transformers.js) encodes a batch as AutoTokenizer does with
+    padding=True: the same ids, padded with the same pad token."""
+    from tokenizers import Tokenizer
+
+    _, tokenizer = load_local(translation_folder)
+    expected = tokenizer(SOURCES, padding=True)["input_ids"]
+    assert len({len(ids) for ids in expected}) == 1 and any(tokenizer.pad_token_id in ids for ids in expected)
+    alone = Tokenizer.from_file(str(translation_folder / "tokenizer.json"))
+    assert [encoding.ids for encoding in alone.encode_batch(SOURCES)] == expected
+
+
 def test_one_decoding_however_the_folder_is_loaded(translation_folder, tmp_path, cli):
     """The beam size and GNMT α a run saved (run.py chooses α on the validation set) are what generation_config.json
     asks for, and every way of loading the folder decodes with them: the installed class's generate(), the pipeline,
@@ -125,6 +137,7 @@ def test_one_decoding_however_the_folder_is_loaded(translation_folder, tmp_path,
                         num_beams=3, alpha=1.4)
     model, tokenizer = load_local(chosen)
     assert (model.generation_config.num_beams, model.generation_config.gnmt_alpha) == (3, 1.4)
+    assert model.generation_config.early_stopping is True  # §6.1's "terminate early" for transformers' beams too
     sources = [source for source, _ in generate_default_data()["test"][:12]]
     inputs = tokenizer(sources, return_tensors="pt", padding=True)
     direct = tokenizer.batch_decode(model.generate(**inputs), skip_special_tokens=True)
@@ -388,6 +401,28 @@ def test_the_model_card_names_the_data_as_given_and_claims_no_license(translatio
         assert f"local files (train: train.{source_lang} + train.{target_lang}; validation: " in text
     assert f"tokenizer([{json.dumps(pairs['test' if 'test' in pairs else 'validation'][0][0])}]" in card.text
     assert "local files" not in card.content.split("---")[1]  # not in the metadata
+
+
+def test_the_model_card_lists_every_deviation_and_the_averaged_checkpoints(translation_folder, tmp_path):
+    """The config's own deviations (`VaswaniConfig.deviations`) come first, then the run's, one line each; the recipe
+    names how many checkpoints were averaged."""
+    model, tokenizer = load_local(translation_folder)
+    model.config.attention_dropout = 0.2
+    data = training_data(DataArguments(), {"train": generate_default_data()["train"][:10]})
+    write_output_folder(model, tokenizer, tmp_path, {"averaged_checkpoints": ["checkpoint-20", "checkpoint-30"]},
+                        data=data, length_limit=LENGTH_LIMIT, source_lang="en", target_lang="de", model_id="m",
+                        recipe={}, deviations=["the run's own deviation"], label_smoothing=0.1, batching="b")
+    text = (tmp_path / "README.md").read_text()
+    assert ("its training:\n\n- dropout on the attention weights (`attention_dropout=0.2`)\n"
+            "- the run's own deviation\n\n") in text
+    assert "label smoothing ε_ls = 0.1; the last 2 checkpoints averaged." in " ".join(text.split())
+
+
+def test_a_model_card_placeholder_left_unfilled_is_an_error():
+    """A placeholder the code does not fill is an error when the card is written, not text on the Hub."""
+    assert fill_template("{{a}} and {{a}}", {"a": "x"}) == "x and x"
+    with pytest.raises(ValueError, match=r"^model card placeholder left unfilled: \{\{b\}\}$"):
+        fill_template("{{a}} and {{b}}.", {"a": "x"})
 
 
 # --- the command-line translator ------------------------------------------------------------------------------
