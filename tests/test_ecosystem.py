@@ -179,11 +179,13 @@ PUBLISHED = CODE_FILES | {"model.safetensors", "config.json", "generation_config
                           "tokenizer.json", "tokenizer_config.json", "README.md"}
 
 
+@pytest.mark.parametrize("sharded", [False, True])
 def test_vaswani_push_publishes_the_model_and_nothing_of_its_training(translation_folder, tmp_path, monkeypatch,
-                                                                      caplog, capsys):
+                                                                      caplog, capsys, sharded):
     """`vaswani-push FOLDER REPO --private` on a finished run's folder, with huggingface_hub's two calls recorded:
-    exactly the model's files go up (no checkpoint, metrics, schedule or log), into a private repository, and
-    those files alone load and translate as the folder does; the token is never printed or written."""
+    exactly the model's files go up (no checkpoint, metrics, schedule or log), into a private repository made or
+    updated, and those files alone load and translate as the folder does, its weights in one file or in shards with
+    their index; the token is never printed or written."""
     import huggingface_hub
     from huggingface_hub import RepoUrl
 
@@ -191,6 +193,12 @@ def test_vaswani_push_publishes_the_model_and_nothing_of_its_training(translatio
 
     folder = tmp_path / "run"
     shutil.copytree(translation_folder, folder)
+    expected = PUBLISHED
+    if sharded:
+        (folder / "model.safetensors").unlink()
+        load_local(translation_folder)[0].save_pretrained(folder, max_shard_size="100KB")
+        shards = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
+        expected = PUBLISHED - {"model.safetensors"} | shards | {"model.safetensors.index.json"}
     for training_file in ("checkpoint-4/model.safetensors", "checkpoint-4/optimizer.safetensors", "schedule.json",
                           "runs/events.out.tfevents.1", "metrics.json"):
         (folder / training_file).parent.mkdir(parents=True, exist_ok=True)
@@ -205,8 +213,9 @@ def test_vaswani_push_publishes_the_model_and_nothing_of_its_training(translatio
                                                                                     kw["allow_patterns"]), kw)))
     hub.main([str(folder), "org/tiny-en-de", "--private"])
     assert calls[0][:2] == ("create", "org/tiny-en-de") and calls[0][2]["private"] is True
+    assert calls[0][2]["exist_ok"] is True  # pushing again updates the repository
     files = calls[1][1]
-    assert files == PUBLISHED, files ^ PUBLISHED
+    assert files == expected, files ^ expected
     assert "pushed" in capsys.readouterr().out
     published = tmp_path / "published"
     published.mkdir()
@@ -226,13 +235,20 @@ def test_vaswani_push_refuses_what_is_not_a_finished_model_in_one_line(translati
 
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda *a, **kw: pytest.fail("nothing is created"))
     unfinished = tmp_path / "unfinished"
-    shutil.copytree(translation_folder, unfinished, ignore=shutil.ignore_patterns("README.md", "tokenizer.json"))
+    shutil.copytree(translation_folder, unfinished,
+                    ignore=shutil.ignore_patterns("model.safetensors", "README.md", "tokenizer.json"))
+    marian = tmp_path / "marian"
+    shutil.copytree(translation_folder, marian)
+    config = json.loads((marian / "config.json").read_text())
+    (marian / "config.json").write_text(json.dumps({**config, "model_type": "marian"}))
     damaged = {}
     for name in ("generation_config.json", "model.safetensors"):  # cut short, as by a full disk
         damaged[name] = tmp_path / f"damaged_{name}" / name
         shutil.copytree(translation_folder, damaged[name].parent)
         damaged[name].write_bytes((translation_folder / name).read_bytes()[:100])
-    refusals = {unfinished: f"{unfinished}: not a finished model folder, no tokenizer.json, README.md",
+    refusals = {unfinished: f"{unfinished}: not a finished model folder, no model.safetensors, tokenizer.json, "
+                            "README.md",
+                marian: f"{marian}: not a vaswani_hf model folder (no config.json of model_type \"vaswani\")",
                 tmp_path / "missing": f"{tmp_path / 'missing'}: not a vaswani_hf model folder",
                 tmp_path: f"{tmp_path}: not a vaswani_hf model folder",
                 "": "the folder is blank: give the model's folder",  # not the current folder
