@@ -8,11 +8,19 @@ import torch
 from forked import ROOT, accelerate_ranks, free_port, run_forked
 from support import tiny_model
 from torch.utils.data import SequentialSampler
-from transformers import AutoTokenizer, DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+)
 from transformers.trainer_utils import EvalPrediction
 
 from training import run_trainer
+from training.arguments import read_preset
 from training.default_data import generate
+from training.evaluation import score, translate
 from training.hub import set_paper_decoding
 from training.run_trainer import make_compute_metrics, tokenize
 from vaswani_hf.gnmt import gnmt_beam_search
@@ -159,15 +167,16 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
     monkeypatch.setenv("HF_TOKEN", "hf_vaswaniTestToken0123456789abcdef")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # the suite's; the calls are recorded
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(
-        ("create", repo_id)) or huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}"))
+        ("create", repo_id, kw["private"])) or huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}"))
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", lambda self, **kw: calls.append(
         ("upload", kw["repo_id"], sorted(kw.get("allow_patterns") or ["everything"]))))
     output = tmp_path / "out"
     flags = [*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "6", "--eval_steps", "3",
              "--save_steps", "3"]
-    run_trainer.main([*flags, "--push_to_hub", "--hub_model_id", "org/tiny"])
+    run_trainer.main([*flags, "--label_smoothing_factor", "0.2", "--push_to_hub", "--hub_model_id", "org/tiny",
+                      "--hub_private_repo", "true"])
     assert not [w for w in recwarn if "pin_memory" in str(w.message)]  # no pinned memory asked of a CPU
-    assert calls == [("create", "org/tiny"), ("upload", "org/tiny", sorted(published_files(output)))]
+    assert calls == [("create", "org/tiny", True), ("upload", "org/tiny", sorted(published_files(output)))]
     with pytest.raises(SystemExit, match=f"error: --output_dir {output} is not empty"):  # its tokenizer is not reused
         run_trainer.main(flags)
     metrics = json.loads((output / "metrics.json").read_text())
@@ -177,11 +186,45 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
     for folder in (output, output / "checkpoint-3"):  # the Trainer's checkpoints decode as the finished model does
         generation = json.loads((folder / "generation_config.json").read_text())
         assert (generation["num_beams"], generation["gnmt_alpha"]) == (4, 0.6)
+    card = " ".join((output / "README.md").read_text().split())  # the Trainer's recipe, not run.py's
+    assert ("- recipe: batches counted in sentences, not tokens - recipe: the Trainer's label smoothing (ε/V on every "
+            "token, not ε/(V-1) on the others) - recipe: no checkpoint averaging") in card
+    assert "batches of 16 sentences per process" in card and "label smoothing ε_ls = 0.2;" in card
+
+
+def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_keys():
+    """§5.3: Adam(0.9, 0.98, 1e-9) without weight decay or clipping, 4,000 warmup steps, then the inverse square
+    root from the peak d_model^-0.5 · warmup^-0.5; §5.4: label smoothing 0.1; §6.1: beam 4. A preset's model, warmup,
+    learning-rate scale and clipping keys set theirs (flags still win)."""
+    _, model_args, recipe, args = run_trainer.parse_arguments([])
+    assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon, args.weight_decay, args.max_grad_norm) == (
+        0.9, 0.98, 1e-9, 0.0, 0.0)
+    assert (args.warmup_steps, args.lr_scheduler_type, args.label_smoothing_factor, args.generation_num_beams) == (
+        4000, "inverse_sqrt", 0.1, 4)
+    assert (model_args.d_model, recipe.lr_scale) == (512, 1.0)
+    assert args.learning_rate == pytest.approx(512**-0.5 * 4000**-0.5)
     args = run_trainer.parse_arguments(["--d_model", "256", "--warmup_steps", "400", "--lr_scale", "2"])[3]
-    assert args.learning_rate == pytest.approx(2 * 256**-0.5 * 400**-0.5)  # §5.3 peak
-    assert (args.adam_beta2, args.adam_epsilon, args.max_grad_norm, args.lr_scheduler_type) == (
-        0.98, 1e-9, 0.0, "inverse_sqrt")
-    assert run_trainer.parse_arguments(["--preset", "cpu-medium"])[3].max_grad_norm == 1.0  # the preset's clipping
+    assert args.learning_rate == pytest.approx(2 * 256**-0.5 * 400**-0.5)
+    preset = read_preset("cpu-medium")
+    _, model_args, recipe, args = run_trainer.parse_arguments(["--preset", "cpu-medium"])
+    assert (model_args.d_model, args.warmup_steps, recipe.lr_scale, args.max_grad_norm) == (
+        preset["d_model"], preset["warmup_steps"], preset["lr_scale"], preset["max_grad_norm"])
+    assert args.learning_rate == pytest.approx(preset["lr_scale"] * preset["d_model"]**-0.5
+                                               * preset["warmup_steps"]**-0.5)
+    assert run_trainer.parse_arguments(["--preset", "cpu-medium", "--warmup_steps", "7"])[3].warmup_steps == 7
+
+
+def test_pairs_become_sources_and_labels_cut_to_max_source_length_with_their_end(tokenizer, pairs):
+    """The dataset the Trainer reads: each pair's source tokenized as input, its target as labels, each cut to the
+    first max_source_length - 1 tokens and </s> when longer."""
+    dataset = tokenize(tokenizer, pairs, 12)
+    lengths = []
+    for row, (source, target) in zip(dataset, pairs, strict=True):
+        for ids, text in ((row["input_ids"], source), (row["labels"], target)):
+            whole = tokenizer(text)["input_ids"]
+            lengths.append(len(whole))
+            assert ids == (whole if len(whole) <= 12 else [*whole[:11], tokenizer.eos_token_id])
+    assert min(lengths) < 12 < max(lengths)
 
 
 def test_launched_as_two_cpu_processes_the_trainer_entry_point_shares_the_epoch_between_them(tmp_path):
@@ -213,16 +256,25 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
     the last file the Trainer writes (a run killed while saving leaves a checkpoint without it). A folder with
     nothing to resume, or a path that is no finished checkpoint, is one line before any work."""
     output, data = tmp_path / "out", entry_flags(tmp_path)
-    flags = [*data, "--output_dir", str(output), "--max_steps", "4", "--save_steps", "2", "--eval_strategy", "no"]
+    flags = [*data, "--output_dir", str(output), "--max_steps", "15", "--save_steps", "5", "--eval_strategy", "no",
+             "--generation_num_beams", "3"]
     run_trainer.main(flags)
-    (output / "checkpoint-4" / "trainer_state.json").unlink()  # killed while saving its last checkpoint
+    (output / "checkpoint-15" / "trainer_state.json").unlink()  # killed while saving its last checkpoint
     loaded = []
     load = Seq2SeqTrainer._load_from_checkpoint
     monkeypatch.setattr(Seq2SeqTrainer, "_load_from_checkpoint",
                         lambda self, path, *args, **kwargs: loaded.append(path) or load(self, path, *args, **kwargs))
+    beams = []  # the test set's decoding: its scores alone cannot tell beams from greedy in so short a run
+    monkeypatch.setattr(run_trainer, "translate", lambda *args, **kwargs: beams.append(kwargs["num_beams"])
+                        or translate(*args, **kwargs))
     run_trainer.main([*flags, "--resume_from_checkpoint", "latest"])
-    assert loaded == [str(output / "checkpoint-2")]
-    assert json.loads((output / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
+    assert loaded == [str(output / "checkpoint-10")]  # the newest by number, not by name (checkpoint-5)
+    assert json.loads((output / "checkpoint-15" / "trainer_state.json").read_text())["global_step"] == 15
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(output), AutoTokenizer.from_pretrained(output)
+    assert model.generation_config.num_beams == 3 and beams == [3]  # the run's beam, for its test set and folder
+    test = generate()["test"][:6]
+    assert json.loads((output / "metrics.json").read_text())["test"] == score(
+        translate(model, tokenizer, [s for s, _ in test], num_beams=3), [t for _, t in test])
     for given, message in (("latest", f"latest: {tmp_path / 'new'} holds no checkpoint the Trainer finished saving"),
                            (str(output), f"{output} is not a checkpoint the Trainer finished saving")):
         with pytest.raises(SystemExit, match=f"^error: --resume_from_checkpoint {message}"):
@@ -231,12 +283,15 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
 
 
 def test_the_trainer_entry_point_learns_its_bpe_from_bpe_sample_pairs(tmp_path):
-    """--bpe_sample N, as in run.py: the joint BPE learns from N pairs drawn at random. From one pair (two sentences)
-    the merges run out far below --vocab_size 200, which all 300 pairs reach."""
-    sizes = {}
-    for sample in ([], ["--bpe_sample", "1"]):
+    """--bpe_sample N, as in run.py: the joint BPE learns from N pairs drawn at random with --seed. From one pair (two
+    sentences) the merges run out far below --vocab_size 200, which all 300 pairs reach. The runs have no validation
+    set: they train without evaluating."""
+    flags = entry_flags(tmp_path)
+    at = flags.index("--validation_file")
+    vocabularies = {}
+    for sample in ([], ["--bpe_sample", "1"], ["--bpe_sample", "1", "--seed", "7"]):
         output = tmp_path / f"out{len(sample)}"
-        run_trainer.main([*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "1", "--eval_strategy",
-                          "no", *sample])
-        sizes[len(sample)] = len(AutoTokenizer.from_pretrained(output))
-    assert sizes[0] == 200 and sizes[2] < 100
+        run_trainer.main([*flags[:at], *flags[at + 2:], "--output_dir", str(output), "--max_steps", "1", *sample])
+        vocabularies[len(sample)] = AutoTokenizer.from_pretrained(output).get_vocab()
+    assert len(vocabularies[0]) == 200 and len(vocabularies[2]) < 100
+    assert vocabularies[4] != vocabularies[2]  # another seed, another pair
