@@ -47,7 +47,7 @@ def write_marian(folder) -> None:
               "decoder_ffn_dim": 24, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
               "activation_function": "swish", "scale_embedding": True, "max_position_embeddings": 128,
               "pad_token_id": pad, "decoder_start_token_id": pad, "eos_token_id": 0, "forced_eos_token_id": 0,
-              "init_std": 0.3, "dropout": 0.1}
+              "init_std": 0.3, "dropout": 0.1, "attention_dropout": 0.2, "activation_dropout": 0.15}
     torch.manual_seed(0)
     marian = MarianMTModel(MarianConfig(**values))
     marian.final_logits_bias.normal_()
@@ -92,8 +92,11 @@ def test_a_converted_marian_model_gives_marians_logits_and_translations(marian_p
     config = ours.config
     assert (config.position_encoding_layout, config.activation_function, config.add_final_logits_bias,
             config.decoder_start_token_id) == ("halves", "swish", True, marian.config.pad_token_id)
+    assert (config.dropout, config.attention_dropout, config.activation_dropout, config.max_position_embeddings) == (
+        0.1, 0.2, 0.15, 128)  # fine-tuned, it trains as the source did
     card = ModelCard.load(converted / "README.md")
     assert card.data.license == "cc-by-4.0" and "`activation_function='swish'`" in card.text
+    assert card.data.base_model is None  # a local folder is no Hub model
     inputs = batch(source, SENTENCES[:8])
     labels = batch(source, SENTENCES[8:16])["input_ids"]
     labels = labels.masked_fill(labels == marian.config.pad_token_id, -100)  # Marian's loss counts what is not -100
@@ -105,6 +108,15 @@ def test_a_converted_marian_model_gives_marians_logits_and_translations(marian_p
     inputs = batch(source, SENTENCES[:32])
     for options in ({"num_beams": 1}, {}):  # greedy; the saved config's beam 4
         assert torch.equal(ours.generate(**inputs, **options), marian.generate(**inputs, **options)), options
+
+
+def test_marians_silu_is_converted_as_swish():
+    """transformers' Marian configs may name swish by its other name, SiLU: the same function, not refused."""
+    from transformers.activations import ACT2FN
+
+    assert convert.marian_config(MarianConfig(activation_function="silu")).activation_function == "swish"
+    x = torch.linspace(-8, 8, 161)
+    torch.testing.assert_close(ACT2FN["swish"](x), ACT2FN["silu"](x), atol=0, rtol=0)
 
 
 def test_the_converted_tokenizer_gives_the_sentencepiece_models_ids_and_text(marian_pair):
@@ -255,10 +267,11 @@ def moses(text: str, lang: str = "en") -> str:
     return MosesTokenizer(lang=lang).tokenize(normalized, aggressive_dash_splits=True, return_str=True, escape=True)
 
 
-def write_fairseq(folder, fused: bool, old_names: bool):
+def write_fairseq(folder, fused: bool, old_names: bool, share_all: bool = True, activation: str = "relu"):
     """The folder, and the FSMT model its weights come from. `fused`: attention projections stored as one
     `in_proj_weight` (fairseq before 2020); `old_names`: LayerNorms as `layer_norms.N` and no stored output
-    projection (shared with the embeddings), as the 2018 releases of Ott et al. hold them."""
+    projection (shared with the target embedding), as the 2018 releases of Ott et al. hold them; `share_all`: the
+    source embedding is that matrix too (--share_all_embeddings)."""
     from subword_nmt.apply_bpe import BPE
     from subword_nmt.learn_bpe import learn_bpe
     from transformers import FSMTConfig, FSMTForConditionalGeneration
@@ -279,9 +292,13 @@ def write_fairseq(folder, fused: bool, old_names: bool):
     fsmt = FSMTForConditionalGeneration(FSMTConfig(
         langs=["en", "de"], src_vocab_size=size, tgt_vocab_size=size, d_model=16, encoder_layers=2, decoder_layers=3,
         encoder_ffn_dim=24, decoder_ffn_dim=24, encoder_attention_heads=4, decoder_attention_heads=4,
-        max_position_embeddings=128, init_std=0.3, forced_eos_token_id=None, tie_word_embeddings=True)).eval()
-    with torch.no_grad():  # --share_all_embeddings: one matrix for both embeddings and the output projection
-        fsmt.model.encoder.embed_tokens.weight.copy_(fsmt.model.decoder.embed_tokens.weight)
+        max_position_embeddings=128, init_std=0.3, forced_eos_token_id=None, tie_word_embeddings=share_all,
+        activation_function=activation)).eval()  # tied, FSMT shares one matrix among all three
+    if not share_all:  # --share_decoder_input_output_embed alone
+        with torch.no_grad():
+            fsmt.model.decoder.output_projection.weight.copy_(fsmt.model.decoder.embed_tokens.weight)
+    encoder, decoder = fsmt.model.encoder.embed_tokens.weight, fsmt.model.decoder.embed_tokens.weight
+    assert torch.equal(encoder, decoder) == share_all
     randomize_layer_norms(fsmt)
     weights = {name.removeprefix("model."): tensor.clone() for name, tensor in fsmt.state_dict().items()
                if ".embed_positions." not in name}
@@ -304,8 +321,9 @@ def write_fairseq(folder, fused: bool, old_names: bool):
         encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=24, decoder_ffn_embed_dim=24,
         encoder_attention_heads=4, decoder_attention_heads=4, encoder_layers=2, decoder_layers=3,
         encoder_normalize_before=False, decoder_normalize_before=False, encoder_learned_pos=False,
-        decoder_learned_pos=False, share_all_embeddings=True, share_decoder_input_output_embed=True,
-        dropout=0.3, attention_dropout=0.1, relu_dropout=0.0, max_source_positions=1024, max_target_positions=1024,
+        decoder_learned_pos=False, share_all_embeddings=share_all, share_decoder_input_output_embed=True,
+        activation_fn=activation, dropout=0.3, attention_dropout=0.1, relu_dropout=0.2, max_source_positions=128,
+        max_target_positions=128,
         adaptive_softmax_cutoff=None, label_smoothing=0.1, lr=[0.001], optimizer="adam")
     torch.save({"args": args, "model": weights, "extra_state": {"epoch": 7, "val_loss": 3.91},
                 "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
@@ -325,17 +343,24 @@ def fairseq_ids(folder, sentences: list[str]) -> list[list[int]]:
     return [[index.get(word, 3) for word in bpe.process_line(moses(text)).split()] + [2] for text in sentences]
 
 
-@pytest.mark.parametrize("fused, old_names", [(True, True), (False, False)], ids=["2018 layout", "split layout"])
-def test_a_converted_fairseq_checkpoint_gives_fairseqs_logits_translations_and_ids(tmp_path, fused, old_names):
+@pytest.mark.parametrize("layout", [
+    {"fused": True, "old_names": True}, {"fused": False, "old_names": False},
+    {"fused": True, "old_names": True, "share_all": False, "activation": "gelu"},
+], ids=["2018 layout", "split layout", "2018 layout, own source embedding, GELU"])
+def test_a_converted_fairseq_checkpoint_gives_fairseqs_logits_translations_and_ids(tmp_path, layout):
     """Against FSMT with the same weights: logits within 1e-5 over a padded batch, greedy and beam-4 outputs token
-    for token; the tokenizer's ids are fairseq's pipeline's (Moses + subword-nmt + dictionary) on 300 sentences."""
-    fsmt = write_fairseq(tmp_path / "release", fused, old_names)
+    for token; the tokenizer's ids are fairseq's pipeline's (Moses + subword-nmt + dictionary) on 300 sentences; the
+    dropouts and length limit of its training arguments."""
+    fsmt = write_fairseq(tmp_path / "release", **layout)
     convert.main(["fairseq", str(tmp_path / "release"), str(tmp_path / "converted")])
     ours = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "converted").eval()
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "converted")
     sentences = SENTENCES + MOSES_SENTENCES
     assert tokenizer(sentences)["input_ids"] == fairseq_ids(tmp_path / "release", sentences)
-    assert (ours.config.position_encoding_frequencies, ours.config.position_offset) == ("fairseq", 2)
+    config = ours.config
+    assert (config.position_encoding_frequencies, config.position_offset) == ("fairseq", 2)
+    assert (config.dropout, config.attention_dropout, config.activation_dropout, config.max_position_embeddings) == (
+        0.3, 0.1, 0.2, 128)
     inputs = tokenizer(sentences[:8], return_tensors="pt", padding=True)
     targets = tokenizer(sentences[8:16], return_tensors="pt", padding=True)["input_ids"][:, :5]
     decoder_inputs = torch.cat([torch.full((8, 1), 2), targets[:, :-1]], dim=1)  # </s> starts, as in fairseq
@@ -416,6 +441,7 @@ def test_a_fairseq_folder_that_cannot_be_converted_is_one_line_before_anything_i
         "has activation_fn='tanh', which vaswani_hf does not compute": {"checkpoint": lambda s: {
             **s, "args": argparse.Namespace(**{**vars(s["args"]), "activation_fn": "tanh"})}},
         "dict.de.txt, line 1: not \"word count\" ('Hund')": {"dictionary": lambda text: "Hund\n" + text},
+        "dict.de.txt, line 1: not \"word count\" ('Hund viele')": {"dictionary": lambda text: "Hund viele\n" + text},
     }
     for number, (expected, edit) in enumerate(cases.items()):
         release = edited_release(fairseq_release, tmp_path / f"case{number}", **edit)
@@ -425,6 +451,12 @@ def test_a_fairseq_folder_that_cannot_be_converted_is_one_line_before_anything_i
     damaged = edited_release(fairseq_release, tmp_path / "damaged")
     (damaged / "model.pt").write_bytes((fairseq_release / "model.pt").read_bytes()[:1000])
     assert "not a readable torch checkpoint" in refusal(capfd, convert.main, "fairseq", damaged, out)
+
+
+def test_fairseqs_dictionary_lines_with_the_overwrite_flag_are_words(tmp_path):
+    """fairseq's Dictionary reads "word count #fairseq:overwrite" (a symbol that may repeat one) as that word."""
+    (tmp_path / "dict.en.txt").write_text("Hund 12\n<mask> 1 #fairseq:overwrite\nHaus 3\n")
+    assert convert.read_dictionary(tmp_path / "dict.en.txt") == [*convert.FAIRSEQ_SPECIALS, "Hund", "<mask>", "Haus"]
 
 
 def test_a_converted_fairseq_folder_translates_exports_and_publishes(fairseq_release, tmp_path, cli):
@@ -440,6 +472,8 @@ def test_a_converted_fairseq_folder_translates_exports_and_publishes(fairseq_rel
     converted = tmp_path / "converted"
     convert.main(["fairseq", str(release), str(converted), "--license", "mit"])
     assert "under its license (mit)" in (converted / "README.md").read_text()
+    generation = json.loads((converted / "generation_config.json").read_text())  # fairseq-generate's of Ott et al.
+    assert (generation["num_beams"], generation["length_penalty"], generation["max_new_tokens"]) == (4, 0.6, 200)
     tokenizer = AutoTokenizer.from_pretrained(converted)
     sources = SENTENCES[:10]
     published = fsmt.generate(**tokenizer(sources, return_tensors="pt", padding=True), num_beams=4,
