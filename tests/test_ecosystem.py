@@ -655,6 +655,40 @@ def test_attention_weights_are_distributions_and_the_decoder_is_masked(translati
         attention_weights(model, tokenizer, SOURCES[0], "Hallo.", layer=7)
 
 
+@pytest.mark.parametrize("layer", [0, -1])
+def test_attention_weights_are_the_layers_softmax_of_scaled_query_key_products(translation_folder, layer):
+    """Each picture's heads are softmax(Q K^T / sqrt(d_k)) (§3.2.1) of the chosen layer's own attention, computed here
+    from the inputs its three attention modules receive, the decoder's masked above the diagonal; without a target,
+    the decoder reads the model's translation."""
+    model, tokenizer = load_local(translation_folder)
+    config, seen = model.config, {}
+    stacks = {"encoder": model.model.encoder.layers[layer].self_attn,
+              "decoder": model.model.decoder.layers[layer].self_attn,
+              "cross": model.model.decoder.layers[layer].encoder_attn}
+
+    def record(name):  # the last call's inputs: the teacher-forced pass comes after the translation's
+        def hook(module, args, kwargs):
+            seen[name] = (args[0], kwargs.get("key_value_states"))
+        return hook
+
+    hooks = [module.register_forward_pre_hook(record(name), with_kwargs=True) for name, module in stacks.items()]
+    try:
+        weights = attention_weights(model, tokenizer, SOURCES[1], layer=layer)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    translation = translate(model, tokenizer, [SOURCES[1]])[0]
+    assert weights.target_tokens == [tokenizer.bos_token, *tokenizer.tokenize(translation), tokenizer.eos_token][:-1]
+    for name, module in stacks.items():
+        queries, keys = seen[name][0], seen[name][1] if name == "cross" else seen[name][0]
+        q = module.q_proj(queries)[0].unflatten(-1, (config.num_heads, -1)).transpose(0, 1)
+        k = module.k_proj(keys)[0].unflatten(-1, (config.num_heads, -1)).transpose(0, 1)
+        scores = q @ k.transpose(-1, -2) / config.d_k**0.5
+        if name == "decoder":
+            scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+        torch.testing.assert_close(getattr(weights, name), scores.softmax(-1).detach(), atol=1e-6, rtol=0)
+
+
 def test_the_visualize_command_writes_one_picture_per_attention(translation_folder, tmp_path, capfd):
     """Its main() in this process (a process of its own adds only imports; test_readme.py runs the console script);
     transformers' progress bars, which it turns off, are turned back on after. A second sentence's pictures of the
