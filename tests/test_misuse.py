@@ -3,6 +3,7 @@ file or folder is one line that names it, before any work is done and before any
 
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -239,6 +240,32 @@ def test_a_folder_holding_anything_is_refused_unless_resumed_or_overwritten(tmp_
     monkeypatch.setattr(os, "access", lambda path, mode: str(path) != str(tmp_path))  # a folder not ours
     assert refused(monkeypatch, *TINY, *data, "--output_dir", str(tmp_path / "new" / "run")) == (
         f"error: --output_dir {tmp_path / 'new' / 'run'}: {tmp_path} is not writable")
+
+
+def test_overwriting_takes_every_name_a_run_writes_and_no_name_that_only_begins_like_one(tmp_path):
+    """check_output_dir on a folder holding each kind of entry a run leaves (checkpoints being written or moved out of
+    the run, the tokens, TensorBoard's logs, the model folder's files, sharded weights): --overwrite_output_dir may
+    take it. A name that only begins or ends like one of them is someone else's: refused."""
+    from types import SimpleNamespace
+
+    from training.run import check_output_dir
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for folder in ("checkpoint-12", ".incomplete-checkpoint-14", "abandoned-checkpoint-10", "tokens", "tokens.partial",
+                   "vaswani"):
+        (out / folder).mkdir()
+    for file in ("README.md", "config.json", "generation_config.json", "metrics.json", "schedule.json",
+                 "tokenizer.json", "tokenizer_config.json", "model-00001-of-00002.safetensors",
+                 "model-00002-of-00002.safetensors", "model.safetensors.index.json", "modeling_vaswani.py"):
+        (out / file).write_text("")
+    args = SimpleNamespace(output_dir=str(out), resume_from_checkpoint=None, overwrite_output_dir=True)
+    assert check_output_dir(out, args, {}, print) is None
+    for foreign in ("checkpoint-12.bak", "old-checkpoint-3", "README.md~", "model.safetensors.tmp", "my-tokens"):
+        (out / foreign).write_text("")
+        with pytest.raises(SystemExit, match=f"^error: --output_dir {out} holds {re.escape(foreign)}, which no run"):
+            check_output_dir(out, args, {}, print)
+        (out / foreign).unlink()
 
 
 def test_too_little_data_for_one_step_is_one_line_and_the_folder_it_leaves_is_refused_with_what_to_do(

@@ -352,20 +352,24 @@ def test_resuming_another_runs_checkpoint_or_with_another_model_is_refused_befor
         tmp_path, small_data, whole_run):
     """A checkpoint named by path must be one of --output_dir's, and the model flags must be the checkpoint's."""
     flags = [*WHOLE, *small_data, "--resume_from_checkpoint"]
-    run, other = tmp_path / "run", tmp_path / "other"
-    for folder in (run, other):
+    run, other, untokenized = tmp_path / "run", tmp_path / "other", tmp_path / "untokenized"
+    for folder in (run, other, untokenized):
         shutil.copytree(whole_run, folder)
+    (untokenized / "tokenizer.json").unlink()  # the BPE that the checkpoints' ids mean
     before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
-    for extra, message in (
-            ([str(other / "checkpoint-8")],
+    for folder, extra, message in (
+            (run, [str(other / "checkpoint-8")],
              f"error: --resume_from_checkpoint {other / 'checkpoint-8'} is not a checkpoint of --output_dir {run}"),
-            (["latest", "--d_model", "64", "--d_ff", "128"],
+            (run, ["latest", "--d_model", "64", "--d_ff", "128"],
              (f"error: {run / 'checkpoint-8'} holds another model: --d_model 64 (the checkpoint's: 32), --d_ff 128 "
-              "(the checkpoint's: 64)"))):
+              "(the checkpoint's: 64)")),
+            (untokenized, ["latest"],
+             f"error: --output_dir {untokenized} has no tokenizer.json: the run's tokenizer is needed to resume it")):
         with pytest.raises(SystemExit) as stop:
-            train_here(run, *flags, *extra)
+            train_here(folder, *flags, *extra)
         assert stop.value.code == message
     assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+    assert not (untokenized / "tokenizer.json").exists()
 
 
 def test_resuming_from_an_older_checkpoint_leaves_its_successors_out_of_the_run(tmp_path, small_data):
