@@ -26,6 +26,7 @@ from training.evaluation import translate
 from training.hub import fill_template, write_output_folder
 from training.recipe import training_data
 from vaswani_hf import TranslationPipeline, quantize_int8
+from vaswani_hf.tools.loading import load
 from vaswani_hf.tools.visualize import attention_weights, write_pictures
 
 SOURCES = ["The small dog sees the old man.", "A woman reads a book in the garden.", "The children play."]
@@ -470,6 +471,9 @@ def test_vaswani_translate_int8_decodes_with_the_int8_copy(translation_folder, c
     assert result.stdout.splitlines() == translate(quantize_int8(model), tokenizer, SOURCES)
     assert refused_translation(capfd, monkeypatch, "--model", translation_folder, "--int8", "--device", "cuda",
                                stdin=b"Hello.\n") == "error: int8 runs on the CPU, not on cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # on a GPU machine, --int8 alone is the CPU's
+    int8, _ = load(str(translation_folder), int8=True, fast=False)
+    assert translate(int8, tokenizer, SOURCES) == result.stdout.splitlines()
 
 
 MANY = [*SOURCES, "", "The old man and the small dog see the children in the garden.", "A dog.", "", "", SOURCES[1]]

@@ -402,7 +402,8 @@ def test_a_byte_order_mark_before_the_first_line_is_not_translated(translation_f
 
 
 @pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device bogus",
-                                  "output is a folder", "mistyped relative path", "marian folder",
+                                  "output is a folder", "mistyped relative path", "home path", "deep path",
+                                  "marian folder", "no padding token",
                                   "no beams", "no tokens", "alpha not a number", "alpha infinite", "a checkpoint",
                                   "damaged generation_config.json", "blank input", "blank output", "blank model"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
@@ -427,6 +428,15 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         (tmp_path / "rel").mkdir()
         monkeypatch.chdir(tmp_path)
         args = ["--model", "rel/nomodel"]
+    if case in ("home path", "deep path"):  # paths, never sent to the Hub as ids
+        monkeypatch.chdir(tmp_path)
+        args = ["--model", {"home path": "~/nomodel", "deep path": "org/name/nomodel"}[case]]
+    if case == "no padding token":  # neither tokenizer_config.json nor tokenizer.json names one
+        shutil.copytree(translation_folder, tmp_path / "unpadded")
+        (tmp_path / "unpadded" / "tokenizer_config.json").unlink()
+        tokenizer = json.loads((tmp_path / "unpadded" / "tokenizer.json").read_text())
+        (tmp_path / "unpadded" / "tokenizer.json").write_text(json.dumps({**tokenizer, "padding": None}))
+        args = ["--model", tmp_path / "unpadded"]
     if case == "marian folder":
         save_marian_folder(tmp_path / "marian")
         args = ["--model", tmp_path / "marian"]
@@ -455,6 +465,9 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
                 "missing input": f"--input {tmp_path / 'no-such.txt'}: no such file", "device cuda": "no CUDA GPU",
                 "device bogus": "--device bogus", "output is a folder": "--output",
                 "mistyped relative path": "rel/nomodel is not a model folder",
+                "home path": "error: ~/nomodel is not a model folder (no config.json there)",
+                "deep path": "error: org/name/nomodel is not a model folder (no config.json there)",
+                "no padding token": f"error: the tokenizer of {tmp_path / 'unpadded'} has no padding token",
                 "marian folder": "holds a 'marian' model, not a vaswani_hf one",
                 "no beams": "error: --num_beams 0: must be at least 1",
                 "no tokens": "error: --max_tokens -5: must be at least 1",
@@ -467,6 +480,13 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
                 "damaged generation_config.json": f"error: cannot load a model from {tmp_path / 'damaged'}: It looks "
                 f"like the config file at '{tmp_path / 'damaged' / 'generation_config.json'}' is not a valid JSON"}
     assert expected[case] in refused_translation(capfd, monkeypatch, *args, stdin=stdin)
+
+
+def test_an_error_without_a_message_is_named_by_its_type():
+    from vaswani_hf.tools.loading import first_line
+
+    assert (first_line(KeyError()), first_line(OSError(" \n")), first_line(ValueError("one\ntwo"))) == (
+        "KeyError", "OSError", "one")
 
 
 def test_an_existing_output_file_is_kept_unless_overwrite_is_given(translation_folder, tmp_path, cli):
