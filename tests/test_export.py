@@ -158,6 +158,16 @@ def test_ctranslate2_int8_errs_no_more_than_twice_our_own_int8(trained, ct2_fold
     assert 0 < theirs < 2 * ours, (theirs, ours)
 
 
+def test_the_command_lines_int8_export_holds_a_byte_for_each_layer_weight(trained, ct2_folders):
+    """`--quantization int8` reaches CTranslate2: the layers' matrices take one byte a weight instead of float32's
+    four, so model.bin is at least 3 bytes a weight smaller."""
+    model, _ = trained
+    weights = sum(module.weight.numel() for module in model.modules()
+                  if isinstance(module, torch.nn.Linear) and module is not model.lm_head)
+    sizes = {quantization: (folder / "model.bin").stat().st_size for quantization, folder in ct2_folders.items()}
+    assert sizes["float32"] - sizes["int8"] >= 3 * weights, (sizes, weights)
+
+
 def test_int8_weights_keep_to_7_bits_and_a_row_of_zeros_stays_zero():
     """A fresh model's padding embedding is a row of zeros: its scale must stay finite (63 / 0 is not)."""
     weight = np.array([[0.5, -0.3, 0.1], [0.0, 0.0, 0.0], [-2e-30, 0.6e-30, 0.0]], dtype=np.float32)
