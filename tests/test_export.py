@@ -322,6 +322,39 @@ def test_the_ctranslate2_engine_gives_nbest_lines_and_int8(translation_folder, c
     assert int8.returncode == 0 and len(int8.stdout.splitlines()) == 6
 
 
+@pytest.mark.parametrize("length_penalty", [None, 0.0, 0.6])
+def test_without_gnmt_alpha_the_ctranslate2_engine_scores_log_p_over_length_to_the_configs_penalty(
+        translation_folder, trained, tmp_path, monkeypatch, length_penalty):
+    """A generation config without `gnmt_alpha` (a model decoded as published): each of the engine's n best scores
+    log P (EOS included, as the torch model gives it) / |Y|^length_penalty, where unset generate()'s default of 1, and
+    stops within its own source's length + 50 tokens (§6.1), in a batch of sources of other lengths."""
+    import json
+
+    from vaswani_hf.tools.ctranslate2_engine import CTranslate2Engine
+
+    model, tokenizer = trained
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    folder = Path(shutil.copytree(translation_folder, tmp_path / "published"))
+    settings = json.loads((folder / "generation_config.json").read_text())
+    del settings["gnmt_alpha"]
+    if length_penalty is not None:
+        settings["length_penalty"] = length_penalty
+    (folder / "generation_config.json").write_text(json.dumps(settings))
+    engine = CTranslate2Engine(str(folder), AutoConfig.from_pretrained(folder), tokenizer)
+    batch = tokenizer([source for source, _ in PAIRS[:6]] + ["dog " * 30, "dog " * 4])["input_ids"]
+    hypotheses, scores = engine.decode(batch, num_beams=4, alpha=None, nbest=2)
+    assert len(hypotheses) == 2 * len(batch)
+    for k, (hypothesis, score) in enumerate(zip(hypotheses, scores)):
+        source = batch[k // 2]
+        assert len(hypothesis) <= len(source) + 50
+        with torch.no_grad():
+            labels = torch.tensor([hypothesis])
+            log_probs = model(input_ids=torch.tensor([source]), labels=labels).logits.log_softmax(-1)
+        log_p = log_probs[0].gather(-1, labels[0, :, None]).sum().item()
+        penalty = len(hypothesis) ** (1.0 if length_penalty is None else length_penalty)
+        assert score == pytest.approx(log_p / penalty, rel=1e-3)
+
+
 def test_the_ctranslate2_engine_refuses_in_one_line(translation_folder, cli, monkeypatch, tmp_path):
     """A device CTranslate2 does not run on, a folder without its weights, and a missing package (named with the line
     that installs it)."""

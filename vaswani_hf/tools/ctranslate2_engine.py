@@ -79,7 +79,8 @@ class CTranslate2Engine:
     it), best first, and CTranslate2's scores. Each output stops at its source's length + 50 tokens (§6.1).
 
     Greedy decoding gives the torch model's tokens. Beam search ranks by log P / |Y|^α (CTranslate2's length
-    penalty, with the model's α), not by the paper's GNMT penalty: the beams can differ. `workers`: CTranslate2's
+    penalty, with the model's α; without one, its generation config's `length_penalty`, else generate()'s 1), not by
+    the paper's GNMT penalty: the beams can differ. `workers`: CTranslate2's
     (`kept_workers`' layout; by default measured on a CPU), each batch decoded in a part for each worker."""
 
     name = "ctranslate2"
@@ -109,6 +110,8 @@ class CTranslate2Engine:
                nbest: int) -> tuple[list[list[int]], list[float]]:
         limits = [len(ids) + EXTRA_OUTPUT_LENGTH for ids in batch]
         penalty = alpha if alpha is not None else self.generation_config.length_penalty
+        if penalty is None:  # unset in the generation config: generate()'s default
+            penalty = 1.0
         results = self.translator.translate_batch(
             [self.tokenizer.convert_ids_to_tokens(ids) for ids in batch], beam_size=num_beams, num_hypotheses=nbest,
             length_penalty=penalty, max_decoding_length=max(limits), min_decoding_length=1, return_scores=True,
