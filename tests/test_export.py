@@ -1,8 +1,10 @@
 """`vaswani-export`: the CTranslate2 and ONNX exports, run by the real `ctranslate2` and `onnxruntime`, against our
 own model on a briefly trained EN-DE model (support's `translation_folder`)."""
 
+import json
 import shutil
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -215,7 +217,7 @@ def test_the_ctranslate2_engine_translates_greedily_as_the_torch_engine(translat
     assert ct2_engine.returncode == 0, ct2_engine.stderr
     assert len(set(torch_engine.stdout.splitlines())) > 10 and ct2_engine.stdout == torch_engine.stdout
     assert "ctranslate2: 41 lines" in ct2_engine.stderr and "torch: 41 lines" in torch_engine.stderr
-    assert len(list((tmp_path / "cache" / "ctranslate2").iterdir())) == 1
+    assert len([path for path in (tmp_path / "cache" / "ctranslate2").iterdir() if path.is_dir()]) == 1
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
@@ -242,13 +244,21 @@ def test_a_batch_in_two_parts_at_once_translates_as_one_batch(translation_folder
     assert scores[1] == pytest.approx(scores[0], rel=1e-5)
 
 
-def test_the_ctranslate2_cache_is_keyed_by_the_weights(translation_folder, tmp_path, monkeypatch):
+def test_the_ctranslate2_cache_is_keyed_by_what_the_export_is_made_from(translation_folder, tmp_path, monkeypatch):
     """The same folder twice: one conversion, reused. The folder with one weight changed: a conversion of its own,
-    which decodes what the changed weights say."""
+    which decodes what the changed weights say. A changed configuration or tokenizer file, quantization,
+    CTranslate2 version or converter: each a conversion of its own. A cached export without its model.bin is made
+    again. Each is converted from the model as its files are written, not as fast_cpu would transform it."""
     from safetensors.torch import load_file, save_file
 
+    from vaswani_hf.exports import to_ctranslate2
+    from vaswani_hf.tools import loading
     from vaswani_hf.tools.ctranslate2_engine import cached_export
 
+    def transformed(*args, **kwargs):
+        raise AssertionError("exported from the model fast_cpu transformed")
+
+    monkeypatch.setattr(loading, "fast_cpu", transformed)
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
     first = cached_export(str(translation_folder), "float32")
     written = (first / "model.bin").stat().st_mtime_ns
@@ -259,8 +269,71 @@ def test_the_ctranslate2_cache_is_keyed_by_the_weights(translation_folder, tmp_p
     weights = load_file(changed / "model.safetensors")
     weights["model.encoder.layers.0.fc1.bias"] += 1.0
     save_file(weights, changed / "model.safetensors", metadata={"format": "pt"})
-    assert cached_export(str(changed), "float32") != first
-    assert cached_export(str(translation_folder), "int8") not in (first, cached_export(str(changed), "float32"))
+    exports = {first, cached_export(str(changed), "float32"), cached_export(str(translation_folder), "int8")}
+    for name in ("config.json", "tokenizer.json"):
+        edited = Path(shutil.copytree(translation_folder, tmp_path / name))
+        with open(edited / name, "a") as file:
+            file.write("\n")
+        exports.add(cached_export(str(edited), "float32"))
+    converter = tmp_path / "to_ctranslate2.py"
+    converter.write_text(Path(to_ctranslate2.__file__).read_text() + "\n# changed\n")
+    monkeypatch.setattr(to_ctranslate2, "__file__", str(converter))
+    exports.add(cached_export(str(translation_folder), "float32"))
+    monkeypatch.setattr(ctranslate2, "__version__", "0.1")
+    exports.add(cached_export(str(translation_folder), "float32"))
+    assert len(exports) == 7
+    monkeypatch.undo()
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    (first / "model.bin").unlink()
+    assert cached_export(str(translation_folder), "float32") == first and (first / "model.bin").is_file()
+
+
+def test_a_model_saved_in_shards_translates_as_in_one_file_and_each_shard_keys_its_export(
+        translation_folder, trained, tmp_path, monkeypatch):
+    """Weights in shards (model.safetensors.index.json and the files it names, as save_pretrained writes a large
+    model): the engine converts them and translates as from one file; a changed shard makes a new export."""
+    from safetensors.torch import load_file, save_file
+
+    from vaswani_hf.tools.ctranslate2_engine import CTranslate2Engine, cached_export
+
+    model, tokenizer = trained
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    sharded = tmp_path / "sharded"
+    shutil.copytree(translation_folder, sharded, ignore=shutil.ignore_patterns("model.safetensors"))
+    model.save_pretrained(sharded, max_shard_size="100KB")
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (sharded / "model.safetensors.index.json").is_file()
+    batch = tokenizer([source for source, _ in PAIRS])["input_ids"]
+    found = [CTranslate2Engine(str(folder), model.config, tokenizer).decode(batch, 1, 0.6, 1)[0]
+             for folder in (translation_folder, sharded)]
+    assert found[1] == found[0]
+    exported = cached_export(str(sharded), "float32")
+    weights = load_file(shards[-1])
+    name = next(iter(weights))
+    weights[name] += 1.0
+    save_file(weights, shards[-1], metadata={"format": "pt"})
+    assert cached_export(str(sharded), "float32") != exported
+
+
+def test_an_export_asked_for_twice_at_once_is_converted_once(translation_folder, tmp_path, monkeypatch):
+    """Two translations started together on an empty cache: one converts, the other waits and takes its export."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vaswani_hf.exports import to_ctranslate2
+    from vaswani_hf.tools.ctranslate2_engine import cached_export
+
+    conversions, convert = [], to_ctranslate2.export
+
+    def slow_export(*args, **kwargs):  # the second asks while the first converts
+        conversions.append(args)
+        time.sleep(1)
+        return convert(*args, **kwargs)
+
+    monkeypatch.setattr(to_ctranslate2, "export", slow_export)
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    with ThreadPoolExecutor(2) as pool:
+        found = list(pool.map(lambda _: cached_export(str(translation_folder), "float32"), range(2)))
+    assert found[0] == found[1] and (found[0] / "model.bin").is_file() and len(conversions) == 1
 
 
 @pytest.mark.parametrize(("one_thread", "parts", "expected"), [(0.5, 0.9, (1, 1)), (0.98, 0.5, (2, 1)),
@@ -269,10 +342,9 @@ def test_ctranslates_workers_are_measured_once_per_export_and_taken_only_when_th
         trained, ct2_folders, monkeypatch, one_thread, parts, expected):
     """One batch on two threads; one on one thread; or two parts of it at once, one thread each: by greedy
     translations of a probe (faked times: two threads take 1 s), each taken over the one chosen before it only at
-    97% of its time or less; the choice kept beside the export and read back; another thread count or rule measured
-    again."""
-    import shutil
-
+    97% of its time or less; the choice kept beside the export with each one's best timed round, and read back;
+    another compute type, CPU, thread count or rule measured again. The probe's sources are words, no special
+    tokens."""
     from vaswani_hf.tools import ctranslate2_engine
 
     _, tokenizer = trained
@@ -282,12 +354,14 @@ def test_ctranslates_workers_are_measured_once_per_export_and_taken_only_when_th
 
     def probe_seconds(translator, sources, in_parts):  # warmed up in turn: two threads, one thread, two parts
         assert len(sources) == 16 and all(len(row) == 24 for row in sources)
+        assert not {token for row in sources for token in row} & set(tokenizer.all_special_tokens)  # words only
         if translator not in translators:
             translators.append(translator)
         candidate = translators.index(translator)
         assert in_parts == (1, 1, torch.get_num_threads())[candidate]  # a part for each of the threads
+        slower = 1 + probes.count(translator) / 100  # each round 1% slower than the one before: the best is kept
         probes.append(translator)
-        return (1.0, one_thread, parts)[candidate]
+        return (1.0, one_thread, parts)[candidate] * slower
 
     monkeypatch.setattr(ctranslate2_engine, "probe_seconds", probe_seconds)
     threads = torch.get_num_threads()
@@ -296,15 +370,24 @@ def test_ctranslates_workers_are_measured_once_per_export_and_taken_only_when_th
         probed = 3 * (1 + ROUNDS)  # a warm-up round and the timed rounds, three candidates
         assert ctranslate2_engine.kept_workers(folder, "float32", 2, tokenizer) == workers
         assert len(probes) == probed
+        [kept] = [json.loads(path.read_text()) for path in (folder / "threads").glob("*.json")]
+        assert kept["seconds"] == pytest.approx([1.01, one_thread * 1.01, parts * 1.01])  # the first timed round
         assert ctranslate2_engine.kept_workers(folder, "float32", 2, tokenizer) == workers
         assert len(probes) == probed  # kept, read back
         translators.clear()
-        ctranslate2_engine.kept_workers(folder, "float32", 3, tokenizer)
+        ctranslate2_engine.kept_workers(folder, "int8", 2, tokenizer)  # another compute type
         assert len(probes) == 2 * probed
+        translators.clear()
+        monkeypatch.setattr(ctranslate2_engine, "cpu_name", lambda: "another CPU")
+        ctranslate2_engine.kept_workers(folder, "float32", 2, tokenizer)
+        assert len(probes) == 3 * probed
+        translators.clear()
+        ctranslate2_engine.kept_workers(folder, "float32", 3, tokenizer)  # another thread count
+        assert len(probes) == 4 * probed
         translators.clear()
         monkeypatch.setattr(fast_cpu_module, "ROUNDS", 3)  # chosen by another rule: measured again
         ctranslate2_engine.kept_workers(folder, "float32", 3, tokenizer)
-        assert len(probes) == 2 * probed + 3 * (1 + 3)
+        assert len(probes) == 4 * probed + 3 * (1 + 3)
     finally:
         torch.set_num_threads(threads)
 
@@ -328,8 +411,6 @@ def test_without_gnmt_alpha_the_ctranslate2_engine_scores_log_p_over_length_to_t
     """A generation config without `gnmt_alpha` (a model decoded as published): each of the engine's n best scores
     log P (EOS included, as the torch model gives it) / |Y|^length_penalty, where unset generate()'s default of 1, and
     stops within its own source's length + 50 tokens (§6.1), in a batch of sources of other lengths."""
-    import json
-
     from vaswani_hf.tools.ctranslate2_engine import CTranslate2Engine
 
     model, tokenizer = trained

@@ -5,12 +5,15 @@ measured once per export and CPU."""
 import functools
 import hashlib
 import math
+import shutil
 import time
 from pathlib import Path
 
 import ctranslate2
 import torch
+from filelock import FileLock
 from transformers.utils import cached_file
+from transformers.utils.hub import get_checkpoint_shard_files
 
 from ..exports import to_ctranslate2
 from ..gnmt import EXTRA_OUTPUT_LENGTH
@@ -55,22 +58,38 @@ def probe_seconds(translator, sources: list[list[str]], parts: int) -> float:
 
 def cached_export(name_or_path: str, quantization: str) -> Path:
     """The model's CTranslate2 export in `quantization`, converted the first time and kept in
-    `cache_root("ctranslate2")` under a key of what it is made from: the bytes of its weights, configuration and
-    tokenizer, the quantization, this converter's own code and CTranslate2's version. A folder whose weights change
-    gets a new export."""
+    `cache_root("ctranslate2")` under a key of what it is made from: the bytes of its weights (`weight_files`),
+    configuration and tokenizer, the quantization, this converter's own code and CTranslate2's version. A folder whose
+    weights change gets a new export; processes that need the same export at once convert it once."""
     key = hashlib.sha256(f"{quantization} {ctranslate2.__version__}".encode())
     key.update(Path(to_ctranslate2.__file__).read_bytes())  # the converter's code
-    for name in ("config.json", "tokenizer.json", "model.safetensors"):
-        with open(cached_file(name_or_path, name), "rb") as file:
+    for path in [cached_file(name_or_path, "config.json"), cached_file(name_or_path, "tokenizer.json"),
+                 *weight_files(name_or_path)]:
+        with open(path, "rb") as file:
             for block in iter(lambda: file.read(1 << 24), b""):
                 key.update(block)
     folder = cache_root("ctranslate2") / key.hexdigest()[:32]
     if not (folder / "model.bin").is_file():
-        writable(folder.parent)  # before the conversion, not after it
-        model, tokenizer = load(name_or_path, device="cpu", fast=False)
-        with written_whole(folder) as partial:
-            to_ctranslate2.export(model, tokenizer, partial, quantization=quantization)
+        # One process converts at a time; another that needs the same export waits, then reads it.
+        with FileLock(writable(folder.parent) / "converting.lock"):  # writable: before the conversion
+            if not (folder / "model.bin").is_file():
+                shutil.rmtree(folder, ignore_errors=True)  # a damaged export (its model.bin lost) is made again
+                model, tokenizer = load(name_or_path, device="cpu", fast=False)
+                with written_whole(folder) as partial:
+                    to_ctranslate2.export(model, tokenizer, partial, quantization=quantization)
     return folder
+
+
+def weight_files(name_or_path: str) -> list[str]:
+    """The model's weights: model.safetensors, or the shards' index and the shards it names (from the Hub if need
+    be)."""
+    whole = cached_file(name_or_path, "model.safetensors", _raise_exceptions_for_missing_entries=False)
+    if whole is not None:
+        return [whole]
+    index = cached_file(name_or_path, "model.safetensors.index.json", _raise_exceptions_for_missing_entries=False)
+    if index is None:
+        raise OSError(f"{name_or_path} has no model.safetensors, nor model.safetensors.index.json for its shards")
+    return [index, *get_checkpoint_shard_files(name_or_path, index)[0]]
 
 
 class CTranslate2Engine:
