@@ -7,6 +7,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import ctranslate2
 import numpy as np
@@ -88,6 +89,15 @@ def ct2_log_probs(folder, tokenizer) -> torch.Tensor:
     targets = [tokenizer.convert_ids_to_tokens(tokenizer(text_target=target)["input_ids"])[:-1] for _, target in PAIRS]
     results = translator(folder).score_batch(source_tokens(tokenizer), targets)
     return torch.cat([torch.tensor(result.log_probs) for result in results])
+
+
+def recorded(translate_batch, calls: list) -> SimpleNamespace:
+    """A translator whose translate_batch appends (rows, options) to `calls`, then calls `translate_batch`."""
+    def record(batch, **options):
+        calls.append((len(batch), options))
+        return translate_batch(batch, **options)
+
+    return SimpleNamespace(translate_batch=record)
 
 
 def test_ctranslate2_greedy_translations_equal_ours_token_for_token(trained, ct2_folders):
@@ -222,9 +232,9 @@ def test_the_ctranslate2_engine_translates_greedily_as_the_torch_engine(translat
 
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_a_batch_in_two_parts_at_once_translates_as_one_batch(translation_folder, tmp_path, monkeypatch, num_beams):
-    """What `kept_workers` may choose, each batch decoded in two parts at once by two workers of one thread, gives
-    one worker's translations, and its scores to float32's rounding (a part's products have other shapes), greedy
-    and beam 4."""
+    """What `kept_workers` may choose, each batch decoded in two parts at once by two workers of one thread (each
+    part at most half the batch), gives one worker's translations, and its scores to float32's rounding (a part's
+    products have other shapes), greedy and beam 4."""
     from vaswani_hf.tools.ctranslate2_engine import CTranslate2Engine
     from vaswani_hf.tools.translate import translations
 
@@ -237,11 +247,24 @@ def test_a_batch_in_two_parts_at_once_translates_as_one_batch(translation_folder
         engine = CTranslate2Engine(str(translation_folder), config, tokenizer,
                                    workers={"inter_threads": parts, "intra_threads": 1})
         assert engine.translator.num_translators == parts
+        calls = []
+        engine.translator = recorded(engine.translator.translate_batch, calls)
         found.append(sorted(translations(engine, tokenizer, sources, num_beams=num_beams)))
+        assert calls and all(options["max_batch_size"] == -(-rows // parts) for rows, options in calls)
     texts = [[(t.index, [text for text, _ in t.hypotheses]) for t in run] for run in found]
     assert len(texts[0]) == len(sources) and texts[1] == texts[0]
     scores = [[score for t in run for _, score in t.hypotheses] for run in found]
     assert scores[1] == pytest.approx(scores[0], rel=1e-5)
+
+
+def test_the_probe_times_greedy_translations_of_16_tokens_in_a_part_per_worker():
+    from vaswani_hf.tools.ctranslate2_engine import probe_seconds
+
+    calls = []
+    for parts in (1, 2, 3):
+        assert probe_seconds(recorded(lambda batch, **options: None, calls), [["▁a"] * 24] * 16, parts) >= 0
+    greedy = {"beam_size": 1, "min_decoding_length": 16, "max_decoding_length": 16}
+    assert calls == [(16, {**greedy, "max_batch_size": size}) for size in (16, 8, 6)]
 
 
 def test_the_ctranslate2_cache_is_keyed_by_what_the_export_is_made_from(translation_folder, tmp_path, monkeypatch):
@@ -390,6 +413,50 @@ def test_ctranslates_workers_are_measured_once_per_export_and_taken_only_when_th
         assert len(probes) == 4 * probed + 3 * (1 + 3)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_engine_measures_workers_only_on_a_cpu_with_threads_to_share_and_leaves_torchs_count(
+        translation_folder, trained, tmp_path, monkeypatch):
+    """On a CPU with two threads the workers are measured (`kept_workers`) and torch keeps its two threads though
+    CTranslate2 is given one; with one thread, or on a GPU, one batch at a time on all threads, not measured. On a
+    GPU CTranslate2 gets the device's index, and int8 weights with float16 activations (CTranslate2's int8 on
+    CUDA). A folder without generation_config.json decodes with the one transformers makes for the torch model."""
+    from transformers import GenerationConfig
+
+    from vaswani_hf.tools import ctranslate2_engine
+
+    model, tokenizer = trained
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    measured = []
+    monkeypatch.setattr(ctranslate2_engine, "kept_workers", lambda *args: measured.append(args[1:3]) or {
+        "inter_threads": 2, "intra_threads": 1})
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        engine = ctranslate2_engine.CTranslate2Engine(str(translation_folder), model.config, tokenizer)
+        assert measured == [("float32", 2)] and engine.workers == {"inter_threads": 2, "intra_threads": 1}
+        assert engine.translator.num_translators == 2 and torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        engine = ctranslate2_engine.CTranslate2Engine(str(translation_folder), model.config, tokenizer)
+        assert len(measured) == 1 and engine.workers == {"inter_threads": 1, "intra_threads": 1}
+        torch.set_num_threads(2)
+        made = []
+        monkeypatch.setattr(ctranslate2, "Translator", lambda *args, **kwargs: made.append(kwargs))
+        ctranslate2_engine.CTranslate2Engine(str(translation_folder), model.config, tokenizer, "cuda:1", int8=True)
+        assert len(measured) == 1 and made == [{"device": "cuda", "device_index": 1, "compute_type": "int8_float16",
+                                                "inter_threads": 1, "intra_threads": 2}]
+    finally:
+        torch.set_num_threads(threads)
+    bare = Path(shutil.copytree(translation_folder, tmp_path / "bare",
+                                ignore=shutil.ignore_patterns("generation_config.json")))
+    torch_model = AutoModelForSeq2SeqLM.from_pretrained(bare)
+    engine = ctranslate2_engine.CTranslate2Engine(str(bare), torch_model.config, tokenizer, workers={
+        "inter_threads": 1, "intra_threads": 1})
+    decoding = ("_from_model_config", "num_beams", "length_penalty", "max_length", "decoder_start_token_id",
+                "eos_token_id", "pad_token_id")  # what translations() and the engines read
+    assert isinstance(engine.generation_config, GenerationConfig) and engine.generation_config._from_model_config
+    assert ({key: getattr(engine.generation_config, key) for key in decoding}
+            == {key: getattr(torch_model.generation_config, key) for key in decoding})
 
 
 def test_the_ctranslate2_engine_gives_nbest_lines_and_int8(translation_folder, cli, tmp_path, monkeypatch):
