@@ -262,7 +262,7 @@ def test_the_probe_times_greedy_translations_of_16_tokens_in_a_part_per_worker()
 
     calls = []
     for parts in (1, 2, 3):
-        assert probe_seconds(recorded(lambda batch, **options: None, calls), [["▁a"] * 24] * 16, parts) >= 0
+        assert probe_seconds(recorded(lambda batch, **options: None, calls), [["▁a"] * 24] * 16, parts, 16) >= 0
     greedy = {"beam_size": 1, "min_decoding_length": 16, "max_decoding_length": 16}
     assert calls == [(16, {**greedy, "max_batch_size": size}) for size in (16, 8, 6)]
 
@@ -375,8 +375,8 @@ def test_ctranslates_workers_are_measured_once_per_export_and_taken_only_when_th
     folder = Path(shutil.copytree(ct2_folders["float32"], copy))
     probes, translators = [], []
 
-    def probe_seconds(translator, sources, in_parts):  # warmed up in turn: two threads, one thread, two parts
-        assert len(sources) == 16 and all(len(row) == 24 for row in sources)
+    def probe_seconds(translator, sources, in_parts, tokens):  # warmed up in turn: two threads, one thread, two parts
+        assert len(sources) == 16 and all(len(row) == 24 for row in sources) and tokens == 16
         assert not {token for row in sources for token in row} & set(tokenizer.all_special_tokens)  # words only
         if translator not in translators:
             translators.append(translator)
@@ -504,13 +504,18 @@ def test_without_gnmt_alpha_the_ctranslate2_engine_scores_log_p_over_length_to_t
 
 
 def test_the_ctranslate2_engine_refuses_in_one_line(translation_folder, cli, monkeypatch, tmp_path):
-    """A device CTranslate2 does not run on, a folder without its weights, and a missing package (named with the line
-    that installs it)."""
+    """A device CTranslate2 does not run on, a source longer than the export's table of sinusoids (the torch model
+    computes any), a folder without its weights, and a missing package (named with the line that installs it)."""
+    from vaswani_hf.exports.to_ctranslate2 import POSITIONS
+
     assert cli("--model", translation_folder, "--engine", "ctranslate2", "--device", "meta",
                stdin="A dog.\n").stderr.strip() == "error: --device meta: CTranslate2 runs on cpu or cuda"
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    long = cli("--model", translation_folder, "--engine", "ctranslate2", stdin="A dog.\n" + "dog " * POSITIONS + "\n")
+    assert long.stderr.strip() == (f"error: line 2 has {POSITIONS + 2} tokens; this model's positions stop at "
+                                   f"{POSITIONS} on the ctranslate2 engine")
     weightless = tmp_path / "weightless"
     shutil.copytree(translation_folder, weightless, ignore=shutil.ignore_patterns("model.safetensors"))
-    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
     refused = cli("--model", weightless, "--engine", "ctranslate2", stdin="A dog.\n").stderr.strip()
     assert refused.startswith(f"error: cannot load a model from {weightless}: ") and "\n" not in refused
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 fails, as where it is not installed

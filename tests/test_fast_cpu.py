@@ -310,6 +310,17 @@ def test_measuring_the_plan_leaves_the_weights_gradients_and_random_state_as_fou
     assert warned == []
 
 
+def test_a_model_with_fewer_learned_positions_than_the_probe_is_timed_on_a_probe_cut_to_them(plans, tmp_path):
+    """Greedy, beam and training probes of a model with 4 learned positions: sources, new tokens and training pairs
+    of 4 tokens (its positions stop there), kept as the facts the plan was measured under."""
+    fast_cpu(tiny_model(seed=1, position_embedding="learned", max_position_embeddings=4))
+    quarter = fast_cpu_module.PROBE  # (the `plans` fixture's)
+    assert quarter["source_length"] > 4 and quarter["pair_length"] > 4
+    cut = {**quarter, "source_length": 4, "new_tokens": 4, "pair_length": 4}
+    assert {mode: entry["probe"] for mode, entry in kept_by_mode(tmp_path).items()} == dict.fromkeys(
+        ("greedy", "beam", "training"), cut)
+
+
 def test_the_plan_is_measured_once_and_read_back_for_the_same_machine_and_sizes(plans, monkeypatch, tmp_path):
     from transformers.testing_utils import CaptureLogger
 

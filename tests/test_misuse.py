@@ -520,21 +520,34 @@ def test_a_run_that_fails_midway_keeps_the_earlier_output_whole(translation_fold
 
 def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, tmp_path, capfd, monkeypatch,
                                                              cli):
+    """12 learned positions: on either engine a longer source is refused in one line, and a short one translates,
+    greedy, to the same tokens, stopped at the last position at the latest. Each engine first times its probes on
+    this model (fast_cpu, CTranslate2's workers: a cache of its own), cut to its 12 positions."""
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "learned"
     shutil.copytree(translation_folder, folder)
     config = json.loads((folder / "config.json").read_text())
-    config.update(position_embedding="learned", max_position_embeddings=16)
+    config.update(position_embedding="learned", max_position_embeddings=12)
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "model.safetensors").unlink()  # the weights of a learned-position model of this size
     from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 
     VaswaniForConditionalGeneration(VaswaniConfig(**{k: v for k, v in config.items() if k not in (
         "architectures", "auto_map", "transformers_version", "model_type")})).save_pretrained(folder)
-    message = refused_translation(capfd, monkeypatch, "--model", folder, "--num_beams", "2",
-                                  stdin=("A dog runs.\n" + "the man sees the dog " * 10 + "\n").encode())
-    assert message.startswith("error: line 2 has") and "stop at 16" in message, message
-    code, out, err = cli("--model", folder, "--num_beams", "2", stdin=b"A dog runs.\n")
-    assert code == 0 and len(out.splitlines()) == 1, err  # decoding stops at the last learned position
+    translations, threads = [], torch.get_num_threads()
+    torch.set_num_threads(2)  # (CTranslate2's workers are measured where there are threads to share)
+    try:
+        for engine in ("torch", "ctranslate2"):
+            lines = "A dog runs.\n" + "the man sees the dog " * 10 + "\n"
+            message = refused_translation(capfd, monkeypatch, "--model", folder, "--num_beams", "2", "--engine",
+                                          engine, stdin=lines.encode())
+            assert message == f"error: line 2 has 72 tokens; this model's positions stop at 12 on the {engine} engine"
+            code, out, err = cli("--model", folder, "--num_beams", "1", "--engine", engine, stdin=b"A dog runs.\n")
+            assert code == 0 and len(out.splitlines()) == 1, err
+            translations.append(out)
+    finally:
+        torch.set_num_threads(threads)
+    assert translations[1] == translations[0]
 
 
 def test_a_folder_without_tokenizer_config_translates_as_the_complete_one(translation_folder, tmp_path, cli):

@@ -50,6 +50,16 @@ logger = logging.get_logger(__name__)
 # one forward and backward of each training candidate, over `pairs` random pairs of `pair_length` tokens a side.
 PROBE = {"sources": 16, "source_length": 24, "new_tokens": 16, "pairs": 32, "pair_length": 32}
 ROUNDS = 5
+
+
+def probe(config) -> dict:
+    """`PROBE` for this model: its lengths cut to the positions of a model with fewer learned ones."""
+    if getattr(config, "position_embedding", None) != "learned":
+        return PROBE
+    lengths = ("source_length", "new_tokens", "pair_length")
+    return {key: min(value, config.max_position_embeddings) if key in lengths else value
+            for key, value in PROBE.items()}
+
 MARGIN = 0.97  # a mechanism must save at least 3% of the calls' time: less is this measurement's noise
 SIZES = ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layers", "num_decoder_layers")
 
@@ -94,7 +104,7 @@ def kept_plan(model: nn.Module, modes: tuple[str, ...]) -> dict:
     listed = candidates(model)
     facts = {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
              "sizes": {name: getattr(model.config, name, None) for name in SIZES}, "int8": is_int8(model),
-             "probe": PROBE, "rule": rule()}
+             "probe": probe(model.config), "rule": rule()}
 
     def measure(missing: list[str]) -> dict:
         logger.warning(f"fast_cpu: timing {', '.join(missing)} on this CPU for this model's sizes, once; kept in "
@@ -134,11 +144,11 @@ def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) 
     """The plan of these modes that whole calls were fastest with (greedy and beam 4 `generate()` calls, a training
     forward and backward) and each candidate's best seconds. The model's weights, gradients, mode and random state
     are left as found."""
-    config, device = model.config, next(model.parameters()).device
+    config, device, sizes = model.config, next(model.parameters()).device, probe(model.config)
     generator = torch.Generator().manual_seed(0)
-    source = torch.randint(4, config.vocab_size, (PROBE["sources"], PROBE["source_length"]),
+    source = torch.randint(4, config.vocab_size, (sizes["sources"], sizes["source_length"]),
                            generator=generator).to(device)
-    pairs = torch.randint(4, config.vocab_size, (2, PROBE["pairs"], PROBE["pair_length"]), generator=generator)
+    pairs = torch.randint(4, config.vocab_size, (2, sizes["pairs"], sizes["pair_length"]), generator=generator)
     training, candidates_by_mode = model.training, candidates(model)
     plan, seconds = {}, {}
     try:
@@ -153,7 +163,7 @@ def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) 
                     timer = functools.partial(generate_seconds, model, input_ids=source, generation_config=(
                         GenerationConfig(  # exactly new_tokens a sequence: no end of sentence, no early stopping
                             num_beams=4 if mode == "beam" else 1, do_sample=False, early_stopping=False,
-                            max_new_tokens=PROBE["new_tokens"], eos_token_id=None, pad_token_id=config.pad_token_id,
+                            max_new_tokens=sizes["new_tokens"], eos_token_id=None, pad_token_id=config.pad_token_id,
                             bos_token_id=config.bos_token_id, decoder_start_token_id=config.decoder_start_token_id)))
                 rounds = round_seconds([functools.partial(timer, {**PLAIN, mode: candidate}) for candidate in listed])
                 plan[mode] = listed[chosen(rounds)]

@@ -21,26 +21,29 @@ from ..speed.fast_cpu import chosen, round_seconds, rule
 from ..speed.kernels import cache_root, cpu_name, kept, writable
 from .export import written_whole
 from .loading import load
+from .translate import learned_positions
 
 
-def kept_workers(folder: Path, compute: str, threads: int, tokenizer) -> dict:
+def kept_workers(folder: Path, compute: str, threads: int, tokenizer,
+                 positions: int = to_ctranslate2.POSITIONS) -> dict:
     """CTranslate2's workers for this export on this CPU, {"inter_threads": batches decoded at once, "intra_threads":
     threads each}: one batch on `threads` threads; else one on one thread, or `threads` parts of the batch at once
-    on one thread each, where greedy translations of a probe (16 random sources of 24 tokens, fast_cpu's interleaved
-    rounds) took at most `fast_cpu.MARGIN` of the time of the one chosen before it, as `fast_cpu.chosen` judges.
-    Measured once and kept beside the export; what each candidate gained on which CPU is in benchmarks/README.md.
-    Leaves torch's thread count at `threads`."""
+    on one thread each, where greedy translations of a probe (16 random sources of 24 tokens, 16 tokens each, fewer
+    where the export has fewer `positions`; fast_cpu's interleaved rounds) took at most `fast_cpu.MARGIN` of the time
+    of the one chosen before it, as `fast_cpu.chosen` judges. Measured once and kept beside the export; what each
+    candidate gained on which CPU is in benchmarks/README.md. Leaves torch's thread count at `threads`."""
     candidates = [{"inter_threads": 1, "intra_threads": threads}, {"inter_threads": 1, "intra_threads": 1},
                   {"inter_threads": threads, "intra_threads": 1}]
 
     def measure() -> dict:
         generator = torch.Generator().manual_seed(0)
-        ids = torch.randint(4, len(tokenizer), (16, 24), generator=generator).tolist()
+        ids = torch.randint(4, len(tokenizer), (16, min(24, positions)), generator=generator).tolist()
         sources = [tokenizer.convert_ids_to_tokens(row) for row in ids]
         translators = [ctranslate2.Translator(str(folder), device="cpu", compute_type=compute, **workers)
                        for workers in candidates]
         torch.set_num_threads(threads)  # each Translator set OpenMP's, which torch shares
-        rounds = round_seconds([functools.partial(probe_seconds, translator, sources, workers["inter_threads"])
+        rounds = round_seconds([functools.partial(probe_seconds, translator, sources, workers["inter_threads"],
+                                                  min(16, positions))
                                 for translator, workers in zip(translators, candidates)])
         return {"workers": candidates[chosen(rounds)], "seconds": [min(times) for times in rounds]}
 
@@ -48,10 +51,10 @@ def kept_workers(folder: Path, compute: str, threads: int, tokenizer) -> dict:
     return kept(folder / "threads", facts, "workers", measure)
 
 
-def probe_seconds(translator, sources: list[list[str]], parts: int) -> float:
-    """Seconds of one greedy translation of `sources`, 16 tokens each, in `parts` batches at once."""
+def probe_seconds(translator, sources: list[list[str]], parts: int, tokens: int) -> float:
+    """Seconds of one greedy translation of `sources`, `tokens` tokens each, in `parts` batches at once."""
     start = time.perf_counter()
-    translator.translate_batch(sources, beam_size=1, min_decoding_length=16, max_decoding_length=16,
+    translator.translate_batch(sources, beam_size=1, min_decoding_length=tokens, max_decoding_length=tokens,
                                max_batch_size=math.ceil(len(sources) / parts))
     return time.perf_counter() - start
 
@@ -95,12 +98,14 @@ def weight_files(name_or_path: str) -> list[str]:
 class CTranslate2Engine:
     """Decodes batches of token ids with the model's CTranslate2 export (`cached_export`), as translate.py's
     `TorchEngine` does with the torch model: each source's `nbest` hypotheses (ids, EOS included where one ended
-    it), best first, and CTranslate2's scores. Each output stops at its source's length + 50 tokens (§6.1).
+    it), best first, and CTranslate2's scores. Each output stops at its source's length + 50 tokens (§6.1), or at the
+    export's last position (`positions`: the learned ones, else its table's rows; a longer source is refused before
+    it is decoded: translate.py's `check_lengths`).
 
     Greedy decoding gives the torch model's tokens. Beam search ranks by log P / |Y|^α (CTranslate2's length
     penalty, with the model's α; without one, its generation config's `length_penalty`, else generate()'s 1), not by
-    the paper's GNMT penalty: the beams can differ. `workers`: CTranslate2's
-    (`kept_workers`' layout; by default measured on a CPU), each batch decoded in a part for each worker."""
+    the paper's GNMT penalty: the beams can differ. `workers`: CTranslate2's (`kept_workers`' layout; by default
+    measured on a CPU), each batch decoded in a part for each worker."""
 
     name = "ctranslate2"
 
@@ -109,6 +114,7 @@ class CTranslate2Engine:
         from transformers import GenerationConfig
 
         self.config, self.tokenizer = config, tokenizer
+        self.positions = learned_positions(config) or to_ctranslate2.POSITIONS  # rows of the export's table
         try:
             self.generation_config = GenerationConfig.from_pretrained(name_or_path)
         except OSError:  # no generation_config.json: the model config's tokens, as from_pretrained makes it
@@ -118,8 +124,8 @@ class CTranslate2Engine:
         compute = ("int8" if where.type == "cpu" else "int8_float16") if int8 else "float32"
         threads = torch.get_num_threads()  # CTranslate2 sets OpenMP's thread count: given torch's, it keeps it
         if workers is None:  # on a CPU, as measured for this export; else one batch at a time
-            workers = (kept_workers(folder, compute, threads, tokenizer) if where.type == "cpu" and threads > 1
-                       else {"inter_threads": 1, "intra_threads": threads})
+            workers = (kept_workers(folder, compute, threads, tokenizer, self.positions)
+                       if where.type == "cpu" and threads > 1 else {"inter_threads": 1, "intra_threads": threads})
         self.workers = workers
         self.translator = ctranslate2.Translator(str(folder), device=where.type, device_index=where.index or 0,
                                                  compute_type=compute, **self.workers)
@@ -127,7 +133,7 @@ class CTranslate2Engine:
 
     def decode(self, batch: list[list[int]], num_beams: int, alpha: float | None,
                nbest: int) -> tuple[list[list[int]], list[float]]:
-        limits = [len(ids) + EXTRA_OUTPUT_LENGTH for ids in batch]
+        limits = [min(len(ids) + EXTRA_OUTPUT_LENGTH, self.positions) for ids in batch]  # as gnmt.py's
         penalty = alpha if alpha is not None else self.generation_config.length_penalty
         if penalty is None:  # unset in the generation config: generate()'s default
             penalty = 1.0

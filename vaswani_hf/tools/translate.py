@@ -97,7 +97,7 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
     A generation config of the model's own without `gnmt_alpha` (a converted model's: vaswani-convert) is the
     decoding it was published with: without `alpha`, transformers' `generate()` runs it. `model`: a torch model,
     or an engine that decodes token batches (`TorchEngine`, ctranslate2_engine.py's `CTranslate2Engine`)."""
-    engine = TorchEngine(model, tokenizer) if isinstance(model, torch.nn.Module) else model
+    engine = as_engine(model, tokenizer)
     config = engine.generation_config
     num_beams = num_beams or getattr(config, "num_beams", None) or 4
     if alpha is None and (getattr(config, "gnmt_alpha", None) is not None or config._from_model_config):
@@ -112,16 +112,22 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
             yield Translation(indices[j], list(zip(texts[rows], scores[rows])), len(hypotheses[k * nbest]))
 
 
+def as_engine(model, tokenizer):
+    """`model` as an engine: a torch model in a `TorchEngine`, an engine as it is."""
+    return TorchEngine(model, tokenizer) if isinstance(model, torch.nn.Module) else model
+
+
 class TorchEngine:
     """Decodes batches of token ids with the torch model: the paper's search, or transformers' `generate()` (`search`).
     `decode` returns each source's `nbest` hypotheses (ids after the start token, EOS included where one ended it),
-    best first, and their scores."""
+    best first, and their scores. `positions`: the most tokens a source may have (learned positions), None for any."""
 
     name = "torch"
 
     def __init__(self, model, tokenizer):
         self.model, self.tokenizer = model, tokenizer
         self.config, self.generation_config = model.config, model.generation_config
+        self.positions = learned_positions(model.config)
 
     @torch.no_grad()
     def decode(self, batch: list[list[int]], num_beams: int, alpha: float | None,
@@ -137,6 +143,11 @@ class TorchEngine:
             self.model.train(training)  # the caller's mode back: a training loop goes on training
         pad = self.tokenizer.pad_token_id
         return [[i for i in row if i != pad] for row in sequences[:, 1:].tolist()], scores.tolist()
+
+
+def learned_positions(config) -> int | None:
+    """How many learned positions the model has (Table 3, row E), None for the sinusoids of any length."""
+    return config.max_position_embeddings if config.position_embedding == "learned" else None
 
 
 def search(model, inputs, num_beams: int, alpha: float | None, nbest: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,15 +191,16 @@ def read_windows(stream: Iterable[bytes], name: str, size: int = WINDOW) -> Iter
             first, chunk = first + size, []
 
 
-def check_lengths(config, tokenizer, sources: list[str], first_line: int = 1) -> None:
-    """Learned positions stop at max_position_embeddings: a longer source is a one-line error before it is decoded."""
-    if config.position_embedding != "learned":
+def check_lengths(engine, tokenizer, sources: list[str], first_line: int = 1) -> None:
+    """A source longer than the engine's model has positions for (`engine.positions`: learned ones, a table) is a
+    one-line error before it is decoded."""
+    if engine.positions is None:
         return
     lengths = [len(ids) for ids in tokenizer(sources)["input_ids"]] if sources else []
     for number, length in enumerate(lengths, first_line):
-        if length > config.max_position_embeddings:
-            raise SystemExit(f"error: line {number} has {length} tokens; this model's learned positions stop at "
-                             f"{config.max_position_embeddings}")
+        if length > engine.positions:
+            raise SystemExit(f"error: line {number} has {length} tokens; this model's positions stop at "
+                             f"{engine.positions} on the {engine.name} engine")
 
 
 def output_lines(source: str, hypotheses: list[tuple[str, float]] | None, index: int, nbest: int) -> str:
@@ -211,9 +223,11 @@ def count_lines(path: str) -> int:
 
 def translated_windows(engine, tokenizer, windows: Iterable[tuple[int, list[str]]], max_tokens: int, num_beams: int,
                        alpha: float | None, nbest: int) -> Iterator[tuple[str, int, int]]:
-    """(text to write, the input lines it answers, tokens translated) as batches finish, in input order."""
+    """(text to write, the input lines it answers, tokens translated) as batches finish, in input order. `engine`: as
+    `translations` takes it."""
+    engine = as_engine(engine, tokenizer)
     for first_line, window in windows:
-        check_lengths(engine.config, tokenizer, window, first_line)
+        check_lengths(engine, tokenizer, window, first_line)
         finished, written = {}, 0
         done = translations(engine, tokenizer, window, max_tokens, num_beams, alpha, nbest)
         for translation in itertools.chain(done, [None]):  # None: the window is translated
@@ -284,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         num_beams = args.num_beams or getattr(engine.generation_config, "num_beams", None) or 4
         if args.nbest > num_beams:
             raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
-        check_lengths(engine.config, tokenizer, first[1])  # before the progress bar draws itself
+        check_lengths(engine, tokenizer, first[1])  # before the progress bar draws itself
         progress = files.enter_context(tqdm(total=count_lines(args.input) if args.input else None, unit=" lines",
                                             file=sys.stderr, disable=args.quiet or typed, desc=engine.name))
         # Written beside --output and renamed at the end: a run that fails or is killed leaves an earlier file whole,
