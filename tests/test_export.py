@@ -218,8 +218,8 @@ def test_the_exported_folder_carries_the_tokenizer(trained, ct2_folders):
 def test_the_ctranslate2_engine_translates_greedily_as_the_torch_engine(translation_folder, cli, tmp_path,
                                                                         monkeypatch):
     """`vaswani-translate --engine ctranslate2`: the folder converted once into the cache, then CTranslate2 decodes;
-    with one beam its output is the torch engine's, line for line (sources of the embedded pairs, and one that runs
-    to its length limit: a sentence of one repeated word). The progress bar names the engine."""
+    with one beam its output is the torch engine's, line for line (sources of the embedded pairs, and a sentence of
+    one repeated word). The progress bar names the engine."""
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
     sources = "\n".join([source for source, _ in PAIRS] + ["dog " * 30]) + "\n"
     torch_engine = cli("--model", translation_folder, "--num_beams", "1", stdin=sources)
@@ -228,6 +228,35 @@ def test_the_ctranslate2_engine_translates_greedily_as_the_torch_engine(translat
     assert len(set(torch_engine.stdout.splitlines())) > 10 and ct2_engine.stdout == torch_engine.stdout
     assert "ctranslate2: 41 lines" in ct2_engine.stderr and "torch: 41 lines" in torch_engine.stderr
     assert len([path for path in (tmp_path / "cache" / "ctranslate2").iterdir() if path.is_dir()]) == 1
+
+
+@pytest.mark.parametrize("eos_bias", [30.0, 0.0, -30.0])
+def test_the_ctranslate2_engine_decodes_greedily_the_torch_engines_ids(translation_folder, trained, tmp_path,
+                                                                       monkeypatch, eos_bias):
+    """`decode` with one beam, on a batch of sources of other lengths (one of 1,060 tokens, past CTranslate2's default
+    cut of 1,024), gives the torch engine's ids, EOS included: as trained; with a bias for EOS (each output one
+    token and EOS: an empty output is not allowed); with a bias against it (each runs to its own source's length +
+    50, the longest cut where the export's table of positions ends)."""
+    from vaswani_hf.exports.to_ctranslate2 import POSITIONS
+    from vaswani_hf.tools.ctranslate2_engine import CTranslate2Engine
+    from vaswani_hf.tools.translate import TorchEngine
+
+    _, tokenizer = trained
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    folder = Path(shutil.copytree(translation_folder, tmp_path / "biased"))
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, add_final_logits_bias=True).eval()
+    model.final_logits_bias[0, tokenizer.eos_token_id] = eos_bias
+    model.save_pretrained(folder)
+    long = tokenizer(" ".join(source for source, _ in generate()["test"][:120]))["input_ids"][-1060:]
+    batch = [*tokenizer([source for source, _ in PAIRS[:8]] + ["dog " * 30])["input_ids"], long]
+    ours, _ = TorchEngine(model, tokenizer).decode(batch, 1, 0.6, 1)
+    theirs, _ = CTranslate2Engine(str(folder), model.config, tokenizer).decode(batch, 1, 0.6, 1)
+    assert theirs == [hypothesis[:POSITIONS] for hypothesis in ours]
+    ended = [hypothesis[-1] == tokenizer.eos_token_id for hypothesis in ours]
+    if eos_bias > 0:
+        assert all(ended) and {len(hypothesis) for hypothesis in ours} == {2}
+    if eos_bias < 0:
+        assert not any(ended) and [len(hypothesis) for hypothesis in ours] == [len(ids) + 50 for ids in batch]
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
