@@ -37,6 +37,9 @@ def test_json_lines_and_aligned_text_load_the_same_pairs(tmp_path):
     pairs = load_pairs("en", "de", files=files)
     assert pairs == {"train": rows, "validation": rows}
     assert load_pairs("de", "en", files={"train": files["train"]})["train"][0] == ("Ein Hund .", "A dog .")
+    assert load_pairs("en", "de", files=files, streaming=True) == pairs  # read as a stream: the same pairs
+    (tmp_path / "train.json").write_bytes((tmp_path / "train.jsonl").read_bytes())  # JSON lines named .json
+    assert load_pairs("en", "de", files={"train": str(tmp_path / "train.json")})["train"] == rows
 
 
 def test_a_column_per_language_loads_as_the_translation_column_and_other_columns_are_one_line_errors(tmp_path):
@@ -54,13 +57,16 @@ def test_a_column_per_language_loads_as_the_translation_column_and_other_columns
     assert read("columns", ("de", "en"))["train"][0] == ("Ein Hund .", "A dog .")
     with pytest.raises(ValueError, match=r"^the translation column has languages \['en', 'fr'\], not en and de$"):
         read("other languages")
+    with pytest.raises(ValueError, match=r"^the translation column has languages \['en', 'fr'\], not de and fr$"):
+        read("other languages", ("de", "fr"))  # the source side missing
     with pytest.raises(ValueError, match=r"^no 'translation' column and no 'en'/'de' columns in \['text', 'label'\]$"):
         read("no languages")
 
 
 def test_json_lines_that_do_not_parse_or_hold_no_text_are_one_line_errors_naming_the_line(tmp_path):
     """A line that is not JSON is named by its number in the file (pyarrow's own error counts objects within a
-    block); a pair whose text is missing, null or a number is named by its number, read whole or streamed."""
+    block); a pair whose text is missing, null or a number, or a null pair, is named by its number, read whole or
+    streamed."""
     from training.data import DataError, load_splits
 
     good = json.dumps({"translation": {"en": "A dog .", "de": "Ein Hund ."}})
@@ -72,15 +78,48 @@ def test_json_lines_that_do_not_parse_or_hold_no_text_are_one_line_errors_naming
         with pytest.raises(DataError, match=f"^--train_file {tmp_path}/{name}: {message}"):
             load_splits("en", "de", files={"train": str(tmp_path / name)}, streaming=streaming)
     layouts = {"null": [{"translation": {"en": "A dog .", "de": "Ein Hund ."}}, {"translation": {"en": "Two ."}}],
-               "number": [{"en": "A dog .", "de": "Ein Hund ."}, {"en": "Two .", "de": 2}]}
+               "number": [{"en": "A dog .", "de": "Ein Hund ."}, {"en": "Two .", "de": 2}],
+               "no pair": [{"translation": {"en": "A dog .", "de": "Ein Hund ."}}, {"translation": None}]}
     for name, rows in layouts.items():
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-        held = {"null": "None", "number": "2"}[name]
+        lang, held = {"null": ("de", "None"), "number": ("de", "2"), "no pair": ("en", "None")}[name]
         for streaming in (False, True):
-            with pytest.raises(DataError, match=rf"^--train_file {tmp_path}/{name}.jsonl: pair 2 has no de text "
+            with pytest.raises(DataError, match=rf"^--train_file {tmp_path}/{name}.jsonl: pair 2 has no {lang} text "
                                                 rf"\(it holds {held}\)$"):
                 as_pairs(load_splits("en", "de", files={"train": str(tmp_path / f"{name}.jsonl")},
                                      streaming=streaming)["train"])
+
+
+def dataset_folder(folder, splits: dict[str, list[tuple[str, str]]]) -> str:
+    """A folder laid out as a Hub dataset repository: JSON lines per split, named in its README's configs."""
+    (folder / "data").mkdir(parents=True)
+    listed = ""
+    for split, rows in splits.items():
+        (folder / "data" / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n" for en, de in rows))
+        listed += f"  - split: {split}\n    path: data/{split}.jsonl\n"
+    (folder / "README.md").write_text(f"---\nconfigs:\n- config_name: default\n  data_files:\n{listed}---\n")
+    return str(folder)
+
+
+def test_a_dataset_repository_gives_its_train_valid_and_test_splits_and_an_empty_one_stops_the_run(tmp_path):
+    """--dataset_name (a Hub repository; here a folder laid out as one): its "valid" split read as validation, a
+    split of another name left out, whole or streamed; an empty split stops the run in one line."""
+    from types import SimpleNamespace
+
+    from training.data import load_run_data
+
+    rows = [(f"{n} dogs .", f"{n} Hunde .") for n in range(4)]
+    name = dataset_folder(tmp_path / "repository", {"train": rows, "valid": rows[:2], "extra": rows[:1]})
+    for streaming in (False, True):
+        assert load_pairs("en", "de", dataset_name=name, streaming=streaming) == {"train": rows,
+                                                                                 "validation": rows[:2]}
+    empty = dataset_folder(tmp_path / "empty", {"train": rows, "test": []})
+    for streaming in (False, True):
+        flags = SimpleNamespace(source_lang="en", target_lang="de", dataset_name=empty, dataset_config_name=None,
+                                train_file=None, validation_file=None, test_file=None, streaming=streaming)
+        with pytest.raises(SystemExit, match=f"^error: the test split has no pairs \\({empty}\\)$"):
+            load_run_data(flags)
 
 
 @pytest.mark.parametrize("compression", ["gz", "bz2", "xz"])
@@ -106,6 +145,26 @@ def test_missing_or_misaligned_files_are_one_line_errors(tmp_path):
     (tmp_path / "x.de").write_text("a\n")
     with pytest.raises(ValueError, match="2 en lines but 1 de lines"):
         load_pairs("en", "de", files={"test": str(tmp_path / "x")})
+    (tmp_path / "x.de").write_text("")  # one side empty: misaligned, not an empty split
+    with pytest.raises(ValueError, match="2 en lines but 0 de lines"):
+        load_pairs("en", "de", files={"test": str(tmp_path / "x")})
+    (tmp_path / "blank.jsonl.gz").write_bytes(gzip.compress(b"\n \n"))  # JSON lines of no pairs
+    with pytest.raises(ValueError, match=f"^the validation split has no pairs \\({tmp_path}/blank.jsonl.gz\\)$"):
+        load_pairs("en", "de", files={"validation": str(tmp_path / "blank.jsonl.gz")})
+
+
+def test_aligned_files_rewritten_in_place_are_read_again(tmp_path):
+    """datasets' cache of aligned text is named by the files' sizes and modification times: a file rewritten to the
+    same size gives its new pairs, not the cached ones."""
+    import os
+
+    (tmp_path / "x.en").write_text("A dog .\n")
+    (tmp_path / "x.de").write_text("Ein Hund\n")
+    assert load_pairs("en", "de", files={"train": str(tmp_path / "x")})["train"] == [("A dog .", "Ein Hund")]
+    (tmp_path / "x.de").write_text("Ein Hahn\n")
+    later = os.stat(tmp_path / "x.de").st_mtime_ns + 10**9  # (a clock too coarse to tell the writes apart)
+    os.utime(tmp_path / "x.de", ns=(later, later))
+    assert load_pairs("en", "de", files={"train": str(tmp_path / "x")})["train"] == [("A dog .", "Ein Hahn")]
 
 
 def test_aligned_text_is_read_a_table_at_a_time_with_lines_counted_across_tables(tmp_path, monkeypatch):

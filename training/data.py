@@ -52,7 +52,13 @@ def load_splits(source_lang: str, target_lang: str, dataset_name: str | None = N
     stream, a misaligned or unreadable line only when it is reached)."""
     files = {split: path for split, path in (files or {}).items() if path}
     if dataset_name:
-        raw = datasets.load_dataset(dataset_name, dataset_config_name, streaming=streaming)
+        try:
+            raw = datasets.load_dataset(dataset_name, dataset_config_name, streaming=streaming)
+        except ValueError as error:  # datasets' words for an empty split: 'Instruction "test" corresponds to no data!'
+            empty = re.match(r'Instruction "(\w+)" corresponds to no data', str(error))
+            if empty is None:
+                raise
+            raise ValueError(f"the {empty[1]} split has no pairs ({dataset_name})") from None
         raw = {("validation" if split == "valid" else split): raw[split] for split in raw}
         return {split: _columns(rows, source_lang, target_lang, f"{dataset_name} ({split})")
                 for split, rows in raw.items() if split in SPLITS}
@@ -63,6 +69,9 @@ def load_splits(source_lang: str, target_lang: str, dataset_name: str | None = N
         if JSON_LINES.search(path):
             if not Path(path).is_file():
                 raise FileNotFoundError(f"--{split}_file {path}: no such file")
+            with opened(path) as file:
+                if not any(line.strip() for line in file):  # (datasets would say "train" has no data)
+                    raise ValueError(f"the {split} split has no pairs ({path})")
             splits[split] = _columns(_json_lines(path, split, streaming), source_lang, target_lang,
                                      f"--{split}_file {path}")
         else:
