@@ -101,3 +101,32 @@ def test_a_process_whose_part_of_the_stream_is_empty_stops_with_one_line():
                               buffer_pairs=10, seed=5, accumulation=1)
     with pytest.raises(DataError, match=r"^the training stream holds no pairs for this process \(fewer pairs than "):
         batches.next_batch()
+
+
+def test_a_step_takes_the_accumulated_batches_in_turn_and_a_buffer_holds_whole_reads_of_pairs():
+    """`step` gives `accumulation` batches, the next ones in turn. A buffer holds `buffer_pairs` pairs, rounded up
+    to whole reads of 1,000 (fewer where the part ends): 50 pairs; 1,200 rounded up to 2,000, more than the 1,500
+    pairs of a process's part of the stream."""
+    first, second = reader(1, 0, 1), reader(1, 0, 1)
+    assert [[list(map(list, side)) for side in batch] for batch in first.step(0)] == [
+        [list(map(list, side)) for side in second.next_batch()] for _ in range(2)]
+    kept = [max(len(s), len(t)) <= MAX_LENGTH for s, t in tokenized()]
+    for world, buffer_pairs, part, step in ((1, 50, kept, 50), (2, 1200, kept[::2], 2000)):
+        batches, in_buffer = reader(1, 0, world, buffer_pairs=buffer_pairs), Counter()
+        while batches.position()["epoch"] == 0:
+            sources, _ = batches.next_batch()
+            in_buffer[batches.position()["buffer"]] += len(sources)
+        in_buffer[batches.position()["buffer"]] -= len(sources)  # (the next epoch's first batch)
+        expected = [sum(part[i:i + step]) for i in range(0, len(part), step)]
+        assert [in_buffer[buffer] for buffer in sorted(in_buffer)] == expected
+
+
+def test_a_buffer_whose_pairs_are_all_too_long_is_passed_over():
+    """Twenty pairs longer than --max_length, then ten short ones, in buffers of ten: the first batch is the short
+    pairs', from the third buffer."""
+    long, short = "the dog " * MAX_LENGTH, PAIRS[0]
+    rows = Dataset.from_dict({"source": [long] * 20 + [short[0]] * 10, "target": [long] * 20 + [short[1]] * 10})
+    batches = StreamedBatches(rows.to_iterable_dataset(), WordEncoder(TOKENIZER), 0, 1, max_tokens=200,
+                              max_length=MAX_LENGTH, buffer_pairs=10, seed=5, accumulation=1)
+    sources, _ = batches.next_batch()
+    assert batches.position()["buffer"] == 2 and [list(s) for s in sources] == [TOKENIZER(short[0])["input_ids"]] * 10

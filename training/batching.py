@@ -17,6 +17,8 @@ def token_batches(source_lengths, target_lengths, max_tokens: int, seed: int, ep
     """Arrays of pair indices, from the pairs' token counts (sequences or arrays). A pair longer than max_tokens on
     its own is a batch of one. Vectorized over the pairs: one Python step per distinct length, not per pair."""
     source, target = np.asarray(source_lengths), np.asarray(target_lengths)
+    if not len(source):  # (a streamed buffer whose pairs are all too long)
+        return []
     rng = random.Random(seed * 1_000_003 + epoch)
     shuffled = np.argsort(random_draws(rng, len(source)))
     longest = np.maximum(source, target)
