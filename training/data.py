@@ -48,8 +48,8 @@ def load_splits(source_lang: str, target_lang: str, dataset_name: str | None = N
                 dataset_config_name: str | None = None, files: dict[str, str | None] | None = None,
                 streaming: bool = False) -> dict[str, datasets.Dataset | datasets.IterableDataset]:
     """{split: Dataset (IterableDataset with `streaming`) of `source` and `target`} for the splits that exist; a
-    missing, misaligned or unreadable file, or languages the data lacks, is a one-line OSError or ValueError (in a
-    stream, a misaligned or unreadable line only when it is reached)."""
+    missing, misaligned, unreadable or empty file (or Hub split), or languages the data lacks, is a one-line OSError
+    or ValueError (in a stream, a misaligned or unreadable line only when it is reached)."""
     files = {split: path for split, path in (files or {}).items() if path}
     if dataset_name:
         try:

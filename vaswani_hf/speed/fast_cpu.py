@@ -50,6 +50,8 @@ logger = logging.get_logger(__name__)
 # one forward and backward of each training candidate, over `pairs` random pairs of `pair_length` tokens a side.
 PROBE = {"sources": 16, "source_length": 24, "new_tokens": 16, "pairs": 32, "pair_length": 32}
 ROUNDS = 5
+MARGIN = 0.97  # a mechanism must save at least 3% of the calls' time: less is this measurement's noise
+SIZES = ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layers", "num_decoder_layers")
 
 
 def probe(config) -> dict:
@@ -59,9 +61,6 @@ def probe(config) -> dict:
     lengths = ("source_length", "new_tokens", "pair_length")
     return {key: min(value, config.max_position_embeddings) if key in lengths else value
             for key, value in PROBE.items()}
-
-MARGIN = 0.97  # a mechanism must save at least 3% of the calls' time: less is this measurement's noise
-SIZES = ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layers", "num_decoder_layers")
 
 
 def fast_cpu(model: nn.Module, plan: dict | None = None, training: bool = True) -> nn.Module:
