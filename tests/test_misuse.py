@@ -45,6 +45,14 @@ def data(tmp_path):
 
 @pytest.mark.parametrize(("flags", "named"), [
     (["--logging_steps", "0"], "--logging_steps 0"),
+    (["--max_steps", "0"], "--max_steps 0: must be at least 1"),
+    (["--tokens_per_step", "0"], "--tokens_per_step 0: must be at least 1"),
+    (["--warmup_steps", "0"], "--warmup_steps 0: must be at least 1"),
+    (["--eval_max_sentences", "0"], "--eval_max_sentences 0: must be at least 1"),
+    (["--average_checkpoints", "0"], "--average_checkpoints 0: must be at least 1"),
+    (["--num_beams", "0"], "--num_beams 0: must be at least 1"),
+    (["--average_share", "1.5"], "--average_share 1.5: must be between 0 and 1"),
+    (["--hub_model_id", " "], "--hub_model_id is blank"),
     (["--bpe_sample", "0"], "--bpe_sample 0"),
     (["--average_checkpoints", "-1"], "--average_checkpoints -1"),
     (["--warmup_share", "1.5"], "--warmup_share 1.5"),
@@ -65,7 +73,9 @@ def data(tmp_path):
     (["--alpha_candidates", "0.6", "inf"], "--alpha_candidates [0.6, inf]: each α must be finite"),
     (["--dropout_epochs", "30", "10"], "--dropout_epochs [30.0, 10.0]"),
     (["--dropout_epochs", "10"], "--dropout_epochs [10.0]"),
+    (["--dropout_epochs", "10", "10"], "--dropout_epochs [10.0, 10.0]"),
     (["--position_embedding", "learned", "--max_length", "2000"], "--max_length 2000"),
+    (["--position_embedding", "learned", "--max_length", "1025"], "--max_length 1025: learned positions stop at 1024"),
     (["--preset", "cpu-tiny"], "--preset cpu-tiny"),
     (["--streaming"], "--streaming needs --bpe_sample"),
     (["--streaming", "--bpe_sample", "100", "--dropout_epochs", "0", "1"], "--dropout_epochs counts epochs"),
@@ -79,6 +89,7 @@ def data(tmp_path):
     (["--resume_from_checkpoint", ""], "--resume_from_checkpoint is blank"),  # not a fresh run
     (["--lenght_penalty_alpha", "1"],  # not HfArgumentParser's traceback
      "--lenght_penalty_alpha is not a flag of training/run.py (did you mean --length_penalty_alpha?); --help lists"),
+    (["--lenght_penalty_alpha=0.600000000000"], "(did you mean --length_penalty_alpha?)"),  # flag=value
     (["stray"], "error: stray is not a flag of training/run.py; --help lists them"),
 ])
 def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypatch, data, flags, named):
