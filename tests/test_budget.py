@@ -153,13 +153,39 @@ def test_a_budget_ends_with_its_minutes_validates_inside_them_and_saves_in_its_l
     assert len(state["schedule"]["expected_steps"]) == step
 
 
+def test_a_budget_leaves_the_first_step_out_of_its_estimate_and_stops_at_the_first_step_past_its_end():
+    """The first step takes 103 s (torch warms up), the others 7 s: from step 2 on, the run expects 2 + (1,500 -
+    110) / 7 steps; the step that ends at 1,503 s is its last. With --evaluations 0, --eval_steps counts."""
+    args, state = schedule_args(max_train_minutes=25, eval_steps=50)
+    budget = make_budget(minutes=25, evaluations=0)
+    schedule = Budgeted(args, state, 3, 0.1, True, budget)
+    step, ended, evaluated, _ = asked(schedule, lambda step: 96.0 + 7 * step)
+    assert (step, ended) == (201, "the time budget of 25 minutes") and state["first_step_seconds"] == 103
+    assert schedule.position(step, 1503.0) == 1500  # the bar's end
+    assert state["schedule"]["expected_steps"][2:] == pytest.approx([2 + 1390 / 7] * 199)
+    assert evaluated == [50, 100, 150, 200]
+
+
+def test_a_resumed_run_counts_its_save_minutes_from_where_it_stopped():
+    """Resumed at 600 s (its last checkpoint), --save_minutes 1 saves once 60 s have passed since, not at once."""
+    args, _ = schedule_args(save_minutes=1)
+    schedule, saved, previous = Steps(args, {"elapsed_seconds": 600.0}, 3, 0.1, True), [], 600.0
+    for step, now in zip(range(5, 10), (630.0, 659.0, 661.0, 700.0, 720.0)):
+        if schedule.save(step, previous, now):
+            saved.append(step)
+            schedule.saved(now)
+        previous = now
+    assert saved == [7]
+
+
 def test_a_budget_resumed_after_its_end_shows_a_full_bar_without_a_warning(recwarn, capsys):
     """A finished run resumed starts past its budget (its end is redone: the model written again); the bar, shown,
-    draws 100% and tqdm warns of nothing."""
+    draws 100% and tqdm warns of nothing; hidden (the processes other than the first), it draws nothing."""
     args, state = schedule_args(max_train_minutes=4)
     bar = Budgeted(args, state, 3, 0.1, True, make_budget(minutes=4)).progress(987, 240.4, disable=False)
     bar.close()
     assert (bar.n, bar.total) == (240, 240) and [str(w.message) for w in recwarn.list] == []
+    assert Budgeted(args, state, 3, 0.1, True, make_budget(minutes=4)).progress(0, 0.0, disable=True).disable
     assert "100%" in capsys.readouterr().err
 
 

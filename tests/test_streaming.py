@@ -130,3 +130,19 @@ def test_a_buffer_whose_pairs_are_all_too_long_is_passed_over():
                               max_length=MAX_LENGTH, buffer_pairs=10, seed=5, accumulation=1)
     sources, _ = batches.next_batch()
     assert batches.position()["buffer"] == 2 and [list(s) for s in sources] == [TOKENIZER(short[0])["input_ids"]] * 10
+
+
+def test_each_buffer_of_an_epoch_takes_its_batches_in_its_own_order():
+    """Three buffers holding the same 100 pairs: batches of the same lengths in each, taken in three different orders
+    (§5.1's batches shuffled per buffer, not one order repeated through the epoch)."""
+    same = PAIRS[:100] * 3
+    rows = Dataset.from_dict({"source": [s for s, _ in same], "target": [t for _, t in same]})
+    batches = StreamedBatches(rows.to_iterable_dataset(), WordEncoder(TOKENIZER), 0, 1, max_tokens=200,
+                              max_length=MAX_LENGTH, buffer_pairs=100, seed=5, accumulation=1)
+    buffers = [[] for _ in range(3)]
+    while batches.position()["epoch"] == 0:
+        sources, targets = batches.next_batch()
+        buffers[batches.position()["buffer"]].append((len(sources), max(map(len, sources + targets))))
+    buffers[0].pop()  # (the next epoch's first batch)
+    assert len(buffers[0]) >= 6 and all(sorted(b) == sorted(buffers[0]) for b in buffers)
+    assert len({tuple(b) for b in buffers}) == 3

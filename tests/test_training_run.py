@@ -306,7 +306,8 @@ def test_a_streamed_run_on_two_processes_resumed_from_a_checkpoint_ends_as_the_u
 def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_as_an_uninterrupted_run(
         tmp_path, small_data, whole_run):
     """Each kill is SIGKILL, as from outside (nothing is cleaned up): inside step 3, while checkpoint 6 is written,
-    and after averaging, before the output folder is written."""
+    and after averaging, before the output folder is written. The last resume has a cache it cannot write: a
+    resumed run computes with its checkpoint's fast_cpu plan and needs none."""
     flags = [*WHOLE, *small_data]
     run, resume = tmp_path / "killed", ["--resume_from_checkpoint", "latest"]
 
@@ -318,7 +319,8 @@ def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_
     launch(run, *flags, *resume, env_extra={"VASWANI_FAULT": "average"}, killed=True)
     assert [p.name for p in checkpoints(run)] == ["checkpoint-6", "checkpoint-8"]
     assert not (run / "model.safetensors").exists()
-    launch(run, *flags, *resume)
+    (tmp_path / "file").write_text("")
+    launch(run, *flags, *resume, env_extra={"VASWANI_HF_CACHE": str(tmp_path / "file" / "cache")})
 
     assert not list(run.glob(".incomplete-*"))
     assert [h["loss"] for h in history(run)] == pytest.approx([h["loss"] for h in history(whole_run)], rel=1e-6)
