@@ -786,20 +786,30 @@ def test_the_attention_kernel_the_user_names_is_the_one_that_runs(monkeypatch, r
 # keep_freed_memory() (a fresh process: the setting is for the whole process), 8 times after. The first times after may
 # still take fresh pages: torch asks for its blocks 64-byte aligned, which takes glibc a little more than the block, so
 # a freed block with a small one after it cannot serve the next, and the heap grows until freed blocks have run
-# together (at most 3 times in 150 processes of this probe on a Zen 4); from then on it does not grow.
+# together (at most 3 times in 150 processes of this probe on a Zen 4); from then on it does not grow. Then the same of
+# a block malloc'ed at the heap's top, which glibc gives back to the system when freed unless told to keep it.
 REFAULT_PROBE = """
-import resource, torch
+import ctypes, resource, torch
 from vaswani_hf import keep_freed_memory
 
-def refaults():
-    torch.ones(16 << 20)
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+
+def faults(allocate):
+    allocate()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    torch.ones(16 << 20)
+    allocate()
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-default = refaults()
+def at_top():
+    block = libc.malloc(64 << 20)
+    ctypes.memset(block, 1, 64 << 20)
+    libc.free(block)
+
+refaults = lambda: faults(lambda: torch.ones(16 << 20))
+default, default_at_top = refaults(), faults(at_top)
 applied = keep_freed_memory()
-print(default, applied, *[refaults() for _ in range(8)])
+print(default, default_at_top, applied, faults(at_top), *[refaults() for _ in range(8)])
 """
 
 
@@ -807,6 +817,7 @@ def test_keep_freed_memory_lets_a_freed_block_be_reused_without_faulting_its_pag
     result = subprocess.run([sys.executable, "-c", REFAULT_PROBE], check=False, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    default, applied, *kept = result.stdout.split()
+    default, default_at_top, applied, at_top, *kept = result.stdout.split()
     assert applied == "True"  # Linux with glibc, as the machines that run these tests
     assert int(default) > 1000 and all(int(faults) * 100 < int(default) for faults in kept[4:]), (default, kept)
+    assert int(default_at_top) > 1000 and int(at_top) * 100 < int(default_at_top), (default_at_top, at_top)
