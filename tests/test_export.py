@@ -674,3 +674,46 @@ def test_the_papers_beam_search_runs_on_onnx_runtime_as_on_torch(trained, onnx_m
     assert torch.equal(gnmt_beam_search(onnx_model, inputs["input_ids"], inputs["attention_mask"], 4, 0.6), expected)
     sources = [source for source, _ in PAIRS[:4]]
     assert onnx_model.translate(sources) == translate(model, tokenizer, sources)  # the folder's tokenizer, beam, α
+
+
+def test_onnx_greedy_runs_as_long_as_generate_without_eos(trained, onnx_model, monkeypatch):
+    """A bias of -30 against EOS, in the torch model and added to each ONNX step's logits: no output ends, and each
+    runs as far as generate(num_beams=1) runs it, the longest source of the batch + 50 tokens, or `max_new_tokens`."""
+    model, tokenizer = trained
+    biased = type(model)(AutoConfig.for_model(**{**model.config.to_dict(), "add_final_logits_bias": True})).eval()
+    biased.load_state_dict(model.state_dict(), strict=False)
+    biased.generation_config = model.generation_config  # the paper's decoding, as the folder's
+    biased.final_logits_bias[0, tokenizer.eos_token_id] = -30.0
+    step = type(onnx_model).__call__
+
+    def against_eos(self, *args, **kwargs):
+        output = step(self, *args, **kwargs)
+        output.logits[..., tokenizer.eos_token_id] -= 30.0
+        return output
+
+    monkeypatch.setattr(type(onnx_model), "__call__", against_eos)
+    inputs = tokenizer(["A dog.", "dog " * 30], padding=True, return_tensors="pt")
+    for limit in ({}, {"max_new_tokens": 7}):
+        with torch.no_grad():
+            expected = biased.generate(**inputs, num_beams=1, **limit)
+        found = onnx_model.greedy(inputs["input_ids"], inputs["attention_mask"], **limit)
+        assert torch.equal(found, expected)
+        assert found.shape[1] == 1 + limit.get("max_new_tokens", inputs["attention_mask"].sum(-1).max() + 50)
+
+
+def test_onnx_translate_decodes_as_the_folders_generation_config_says(onnx_model, monkeypatch):
+    """The folder's beam size and GNMT α, else the paper's 4 and 0.6; a call's own; one beam: the greedy loop."""
+    from transformers import GenerationConfig
+
+    from vaswani_hf.exports import onnx_runtime
+
+    calls = []
+    monkeypatch.setattr(onnx_runtime, "gnmt_beam_search", lambda model, ids, mask, beams, alpha: calls.append(
+        (beams, alpha)) or ids)
+    monkeypatch.setattr(onnx_model, "greedy", lambda ids, mask: calls.append("greedy") or ids)
+    for config, call in ((GenerationConfig(num_beams=3, gnmt_alpha=1.2), {}), (GenerationConfig(), {}),
+                         (GenerationConfig(num_beams=3, gnmt_alpha=1.2), {"num_beams": 5, "alpha": 0.0}),
+                         (GenerationConfig(num_beams=3, gnmt_alpha=1.2), {"num_beams": 1})):
+        monkeypatch.setattr(onnx_model, "generation_config", config)
+        onnx_model.translate(["A dog runs."], **call)
+    assert calls == [(3, 1.2), (4, 0.6), (5, 0.0), "greedy"]
