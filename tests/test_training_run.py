@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -257,6 +258,51 @@ def test_an_fsdp_run_resumed_from_its_checkpoint_ends_as_the_uninterrupted_one(t
     whole = [h["loss"] for h in history(fsdp_run[0])]
     assert [h["loss"] for h in history(run)] == pytest.approx(whole, rel=1e-6)
     assert_same_weights(run, fsdp_run[0], atol=1e-6)
+
+
+def test_a_sharded_models_whole_copy_for_evaluation_is_its_weights_saved_as_transformers_saves_them(tmp_path):
+    """training/distributed.py under FSDP2 on 2 processes (gloo): a unit per encoder and decoder layer; the main
+    process's copy for validation holds the sharded model's weights, is in eval mode, and building it leaves the run's
+    random state (its dropout draws) as it was; the gathered state dict names the tensors that `save_pretrained`
+    writes, the tied matrix once (§3.4)."""
+    script = tmp_path / "whole.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys
+        from types import SimpleNamespace
+        import torch
+        from safetensors import safe_open
+        sys.path.insert(0, sys.argv[1])
+        from support import tiny_model
+        from training.distributed import full_state_dict, shard, whole_model
+
+        torch.distributed.init_process_group("gloo")
+        main = torch.distributed.get_rank() == 0
+        plain = tiny_model(seed=1)
+        plain.save_pretrained(sys.argv[2])  # (the main process writes)
+        accelerator = SimpleNamespace(mixed_precision="no", device=torch.device("cpu"), is_main_process=main)
+        model = shard(tiny_model(seed=1).train(), accelerator)
+        layers = [*model.model.encoder.layers, *model.model.decoder.layers]
+        units = all(isinstance(layer, torch.distributed.fsdp.FSDPModule) for layer in layers)
+        gathered = set(full_state_dict(model))  # every process gathers; the main process gets them
+        if main:
+            with safe_open(sys.argv[2] + "/model.safetensors", "pt") as saved:
+                names = set(saved.keys())
+        state = torch.get_rng_state()
+        copy = whole_model(accelerator, model, lambda: tiny_model(seed=2).train())
+        same = not main or all(torch.equal(value, plain.state_dict()[name])
+                               for name, value in copy.state_dict().items())
+        print(json.dumps({"units": units, "same": same, "eval": not main or not copy.training,
+                          "names": not main or gathered == names,
+                          "random state": torch.equal(state, torch.get_rng_state())}))
+        torch.distributed.destroy_process_group()
+        """))
+    port = str(free_port())
+    ranks = [{"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+              "MASTER_PORT": port} for rank in range(2)]
+    result = run_forked([Path(__file__).parent, str(tmp_path / "plain")], ranks, timeout=300, script=script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in map(json.loads, result.stdout.splitlines()):
+        assert rank == {"units": True, "same": True, "eval": True, "names": True, "random state": True}
 
 
 def test_an_fsdp_request_that_cannot_be_honoured_is_a_one_line_error(tmp_path, small_data):
