@@ -435,6 +435,25 @@ def test_the_model_card_lists_every_deviation_and_the_averaged_checkpoints(trans
     assert "label smoothing ε_ls = 0.1; the last 2 checkpoints averaged." in " ".join(text.split())
 
 
+def test_the_card_states_the_alpha_and_batch_the_run_chose_not_the_flags_that_asked_for_them(translation_folder,
+                                                                                            tmp_path):
+    """run.py's output folder after a run that chose GNMT α 1.2 among its candidates (flag: 0.6) and batches of 4,096
+    tokens (--max_tokens 0): the card's recipe and deviations state what the model was made with."""
+    from training.arguments import ModelArguments, RecipeArguments
+    from training.run import publish
+
+    model, tokenizer = load_local(translation_folder)
+    args = RecipeArguments(output_dir=str(tmp_path), max_tokens=0, length_penalty_alpha=0.6,
+                           alpha_candidates=[0.6, 1.2])
+    pairs = {"train": generate_default_data()["train"][:10]}
+    publish(model, tokenizer, tmp_path, {"max_tokens": 4096}, pairs, 1.2, DataArguments(), ModelArguments(), args,
+            print)
+    text = (tmp_path / "README.md").read_text()
+    assert '"length_penalty_alpha": 1.2,' in text and '"max_tokens": 4096,' in text
+    assert "- recipe: `length_penalty_alpha=1.2` (paper: 0.6)\n" in text
+    assert json.loads((tmp_path / "generation_config.json").read_text())["gnmt_alpha"] == 1.2
+
+
 def test_a_model_card_placeholder_left_unfilled_is_an_error():
     """A placeholder the code does not fill is an error when the card is written, not text on the Hub."""
     assert fill_template("{{a}} and {{a}}", {"a": "x"}) == "x and x"
