@@ -143,6 +143,18 @@ def test_the_papers_schedule_counts_steps_and_minutes_between_checkpoints():
     assert asked(Steps(args, {"elapsed_seconds": 0.0}, 3, 0.1, False), lambda step: 0.0)[2] == []  # no validation set
 
 
+def test_the_papers_checkpoints_come_every_10_minutes_unless_save_steps_or_save_minutes_say_otherwise():
+    """§6.1's checkpoints were "written at 10-minute intervals": run.py's defaults save once 600 s have passed since
+    the last; --save_steps alone counts steps instead; --save_minutes 0 saves none before the last step."""
+    from training.arguments import RecipeArguments
+
+    def saved(**flags):
+        return asked(Steps(RecipeArguments(max_steps=20, **flags), {"elapsed_seconds": 0.0}, 3, 0.1, True),
+                     lambda step: 100.0 * step)[3]
+
+    assert saved() == [7, 14] and saved(save_steps=4) == [4, 8, 12, 16, 20] and saved(save_minutes=0) == []
+
+
 def test_a_budget_ends_with_its_minutes_validates_inside_them_and_saves_in_its_last_share():
     args, state = schedule_args(max_train_minutes=25)
     budget = make_budget(minutes=25, average_share=0.3, checkpoints=15, evaluations=5)

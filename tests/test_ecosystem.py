@@ -435,6 +435,27 @@ def test_the_model_card_lists_every_deviation_and_the_averaged_checkpoints(trans
     assert "label smoothing ε_ls = 0.1; the last 2 checkpoints averaged." in " ".join(text.split())
 
 
+@pytest.mark.parametrize("flag, value, line", [
+    ("tokens_per_step", 12000, "`tokens_per_step=12000` (paper: 25000)"),
+    ("warmup_steps", 8000, "`warmup_steps=8000` (paper: 4000)"),
+    ("lr_scale", 2.0, "`lr_scale=2.0` (paper: 1.0)"),
+    ("label_smoothing", 0.0, "`label_smoothing=0.0` (paper: 0.1)"),
+    ("num_beams", 1, "`num_beams=1` (paper: 4)"),
+    ("length_penalty_alpha", 1.0, "`length_penalty_alpha=1.0` (paper: 0.6)"),
+    ("max_grad_norm", 1.0, "gradients clipped to a global L2 norm of 1 (paper: no clipping)"),
+    ("average_checkpoints", 3, "`average_checkpoints=3` (paper: 5 for base, 20 for big)"),
+    ("save_steps", 500, "checkpoints every 500 steps (paper: every 10 minutes)"),
+    ("save_minutes", 0, "no checkpoints before the last step (paper: every 10 minutes)"),
+])
+def test_a_run_with_run_pys_defaults_is_the_papers_recipe_and_each_change_is_one_line_of_the_card(flag, value, line):
+    """§5.3-§5.4 and §6.1's values: the defaults deviate from none of them; each flag changed is named once."""
+    from training.arguments import RecipeArguments
+    from training.recipe import recipe_deviations
+
+    assert recipe_deviations(RecipeArguments(), DataArguments()) == []
+    assert recipe_deviations(RecipeArguments(**{flag: value}), DataArguments()) == [f"recipe: {line}"]
+
+
 def test_the_card_states_the_alpha_and_batch_the_run_chose_not_the_flags_that_asked_for_them(translation_folder,
                                                                                             tmp_path):
     """run.py's output folder after a run that chose GNMT α 1.2 among its candidates (flag: 0.6) and batches of 4,096

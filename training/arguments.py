@@ -132,7 +132,9 @@ class RecipeArguments:
     eval_steps: int = field(default=5000, metadata={"help": "Validation loss and BLEU every N steps (0: never)."})
     eval_max_sentences: int = field(default=500, metadata={"help": "Validation sentences decoded for BLEU."})
     save_steps: int = field(default=0, metadata={"help": "A checkpoint every N steps (0: off)."})
-    save_minutes: float = field(default=0, metadata={"help": "A checkpoint every N minutes (0: off)."})
+    save_minutes: float | None = field(default=None, metadata={
+        "help": "A checkpoint every N minutes (0: off). Unset: the paper's 10, unless --save_steps or a budget "
+                "(--max_train_minutes: spread over its last share) places them."})
     average_checkpoints: int = field(default=5, metadata={"help": "The final model averages the last K checkpoints."})
     num_beams: int = 4
     length_penalty_alpha: float = field(default=0.6, metadata={"help": "GNMT α (§6.1)."})
@@ -185,7 +187,7 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
                 "tokens_per_step": (args.tokens_per_step, 1), "warmup_steps": (args.warmup_steps, 1),
                 "logging_steps": (args.logging_steps, 1), "eval_steps": (args.eval_steps, 0),
                 "eval_max_sentences": (args.eval_max_sentences, 1), "save_steps": (args.save_steps, 0),
-                "save_minutes": (args.save_minutes, 0), "average_checkpoints": (args.average_checkpoints, 1),
+                "save_minutes": (args.save_minutes or 0, 0), "average_checkpoints": (args.average_checkpoints, 1),
                 "evaluations": (args.evaluations, 0), "num_beams": (args.num_beams, 1),
                 "max_grad_norm": (args.max_grad_norm, 0)}
     refuse_below(at_least)

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training.arguments import DataArguments, RecipeArguments
+from training.schedules import PAPER_SAVE_MINUTES
 
 NOT_RECIPE = ("push_to_hub", "hub_model_id", "hub_private_repo", "resume_from_checkpoint", "output_dir",
               "overwrite_output_dir", "fast_cpu", "fast_gpu", "replay_schedule", "compile")
@@ -40,9 +41,11 @@ def recipe_deviations(args: RecipeArguments, data_args: DataArguments) -> list[s
                        "below)")
     if args.max_train_minutes is not None and not (args.save_steps or args.save_minutes):
         changed.append(f"the averaged checkpoints spread over the last {args.average_share:.0%} of the budget")
-    elif args.save_minutes != 10:
-        every = f"{args.save_minutes} minutes" if args.save_minutes else f"{args.save_steps} steps"
-        changed.append(f"checkpoints every {every} (paper: every 10 minutes)")
+    elif (args.save_minutes, args.save_steps) not in ((None, 0), (PAPER_SAVE_MINUTES, 0)):
+        every = " and every ".join(filter(None, (args.save_minutes and f"{args.save_minutes:g} minutes",
+                                                 args.save_steps and f"{args.save_steps} steps")))
+        changed.append(f"checkpoints every {every} (paper: every 10 minutes)" if every else
+                       "no checkpoints before the last step (paper: every 10 minutes)")
     return [f"recipe: {text}" for text in changed]
 
 

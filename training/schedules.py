@@ -1,7 +1,7 @@
 """When a run stops, validates and saves, and the P_drop of its next step: one object per way of counting the run.
 
 - `Steps`, the paper's (§5.3): --max_steps steps, validation every --eval_steps, a checkpoint every --save_steps or
-  --save_minutes.
+  --save_minutes (unset: every 10 minutes, as the paper's were written, unless --save_steps is given).
 - `Budgeted`, --max_train_minutes (training/budget.py): the run's length estimated from the measured step time
   before every step; it stops when the budget is spent, validates --evaluations times inside it and spreads the
   averaged checkpoints over its last share.
@@ -19,6 +19,8 @@ from tqdm.auto import tqdm
 
 from training.budget import TimeBudget, crossed, fitted_dropout
 
+PAPER_SAVE_MINUTES = 10  # §6.1: "averaging the last 5 checkpoints, which were written at 10-minute intervals"
+
 
 class Steps:
     """The paper's schedule, counted in steps; `state` is the run's checkpoint state, fresh or resumed."""
@@ -30,6 +32,8 @@ class Steps:
             args, state, steps_per_epoch, p_drop, validates)
         self.record = state.setdefault("schedule", {"expected_steps": [], "checkpoints": [], "evaluations": []})
         self.last_save = state["elapsed_seconds"]
+        minutes = args.save_minutes
+        self.save_minutes = minutes if minutes is not None else 0 if args.save_steps else PAPER_SAVE_MINUTES
 
     @property
     def expected(self) -> float:
@@ -61,7 +65,7 @@ class Steps:
         return bool(self.args.eval_steps) and step % self.args.eval_steps == 0
 
     def is_checkpoint(self, step: int, previous: float, elapsed: float) -> bool:
-        every_minutes = self.args.save_minutes > 0 and elapsed - self.last_save > 60 * self.args.save_minutes
+        every_minutes = self.save_minutes > 0 and elapsed - self.last_save > 60 * self.save_minutes
         return bool(self.args.save_steps) and step % self.args.save_steps == 0 or every_minutes
 
     def recorded(self, kind: str, step: int, yes: bool) -> bool:
