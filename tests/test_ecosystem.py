@@ -435,25 +435,50 @@ def test_the_model_card_lists_every_deviation_and_the_averaged_checkpoints(trans
     assert "label smoothing ε_ls = 0.1; the last 2 checkpoints averaged." in " ".join(text.split())
 
 
-@pytest.mark.parametrize("flag, value, line", [
-    ("tokens_per_step", 12000, "`tokens_per_step=12000` (paper: 25000)"),
-    ("warmup_steps", 8000, "`warmup_steps=8000` (paper: 4000)"),
-    ("lr_scale", 2.0, "`lr_scale=2.0` (paper: 1.0)"),
-    ("label_smoothing", 0.0, "`label_smoothing=0.0` (paper: 0.1)"),
-    ("num_beams", 1, "`num_beams=1` (paper: 4)"),
-    ("length_penalty_alpha", 1.0, "`length_penalty_alpha=1.0` (paper: 0.6)"),
-    ("max_grad_norm", 1.0, "gradients clipped to a global L2 norm of 1 (paper: no clipping)"),
-    ("average_checkpoints", 3, "`average_checkpoints=3` (paper: 5 for base, 20 for big)"),
-    ("save_steps", 500, "checkpoints every 500 steps (paper: every 10 minutes)"),
-    ("save_minutes", 0, "no checkpoints before the last step (paper: every 10 minutes)"),
+BUDGET = ("a 5-minute budget (training/budget.py): warmup over 4% of the steps the machine was measured to make in "
+          "it, the §5.3 decay after it{}, the peak of the §5.3 curve for `warmup_steps`")
+FITTED = ("P_drop fitted to the epochs the run was expected to make (training/budget.py): none up to 1, rising "
+          "linearly to the recipe's `dropout` at 3 (the run's last value below)")
+
+
+@pytest.mark.parametrize("flags, data, lines", [
+    ({"tokens_per_step": 12000}, {}, ["`tokens_per_step=12000` (paper: 25000)"]),
+    ({"warmup_steps": 8000}, {}, ["`warmup_steps=8000` (paper: 4000)"]),
+    ({"lr_scale": 2.0}, {}, ["`lr_scale=2.0` (paper: 1.0)"]),
+    ({"label_smoothing": 0.0}, {}, ["`label_smoothing=0.0` (paper: 0.1)"]),
+    ({"num_beams": 1}, {}, ["`num_beams=1` (paper: 4)"]),
+    ({"length_penalty_alpha": 1.0}, {}, ["`length_penalty_alpha=1.0` (paper: 0.6)"]),
+    ({"max_grad_norm": 1.0}, {}, ["gradients clipped to a global L2 norm of 1 (paper: no clipping)"]),
+    ({"alpha_candidates": [0.6, 1.0]}, {}, ["GNMT α chosen on the validation set among [0.6, 1.0]"]),
+    ({"average_checkpoints": 2}, {}, ["`average_checkpoints=2` (paper: 5 for base, 20 for big)"]),
+    ({"average_checkpoints": 20}, {}, []),
+    ({"save_steps": 500}, {}, ["checkpoints every 500 steps (paper: every 10 minutes)"]),
+    ({"save_minutes": 0}, {}, ["no checkpoints before the last step (paper: every 10 minutes)"]),
+    ({"max_train_minutes": 5}, {},
+     [BUDGET.format(""), "the averaged checkpoints spread over the last 10% of the budget"]),
+    ({"max_train_minutes": 5, "cooldown_share": 0.2, "save_minutes": 1}, {},
+     [BUDGET.format(", then to zero over the last 20%"), "checkpoints every 1 minutes (paper: every 10 minutes)"]),
+    ({"dropout_epochs": [1.0, 3.0]}, {}, [FITTED]),
+    ({}, {"streaming": True, "shuffle_buffer": 2000, "bpe_sample": 500},
+     ["the joint BPE learned from the first 500 training pairs",
+      "the training pairs streamed, grouped by length 2,000 at a time (training/streaming.py)"]),
 ])
-def test_a_run_with_run_pys_defaults_is_the_papers_recipe_and_each_change_is_one_line_of_the_card(flag, value, line):
+def test_a_run_with_run_pys_defaults_is_the_papers_recipe_and_each_change_is_one_line_of_the_card(flags, data, lines):
     """§5.3-§5.4 and §6.1's values: the defaults deviate from none of them; each flag changed is named once."""
     from training.arguments import RecipeArguments
     from training.recipe import recipe_deviations
 
     assert recipe_deviations(RecipeArguments(), DataArguments()) == []
-    assert recipe_deviations(RecipeArguments(**{flag: value}), DataArguments()) == [f"recipe: {line}"]
+    assert recipe_deviations(RecipeArguments(**flags), DataArguments(**data)) == [f"recipe: {line}" for line in lines]
+
+
+def test_the_cards_data_is_named_by_the_flags_that_name_it():
+    """--card_dataset names a Hub dataset's id for the card's metadata; --card_license the embedded data's license;
+    a streamed split is not counted."""
+    pairs = {"train": (pair for pair in generate_default_data()["train"][:3]), "validation": [("a", "b")]}
+    hub = training_data(DataArguments(dataset_name="org/news", card_dataset="org/news-clean"), pairs)
+    assert hub.dataset_id == "org/news-clean" and hub.sizes == {"train": "streamed", "validation": 1}
+    assert training_data(DataArguments(card_license="cc0-1.0"), {"train": [("a", "b")]}).license == "cc0-1.0"
 
 
 def test_the_card_states_the_alpha_and_batch_the_run_chose_not_the_flags_that_asked_for_them(translation_folder,
