@@ -225,7 +225,7 @@ def test_max_tokens_0_is_a_resumed_runs_own_and_on_a_cpu_4096_and_a_given_number
 
 
 def test_a_resumed_run_goes_on_at_its_step_its_learning_rate_and_its_clock(tmp_path, accelerator):
-    """A run saved after 3 steps and 500 s, resumed in a new process's Run: step 3, the learning rate of step 4, and a
+    """A run saved after 3 steps and 500 s, resumed in a new Run: step 3, the learning rate of step 4, and a
     clock that reads on from 500 s (a budgeted run spends what is left of its minutes, not a new budget)."""
     import training.run as run_module
     from training.schedule import paper_optimizer

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training.arguments import DataArguments, RecipeArguments
-from training.schedules import PAPER_SAVE_MINUTES
+from training.schedules import PAPER_SAVE_MINUTES, checkpoint_minutes
 
 NOT_RECIPE = ("push_to_hub", "hub_model_id", "hub_private_repo", "resume_from_checkpoint", "output_dir",
               "overwrite_output_dir", "fast_cpu", "fast_gpu", "replay_schedule", "compile")
@@ -41,8 +41,8 @@ def recipe_deviations(args: RecipeArguments, data_args: DataArguments) -> list[s
                        "below)")
     if args.max_train_minutes is not None and not (args.save_steps or args.save_minutes):
         changed.append(f"the averaged checkpoints spread over the last {args.average_share:.0%} of the budget")
-    elif (args.save_minutes, args.save_steps) not in ((None, 0), (PAPER_SAVE_MINUTES, 0)):
-        every = " and every ".join(filter(None, (args.save_minutes and f"{args.save_minutes:g} minutes",
+    elif (minutes := checkpoint_minutes(args), args.save_steps) != (PAPER_SAVE_MINUTES, 0):
+        every = " and every ".join(filter(None, (minutes and f"{minutes:g} minutes",
                                                  args.save_steps and f"{args.save_steps} steps")))
         changed.append(f"checkpoints every {every} (paper: every 10 minutes)" if every else
                        "no checkpoints before the last step (paper: every 10 minutes)")

@@ -32,8 +32,7 @@ class Steps:
             args, state, steps_per_epoch, p_drop, validates)
         self.record = state.setdefault("schedule", {"expected_steps": [], "checkpoints": [], "evaluations": []})
         self.last_save = state["elapsed_seconds"]
-        minutes = args.save_minutes
-        self.save_minutes = minutes if minutes is not None else 0 if args.save_steps else PAPER_SAVE_MINUTES
+        self.save_minutes = checkpoint_minutes(args)
 
     @property
     def expected(self) -> float:
@@ -160,6 +159,14 @@ class Replayed(Budgeted):
 
     def is_checkpoint(self, step: int, previous: float, elapsed: float) -> bool:
         return step in self.replay["checkpoints"]
+
+
+def checkpoint_minutes(args) -> float:
+    """The minutes between checkpoints by the clock (0: none): --save_minutes, or unset the paper's 10, unless
+    --save_steps counts them instead."""
+    if args.save_minutes is not None:
+        return args.save_minutes
+    return 0 if args.save_steps else PAPER_SAVE_MINUTES
 
 
 def shown(disable: bool) -> dict:
