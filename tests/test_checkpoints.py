@@ -225,25 +225,26 @@ def test_max_tokens_0_is_a_resumed_runs_own_and_on_a_cpu_4096_and_a_given_number
 
 
 def test_a_resumed_run_goes_on_at_its_step_its_learning_rate_and_its_clock(tmp_path, accelerator):
-    """A run saved after 3 steps and 500 s, resumed in a new Run: step 3, the learning rate of step 4, and a
-    clock that reads on from 500 s (a budgeted run spends what is left of its minutes, not a new budget)."""
+    """A run saved after 3 steps and 500 s, resumed in a new Run: step 3, the learning rate of step 4, a clock that
+    reads on from 500 s (a budgeted run spends what is left of its minutes, not a new budget), and the batch size the
+    resumed run chose (a new --max_tokens), which its own checkpoints keep for the next resume."""
     import training.run as run_module
     from training.schedule import paper_optimizer
 
-    def new_run():
+    def new_run(max_tokens=400):
         model = tiny_model()
         optimizer, scheduler = paper_optimizer(model, 24, warmup_steps=4)
         model, optimizer = accelerator.prepare(model, optimizer)
         return run_module.Run(accelerator, model, optimizer, scheduler, None, None,
                               argparse.Namespace(average_checkpoints=2), tmp_path, None, False,
-                              {"history": [], "elapsed_seconds": 0.0, "max_tokens": 400, "fast_cpu_plan": None})
+                              {"history": [], "elapsed_seconds": 0.0, "max_tokens": max_tokens, "fast_cpu_plan": None})
 
     first = new_run()
     for _ in range(3):
         first.optimizer.step()
         first.scheduler.step()
     first.save(3, 500.0)
-    resumed = new_run()
-    assert resumed.resume(tmp_path / "checkpoint-3") == 3
+    resumed = new_run(max_tokens=500)
+    assert resumed.resume(tmp_path / "checkpoint-3") == 3 and resumed.state["max_tokens"] == 500
     assert 500 <= resumed.seconds() < 560
     assert resumed.scheduler.get_last_lr() == first.scheduler.get_last_lr() != new_run().scheduler.get_last_lr()

@@ -13,6 +13,7 @@ from forked import ROOT as REPOSITORY
 from forked import accelerate_ranks, free_port, run_forked
 from support import refused_translation, run_training, save_marian_folder
 
+import training.data
 from training import run_trainer
 from training.data import load_pairs
 from vaswani_hf.tools.text import split_lines
@@ -376,9 +377,12 @@ def test_aligned_files_stay_aligned_whatever_the_characters(tmp_path):
     assert pairs[1] == ("Two\u2028still two.", "Zwei.") and pairs[3] == ("Four.", "Vier.")
 
 
-def test_a_byte_order_mark_at_a_files_start_is_not_read_as_text(tmp_path):
+@pytest.mark.parametrize("table_lines", [10_000, 1])
+def test_a_byte_order_mark_at_a_files_start_is_not_read_as_text(tmp_path, monkeypatch, table_lines):
     """Some editors begin a UTF-8 file with U+FEFF: not part of the first sentence (a BPE would see an unknown
-    character); the same character later in a file is kept."""
+    character); the same character later in a file is kept, also where it starts one of the tables a file is read
+    in (of 1 line each here)."""
+    monkeypatch.setattr(training.data, "RECORD_BATCH", table_lines)
     (tmp_path / "p.en").write_text("\ufeffOne.\n\ufeffTwo.\n", encoding="utf-8")
     (tmp_path / "p.de").write_text("\ufeffEins.\nZwei.\n", encoding="utf-8")
     pairs = load_pairs("en", "de", files={"train": str(tmp_path / "p")})["train"]
