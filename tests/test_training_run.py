@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -305,6 +306,29 @@ def test_a_sharded_models_whole_copy_for_evaluation_is_its_weights_saved_as_tran
         assert rank == {"units": True, "same": True, "eval": True, "names": True, "random state": True}
 
 
+def test_every_process_of_a_run_reads_the_main_process_clock(tmp_path):
+    """The schedules decide by run.py's clock when a budget ends and a checkpoint is due, in every process of a
+    distributed run: each must read the main process's time, or one would stop (or save, a collective step) while
+    another waits for it. On 2 processes (gloo) whose own clocks are 1,000 s apart, both read the main one's."""
+    script = tmp_path / "clock.py"
+    script.write_text(textwrap.dedent("""
+        import json, time
+        from accelerate import Accelerator
+        from training.run import Run
+
+        accelerator = Accelerator(cpu=True)
+        run = Run(accelerator, *[None] * 9, {})
+        run.start_time -= 1000 * accelerator.process_index
+        print(json.dumps({"shared": run.seconds(), "own": run.seconds(shared=False)}))
+        accelerator.end_training()
+        """))
+    ranks = accelerate_ranks(2, "--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu", port=free_port())
+    result = run_forked([], ranks, timeout=300, script=script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    main, other = map(json.loads, result.stdout.splitlines())
+    assert main["shared"] < 60 and other["shared"] < 60 and other["own"] > 1000
+
+
 def test_an_fsdp_request_that_cannot_be_honoured_is_a_one_line_error(tmp_path, small_data):
     flags = [*TINY, *small_data, "--max_steps", "2"]
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--use_fsdp",
@@ -456,6 +480,29 @@ def test_a_budgeted_run_writes_its_schedule_and_replaying_it_gives_the_same_weig
     for name in ("model.safetensors", f"checkpoint-{steps}/model.safetensors",
                  f"checkpoint-{steps}/optimizer.safetensors"):
         assert (tmp_path / "replayed" / name).read_bytes() == (tmp_path / "run" / name).read_bytes(), name
+
+
+def test_save_minutes_count_from_the_last_checkpoint_and_train_minutes_cover_every_step(tmp_path, small_data,
+                                                                                      monkeypatch):
+    """--save_minutes 4 on the clock run.py reads, moved on 100 s at every step's end: checkpoints after steps 3 and 6
+    (300 s after the last each), the last one after step 8, 200 s later; metrics.json's train_minutes are the 800 s
+    of the 8 steps, not the 600 s at the last checkpoint the loop wrote."""
+    import training.run
+
+    moved = {"seconds": 0.0}
+
+    def step_ended(point):  # run.py's fault points: one at each step's end
+        if point.startswith("step-"):
+            moved["seconds"] += 100
+
+    monkeypatch.setattr(training.run, "fault_point", step_ended)
+    monkeypatch.setattr(training.run, "time", SimpleNamespace(time=lambda: time.time() + moved["seconds"]))
+    train_here(tmp_path / "run", *TINY, *small_data, "--max_steps", "8", "--save_minutes", "4",
+               "--average_checkpoints", "2")
+    state = json.loads((tmp_path / "run" / "checkpoint-8" / "trainer_state.json").read_text())
+    assert state["schedule"]["checkpoints"] == [3, 6] and [p.name for p in checkpoints(tmp_path / "run")] == [
+        "checkpoint-6", "checkpoint-8"]
+    assert 800 <= 60 * json.loads((tmp_path / "run" / "metrics.json").read_text())["train_minutes"] < 900
 
 
 @pytest.mark.xdist_group("whole_run")
