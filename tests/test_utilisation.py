@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,7 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from support import accelerate_as_in_a_new_process, commands_run_here
-from utilisation import main
+from utilisation import main, marian, summary
+
+from vaswani_hf import VaswaniConfig
 
 
 def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives(tmp_path, monkeypatch, capsys):
@@ -24,6 +27,7 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
     import utilisation
 
     commands = commands_run_here(monkeypatch, utilisation)
+    monkeypatch.setattr(utilisation, "device_name", lambda device: "NVIDIA H200")  # its peak: MFU's formula runs
     with accelerate_as_in_a_new_process():
         assert main(["--tiny", "--warmup", "1", "--steps", "2", "--pad_to_multiple_of", "8", "--output_dir",
                      str(tmp_path / "out")]) == 0
@@ -37,7 +41,11 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
     assert tiny["over_marian"] == pytest.approx(
         tiny["target_tokens_per_second"] / tiny["marian"]["target_tokens_per_second"])
     assert tiny["compile"] == "no" and tiny["compiled_graphs"] == 0  # auto: eager on a CPU
-    assert tiny["mfu"] is None and tiny["host_waits_per_step"] is None  # no GPU: no peak, no waits to count
+    seconds = tiny["seconds_per_step"]
+    assert tiny["target_tokens_per_second"] == pytest.approx(tiny["target_tokens_per_step"] / seconds)
+    assert tiny["tflops_per_second"] == pytest.approx(tiny["flops_per_step"] / seconds / 1e12)
+    assert tiny["mfu"] == pytest.approx(tiny["flops_per_step"] / seconds / 989e12)  # the H200's dense bf16 peak
+    assert tiny["host_waits_per_step"] is None  # no GPU: no waits to count
     assert tiny["host_issue_seconds_per_step"] is None  # nor steps handed to a GPU
     assert tiny["recipe_hours"] == pytest.approx(100_000 * tiny["seconds_per_step"] / 3600)
     host = tiny["profile"]["top_host"]  # where a step's host time goes: the operators of most self time, in order
@@ -78,3 +86,32 @@ def test_a_wrong_flag_is_one_line_before_any_work(tmp_path, flags, message):
     with pytest.raises(SystemExit, match=f"^{message}$"):
         main(["--tiny", *flags, "--output_dir", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_three_processes_figures_are_their_medians_and_the_recipe_hours_and_targets_follow():
+    """Each figure the median of the processes' own; ours / Marian the median of their ratios (1, 3, 5: 3, where the
+    ratio of the medians is 2); big's recipe is §5.2's 300,000 steps, its MFU target 30%."""
+    runs = [{"size": "big", "seconds_per_step": seconds, "mfu": mfu, "target_tokens_per_second": ours,
+             "marian": {"target_tokens_per_second": peer}}
+            for seconds, mfu, ours, peer in ((0.9, 0.29, 100, 100), (0.5, 0.35, 300, 100), (0.7, 0.31, 200, 40))]
+    found = summary("big", runs)
+    assert (found["seconds_per_step"], found["mfu"], found["target_tokens_per_second"]) == (0.7, 0.31, 200)
+    assert found["over_marian"] == 3 and found["marian"]["target_tokens_per_second"] == 100
+    assert found["recipe_hours"] == pytest.approx(300_000 * 0.7 / 3600) and found["processes"] == runs
+    assert found["targets"] == {"mfu": {"target": 0.3, "met": True}, "over_marian": {"target": 2.0, "met": True}}
+    assert summary("big", [{**run, "mfu": run["mfu"] - 0.05} for run in runs])["targets"]["mfu"]["met"] is False
+    assert summary("base", runs)["recipe_hours"] == pytest.approx(100_000 * 0.7 / 3600)  # base: 100,000 steps
+
+
+def test_marians_tokens_per_second_count_the_steps_after_its_warmup(tmp_path, monkeypatch):
+    """Seq2SeqTrainer's steps timed at their ends (a clock here that reads 10 s more at each): with 2 warm-up steps
+    of 4, the last 2 steps' target tokens over the 20 s from the warm-up's end."""
+    import utilisation
+
+    ends = iter(range(10, 1000, 10))
+    monkeypatch.setattr(utilisation, "time", SimpleNamespace(perf_counter=lambda: float(next(ends))))
+    config = VaswaniConfig(vocab_size=40, d_model=16, d_ff=32, num_heads=2, num_layers=1, pad_token_id=0,
+                           bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+    steps = [[([[5, 6, 7, 2]], [[8] * length + [2]])] for length in (1, 2, 3, 5)]  # 2, 3, 4 and 6 target tokens
+    found = marian("tiny", config, steps, 1, 2, utilisation.torch.device("cpu"), tmp_path, 1)
+    assert found == {"target_tokens_per_second": (4 + 6) / 20, "seconds_per_step": 10}
