@@ -22,8 +22,12 @@ def test_every_engine_decodes_the_sources_at_tiny_sizes_on_a_cpu(tmp_path, capsy
         "ours (GNMT search, vaswani-translate's)", "transformers beam search",
         "transformers beam search, static cache (compiled on a GPU)", "CTranslate2 export, float32",
         "CTranslate2 export, int8"}
-    assert all(engine["sentences_per_second"] > 0 for engine in report["engines"].values())
-    assert report["sentences"] == 12 and "| CTranslate2 export, int8 |" in capsys.readouterr().out
+    assert all(engine["sentences_per_second"] == pytest.approx(12 / engine["seconds"])
+               for engine in report["engines"].values())
+    ours, peer = (report["engines"][name]["sentences_per_second"]
+                  for name in ("ours (GNMT search, vaswani-translate's)", "CTranslate2 export, int8"))
+    assert report["sentences"] == 12 and f"| CTranslate2 export, int8 | {peer:.1f} | {peer / ours:.2f}x |" in (
+        capsys.readouterr().out)
     if torch.version.cuda is None:  # torch's CPU build and CTranslate2 on a CPU load no cuBLAS; a CUDA build does
         assert report["cublas"] == []
     assert all(Path(file).name.startswith("libcublas") for file in report["cublas"])
