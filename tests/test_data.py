@@ -1,10 +1,12 @@
 """Data, tokenizer and batching of the recipe (§5.1)."""
 
 import bz2
+import collections
 import gzip
 import itertools
 import json
 import lzma
+import re
 
 import numpy as np
 import pytest
@@ -25,6 +27,57 @@ def test_the_embedded_default_data_is_what_the_generator_writes():
     assert pairs == generated
     english = [{en for en, _ in p} for p in pairs.values()]
     assert not (english[0] & english[1]) and not (english[0] & english[2])  # disjoint splits
+
+
+# A grammar book's forms: an English noun phrase in German as subject, object and after "mit" (nom., acc., dat.).
+DECLINED = {
+    "the old dog": ("der alte Hund", "den alten Hund", "dem alten Hund"),
+    "an old dog": ("ein alter Hund", "einen alten Hund", "einem alten Hund"),
+    "my old dog": ("mein alter Hund", "meinen alten Hund", "meinem alten Hund"),
+    "the old cat": ("die alte Katze", "die alte Katze", "der alten Katze"),
+    "an old cat": ("eine alte Katze", "eine alte Katze", "einer alten Katze"),
+    "my old cat": ("meine alte Katze", "meine alte Katze", "meiner alten Katze"),
+    "the old house": ("das alte Haus", "das alte Haus", "dem alten Haus"),
+    "an old house": ("ein altes Haus", "ein altes Haus", "einem alten Haus"),
+    "my old house": ("mein altes Haus", "mein altes Haus", "meinem alten Haus"),
+    "the old dogs": ("die alten Hunde", "die alten Hunde", "den alten Hunden"),
+    "my old houses": ("meine alten Häuser", "meine alten Häuser", "meinen alten Häusern"),
+    "the children": ("die Kinder", "die Kinder", "den Kindern"),
+    "a girl": ("ein Mädchen", "ein Mädchen", "einem Mädchen"),
+}
+# Sentence openings: verb agreement, verb second after a fronted adverb, "in dem" contracted.
+OPENINGS = {"The dogs see ": "Die Hunde sehen ", "We like ": "Wir mögen ", "She likes ": "Sie mag ",
+            "Today the dog sees ": "Heute sieht der Hund ", "Now they have ": "Jetzt haben sie "}
+FRONTED = "Today|Now|Tomorrow|Often|Again"  # the adverbs that may open a sentence: the German verb comes next
+PLACES = {" in the garden.": " im Garten.", " in the city.": " in der Stadt.", " in the house.": " im Haus."}
+
+
+def test_the_embedded_grammar_declines_agrees_and_orders_as_german_does():
+    """Every pair of the embedded data that holds one of the phrases above holds its German where German grammar puts
+    it (each phrase found in each of its places at least once); no English "a" stands before a vowel."""
+    pairs = [pair for split in generate().values() for pair in split]
+    capital = lambda text: text[0].upper() + text[1:]
+    checked = collections.Counter()
+    for english, german in pairs:
+        assert not re.search(r"\ba [aeiou]", english, re.IGNORECASE), english
+        for phrase, (nominative, accusative, dative) in DECLINED.items():
+            if english.startswith(capital(phrase) + " "):  # the subject
+                assert german.startswith(capital(nominative) + " "), (english, german)
+                checked[phrase, "nom"] += 1
+            if re.search(f"^(?!(?:{FRONTED}) ).*(?<!with) {phrase}[ .]", english):  # the object: after the verb
+                assert re.search(f"(?<!mit) {accusative}[ .]", german), (english, german)
+                checked[phrase, "acc"] += 1
+            if re.search(f" with {phrase}[ .]", english):
+                assert re.search(f" mit {dative}[ .]", german), (english, german)
+                checked[phrase, "dat"] += 1
+        for start, expected in OPENINGS.items():
+            assert not english.startswith(start) or german.startswith(expected), (english, german)
+            checked[start] += english.startswith(start)
+        for end, expected in PLACES.items():
+            assert not english.endswith(end) or german.endswith(expected), (english, german)
+            checked[end] += english.endswith(end)
+    assert all(checked[key] for key in [*OPENINGS, *PLACES]), checked
+    assert all(checked[phrase, case] for phrase in DECLINED for case in ("nom", "acc", "dat")), checked
 
 
 def test_json_lines_and_aligned_text_load_the_same_pairs(tmp_path):

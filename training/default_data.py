@@ -72,6 +72,8 @@ def noun_phrase(rng: random.Random, case: str) -> tuple[str, str, str]:
         german.append(ADJECTIVES[adjective] + endings[case][slot])
     english.append(english_pl if plural else english_sg)
     german.append(german_noun)
+    if determiner == "a" and english[1][0] in "aeiou":
+        english[0] = "an"  # an old dog
     return " ".join(english), " ".join(german), "pl" if plural else "sg"
 
 
