@@ -16,7 +16,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_outputs import BaseModelOutput
 
 from vaswani_hf import fast_cpu
-from vaswani_hf.gnmt import gnmt_beam_search
+from vaswani_hf.gnmt import gnmt_beam_search, gnmt_length_penalty
 from vaswani_hf.speed.attention import attention_modules, swap
 from vaswani_hf.speed.decoding import PLAIN
 
@@ -121,6 +121,40 @@ def test_the_papers_search_returns_a_beam_output_and_its_scores_and_honours_max_
     assert model.generate(source, attention_mask=mask, return_dict_in_generate=True).sequences_scores is None
     assert torch.equal(model.generate(source, attention_mask=mask, max_length=5),
                        gnmt_beam_search(model, source, mask, 3, 1.4, max_new_tokens=4))
+
+
+@pytest.mark.parametrize(("trained", "limit"), [(True, None), (False, None), (False, 60)],
+                         ids=["ended by EOS", "cut at each source's limit", "cut at max_new_tokens"])
+def test_the_papers_search_gives_compute_transition_scores_each_tokens_log_probability(trained_model, trained, limit):
+    """With output_scores, transformers' `compute_transition_scores(sequences, scores, beam_indices)` reads the
+    search's output as it reads its own beam search's: the transitions of each returned hypothesis add up to the
+    log P(Y|X) that the search divided by lp(|Y|) (its `sequences_scores`), over its |Y| tokens, 0 after them. The
+    trained model ends its hypotheses with EOS; the untrained one never does: they are cut at their sources' limits
+    (lengths 7, 4, 6, + 50: the shorter ones padded to the longest), or all at max_new_tokens."""
+    model = trained_model if trained else tiny_model()
+    source, mask = padded_sources()
+    out = model.generate(source, attention_mask=mask, num_beams=3, gnmt_alpha=1.4, num_return_sequences=2,
+                         max_new_tokens=limit, output_scores=True, return_dict_in_generate=True)
+    generated = out.sequences[:, 1:]
+    ends = generated == EOS
+    limits = torch.tensor([57, 57, 54, 54, 56, 56] if limit is None else [limit] * 6)
+    lengths = torch.where(ends.any(-1), ends.int().argmax(-1) + 1, limits)
+    assert ends.any(-1).all() if trained else generated.shape[1] == limits.max() and not ends.any()
+    transitions = model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
+    assert transitions.shape == generated.shape and not transitions.requires_grad
+    assert not transitions[torch.arange(generated.shape[1]) >= lengths.unsqueeze(-1)].any()
+    torch.testing.assert_close(transitions.sum(-1) / gnmt_length_penalty(lengths, 1.4), out.sequences_scores,
+                               rtol=1e-5, atol=0)
+
+
+def test_the_papers_search_stops_at_the_last_learned_position():
+    """12 learned positions: the untrained model's hypotheses, which never end, are cut at 12 tokens (their sources'
+    lengths + 50 would be 54 to 57), not an IndexError past the last position; their scores too."""
+    model = tiny_model(position_embedding="learned", max_position_embeddings=12)
+    source, mask = padded_sources()
+    out = model.generate(source, attention_mask=mask, num_beams=3, gnmt_alpha=0.6, output_scores=True,
+                         return_dict_in_generate=True)
+    assert out.sequences.shape == (3, 13) and len(out.scores) == 12 and (out.beam_indices >= 0).all()
 
 
 @pytest.mark.parametrize(("option", "named"), [
@@ -392,7 +426,7 @@ def test_with_synced_gpus_every_process_steps_the_model_until_all_are_done(tmp_p
         import torch
         sys.path.insert(0, sys.argv[1])
         from support import random_ids, tiny_model
-        from vaswani_hf.gnmt import gnmt_beam_search
+        from vaswani_hf.gnmt import gnmt_beam_search, gnmt_length_penalty
 
         torch.distributed.init_process_group("gloo")
         rank = torch.distributed.get_rank()

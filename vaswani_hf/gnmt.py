@@ -94,10 +94,7 @@ def gnmt_beam_search(
         raise ValueError(f"the paper's search ends hypotheses at one eos_token_id, the model has {eos!r}: set one, "
                          "or pass gnmt_alpha=None for transformers' beam search")
     eos = eos_ids[0]
-    limits = attention_mask.sum(-1) + extra_length if max_new_tokens is None else torch.full(
-        (batch_size,), max_new_tokens, device=device)  # (B,)
-    if config.position_embedding == "learned":  # no position beyond the learned ones
-        limits = limits.clamp(max=config.max_position_embeddings)
+    limits = output_limits(config, attention_mask, max_new_tokens, extra_length)  # (B,)
     max_limit = int(limits.max())
 
     # The source encoded once, its output repeated for each of its K beams, as transformers' beam search does.
@@ -182,6 +179,35 @@ def gnmt_beam_search(
     return (sequences, finished_scores.flatten()) if output_scores else sequences
 
 
+def output_limits(config, attention_mask: torch.Tensor, max_new_tokens: int | None,
+                  extra_length: int = EXTRA_OUTPUT_LENGTH) -> torch.Tensor:
+    """The most tokens each source's output may have, (B,): `max_new_tokens`, or the source's length (non-pad
+    tokens) + `extra_length`; never past the learned positions."""
+    limits = attention_mask.sum(-1) + extra_length if max_new_tokens is None else torch.full(
+        attention_mask.shape[:1], max_new_tokens, device=attention_mask.device)
+    if config.position_embedding == "learned":
+        limits = limits.clamp(max=config.max_position_embeddings)
+    return limits
+
+
+@torch.no_grad()
+def step_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequences: torch.Tensor,
+                limits: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """What transformers' `compute_transition_scores` reads of a beam search's output, for the n hypotheses per
+    source it returned (`sequences`, B·n rows): each step's log-probabilities over the vocabulary, the model reading
+    each hypothesis whole, (B·n, V) a step; and the beam index of each generated token, its own row, or -1 after the
+    hypothesis ended (at its EOS, or cut at its source's limit)."""
+    n = sequences.shape[0] // input_ids.shape[0]
+    logits = model(input_ids=input_ids.repeat_interleave(n, 0), attention_mask=attention_mask.repeat_interleave(n, 0),
+                   decoder_input_ids=sequences[:, :-1], use_cache=False).logits
+    generated = sequences[:, 1:]
+    positions = torch.arange(generated.shape[1], device=generated.device)
+    first_eos = torch.where(generated == model.config.eos_token_id, positions, generated.shape[1]).amin(-1)
+    lengths = torch.minimum(first_eos + 1, limits.repeat_interleave(n))
+    rows = torch.arange(sequences.shape[0], device=generated.device).unsqueeze(-1).expand_as(generated)
+    return logits.float().log_softmax(-1).unbind(1), rows.masked_fill(positions >= lengths.unsqueeze(-1), -1)
+
+
 def check_whole(name: str, value, least: int) -> None:
     """A one-line ValueError unless `value` is a whole number (not a bool) of at least `least`."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
@@ -206,7 +232,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     A generation config (the model's, or the one given on top of the model's) or a call with `gnmt_alpha` asks for
     the paper's decoding (§6.1): with `num_beams` > 1 this GNMT search, source length + 50 tokens unless
     `max_new_tokens` or `max_length` says otherwise, its result a tensor or, with `return_dict_in_generate`, a
-    `GenerateBeamEncoderDecoderOutput` (`sequences_scores`, the penalized scores, with `output_scores`). The search
+    `GenerateBeamEncoderDecoderOutput`; with `output_scores` it holds the penalized scores (`sequences_scores`) and
+    what `compute_transition_scores` reads (`step_scores`: each token's log-probability). The search
     is never swapped for another behind the call's back: a setting or input it does not take (logits processors,
     stopping criteria, streamers, attention outputs, ...) is refused in one line naming it; one that names another
     decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...) or one beam (greedy: the same tokens)
@@ -255,10 +282,15 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
             min_new_tokens=1 if config.min_new_tokens is None else config.min_new_tokens,
             num_return_sequences=1 if config.num_return_sequences is None else config.num_return_sequences,
             output_scores=True, synced_gpus=synced_gpus)
-        if config.return_dict_in_generate:
-            return GenerateBeamEncoderDecoderOutput(sequences=sequences,
-                                                    sequences_scores=scores if config.output_scores else None)
-        return sequences
+        if not config.return_dict_in_generate:
+            return sequences
+        if not config.output_scores:
+            return GenerateBeamEncoderDecoderOutput(sequences=sequences)
+        mask = torch.ones_like(source) if mask is None else mask
+        limits = output_limits(model.config, mask, max_new_tokens)
+        each_step, beam_indices = step_scores(model, source, mask, sequences, limits)
+        return GenerateBeamEncoderDecoderOutput(sequences=sequences, sequences_scores=scores, scores=each_step,
+                                                beam_indices=beam_indices)
     if torch.is_tensor(source) and config.max_new_tokens is None and "max_length" not in saved | given:
         source_length = int(mask.sum(-1).max()) if torch.is_tensor(mask) and mask.dim() == 2 else source.shape[-1]
         kwargs["max_new_tokens"] = source_length + EXTRA_OUTPUT_LENGTH
