@@ -20,8 +20,7 @@ from ..gnmt import EXTRA_OUTPUT_LENGTH
 from ..speed.fast_cpu import chosen, round_seconds, rule
 from ..speed.kernels import cache_root, cpu_name, kept, writable
 from .export import written_whole
-from .loading import load
-from .translate import learned_positions
+from .loading import learned_positions, load
 
 
 def kept_workers(folder: Path, compute: str, threads: int, tokenizer,

@@ -96,3 +96,8 @@ def first_line(error: BaseException) -> str:
     """What a one-line error says of `error`: its message's first line, or its type's name when it has none."""
     message = str(error).strip()
     return message.splitlines()[0] if message else type(error).__name__
+
+
+def learned_positions(config) -> int | None:
+    """How many learned positions the model has (Table 3, row E), None for the sinusoids of any length."""
+    return config.max_position_embeddings if config.position_embedding == "learned" else None

@@ -41,7 +41,7 @@ from transformers.utils.logging import disable_progress_bar
 
 from ..gnmt import gnmt_beam_search
 from ..speed.allocator import keep_freed_memory
-from .loading import checked, device_kind, load, one_line_errors
+from .loading import checked, device_kind, learned_positions, load, one_line_errors
 from .text import decode_utf8, split_lines
 
 MAX_TOKENS = 4096  # source tokens per batch, padding included
@@ -143,11 +143,6 @@ class TorchEngine:
             self.model.train(training)  # the caller's mode back: a training loop goes on training
         pad = self.tokenizer.pad_token_id
         return [[i for i in row if i != pad] for row in sequences[:, 1:].tolist()], scores.tolist()
-
-
-def learned_positions(config) -> int | None:
-    """How many learned positions the model has (Table 3, row E), None for the sinusoids of any length."""
-    return config.max_position_embeddings if config.position_embedding == "learned" else None
 
 
 def search(model, inputs, num_beams: int, alpha: float | None, nbest: int) -> tuple[torch.Tensor, torch.Tensor]:
