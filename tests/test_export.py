@@ -672,8 +672,9 @@ def test_the_papers_beam_search_runs_on_onnx_runtime_as_on_torch(trained, onnx_m
     inputs = padded_sources(tokenizer)
     expected = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams=4, alpha=0.6)
     assert torch.equal(gnmt_beam_search(onnx_model, inputs["input_ids"], inputs["attention_mask"], 4, 0.6), expected)
-    sources = [source for source, _ in PAIRS[:4]]
+    sources = [source for source, _ in PAIRS[:4]] + [" "]  # a blank source: "", as vaswani-translate gives it
     assert onnx_model.translate(sources) == translate(model, tokenizer, sources)  # the folder's tokenizer, beam, α
+    assert onnx_model.translate(["", " "]) == ["", ""]
 
 
 def test_onnx_greedy_runs_as_long_as_generate_without_eos(trained, onnx_model, monkeypatch):

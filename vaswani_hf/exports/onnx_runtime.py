@@ -102,12 +102,16 @@ class OnnxSeq2Seq:
 
     def translate(self, sources: list[str], num_beams: int | None = None, alpha: float | None = None) -> list[str]:
         """Translations of `sources` in one batch: greedy for `num_beams=1`, else the paper's beam search with the
-        folder's beam size and GNMT α (else 4 and 0.6)."""
+        folder's beam size and GNMT α (else 4 and 0.6); a blank source's is "", as vaswani-translate's."""
         num_beams = num_beams or self.generation_config.num_beams or 4
         alpha = alpha if alpha is not None else getattr(self.generation_config, "gnmt_alpha", 0.6)
-        inputs = self.tokenizer(sources, padding=True, return_tensors="pt")
+        texts = [source for source in sources if source.strip()]
+        if not texts:
+            return [""] * len(sources)
+        inputs = self.tokenizer(texts, padding=True, return_tensors="pt")
         if num_beams == 1:
             output = self.greedy(inputs["input_ids"], inputs["attention_mask"])
         else:
             output = gnmt_beam_search(self, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha)
-        return self.tokenizer.batch_decode(output, skip_special_tokens=True)
+        translations = iter(self.tokenizer.batch_decode(output, skip_special_tokens=True))
+        return [next(translations) if source.strip() else "" for source in sources]
