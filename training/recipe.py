@@ -42,11 +42,16 @@ def recipe_deviations(args: RecipeArguments, data_args: DataArguments) -> list[s
     if args.max_train_minutes is not None and not (args.save_steps or args.save_minutes):
         changed.append(f"the averaged checkpoints spread over the last {args.average_share:.0%} of the budget")
     elif (minutes := checkpoint_minutes(args), args.save_steps) != (PAPER_SAVE_MINUTES, 0):
-        every = " and every ".join(filter(None, (minutes and f"{minutes:g} minutes",
-                                                 args.save_steps and f"{args.save_steps} steps")))
-        changed.append(f"checkpoints every {every} (paper: every 10 minutes)" if every else
+        every = " and ".join(filter(None, (minutes and each(minutes, "minute"),
+                                           args.save_steps and each(args.save_steps, "step"))))
+        changed.append(f"checkpoints {every} (paper: every 10 minutes)" if every else
                        "no checkpoints before the last step (paper: every 10 minutes)")
     return [f"recipe: {text}" for text in changed]
+
+
+def each(count: float, unit: str) -> str:
+    """"every minute", "every 500 steps"."""
+    return f"every {unit}" if count == 1 else f"every {count:g} {unit}s"
 
 
 @dataclass
