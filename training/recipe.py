@@ -44,8 +44,8 @@ def recipe_deviations(args: RecipeArguments, data_args: DataArguments) -> list[s
     elif (minutes := checkpoint_minutes(args), args.save_steps) != (PAPER_SAVE_MINUTES, 0):
         every = " and ".join(filter(None, (minutes and each(minutes, "minute"),
                                            args.save_steps and each(args.save_steps, "step"))))
-        changed.append(f"checkpoints {every} (paper: every 10 minutes)" if every else
-                       "no checkpoints before the last step (paper: every 10 minutes)")
+        paper = f"(paper: {each(PAPER_SAVE_MINUTES, 'minute')})"
+        changed.append(f"checkpoints {every} {paper}" if every else f"no checkpoints before the last step {paper}")
     return [f"recipe: {text}" for text in changed]
 
 
