@@ -128,6 +128,48 @@ def test_too_few_processes_is_a_one_line_error_before_any_work(tmp_path):
     assert not (tmp_path / "check").exists()
 
 
+def test_on_a_gpu_the_training_part_compares_the_compiled_run_with_an_eager_one_and_resumes_from_halfway(tmp_path,
+                                                                                                       monkeypatch):
+    """Part 4 as it runs on a GPU (issue 77: the compiled run's last loss within 1% of the eager run's), its three
+    launches stood in for: the first run compiled by inductor, then the same flags with `--compile no` last, then the
+    first resumed from its halfway checkpoint. Its figures against the runs' loss curves: the means of the first and
+    last tenths, the eager run's last tenth, the resumed run's largest relative difference over the second half."""
+    steps = 20
+    first = [6.0 - 0.2 * step for step in range(steps)]
+    curves = {"first": first, "eager": [loss * 1.005 for loss in first],
+              "resumed": [loss * {15: 1.01, 19: 0.995}.get(step, 1.0) for step, loss in enumerate(first)]}
+    launches = []
+
+    def launch(run, flags, timeout):
+        name = "eager" if run.name == "eager" else "resumed" if "--resume_from_checkpoint" in flags else "first"
+        launches.append((run.name, flags))
+        history = [{"step": step + 1, "loss": loss, "tokens": 100 + step} for step, loss in enumerate(curves[name])]
+        return {"seconds": 1.0, "metrics": {"history": history, "distributed": {"mixed_precision": "bf16"},
+                                            "compiled_graphs": 3, "max_tokens": 0, "train_minutes": 0.5,
+                                            "test": {"bleu": 20.0}}}
+
+    monkeypatch.setattr(gpu_check, "launch", launch)
+    shape = {**gpu_check.SHAPES["tiny"], "steps": steps, "deterministic": False}
+    found = gpu_check.training(torch.device("cuda"), shape, tmp_path)
+
+    def value(flags, name):  # as argparse reads it: the last one given wins
+        return flags[len(flags) - flags[::-1].index(name)] if name in flags else None
+
+    assert [name for name, _ in launches] == ["run", "eager", "run"]
+    assert [value(flags, "--compile") for _, flags in launches] == ["inductor", "no", "inductor"]
+    assert [value(flags, "--resume_from_checkpoint") for _, flags in launches] == [
+        None, None, str(tmp_path / "run" / "checkpoint-10")]
+    assert value(launches[0][1], "--save_steps") == "10" and value(launches[0][1], "--max_steps") == "20"
+    assert found["first_loss"] == pytest.approx((6.0 + 5.8) / 2)
+    assert found["last_loss"] == pytest.approx((first[18] + first[19]) / 2)
+    assert found["eager_last_loss"] == pytest.approx(1.005 * found["last_loss"])
+    assert found["resumed_last_loss"] == pytest.approx((first[18] + 0.995 * first[19]) / 2)
+    assert found["resumed_max_relative_difference"] == pytest.approx(0.01)  # relative to the first run's loss
+    assert found["resumed_identical"] is False
+    assert found["target_tokens_per_step"] == pytest.approx(sum(100 + step for step in range(steps)) / steps)
+    assert checks({"training": found})["compiled run's loss within 1% of the eager run's"]
+
+
 TRAINED = {"first_loss": 6.0, "last_loss": 2.5, "eager_last_loss": 2.48, "resumed_max_relative_difference": 0.0,
            "resumed_identical": True}
 
