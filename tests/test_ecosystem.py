@@ -366,13 +366,14 @@ SCORES = {split: {"bleu": bleu, "chrf": chrf, "bleu_signature": "nrefs:1|tok:13a
           for split, bleu, chrf in (("validation", 31.234, 55.5), ("test", 29.876, 54.321))}
 
 
-@pytest.mark.parametrize("source", ["files", "files with an id and a license", "a Hub dataset", "German to English"])
+@pytest.mark.parametrize("source", ["files", "files with an id and a license", "a Hub dataset",
+                                    "a local dataset folder", "German to English"])
 def test_the_model_card_names_the_data_as_given_and_claims_no_license(translation_folder, tmp_path, source):
     """Cards of runs on the user's data, parsed by huggingface_hub's ModelCard and its metadata classes: the data as
-    the user named it (a Hub dataset id in the metadata, or the file names in the text), a license only where the
-    user declared one, the results in the metadata only with a dataset id and only for the splits that were scored,
-    no NaN, and the example in the source language. (huggingface_hub's `ModelCard.validate` asks the Hub itself,
-    which tests do not reach.)"""
+    the user named it (a Hub dataset id in the metadata, or the file or folder names in the text: no path of this
+    machine, nor a local folder as a Hub id), a license only where the user declared one, the results in the metadata
+    only with a dataset id and only for the splits that were scored, no NaN, and the example in the source language.
+    (huggingface_hub's `ModelCard.validate` asks the Hub itself, which tests do not reach.)"""
     model, tokenizer = load_local(translation_folder)
     pairs = {split: generate_default_data()[split][:3] for split in ("train", "validation", "test")}
     for split, rows in pairs.items():  # aligned text files, as a user gives them
@@ -388,6 +389,9 @@ def test_the_model_card_names_the_data_as_given_and_claims_no_license(translatio
     elif source == "a Hub dataset":
         flags = DataArguments(dataset_name="org/news", dataset_config_name="de-en")
         del pairs["test"], scores["test"]  # no test split: nothing scored, nothing written for it
+    elif source == "a local dataset folder":  # as datasets.load_dataset reads it (here it need not hold the pairs)
+        (tmp_path / "corpus").mkdir()
+        flags = DataArguments(dataset_name=str(tmp_path / "corpus"), dataset_config_name="de-en")
     else:
         flags = DataArguments(**files, source_lang="de", target_lang="en")
         pairs = {split: [(de, en) for en, de in rows] for split, rows in pairs.items()}
@@ -414,6 +418,9 @@ def test_the_model_card_names_the_data_as_given_and_claims_no_license(translatio
     if source == "a Hub dataset":
         assert "Data: the Hub dataset org/news (de-en); 3 train pairs, 3 validation pairs." in text
         assert "| test |" not in text
+    elif source == "a local dataset folder":
+        assert "Data: the local dataset folder corpus (de-en); 3 train pairs, 3 validation pairs, 3 test" in text
+        assert str(tmp_path) not in card.content
     else:
         assert f"local files (train: train.{source_lang} + train.{target_lang}; validation: " in text
     assert f"tokenizer([{json.dumps(pairs['test' if 'test' in pairs else 'validation'][0][0])}]" in card.text

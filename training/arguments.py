@@ -22,7 +22,9 @@ def preset_names() -> list[str]:
 
 @dataclass
 class DataArguments:
-    dataset_name: str | None = field(default=None, metadata={"help": "A Hub dataset with a translation column."})
+    dataset_name: str | None = field(default=None, metadata={
+        "help": "A Hub dataset, or a local folder datasets.load_dataset reads (CSV files, save_to_disk's): a "
+                "translation column or a column per language."})
     dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration, e.g. de-en."})
     train_file: str | None = field(default=None, metadata={
         "help": "JSON lines (.json, .jsonl), or a prefix of aligned PREFIX.<lang> files; either .gz, .bz2 or .xz "
@@ -42,7 +44,8 @@ class DataArguments:
     shuffle_buffer: int = field(default=100_000, metadata={
         "help": "With --streaming: pairs read at a time and grouped into token batches (§5.1) in random order."})
     card_dataset: str | None = field(default=None, metadata={
-        "help": "The data's Hub dataset id, for the model card's metadata (default: --dataset_name; none for files)."})
+        "help": "The data's Hub dataset id, for the model card's metadata (default: --dataset_name unless a local "
+                "folder; none for files)."})
     card_license: str | None = field(default=None, metadata={
         "help": "The license the model card declares, e.g. cc-by-4.0 (default: none claimed, except for the "
                 "embedded data, apache-2.0)."})
