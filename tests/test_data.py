@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from datasets import Dataset
+from datasets import Dataset, DatasetDict
 from transformers import AutoTokenizer
 
 from training.batching import padding_fraction, token_batches
@@ -173,6 +173,25 @@ def test_a_dataset_repository_gives_its_train_valid_and_test_splits_and_an_empty
                                 train_file=None, validation_file=None, test_file=None, streaming=streaming)
         with pytest.raises(SystemExit, match=f"^error: the test split has no pairs \\({empty}\\)$"):
             load_run_data(flags)
+
+
+def test_a_local_folder_of_csv_files_or_a_saved_dataset_gives_its_pairs_whole_or_streamed(tmp_path):
+    """--dataset_name FOLDER, as `datasets.load_dataset` reads a folder: CSV files with a column per language (a comma
+    and quotes inside a sentence), and a DatasetDict written by `save_to_disk` with a translation column."""
+    import csv
+
+    rows = [(f'{n} dogs, "big" ones .', f'{n} Hunde, "große" .') for n in range(4)]
+    (tmp_path / "csv").mkdir()
+    for split, part in (("train", rows), ("validation", rows[:2])):
+        with open(tmp_path / "csv" / f"{split}.csv", "w", newline="", encoding="utf-8") as file:
+            csv.writer(file).writerows([("de", "en"), *((de, en) for en, de in part)])
+    DatasetDict({split: Dataset.from_dict({"translation": [{"en": en, "de": de} for en, de in part]})
+                 for split, part in (("train", rows), ("test", rows[2:]))}).save_to_disk(tmp_path / "saved")
+    for streaming in (False, True):
+        assert load_pairs("en", "de", dataset_name=str(tmp_path / "csv"), streaming=streaming) == {
+            "train": rows, "validation": rows[:2]}
+        assert load_pairs("de", "en", dataset_name=str(tmp_path / "saved"), streaming=streaming) == {
+            "train": [(de, en) for en, de in rows], "test": [(de, en) for en, de in rows[2:]]}
 
 
 @pytest.mark.parametrize("compression", ["gz", "bz2", "xz"])
