@@ -11,6 +11,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import gpu_decoding
 from gpu_decoding import main, mapped_files
 
 
@@ -31,6 +32,22 @@ def test_every_engine_decodes_the_sources_at_tiny_sizes_on_a_cpu(tmp_path, capsy
     if torch.version.cuda is None:  # torch's CPU build and CTranslate2 on a CPU load no cuBLAS; a CUDA build does
         assert report["cublas"] == []
     assert all(Path(file).name.startswith("libcublas") for file in report["cublas"])
+
+
+def test_the_rate_leaves_the_warm_up_batch_out_and_times_every_batch_once(monkeypatch):
+    """`timed` on a clock that only the engine moves: the first batch decoded once to warm up (100 s: a compilation),
+    then every batch once at 1 s a sentence; sentences/s counts the second pass alone, the warm-up reported apart."""
+    clock, decoded = [0.0], []
+
+    def engine(batch):
+        clock[0] += 100.0 if not decoded else len(batch)
+        decoded.append(batch)
+
+    monkeypatch.setattr(gpu_decoding.time, "perf_counter", lambda: clock[0])
+    batches = [[[5, 2]] * 3, [[6, 2]] * 2, [[7, 2]] * 5]
+    found = gpu_decoding.timed(engine, batches, torch.device("cpu"))
+    assert decoded == [batches[0], *batches]
+    assert found == {"sentences_per_second": 1.0, "seconds": 10.0, "first_batch_seconds": 100.0}
 
 
 def test_the_report_names_the_library_files_the_process_has_loaded():
