@@ -8,8 +8,15 @@ config names under `custom_pipelines` (the relative import makes `save_pretraine
 import copy
 
 from transformers import PretrainedConfig
+from transformers.utils.versions import require_version
 
 from .pipeline_vaswani import CUSTOM_PIPELINES
+
+# transformers 5.24 renamed the decoding cache, argument and output field, from `past_key_values` to `cache`: the
+# model speaks the new name (and takes the old one, as transformers' own models do). An older one is refused here,
+# in the file that loads first (AutoConfig's), whose imports transformers 4 still has: the model's file would fail
+# first on an import that names nothing of the version.
+require_version("transformers>=5.24")
 
 # The paper's architecture (§3) as config values, and what any other value means: the one list of deviations, which
 # `VaswaniConfig.deviations()` reads for the model cards of a run (training/hub.py) and of a converted model.

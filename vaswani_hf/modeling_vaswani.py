@@ -44,15 +44,11 @@ from transformers.utils import can_return_tuple, is_torchdynamo_compiling, loggi
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
-from transformers.utils.versions import require_version
 
 from .checks import check_mask, check_token_ids
 from .configuration_vaswani import VaswaniConfig
 from .gnmt import paper_decoding
 
-# transformers 5.24 renamed the decoding cache, argument and output field, from `past_key_values` to `cache`: the
-# model speaks the new name (and takes the old one, as transformers' own models do). An older one is refused here.
-require_version("transformers>=5.24")
 logger = logging.get_logger(__name__)
 
 
