@@ -143,25 +143,25 @@ def test_generate_reads_the_ids_values_once_per_sequence_start_not_at_every_step
         assert reads == [(2, 5), (2, 1)], reads
 
 
-@pytest.mark.parametrize("version", ["5.23.0", "4.57.1"])
-def test_loading_the_model_with_a_transformers_older_than_it_speaks_is_refused_in_one_line(tmp_path, version,
+@pytest.mark.parametrize("version, loaded", [("5.23.0", "the package"), ("4.57.1", "a folder's own code")])
+def test_loading_the_model_with_a_transformers_older_than_it_speaks_is_refused_in_one_line(tmp_path, version, loaded,
                                                                                           translation_folder):
     """The model speaks transformers 5.24's `cache`; under 5.23 generate() would pass `past_key_values`, and 4.x
     lacks modules the model's file imports. An installed older version is stood in for by its metadata, first on
-    the path: importing the package, and loading a saved folder's own code (trust_remote_code), are refused in one
-    line naming the version, the latter by the configuration's file, before the model's file is imported."""
+    the path: importing the package, or loading a saved folder's own code (trust_remote_code), is refused in one
+    line naming the version, by the configuration's file, which loads first, before the model's file is imported."""
     metadata = tmp_path / f"transformers-{version}.dist-info" / "METADATA"
     metadata.parent.mkdir()
     metadata.write_text(f"Metadata-Version: 2.1\nName: transformers\nVersion: {version}\n")
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
                    "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    load = ("from transformers import AutoModelForSeq2SeqLM; "
-            f"AutoModelForSeq2SeqLM.from_pretrained({str(translation_folder)!r}, trust_remote_code=True)")
-    for code in ("import vaswani_hf", load):
-        result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
-                                timeout=300, env=environment)
-        assert result.returncode != 0
-        assert result.stderr.strip().splitlines()[-1] == (
-            "ImportError: transformers>=5.24 is required for a normal functioning of this module, but found"
-            f" transformers=={version}.")
+    code = {"the package": "import vaswani_hf", "a folder's own code": (
+        "from transformers import AutoModelForSeq2SeqLM; "
+        f"AutoModelForSeq2SeqLM.from_pretrained({str(translation_folder)!r}, trust_remote_code=True)")}[loaded]
+    result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300,
+                            env=environment)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ImportError: transformers>=5.24 is required for a normal functioning of this module, but found"
+        f" transformers=={version}.")
     assert "configuration_vaswani.py" in result.stderr and "modeling_vaswani.py" not in result.stderr
