@@ -76,7 +76,7 @@ def training_data(data_args: DataArguments, pairs: dict) -> TrainingData:
         config = f" ({data_args.dataset_config_name})" if data_args.dataset_config_name else ""
         name = Path(data_args.dataset_name)
         if name.is_dir():  # as datasets reads it: a local folder's data, no Hub id (nor its path on this machine)
-            return TrainingData(f"the local dataset folder {name.name}{config}", data_args.card_dataset,
+            return TrainingData(f"the local dataset folder {name.resolve().name}{config}", data_args.card_dataset,
                                 data_args.card_license, False, sizes, example)
         return TrainingData(f"the Hub dataset {data_args.dataset_name}{config}",
                             data_args.card_dataset or data_args.dataset_name, data_args.card_license, False, sizes,
