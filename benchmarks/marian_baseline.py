@@ -17,7 +17,6 @@ translations.
 import argparse
 import json
 import math
-import os
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ from transformers import (
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vaswani_hf.speed.kernels import cpu_name
+from vaswani_hf.speed.kernels import cpu_name, usable_cores
 from vaswani_hf.tools.text import read_lines
 
 SPLITS, SPECIALS, MAX_LENGTH, BATCH = ("train", "valid", "test2016"), ["<pad>", "</s>", "<unk>"], 128, 128
@@ -128,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_num_threads(usable_cores())
     set_seed(args.seed)
     data = {split: (read_lines(args.data / f"{split}.en"), read_lines(args.data / f"{split}.de")) for split in SPLITS}
 

@@ -19,7 +19,7 @@ from accelerate.commands.config.config_args import ClusterConfig
 from accelerate.utils import DistributedType
 from forked import accelerate_ranks, free_port, run_forked
 from safetensors.torch import load_file
-from support import CODE_FILES, run_hidden, run_training, tiny_model
+from support import CODE_FILES, accelerate_as_in_a_new_process, run_hidden, run_training, tiny_model
 from torch._inductor import config as inductor_config
 from transformers import AutoTokenizer, GenerationConfig
 
@@ -513,6 +513,23 @@ def test_validation_during_training_leaves_the_training_as_it_was(tmp_path, smal
     validated = history(tmp_path / "validated")
     assert sum("validation_loss" in h for h in validated) == 4
     assert [h["loss"] for h in validated] == [h["loss"] for h in history(whole_run)]
+
+
+def test_without_cpu_affinity_a_runs_processes_share_every_core(tmp_path, monkeypatch):
+    """macOS and Windows have no `os.sched_getaffinity`: there run.py's processes share every core of the machine, as
+    on Linux they share the cores of their affinity (here one: conftest.py pins each test worker to a core of its
+    own). Before, the run stopped at once with an AttributeError. `torch.set_num_threads` is recorded, not called."""
+    import training.run
+
+    threads, affinity = [], len(os.sched_getaffinity(0))
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    monkeypatch.setattr(training.run, "keep_freed_memory", lambda: None)
+    args = SimpleNamespace(output_dir=str(tmp_path), mixed_precision="no", deterministic=False, seed=0)
+    with accelerate_as_in_a_new_process():
+        training.run.start_processes(args)
+        monkeypatch.delattr(os, "sched_getaffinity")
+        training.run.start_processes(args)
+    assert threads == [affinity, os.cpu_count()]
 
 
 def test_a_training_step_builds_no_decoding_cache(monkeypatch):

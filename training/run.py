@@ -22,7 +22,6 @@ its schedule's answer (training/schedules.py): the paper's steps, a time budget,
 import functools
 import json
 import math
-import os
 import re
 import shutil
 import sys
@@ -73,6 +72,7 @@ from training.streaming import StreamedBatches
 from training.tokenizer import corpus_texts, train_joint_bpe
 from training.tokens import WordEncoder, token_dataset
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, fast_gpu, keep_freed_memory
+from vaswani_hf.speed.kernels import usable_cores
 from vaswani_hf.tools.export import check_output_place
 
 BFLOAT16_CPU = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")  # torch.cpu.get_capabilities()'s: x86, then Arm
@@ -305,7 +305,7 @@ def start_processes(args) -> tuple[Accelerator, dict]:
         accelerator.print("warning: --mixed_precision bf16 on a CPU without bfloat16 instructions is slower than "
                           "float32 (10x a step on an AMD EPYC, family 23): --mixed_precision no trains in float32")
     if not use_gpu:  # share the cores this process may use among the processes; keep freed memory (allocator.py)
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // accelerator.num_processes))
+        torch.set_num_threads(max(1, usable_cores() // accelerator.num_processes))
         keep_freed_memory()
     if args.deterministic:
         deterministic_kernels()

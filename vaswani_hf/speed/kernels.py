@@ -1,6 +1,6 @@
 # Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
 """Linear layers that multiply by weights packed once for a decoding loop or train in oneDNN, and the machine facts
-our CPU choices are kept under (`cpu_name`, `cache_root`, `writable`, `kept`, `kept_apart`).
+our CPU choices are kept under (`cpu_name`, `usable_cores`, `cache_root`, `writable`, `kept`, `kept_apart`).
 
 A decoding loop multiplies the same weights by a few new rows at every step. oneDNN can multiply by a copy of a
 weight reordered once into its blocked layout; a training step's products and their gradients can run in oneDNN as
@@ -48,6 +48,12 @@ def cpu_name() -> str:
     if "cpu family" in fields:
         name += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
     return name
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity where the system keeps one (Linux: `taskset`, a job's
+    cgroup), else every core (macOS and Windows have no `os.sched_getaffinity`)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def cache_root(kind: str) -> Path:
