@@ -612,7 +612,7 @@ def test_a_missing_engine_is_named_with_the_command_that_installs_it(translation
     """In this process, the package made unimportable (None in sys.modules: `import` raises ModuleNotFoundError)."""
     monkeypatch.setitem(sys.modules, package, None)
     message = refusal(capfd, export_main, engine, translation_folder, tmp_path / "out")
-    assert message == (f"error: vaswani-export {engine} needs {package}: pip install {package}  "
+    assert message == (f"error: vaswani-export {engine} needs {package}: pip install {package} "
                        '(or pip install "vaswani_hf[export]")')
     assert not (tmp_path / "out").exists()
 

@@ -36,7 +36,7 @@ def check_packages(engine: str) -> None:
             missing.append(name)
     if missing:
         raise SystemExit(f"error: vaswani-export {engine} needs {', '.join(missing)}: "
-                         f"pip install {' '.join(missing)}  (or pip install \"vaswani_hf[export]\")")
+                         f"pip install {' '.join(missing)} (or pip install \"vaswani_hf[export]\")")
 
 
 def check_output_place(output: str | Path, flag: str | None = None) -> None:
