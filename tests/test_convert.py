@@ -231,6 +231,19 @@ def test_what_cannot_be_converted_is_one_line_before_anything_is_written(marian_
     assert "tokens but its embedding 200 rows" in message and not out.exists()
 
 
+@pytest.mark.parametrize(("source", "missing"), [("marian", "sentencepiece"), ("marian", "sacremoses"),
+                                                  ("fairseq", "sacremoses")])
+def test_a_missing_tokenizer_package_is_named_with_the_command_that_installs_it(tmp_path, capfd, monkeypatch, source,
+                                                                                missing):
+    """The `convert` extra's packages (Marian's and fairseq's tokenizers), each made unimportable in this process
+    (None in sys.modules): one line naming it, before the model is looked for (here it does not exist)."""
+    monkeypatch.setitem(sys.modules, missing, None)
+    message = refusal(capfd, convert.main, source, tmp_path / "no-model", tmp_path / "out")
+    assert message == (f"error: vaswani-convert {source} needs {missing}: pip install {missing} "
+                       '(or pip install "vaswani_hf[convert]")')
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_converted_folder_publishes_and_pipelines_as_one_of_ours(marian_pair, tmp_path):
     """vaswani-push sends the weights, config, generation config, code, card and Marian's tokenizer files, and those
     files alone translate as the folder does; the folder's translation pipeline decodes as published."""

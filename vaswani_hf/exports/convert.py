@@ -55,7 +55,7 @@ def check_packages(source: str) -> None:
     missing = [name for name in SOURCE_PACKAGES[source] if importlib.util.find_spec(name) is None]
     if missing:
         raise SystemExit(f"error: vaswani-convert {source} needs {', '.join(missing)}: "
-                         f"pip install {' '.join(missing)}  (or pip install \"vaswani_hf[convert]\")")
+                         f"pip install {' '.join(missing)} (or pip install \"vaswani_hf[convert]\")")
 
 
 def marian_config(marian) -> VaswaniConfig:
