@@ -11,6 +11,9 @@ from ..speed.fast_cpu import fast_cpu
 from ..speed.kernels import CacheNotWritable
 from ..speed.quantization import quantize_int8
 
+# What every tokenizer transformers saves writes one of: ours, tokenizers' JSON; a converted model's, its config.
+TOKENIZER_ENTRIES = ("tokenizer.json", "tokenizer_config.json")
+
 
 def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool = True):
     """(model, tokenizer) from a model folder or Hub repository, in eval mode on `device` (with `int8`: the CPU
@@ -71,6 +74,9 @@ def checked(name_or_path: str):
         config = AutoConfig.from_pretrained(name_or_path)
         if config.model_type != "vaswani":
             raise SystemExit(f"error: {name_or_path} holds a {config.model_type!r} model, not a vaswani_hf one")
+        if is_local(name_or_path) and not any((Path(name_or_path) / name).is_file() for name in TOKENIZER_ENTRIES):
+            raise SystemExit(f"error: {name_or_path} has no tokenizer (no {' or '.join(TOKENIZER_ENTRIES)} there): "
+                             "save it beside the model, tokenizer.save_pretrained(folder)")  # transformers': 5 lines
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         if is_local(name_or_path) and (Path(name_or_path) / "generation_config.json").exists():
             GenerationConfig.from_pretrained(name_or_path)
