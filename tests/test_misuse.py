@@ -418,7 +418,7 @@ def test_a_byte_order_mark_before_the_first_line_is_not_translated(translation_f
 
 @pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device bogus",
                                   "output is a folder", "mistyped relative path", "home path", "deep path",
-                                  "marian folder", "no padding token", "no tokenizer",
+                                  "marian folder", "no padding token", "no tokenizer", "a run not ended",
                                   "no beams", "no tokens", "alpha not a number", "alpha infinite", "a checkpoint",
                                   "damaged generation_config.json", "blank input", "blank output", "blank model"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
@@ -452,6 +452,12 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         tokenizer = json.loads((tmp_path / "unpadded" / "tokenizer.json").read_text())
         (tmp_path / "unpadded" / "tokenizer.json").write_text(json.dumps({**tokenizer, "padding": None}))
         args = ["--model", tmp_path / "unpadded"]
+    if case == "a run not ended":  # run.py's output folder while it trains: a tokenizer and checkpoints
+        shutil.copytree(translation_folder, tmp_path / "run" / "checkpoint-12")
+        shutil.copytree(translation_folder, tmp_path / "run" / "checkpoint-3")  # after checkpoint-12 by name only
+        (tmp_path / "run" / "checkpoint-40").mkdir()  # a save begun, its config.json not yet written
+        shutil.copy(translation_folder / "tokenizer.json", tmp_path / "run")
+        args = ["--model", tmp_path / "run"]
     if case == "no tokenizer":  # model.save_pretrained alone, the tokenizer not saved beside it
         shutil.copytree(translation_folder, tmp_path / "untokenized")
         for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -490,6 +496,8 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
                 "no padding token": f"error: the tokenizer of {tmp_path / 'unpadded'} has no padding token",
                 "no tokenizer": f"error: {tmp_path / 'untokenized'} has no tokenizer (no tokenizer.json or "
                 "tokenizer_config.json there): save it beside the model, tokenizer.save_pretrained(folder)",
+                "a run not ended": f"error: {tmp_path / 'run'} holds a training run whose model is not written yet "
+                f"(the run writes it when it ends): give its newest checkpoint, {tmp_path / 'run' / 'checkpoint-12'}",
                 "marian folder": "holds a 'marian' model, not a vaswani_hf one",
                 "no beams": "error: --num_beams 0: must be at least 1",
                 "no tokens": "error: --max_tokens -5: must be at least 1",

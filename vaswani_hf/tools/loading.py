@@ -69,6 +69,9 @@ def checked(name_or_path: str):
             raise SystemExit(f"error: {name_or_path} is a checkpoint of a training run, not a model folder: the run "
                              "writes its model to the folder above when it ends (a stopped run: resume it with "
                              "--resume_from_checkpoint latest)")
+        if newest := newest_checkpoint(Path(name_or_path)):
+            raise SystemExit(f"error: {name_or_path} holds a training run whose model is not written yet (the run "
+                             f"writes it when it ends): give its newest checkpoint, {newest}")
         raise SystemExit(f"error: {name_or_path} is not a model folder (no config.json there)")
     with one_line_errors(name_or_path):
         config = AutoConfig.from_pretrained(name_or_path)
@@ -85,6 +88,13 @@ def checked(name_or_path: str):
             f"error: the tokenizer of {name_or_path} has no padding token (is tokenizer_config.json missing?)"
         )
     return config, tokenizer
+
+
+def newest_checkpoint(folder: Path) -> Path | None:
+    """The highest-numbered checkpoint-<step> model folder in a training run's `folder`, if any."""
+    steps = [int(path.name.removeprefix("checkpoint-")) for path in folder.glob("checkpoint-*")
+             if path.name.removeprefix("checkpoint-").isdigit() and (path / "config.json").is_file()]
+    return folder / f"checkpoint-{max(steps)}" if steps else None
 
 
 @contextlib.contextmanager
