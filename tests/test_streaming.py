@@ -103,6 +103,30 @@ def test_a_process_whose_part_of_the_stream_is_empty_stops_with_one_line():
         batches.next_batch()
 
 
+def test_a_stream_whose_pairs_are_all_longer_than_max_length_stops_with_one_line_after_one_epoch():
+    """Every pair over --max_length: one epoch read (five buffers of 600) gives no batch, and every next would give
+    none; the reader says so instead of reading the stream again forever. A few pairs short enough are batched."""
+    from training.data import DataError
+
+    batches = StreamedBatches(stream(1), WordEncoder(TOKENIZER), 0, 1, max_tokens=200, max_length=2,
+                              buffer_pairs=600, seed=5, accumulation=1)
+    set_epoch = batches.rows.set_epoch
+
+    def at_most_twice(epoch):  # a reader that never stops fails here, not by hanging the suite
+        assert epoch < 2, "the stream read a third time without a batch"
+        set_epoch(epoch)
+
+    batches.rows.set_epoch = at_most_twice
+    with pytest.raises(DataError, match=r"^every training pair of this process's part of the stream is over "
+                                        r"--max_length 2 on a side: raise --max_length$"):
+        batches.next_batch()
+    assert batches.start["epoch"] == 0  # stopped at the end of the first epoch
+    shortest = min(max(len(s), len(t)) for s, t in tokenized())
+    few = StreamedBatches(stream(1), WordEncoder(TOKENIZER), 0, 1, max_tokens=200, max_length=shortest,
+                          buffer_pairs=600, seed=5, accumulation=1)
+    assert all(max(len(s), len(t)) <= shortest for _ in range(3) for s, t in zip(*few.next_batch()))
+
+
 def test_a_step_takes_the_accumulated_batches_in_turn_and_a_buffer_holds_whole_reads_of_pairs():
     """`step` gives `accumulation` batches, the next ones in turn. A buffer holds `buffer_pairs` pairs, rounded up
     to whole reads of 1,000 (fewer where the part ends): 50 pairs; 1,200 rounded up to 2,000, more than the 1,500

@@ -99,8 +99,11 @@ class EpochBatches:
         self.padding = padding_fraction(self.batches, source, target)
         self.steps_per_epoch = len(self.batches) // (accumulation * world)
         if self.steps_per_epoch == 0:
-            raise ValueError(f"the training data makes {len(self.batches)} batch(es) of at most {max_tokens} tokens, "
-                             f"fewer than the {accumulation * world} of one optimizer step: lower --tokens_per_step")
+            left_out = f" ({self.skipped:,} of {len(train):,} pairs over --max_length {max_length} left out)" \
+                if self.skipped else ""
+            raise ValueError(f"the training data makes {len(self.batches)} batch(es) of at most {max_tokens} tokens"
+                             f"{left_out}, fewer than the {accumulation * world} of one optimizer step: lower "
+                             f"--tokens_per_step{' or raise --max_length' if self.skipped else ''}")
 
     def step(self, step: int) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
         """The source and target ids of this process's batches for optimizer step `step` (counted from 0)."""

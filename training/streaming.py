@@ -34,6 +34,7 @@ class StreamedBatches:
         self.max_tokens, self.max_length, self.seed, self.accumulation = max_tokens, max_length, seed, accumulation
         self.start = {"epoch": 0, "buffer": 0, "stream": None}  # where the current buffer begins
         self.next, self.batches, self.reader = 0, None, None
+        self.kept = None  # pairs kept (not over max_length) in this epoch; None: the epoch was not read from its start
 
     def position(self) -> dict:
         """JSON: the stream's state where the current buffer began, and the number of its batches taken."""
@@ -67,15 +68,20 @@ class StreamedBatches:
                 if self.start["stream"] is not None:
                     self.rows.load_state_dict(self.start["stream"])
                 self.reader = self.rows.iter(batch_size=self.read)
+                self.kept = 0 if self.start["stream"] is None else None
             reads = [read for _, read in zip(range(self.reads), self.reader)]
             if reads:
                 break
             if self.start["stream"] is None:
                 raise DataError("the training stream holds no pairs for this process (fewer pairs than processes?)")
+            if self.kept == 0:  # a whole epoch without a batch: so would every next one be
+                raise DataError(f"every training pair of this process's part of the stream is over --max_length "
+                                f"{self.max_length} on a side: raise --max_length")
             self.start, self.reader = {"epoch": self.start["epoch"] + 1, "buffer": 0, "stream": None}, None
         pairs = [(np.asarray(s, dtype=np.int32), np.asarray(t, dtype=np.int32)) for read in reads
                  for s, t in zip(read["source_ids"], read["target_ids"])]
         kept = [pair for pair in pairs if max(len(pair[0]), len(pair[1])) <= self.max_length]
+        self.kept = None if self.kept is None else self.kept + len(kept)
         self.sources, self.targets = [s for s, _ in kept], [t for _, t in kept]
         self.batches = token_batches([len(s) for s in self.sources], [len(t) for t in self.targets], self.max_tokens,
                                      self.seed, self.start["epoch"] * 1_000_003 + self.start["buffer"])
