@@ -177,6 +177,19 @@ def write_translation_folder(folder) -> None:
                         batching="batches of 50 sentences")
 
 
+def multi30k_folder(folder, train_pairs: int) -> None:
+    """A data folder laid out as benchmarks/multi30k.py reads it (train, valid and test2016, each NAME.en + NAME.de),
+    from the embedded grammar's pairs: the first `train_pairs` of its training split, 6 and 5 of the others."""
+    from training.default_data import generate
+
+    folder.mkdir()
+    splits = generate()
+    for split, pairs in (("train", splits["train"][:train_pairs]), ("valid", splits["validation"][:6]),
+                         ("test2016", splits["test"][:5])):
+        for side, lang in enumerate(("en", "de")):
+            (folder / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
+
+
 def save_marian_folder(folder) -> None:
     """A folder holding a tiny MarianMTModel: another kind of model, for the refusals of our tools."""
     from transformers import MarianConfig, MarianMTModel

@@ -9,9 +9,8 @@ import sys
 from types import SimpleNamespace
 
 from sacrebleu.metrics import BLEU
-from support import accelerate_as_in_a_new_process, commands_run_here
+from support import accelerate_as_in_a_new_process, commands_run_here, multi30k_folder
 
-from training.default_data import generate
 from vaswani_hf.tools.text import read_lines
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -21,12 +20,7 @@ import multi30k
 
 def test_the_peer_trains_for_its_budget_and_writes_what_the_comparison_reads(tmp_path, monkeypatch):
     data = tmp_path / "data"
-    data.mkdir()
-    splits = generate()
-    for split, pairs in (("train", splits["train"][:400]), ("valid", splits["validation"][:6]),
-                         ("test2016", splits["test"][:5])):
-        for side, lang in enumerate(("en", "de")):
-            (data / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
+    multi30k_folder(data, train_pairs=400)
     out = tmp_path / "marian"
     commands = commands_run_here(monkeypatch, marian_baseline)
     with accelerate_as_in_a_new_process():

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from sacrebleu.metrics import BLEU
+from support import multi30k_folder
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import multi30k
@@ -141,15 +142,8 @@ def test_ours_are_decoded_once_from_the_saved_model_as_vaswani_translate_decodes
                                                                                       translation_folder):
     """When the run left no translations, the comparison decodes each split's sources from the run's folder: what
     `vaswani-translate` writes for that file, line for line; a second scoring reads them back, decoding nothing."""
-    from training.default_data import generate
-
     data = tmp_path / "data"
-    data.mkdir()
-    splits = generate()
-    for split, pairs in (("train", splits["train"][:20]), ("valid", splits["validation"][:6]),
-                         ("test2016", splits["test"][:5])):
-        for side, lang in enumerate(("en", "de")):
-            (data / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs))
+    multi30k_folder(data, train_pairs=20)
     out = tmp_path / "out"
 
     def run(command, log):  # training/run.py's stand-in: its output folder is a trained run's
