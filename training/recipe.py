@@ -74,12 +74,10 @@ def training_data(data_args: DataArguments, pairs: dict) -> TrainingData:
     example = first["source"] if isinstance(first, dict) else first[0]
     if data_args.dataset_name:
         config = f" ({data_args.dataset_config_name})" if data_args.dataset_config_name else ""
-        name = Path(data_args.dataset_name)
-        if name.is_dir():  # as datasets reads it: a local folder's data, no Hub id (nor its path on this machine)
-            return TrainingData(f"the local dataset folder {name.resolve().name}{config}", data_args.card_dataset,
-                                data_args.card_license, False, sizes, example)
-        return TrainingData(f"the Hub dataset {data_args.dataset_name}{config}",
-                            data_args.card_dataset or data_args.dataset_name, data_args.card_license, False, sizes,
+        local = Path(data_args.dataset_name)  # as datasets reads it: a folder here is local data, no Hub id
+        named, hub_id = ((f"the local dataset folder {local.resolve().name}", None) if local.is_dir()  # no path here
+                         else (f"the Hub dataset {data_args.dataset_name}", data_args.dataset_name))
+        return TrainingData(named + config, data_args.card_dataset or hub_id, data_args.card_license, False, sizes,
                             example)
     if data_args.train_file:
         files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
