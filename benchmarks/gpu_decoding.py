@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch
 from gpu_check import device_name, output_and_device, synchronize
-from speed import BOS, EOS, PAD, SIZES, build
+from speed import BOS, EOS, PAD, SIZES, build, scratch_folder
 from transformers import GenerationConfig
 from utilisation import wmt_like_pairs
 
@@ -132,7 +131,7 @@ def ctranslate2_engines(model, device: torch.device) -> dict:
     vocab = {str(i): i for i in range(model.config.vocab_size)}  # no tokenizer: the ids' strings are the tokens
     tokens = SimpleNamespace(get_vocab=lambda: vocab, bos_token=str(BOS), eos_token=str(EOS), unk_token="3",
                              convert_ids_to_tokens=str)
-    folder = f"{tempfile.mkdtemp()}/ctranslate2"
+    folder = f"{scratch_folder()}/ctranslate2"
     VaswaniConverter(model.cpu(), tokens).convert(folder)
     model.to(device)
     types = ("float32", "float16", "int8_float16") if device.type == "cuda" else ("float32", "int8")

@@ -26,9 +26,11 @@ chosen by.
 """
 
 import argparse
+import atexit
 import json
 import math
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -68,6 +70,13 @@ def build(name: str, size: dict, seed: int = 0, **options) -> nn.Module:
         pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS, forced_eos_token_id=None,
     )
     return MarianMTModel(config)
+
+
+def scratch_folder() -> str:
+    """A new folder for what this process writes (exports, token files), removed when the process ends."""
+    folder = tempfile.mkdtemp(prefix="vaswani-hf-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def seconds(function, repeats: int) -> float:
@@ -162,7 +171,7 @@ def ctranslate2_translators(model: VaswaniForConditionalGeneration, threads: int
     except ImportError:
         return {}
     tokens = IdTokens(model.config.vocab_size)
-    folder = tempfile.mkdtemp()
+    folder = scratch_folder()
     translators = {}
     for compute in ("float32", "int8"):
         VaswaniConverter(model, tokens).convert(f"{folder}/{compute}", quantization=compute)
@@ -180,7 +189,7 @@ def onnx_model(model: VaswaniForConditionalGeneration, threads: int):
         from vaswani_hf.exports.to_onnx import export
     except ImportError:
         return None
-    folder = f"{tempfile.mkdtemp()}/onnx"
+    folder = f"{scratch_folder()}/onnx"
     export(model, SimpleNamespace(save_pretrained=lambda _: None), folder)  # ids only: no tokenizer to save
     return OnnxSeq2Seq(folder, threads=threads)
 
@@ -303,7 +312,7 @@ def main():
     torch.set_num_threads(args.threads)
     if args.keep_freed_memory:
         keep_freed_memory()
-    os.environ["VASWANI_HF_CACHE"] = tempfile.mkdtemp()  # fast_cpu measures its plan here, as a first call does
+    os.environ["VASWANI_HF_CACHE"] = scratch_folder()  # fast_cpu measures its plan here, as a first call does
     print(f"CPU: {cpu_name()}, {args.threads} threads")
     for label in args.sizes:
         run_size(label, SIZES[label], args.repeats, args.threads)

@@ -38,7 +38,6 @@ import math
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np
 import torch
 from gpu_check import device_name, kernels_of, output_and_device, release, sync_places, synchronize
+from speed import scratch_folder
 
 from training.batching import EpochBatches, collate
 from training.distributed import prepare, unwrap
@@ -208,7 +208,7 @@ def measure(size: str, args) -> dict:
         max_tokens = tokens_per_step // 2  # two batches a step: the accumulation runs too
     accumulation = math.ceil(tokens_per_step / max_tokens)
     model, optimizer, scheduler = prepare(accelerator, model, lambda m: paper_optimizer(m, config.d_model))
-    workspace = Path(tempfile.mkdtemp())
+    workspace = Path(scratch_folder())
     lengths = wmt_like_pairs(TINY["pairs"] if tiny else 400_000, vocab)
     batches = EpochBatches(token_file(workspace, *lengths, vocab), MAX_LENGTH, max_tokens, 0, accumulation, 0, 1)
     backend = compile_backend(args.compile, device)

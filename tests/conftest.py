@@ -3,15 +3,18 @@ by every process that runs tests, and not by pytest-xdist's controller, which ha
 none: the imports that support.py needs (torch, transformers, vaswani_hf) would hold its workers back 8-9 s on a slow
 CPU."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # The tests never reach the Hub (they build what they need): offline, a call that would is refused at once instead of
 # waiting out the network's timeouts (push_to_hub's model card lookup took 24 s). Set before huggingface_hub loads.
 os.environ["HF_HUB_OFFLINE"] = "1"
 # What our tools keep once per machine (fast_cpu's plans, CTranslate2 exports) goes to the tests' own folder, never the
-# user's ~/.cache; the processes the tests start inherit it.
+# user's ~/.cache; the processes the tests start inherit it. It is removed when this process ends.
 os.environ["VASWANI_HF_CACHE"] = tempfile.mkdtemp(prefix="vaswani-hf-tests-")
+atexit.register(shutil.rmtree, os.environ["VASWANI_HF_CACHE"], ignore_errors=True)
 
 
 def is_xdist_controller(config) -> bool:

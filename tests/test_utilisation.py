@@ -115,3 +115,14 @@ def test_marians_tokens_per_second_count_the_steps_after_its_warmup(tmp_path, mo
     steps = [[([[5, 6, 7, 2]], [[8] * length + [2]])] for length in (1, 2, 3, 5)]  # 2, 3, 4 and 6 target tokens
     found = marian("tiny", config, steps, 1, 2, utilisation.torch.device("cpu"), tmp_path, 1)
     assert found == {"target_tokens_per_second": (4 + 6) / 20, "seconds_per_step": 10}
+
+
+def test_the_benchmarks_scratch_folders_are_removed_when_their_process_ends():
+    """What the benchmarks write for themselves (a run's token file, exports: hundreds of MB at the paper's sizes) goes
+    to scratch folders; the process that made them removes them, files and all, when it ends."""
+    code = ("from speed import scratch_folder\n"
+            "for _ in range(2):\n    folder = scratch_folder()\n"
+            "    open(f'{folder}/tokens.arrow', 'w').write('ids')\n    print(folder)")
+    made = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "benchmarks", capture_output=True, text=True,
+                          check=True).stdout.split()
+    assert len(made) == 2 and not any(Path(folder).exists() for folder in made)
