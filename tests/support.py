@@ -56,9 +56,25 @@ def tiny_config(**overrides) -> VaswaniConfig:
     return VaswaniConfig(**values)
 
 
-def tiny_model(seed: int = 0, **overrides) -> VaswaniForConditionalGeneration:
+def tiny_model(seed: int = 0, authors_init: bool = False, **overrides) -> VaswaniForConditionalGeneration:
+    """A tiny model of random weights, its biases and LayerNorms drawn at random too (`draw_gains_and_biases`), or,
+    with `authors_init`, as the authors' initialization leaves them (0 and 1)."""
     torch.manual_seed(seed)
-    return VaswaniForConditionalGeneration(tiny_config(**overrides)).eval()
+    model = VaswaniForConditionalGeneration(tiny_config(**overrides)).eval()
+    return model if authors_init else draw_gains_and_biases(model)
+
+
+def draw_gains_and_biases(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with its linear layers' biases and its LayerNorms' gains and biases drawn at random, as a trained
+    model's are (initializations set them to 0 and 1): a LayerNorm in another's place, or a bias dropped or swapped,
+    then changes what the model computes."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)) and module.bias is not None:
+                module.bias.normal_(0.0, 0.3)
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.normal_(1.0, 0.3)
+    return model
 
 
 def random_ids(batch: int, length: int, vocab: int = 53, seed: int = 0) -> torch.Tensor:
@@ -114,7 +130,7 @@ def trained_model(tmp_path_factory):
     """A tiny model trained for a few seconds on reversal: its outputs vary from token to token and from
     sentence to sentence, so that decoding tests compare real choices rather than a constant. Trained once per
     run (`built_once`), saved and loaded by the other worker."""
-    model = tiny_model(seed=0)
+    model = tiny_model(seed=0, authors_init=True)  # trained from the authors' initialization, as run.py trains
     with built_once(tmp_path_factory, "reversal-model") as (folder, built):
         if built:
             load_model(model, folder / "model.safetensors")
@@ -155,7 +171,7 @@ def write_translation_folder(folder) -> None:
     splits = generate()
     pairs = splits["train"][:400]
     tokenizer = train_joint_bpe((side for pair in pairs for side in pair), 250)
-    model = tiny_model(seed=1, vocab_size=len(tokenizer)).train()
+    model = tiny_model(seed=1, authors_init=True, vocab_size=len(tokenizer)).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     for step in range(60):  # 60 steps of 50 pairs: short, but its translations are words, not empty
         batch = pairs[step * 50 % 400 : step * 50 % 400 + 50]

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from support import CODE_FILES, refusal, run_hidden
+from support import CODE_FILES, draw_gains_and_biases, refusal, run_hidden
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, MarianMTModel, MarianTokenizer
 
 from training.default_data import generate
@@ -27,8 +27,8 @@ SENTENCES = [en for en, _ in generate()["test"][:300]]
 def write_marian(folder) -> None:
     """A tiny MarianMTModel in OPUS-MT's layout: a unigram SentencePiece model shared by both sides, vocab.json with
     </s> 0, <unk> 1 and <pad> last (the decoder's start), swish, scaled embeddings, a random output bias, and the
-    generation config OPUS-MT models are published with (beam 4, never <pad>). The weights are drawn wide (std 0.3)
-    so that the decoding choices are real ones."""
+    generation config OPUS-MT models are published with (beam 4, never <pad>). The weights are drawn wide (std 0.3),
+    the biases and LayerNorms at random, so that the decoding choices are real ones."""
     import sentencepiece
 
     folder.mkdir(parents=True)
@@ -51,19 +51,10 @@ def write_marian(folder) -> None:
     torch.manual_seed(0)
     marian = MarianMTModel(MarianConfig(**values))
     marian.final_logits_bias.normal_()
-    randomize_layer_norms(marian)
+    draw_gains_and_biases(marian)
     marian.generation_config.update(num_beams=4, max_length=40, bad_words_ids=[[pad]])
     marian.save_pretrained(folder)
     (folder / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n\n# opus-mt-en-de (a stand-in)\n")
-
-
-def randomize_layer_norms(model) -> None:
-    """Gains and biases drawn at random, so that a LayerNorm put in another's place changes the outputs."""
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.LayerNorm):
-                module.weight.normal_(1.0, 0.3)
-                module.bias.normal_(0.0, 0.3)
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +303,7 @@ def write_fairseq(folder, fused: bool, old_names: bool, share_all: bool = True, 
             fsmt.model.decoder.output_projection.weight.copy_(fsmt.model.decoder.embed_tokens.weight)
     encoder, decoder = fsmt.model.encoder.embed_tokens.weight, fsmt.model.decoder.embed_tokens.weight
     assert torch.equal(encoder, decoder) == share_all
-    randomize_layer_norms(fsmt)
+    draw_gains_and_biases(fsmt)
     weights = {name.removeprefix("model."): tensor.clone() for name, tensor in fsmt.state_dict().items()
                if ".embed_positions." not in name}
     weights |= {"encoder.version": torch.tensor([3.0]), "decoder.version": torch.tensor([3.0]),

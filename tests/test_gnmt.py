@@ -158,9 +158,8 @@ def test_beam_4_is_batched_consistently_and_respects_the_length_limit(trained_mo
         alone = gnmt_beam_search(trained_model, source[row : row + 1, : int(mask[row].sum())])
         width = alone.shape[1]
         assert torch.equal(batched[row, :width], alone[0]) and (batched[row, width:] == PAD).all()
-    never_ends = tiny_model(seed=1)
-    with torch.no_grad():
-        never_ends.lm_head.weight[EOS] = -10 * never_ends.lm_head.weight.abs().max()  # EOS is never chosen
+    never_ends = tiny_model(seed=1, add_final_logits_bias=True)
+    never_ends.final_logits_bias[0, EOS] = -1e9  # EOS is never chosen
     out = gnmt_beam_search(never_ends, source, attention_mask=mask)
     assert out.shape[1] == 1 + 7 + 50
     assert (out[1, 1 + 4 + 50 :] == PAD).all() and (out[1, 1 : 1 + 4 + 50] != PAD).any()

@@ -167,7 +167,7 @@ def glorot_bound(linear: nn.Linear) -> float:
 
 
 def test_initialization_is_the_authors():
-    model = tiny_model(vocab_size=2000, d_model=64, num_heads=4, d_ff=256)
+    model = tiny_model(authors_init=True, vocab_size=2000, d_model=64, num_heads=4, d_ff=256)
     std = 64**-0.5
     embedding = model.get_input_embeddings().weight
     assert (embedding[PAD] == 0).all()
