@@ -844,3 +844,22 @@ def test_write_pictures_draws_every_head_with_its_weights_and_tokens(translation
         with Image.open(path) as picture:
             assert all(abs(a - b) <= 1 for a, b in zip(picture.size, (width, height)))
         close(figure)
+
+
+def test_a_fine_tuned_models_card_names_its_start_a_hub_id_in_the_metadata_a_folder_without_its_path(
+        translation_folder, tmp_path):
+    """`base_model` (run_trainer.py's --model_name_or_path): a Hub id goes to the metadata's base_model and to the
+    deviations; a folder here is named there by its name alone, and is not in the metadata."""
+    model, tokenizer = load_local(translation_folder)
+    data = training_data(DataArguments(), {"train": generate_default_data()["train"][:10]})
+    for start in ("org/opus-mt-en-de-vaswani", str(tmp_path / "models" / "opus")):
+        out = tmp_path / "out" / str(len(start))
+        write_output_folder(model, tokenizer, out, {}, data=data, length_limit=LENGTH_LIMIT, source_lang="en",
+                            target_lang="de", model_id="m", recipe={}, deviations=[], label_smoothing=0.1,
+                            batching="b", base_model=start)
+        card = ModelCard.load(out / "README.md")
+        named = start if start.startswith("org/") else "the local model folder opus"
+        assert (f"- recipe: fine-tuned from {named}, its weights and tokenizer, not from the paper's "
+                "initialization") in card.text
+        assert card.data.to_dict().get("base_model") == (start if start.startswith("org/") else None)
+        assert str(tmp_path / "models") not in card.content

@@ -1,12 +1,13 @@
 """The model under transformers' Seq2SeqTrainer, and training/run_trainer.py, the Trainer entry point."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 import torch
 from forked import ROOT, accelerate_ranks, free_port, run_forked
-from support import tiny_model
+from support import save_marian_folder, tiny_model
 from torch.utils.data import SequentialSampler
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -295,3 +296,60 @@ def test_the_trainer_entry_point_learns_its_bpe_from_bpe_sample_pairs(tmp_path):
         vocabularies[len(sample)] = AutoTokenizer.from_pretrained(output).get_vocab()
     assert len(vocabularies[0]) == 200 and len(vocabularies[2]) < 100
     assert vocabularies[4] != vocabularies[2]  # another seed, another pair
+
+
+def fine_tuning_flags(tmp_path, start) -> list[str]:
+    """entry_flags' data without its model flags, to fine-tune `start`."""
+    flags = entry_flags(tmp_path)
+    data = flags[:flags.index("--vocab_size")]
+    return [*data, "--model_name_or_path", str(start), "--per_device_train_batch_size", "16", "--disable_tqdm", "true",
+            "--generation_max_length", "20"]
+
+
+def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_its_tokenizer(tmp_path,
+                                                                                             translation_folder):
+    """--model_name_or_path: the folder's weights are where training starts (two Adam steps of 1e-9 leave every
+    weight within 1e-6 of them, where a new model's would be far), its architecture and tokenizer are kept, and the
+    card names the folder it started from (no path, no Hub id in the metadata) and no other model's flags."""
+    from safetensors.torch import load_file
+
+    output = tmp_path / "tuned"
+    run_trainer.main([*fine_tuning_flags(tmp_path, translation_folder), "--output_dir", str(output), "--max_steps",
+                      "2", "--learning_rate", "1e-9", "--eval_strategy", "no"])
+    start, tuned = (load_file(folder / "model.safetensors") for folder in (translation_folder, output))
+    assert start.keys() == tuned.keys()
+    for name in start:
+        torch.testing.assert_close(tuned[name], start[name], atol=1e-6, rtol=0)
+    assert json.loads((output / "config.json").read_text())["d_model"] == AutoModelForSeq2SeqLM.from_pretrained(
+        translation_folder).config.d_model
+    assert AutoTokenizer.from_pretrained(output).get_vocab() == AutoTokenizer.from_pretrained(
+        translation_folder).get_vocab()
+    card = (output / "README.md").read_text()
+    assert (f"- recipe: fine-tuned from the local model folder {translation_folder.name}, its weights and tokenizer, "
+            "not from the paper's initialization") in card
+    assert "base_model" not in card and str(translation_folder.parent) not in card and '"d_model"' not in card
+
+
+@pytest.mark.parametrize(("start", "flags", "named"), [
+    ("trained", ["--d_model", "64"], "error: --d_model is a new model's: with --model_name_or_path, the config and"),
+    ("trained", ["--preset", "cpu-small"], "error: --preset is a new model's: with --model_name_or_path, the config"),
+    ("marian", [], "holds a 'marian' model, not a vaswani_hf one"),
+    ("published", [], "decodes as it was published, not the paper's way (no gnmt_alpha in its generation config)"),
+])
+def test_fine_tuning_refuses_a_new_models_flags_and_another_kind_of_model_in_one_line(tmp_path, translation_folder,
+                                                                                      start, flags, named):
+    """Before any work: a new model's flags; a model of another kind; a vaswani_hf model that decodes otherwise (as a
+    converted one does: this run would evaluate and save it with the paper's search, which may not take its
+    settings: a converted OPUS-MT model's bad_words_ids)."""
+    folder = translation_folder
+    if start == "marian":
+        save_marian_folder(folder := tmp_path / "marian")
+    elif start == "published":
+        folder = shutil.copytree(translation_folder, tmp_path / "published")
+        settings = json.loads((folder / "generation_config.json").read_text())
+        del settings["gnmt_alpha"]
+        (folder / "generation_config.json").write_text(json.dumps(settings))
+    with pytest.raises(SystemExit) as stop:
+        run_trainer.parse_arguments([*fine_tuning_flags(tmp_path, folder), "--output_dir", "unused", *flags])
+    message = str(stop.value.code)
+    assert message.startswith("error: ") and named in message and "\n" not in message

@@ -6,23 +6,31 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from training.recipe import TrainingData
+from vaswani_hf.tools.loading import is_local
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_CARD = ROOT / "model_card.md"
 
 def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, data: TrainingData, length_limit: str,
                         source_lang: str, target_lang: str, model_id: str, recipe: dict, deviations: list[str],
-                        label_smoothing: float, batching: str, num_beams: int = 4, alpha: float = 0.6) -> None:
+                        label_smoothing: float, batching: str, num_beams: int = 4, alpha: float = 0.6,
+                        base_model: str | None = None) -> None:
     """Weights (safetensors), config with auto_map and custom_pipelines, code files, tokenizer, the generation config
     of the paper's decoding (beam size and GNMT α), metrics, and README.md — the model card with this run's
     numbers. The card states the run's own recipe: its `batching` (how batches were made), its label smoothing, the
     dropout of its config and the checkpoints `metrics` says were averaged; its data as `data` describes it, and
-    `length_limit`, what training did with long pairs."""
+    `length_limit`, what training did with long pairs; `base_model`, the model a fine-tuning run started from (a Hub id
+    or a folder here, which the card names without its path)."""
     set_paper_decoding(model.generation_config, num_beams, alpha)
     model.save_pretrained(output_dir)
     save_tokenizer(tokenizer, output_dir)
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     deviations = model.config.deviations() + deviations
+    base_id = None if base_model is None or is_local(base_model) else base_model
+    if base_model is not None:
+        named = base_id or f"the local model folder {Path(base_model).resolve().name}"
+        deviations.append(f"recipe: fine-tuned from {named}, its weights and tokenizer, not from the paper's "
+                          "initialization")
     averaged = len(metrics.get("averaged_checkpoints", []))
     scores = {split: metrics[split] for split in ("validation", "test") if "bleu" in metrics.get(split, {})}
     values = {
@@ -53,7 +61,8 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "alpha": str(alpha),
         "evaluation": evaluation_text(scores, num_beams, alpha),
     }
-    card = ModelCard(f"---\n{card_metadata(data, scores, source_lang, target_lang, model_id).to_yaml()}\n---\n\n"
+    metadata = card_metadata(data, scores, source_lang, target_lang, model_id, base_id)
+    card = ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n"
                      + fill_template(MODEL_CARD.read_text(), values))
     card.save(output_dir / "README.md")
 
@@ -82,9 +91,10 @@ SYNTHETIC_WARNING = """
 
 
 def card_metadata(data: TrainingData, scores: dict[str, dict], source_lang: str, target_lang: str,
-                  model_id: str) -> ModelCardData:
+                  model_id: str, base_model: str | None = None) -> ModelCardData:
     """The card's YAML header, made by huggingface_hub: the results (model-index) only where the data has a Hub id
-    (the metadata's dataset fields take one), and only the splits that were scored."""
+    (the metadata's dataset fields take one), and only the splits that were scored; the Hub id of the model a
+    fine-tuning run started from."""
     results = [
         EvalResult(task_type="translation", task_name=f"Translation {source_lang}-{target_lang}",
                    dataset_type=data.dataset_id, dataset_name=data.dataset_id, dataset_split=split,
@@ -96,7 +106,7 @@ def card_metadata(data: TrainingData, scores: dict[str, dict], source_lang: str,
         language=[source_lang, target_lang], license=data.license, library_name="transformers",
         pipeline_tag="translation", tags=["translation", "transformer", "vaswani_hf", "attention-is-all-you-need"],
         datasets=[data.dataset_id] if data.dataset_id else None, metrics=["bleu", "chrf"], model_name=model_id,
-        eval_results=results)
+        eval_results=results, base_model=base_model)
 
 
 def evaluation_text(scores: dict[str, dict], num_beams: int, alpha: float) -> str:

@@ -6,6 +6,8 @@
         --vocab_size 8000 --d_model 256 --d_ff 1024 --num_heads 4 --num_layers 3 --max_steps 2000
     accelerate launch --multi_gpu training/run_trainer.py ...   # the Trainer distributes itself (DDP; CPUs too)
     python training/run_trainer.py ... --resume_from_checkpoint latest   # a stopped run, from its newest checkpoint
+    python training/run_trainer.py --model_name_or_path outputs/run --train_file ... --learning_rate 1e-4 \
+        --warmup_steps 100 --max_steps 1000                 # fine-tune a trained model on other data
 
 Data and model flags are those of training/run.py (and `--preset` reads the same recipe files, for the keys that
 exist here), but for `--streaming`, `--shuffle_buffer` and `--max_length` (refused: RUN_PY_ONLY); every other flag
@@ -20,6 +22,11 @@ scheduler, random states and arguments are `torch.save` pickles (it reads its ow
 training/run.py writes safetensors and JSON only); no FSDP (refused: run.py shards). The validation BLEU
 (`predict_with_generate`), the test set, the checkpoints and the saved folder decode the paper's way (beam 4, GNMT
 length penalty α 0.6, in generation_config.json), as in run.py.
+
+`--model_name_or_path` fine-tunes a vaswani_hf model folder or Hub repository instead of training a new model: its
+weights, architecture and tokenizer (the model flags and a preset, which describe a new model, are refused with it);
+the model card names it as the start. The model must decode the paper's way already (a folder of run.py's or this
+run's): a converted one, which decodes as it was published, is refused.
 """
 
 import re
@@ -33,6 +40,7 @@ from datasets import Dataset
 from transformers import (
     AutoTokenizer,
     DataCollatorForSeq2Seq,
+    GenerationConfig,
     HfArgumentParser,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
@@ -59,6 +67,7 @@ from training.tokenizer import corpus_texts, train_joint_bpe
 from vaswani_hf import VaswaniForConditionalGeneration
 from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.hub import check_can_push, push_or_exit
+from vaswani_hf.tools.loading import checked, one_line_errors
 
 PAPER_TRAINER_DEFAULTS = {
     "adam_beta1": 0.9, "adam_beta2": 0.98, "adam_epsilon": 1e-9, "weight_decay": 0.0, "max_grad_norm": 0.0,
@@ -84,6 +93,9 @@ class TrainerRecipeArguments:
     lr_scale: float = field(default=1.0, metadata={
         "help": "Peak learning rate = lr_scale · d_model^-0.5 · warmup^-0.5 unless --learning_rate is given."})
     max_source_length: int = field(default=256, metadata={"help": "Sources and targets are truncated to this."})
+    model_name_or_path: str | None = field(default=None, metadata={
+        "help": "Fine-tune this vaswani_hf model (a folder or Hub id) instead of training a new one: its weights, "
+        "architecture and tokenizer."})
 
 
 def parse_arguments(argv: list[str] | None = None):
@@ -108,13 +120,27 @@ def parse_arguments(argv: list[str] | None = None):
     for flag in sorted(RUN_PY_ONLY.keys() & given):
         raise SystemExit(f"error: {flag} is training/run.py's ({RUN_PY_ONLY[flag]})")
     check_model_arguments(data_args, model_args)  # our flags, before any work, as run.py checks them
+    d_model = model_args.d_model
+    if recipe.model_name_or_path is not None:  # fine-tuning: the model's own architecture and tokenizer
+        for flag in ["--preset", *(f"--{name}" for name in ModelArguments.__dataclass_fields__)]:
+            if flag in given:
+                raise SystemExit(f"error: {flag} is a new model's: with --model_name_or_path, the config and "
+                                 f"tokenizer are {recipe.model_name_or_path}'s own")
+        d_model = checked(recipe.model_name_or_path)[0].d_model
+        with one_line_errors(recipe.model_name_or_path):
+            decoding = GenerationConfig.from_pretrained(recipe.model_name_or_path)
+        if getattr(decoding, "gnmt_alpha", None) is None:  # a converted model's: its own, which this run would replace
+            raise SystemExit(f"error: --model_name_or_path {recipe.model_name_or_path} decodes as it was published, "
+                             "not the paper's way (no gnmt_alpha in its generation config), and run_trainer.py "
+                             "evaluates and saves with the paper's: fine-tune it with a Seq2SeqTrainer script of "
+                             "your own")
     refuse_below({"max_source_length": (recipe.max_source_length, 1)})
     refuse_unless_positive({"lr_scale": recipe.lr_scale})
     if "--learning_rate" not in given:  # §5.3 peak
         if not training_args.warmup_steps >= 1:  # the Trainer reads a float below 1 as a share of the steps
             raise SystemExit(f"error: --warmup_steps {training_args.warmup_steps:g}: the §5.3 peak learning rate "
                              "needs at least 1 step (or give --learning_rate)")
-        training_args.learning_rate = recipe.lr_scale * model_args.d_model**-0.5 * training_args.warmup_steps**-0.5
+        training_args.learning_rate = recipe.lr_scale * d_model**-0.5 * training_args.warmup_steps**-0.5
     refuse_unless_positive({"learning_rate": training_args.learning_rate})
     refuse_blank({"resume_from_checkpoint": training_args.resume_from_checkpoint,
                   "hub_model_id": training_args.hub_model_id})
@@ -186,14 +212,22 @@ def main(argv: list[str] | None = None):
     training_args.distributed_state.wait_for_everyone()  # every process has looked before the main one writes there
     data = load_run_data(data_args)
     pairs = {split: as_pairs(rows) for split, rows in data.items()}  # Trainer datasets: lists
-    with training_args.main_process_first():  # the main process trains the joint BPE, the others read it
-        if not (output_dir / "tokenizer.json").is_file():
-            texts = corpus_texts(data["train"], data_args.bpe_sample, training_args.seed)  # as run.py's
-            train_joint_bpe(texts, model_args.vocab_size).save_pretrained(output_dir)
-        tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    start = recipe.model_name_or_path
+    if start is not None:
+        tokenizer = AutoTokenizer.from_pretrained(start)
+    else:
+        with training_args.main_process_first():  # the main process trains the joint BPE, the others read it
+            if not (output_dir / "tokenizer.json").is_file():
+                texts = corpus_texts(data["train"], data_args.bpe_sample, training_args.seed)  # as run.py's
+                train_joint_bpe(texts, model_args.vocab_size).save_pretrained(output_dir)
+            tokenizer = AutoTokenizer.from_pretrained(output_dir)
     datasets = {split: tokenize(tokenizer, rows, recipe.max_source_length) for split, rows in pairs.items()}
 
-    model = VaswaniForConditionalGeneration(model_args.config(tokenizer))
+    if start is not None:
+        with one_line_errors(start):
+            model = VaswaniForConditionalGeneration.from_pretrained(start)
+    else:
+        model = VaswaniForConditionalGeneration(model_args.config(tokenizer))
     set_paper_decoding(model.generation_config, training_args.generation_num_beams or 4, alpha=0.6)
     if "validation" not in datasets:
         training_args.eval_strategy = "no"
@@ -224,12 +258,13 @@ def main(argv: list[str] | None = None):
             length_limit=f"trained on pairs truncated to {recipe.max_source_length} tokens on each side",
             source_lang=data_args.source_lang, target_lang=data_args.target_lang,
             model_id=training_args.hub_model_id or output_dir.name,
-            recipe={**asdict(model_args), "lr_scale": recipe.lr_scale, "learning_rate": training_args.learning_rate,
+            recipe={**({} if start else asdict(model_args)), "lr_scale": recipe.lr_scale,  # a start: named above
+                    "learning_rate": training_args.learning_rate,
                     "warmup_steps": training_args.warmup_steps, "max_steps": training_args.max_steps,
                     "per_device_train_batch_size": training_args.per_device_train_batch_size},
             deviations=deviations, label_smoothing=training_args.label_smoothing_factor,
             batching=f"batches of {training_args.per_device_train_batch_size} sentences per process",
-            num_beams=training_args.generation_num_beams or 4,
+            num_beams=training_args.generation_num_beams or 4, base_model=start,
         )
         if publish:
             url = push_or_exit(output_dir, training_args.hub_model_id or output_dir.name,
