@@ -147,6 +147,41 @@ def test_vaswani_translate_decodes_a_converted_model_as_published(marian_pair, c
     assert paper.stdout.splitlines() == gnmt
 
 
+def test_a_converted_model_fine_tunes_with_the_decoding_it_was_published_with(marian_pair, tmp_path):
+    """run_trainer.py --model_name_or_path CONVERTED: two Adam steps of 1e-9 leave the weights within 1e-6 of the
+    conversion's; the folder keeps OPUS-MT's generation config (transformers' beam search, never <pad>, its length
+    penalty, no gnmt_alpha) with --generation_num_beams' beams, and its SentencePiece tokenizer; the test set is
+    decoded that way, and the card says so."""
+    from safetensors.torch import load_file
+
+    from training import run_trainer
+
+    converted = shutil.copytree(marian_pair[1], tmp_path / "converted")
+    published = json.loads((converted / "generation_config.json").read_text()) | {"length_penalty": 0.8}
+    (converted / "generation_config.json").write_text(json.dumps(published))
+    files = []
+    for split, rows in generate().items():
+        files += [f"--{split}_file", str(tmp_path / f"{split}.jsonl")]
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps({"en": en, "de": de}) + "\n"
+                                                         for en, de in rows[:40 if split == "train" else 4]))
+    output = tmp_path / "tuned"
+    run_trainer.main([*files, "--model_name_or_path", str(converted), "--output_dir", str(output), "--max_steps", "2",
+                      "--learning_rate", "1e-9", "--per_device_train_batch_size", "8", "--disable_tqdm", "true",
+                      "--generation_num_beams", "2", "--eval_steps", "2"])  # validated as it decodes
+    start, tuned = (load_file(folder / "model.safetensors") for folder in (converted, output))
+    for name in start:
+        torch.testing.assert_close(tuned[name], start[name], atol=1e-6, rtol=0)
+    kept = json.loads((output / "generation_config.json").read_text())
+    assert "gnmt_alpha" not in kept and kept["num_beams"] == 2
+    assert (kept["bad_words_ids"], kept["length_penalty"]) == (published["bad_words_ids"], 0.8)
+    assert (output / "source.spm").read_bytes() == (converted / "source.spm").read_bytes()
+    card = " ".join((output / "README.md").read_text().split())
+    assert ("decodes as `generation_config.json` asks, as the model it was fine-tuned from was published: "
+            "transformers' beam search with 2 beams, hypotheses ranked by log P / |Y|^0.8 (not the paper's GNMT "
+            "penalty)") in card
+    assert "Decoded with transformers' beam search of 2 beams (log P / |Y|^0.8), scored" in card
+
+
 def test_a_converted_model_loads_without_the_package_and_exports(marian_pair, tmp_path):
     """Remote code in a fresh Python without vaswani_hf decodes as the package does; CTranslate2's greedy decoding of
     the export (its swish and output bias included) is ours token for token."""

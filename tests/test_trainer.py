@@ -1,7 +1,6 @@
 """The model under transformers' Seq2SeqTrainer, and training/run_trainer.py, the Trainer entry point."""
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -324,7 +323,9 @@ def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_
         translation_folder).config.d_model
     assert AutoTokenizer.from_pretrained(output).get_vocab() == AutoTokenizer.from_pretrained(
         translation_folder).get_vocab()
+    assert json.loads((output / "generation_config.json").read_text())["gnmt_alpha"] == 0.6  # the paper's, kept
     card = (output / "README.md").read_text()
+    assert "`generate()` decodes as `generation_config.json` asks, the paper's way (§6.1)" in " ".join(card.split())
     assert (f"- recipe: fine-tuned from the local model folder {translation_folder.name}, its weights and tokenizer, "
             "not from the paper's initialization") in card
     assert "base_model" not in card and str(translation_folder.parent) not in card and '"d_model"' not in card
@@ -334,21 +335,13 @@ def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_
     ("trained", ["--d_model", "64"], "error: --d_model is a new model's: with --model_name_or_path, the config and"),
     ("trained", ["--preset", "cpu-small"], "error: --preset is a new model's: with --model_name_or_path, the config"),
     ("marian", [], "holds a 'marian' model, not a vaswani_hf one"),
-    ("published", [], "decodes as it was published, not the paper's way (no gnmt_alpha in its generation config)"),
 ])
 def test_fine_tuning_refuses_a_new_models_flags_and_another_kind_of_model_in_one_line(tmp_path, translation_folder,
                                                                                       start, flags, named):
-    """Before any work: a new model's flags; a model of another kind; a vaswani_hf model that decodes otherwise (as a
-    converted one does: this run would evaluate and save it with the paper's search, which may not take its
-    settings: a converted OPUS-MT model's bad_words_ids)."""
+    """Before any work: a new model's flags (a preset's too); a model of another kind."""
     folder = translation_folder
     if start == "marian":
         save_marian_folder(folder := tmp_path / "marian")
-    elif start == "published":
-        folder = shutil.copytree(translation_folder, tmp_path / "published")
-        settings = json.loads((folder / "generation_config.json").read_text())
-        del settings["gnmt_alpha"]
-        (folder / "generation_config.json").write_text(json.dumps(settings))
     with pytest.raises(SystemExit) as stop:
         run_trainer.parse_arguments([*fine_tuning_flags(tmp_path, folder), "--output_dir", "unused", *flags])
     message = str(stop.value.code)

@@ -13,15 +13,17 @@ MODEL_CARD = ROOT / "model_card.md"
 
 def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, data: TrainingData, length_limit: str,
                         source_lang: str, target_lang: str, model_id: str, recipe: dict, deviations: list[str],
-                        label_smoothing: float, batching: str, num_beams: int = 4, alpha: float = 0.6,
+                        label_smoothing: float, batching: str, num_beams: int = 4, alpha: float | None = 0.6,
                         base_model: str | None = None) -> None:
     """Weights (safetensors), config with auto_map and custom_pipelines, code files, tokenizer, the generation config
-    of the paper's decoding (beam size and GNMT α), metrics, and README.md — the model card with this run's
+    of the paper's decoding (beam size and GNMT α; `alpha=None`: the model's own, as a converted model's fine-tuning
+    keeps the decoding it was published with), metrics, and README.md — the model card with this run's
     numbers. The card states the run's own recipe: its `batching` (how batches were made), its label smoothing, the
     dropout of its config and the checkpoints `metrics` says were averaged; its data as `data` describes it, and
     `length_limit`, what training did with long pairs; `base_model`, the model a fine-tuning run started from (a Hub id
     or a folder here, which the card names without its path)."""
-    set_paper_decoding(model.generation_config, num_beams, alpha)
+    if alpha is not None:
+        set_paper_decoding(model.generation_config, num_beams, alpha)
     model.save_pretrained(output_dir)
     save_tokenizer(tokenizer, output_dir)
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
@@ -57,9 +59,8 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "averaging": (f"the last {averaged} checkpoints averaged" if averaged > 1
                       else "the final weights, not averaged"),
         "recipe": json.dumps(recipe, indent=1),
-        "num_beams": str(num_beams),
-        "alpha": str(alpha),
-        "evaluation": evaluation_text(scores, num_beams, alpha),
+        "decoding": decoding_text(model.generation_config, num_beams, alpha),
+        "evaluation": evaluation_text(scores, decoding_text(model.generation_config, num_beams, alpha, short=True)),
     }
     metadata = card_metadata(data, scores, source_lang, target_lang, model_id, base_id)
     card = ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n"
@@ -78,7 +79,8 @@ def set_paper_decoding(generation, num_beams: int, alpha: float) -> None:
 def save_tokenizer(tokenizer, folder: Path) -> None:
     # tokenizer.json names its padding token too, so that it alone is a complete tokenizer (tokenizers,
     # transformers.js, a folder without tokenizer_config.json); padding=True or not, calls pad as they ask.
-    tokenizer.backend_tokenizer.enable_padding(pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
+    if hasattr(tokenizer, "backend_tokenizer"):  # not a SentencePiece one (a converted OPUS-MT model's)
+        tokenizer.backend_tokenizer.enable_padding(pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
     tokenizer.save_pretrained(folder)
 
 
@@ -109,15 +111,28 @@ def card_metadata(data: TrainingData, scores: dict[str, dict], source_lang: str,
         eval_results=results, base_model=base_model)
 
 
-def evaluation_text(scores: dict[str, dict], num_beams: int, alpha: float) -> str:
-    """The card's Evaluation section: a row per split and metric that was scored."""
+def decoding_text(generation, num_beams: int, alpha: float | None, short: bool = False) -> str:
+    """How the saved model decodes, for the card: the paper's search (GNMT's α), or, with `alpha=None`, transformers'
+    beam search as the generation config asks (a converted model's, fine-tuned)."""
+    if alpha is not None:
+        return (f"beam {num_beams} and the GNMT length penalty (α = {alpha})" if short else
+                f"the paper's way (§6.1): beam search with a beam of {num_beams} and the GNMT length penalty "
+                f"((5 + |Y|) / 6)^α, α = {alpha}, up to source length + 50 tokens")
+    beams = generation.num_beams or 1
+    penalty = f"log P / |Y|^{1.0 if generation.length_penalty is None else generation.length_penalty:g}"
+    return (f"transformers' beam search of {beams} beams ({penalty})" if short else
+            f"as the model it was fine-tuned from was published: transformers' beam search with {beams} beams, "
+            f"hypotheses ranked by {penalty} (not the paper's GNMT penalty)")
+
+
+def evaluation_text(scores: dict[str, dict], decoding: str) -> str:
+    """The card's Evaluation section: a row per split and metric that was scored, decoded as `decoding` says."""
     if not scores:
         return "No validation or test set was given to this run: it was not evaluated."
     rows = [f"| {split} | {name} | {split_scores[metric]:.2f} | `{split_scores[f'{metric}_signature']}` |"
             for split, split_scores in scores.items() for metric, name in METRICS]
-    return "\n".join([(f"Decoded with beam {num_beams} and the GNMT length penalty (α = {alpha}), scored on "
-                       "detokenized text with sacreBLEU:"), "", "| split | metric | value | signature |",
-                      "|---|---|---|---|", *rows])
+    return "\n".join([f"Decoded with {decoding}, scored on detokenized text with sacreBLEU:", "",
+                      "| split | metric | value | signature |", "|---|---|---|---|", *rows])
 
 
 def fill_template(text: str, values: dict[str, str]) -> str:

@@ -7,7 +7,7 @@
     accelerate launch --multi_gpu training/run_trainer.py ...   # the Trainer distributes itself (DDP; CPUs too)
     python training/run_trainer.py ... --resume_from_checkpoint latest   # a stopped run, from its newest checkpoint
     python training/run_trainer.py --model_name_or_path outputs/run --train_file ... --learning_rate 1e-4 \
-        --warmup_steps 100 --max_steps 1000                 # fine-tune a trained model on other data
+        --warmup_steps 100 --max_steps 1000           # fine-tune a trained or converted model on other data
 
 Data and model flags are those of training/run.py (and `--preset` reads the same recipe files, for the keys that
 exist here), but for `--streaming`, `--shuffle_buffer` and `--max_length` (refused: RUN_PY_ONLY); every other flag
@@ -25,8 +25,9 @@ length penalty α 0.6, in generation_config.json), as in run.py.
 
 `--model_name_or_path` fine-tunes a vaswani_hf model folder or Hub repository instead of training a new model: its
 weights, architecture and tokenizer (the model flags and a preset, which describe a new model, are refused with it);
-the model card names it as the start. The model must decode the paper's way already (a folder of run.py's or this
-run's): a converted one, which decodes as it was published, is refused.
+the model card names it as the start. A model that decodes the paper's way (run.py's, this run's) keeps doing so; a
+converted one keeps the decoding it was published with (OPUS-MT's: transformers' beam search), with
+`--generation_num_beams` beams.
 """
 
 import re
@@ -40,7 +41,6 @@ from datasets import Dataset
 from transformers import (
     AutoTokenizer,
     DataCollatorForSeq2Seq,
-    GenerationConfig,
     HfArgumentParser,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
@@ -127,13 +127,6 @@ def parse_arguments(argv: list[str] | None = None):
                 raise SystemExit(f"error: {flag} is a new model's: with --model_name_or_path, the config and "
                                  f"tokenizer are {recipe.model_name_or_path}'s own")
         d_model = checked(recipe.model_name_or_path)[0].d_model
-        with one_line_errors(recipe.model_name_or_path):
-            decoding = GenerationConfig.from_pretrained(recipe.model_name_or_path)
-        if getattr(decoding, "gnmt_alpha", None) is None:  # a converted model's: its own, which this run would replace
-            raise SystemExit(f"error: --model_name_or_path {recipe.model_name_or_path} decodes as it was published, "
-                             "not the paper's way (no gnmt_alpha in its generation config), and run_trainer.py "
-                             "evaluates and saves with the paper's: fine-tune it with a Seq2SeqTrainer script of "
-                             "your own")
     refuse_below({"max_source_length": (recipe.max_source_length, 1)})
     refuse_unless_positive({"lr_scale": recipe.lr_scale})
     if "--learning_rate" not in given:  # §5.3 peak
@@ -228,7 +221,12 @@ def main(argv: list[str] | None = None):
             model = VaswaniForConditionalGeneration.from_pretrained(start)
     else:
         model = VaswaniForConditionalGeneration(model_args.config(tokenizer))
-    set_paper_decoding(model.generation_config, training_args.generation_num_beams or 4, alpha=0.6)
+    num_beams = training_args.generation_num_beams or 4
+    alpha = 0.6 if start is None or getattr(model.generation_config, "gnmt_alpha", None) is not None else None
+    if alpha is None:  # a converted model: the decoding it was published with, these beams
+        model.generation_config.num_beams = num_beams
+    else:
+        set_paper_decoding(model.generation_config, num_beams, alpha)
     if "validation" not in datasets:
         training_args.eval_strategy = "no"
     trainer = Seq2SeqTrainer(
@@ -245,7 +243,6 @@ def main(argv: list[str] | None = None):
     if trainer.is_world_process_zero():
         if "test" in pairs:  # the paper's decoding (§6.1), as in run.py
             sources = [s for s, _ in pairs["test"]]
-            num_beams = training_args.generation_num_beams or 4
             predictions = translate(trainer.model, tokenizer, sources, num_beams=num_beams)
             metrics["test"] = score(predictions, [t for _, t in pairs["test"]])
             print(f"test: sacreBLEU {metrics['test']['bleu']:.1f}  chrF {metrics['test']['chrf']:.1f}  "
@@ -264,7 +261,7 @@ def main(argv: list[str] | None = None):
                     "per_device_train_batch_size": training_args.per_device_train_batch_size},
             deviations=deviations, label_smoothing=training_args.label_smoothing_factor,
             batching=f"batches of {training_args.per_device_train_batch_size} sentences per process",
-            num_beams=training_args.generation_num_beams or 4, base_model=start,
+            num_beams=num_beams, alpha=alpha, base_model=start,
         )
         if publish:
             url = push_or_exit(output_dir, training_args.hub_model_id or output_dir.name,
