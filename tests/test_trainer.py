@@ -189,7 +189,8 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
     card = " ".join((output / "README.md").read_text().split())  # the Trainer's recipe, not run.py's
     assert ("- recipe: batches counted in sentences, not tokens - recipe: the Trainer's label smoothing (ε/V on every "
             "token, not ε/(V-1) on the others) - recipe: no checkpoint averaging") in card
-    assert "batches of 16 sentences per process" in card and "label smoothing ε_ls = 0.2;" in card
+    assert "Recipe (§5): joint BPE, batches of 16 sentences per process" in card
+    assert "label smoothing ε_ls = 0.2;" in card
 
 
 def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_keys():
@@ -329,6 +330,7 @@ def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_
     assert (f"- recipe: fine-tuned from the local model folder {translation_folder.name}, its weights and tokenizer, "
             "not from the paper's initialization") in card
     assert "base_model" not in card and str(translation_folder.parent) not in card and '"d_model"' not in card
+    assert "Recipe (§5): the tokenizer of the model it was fine-tuned from, batches of 16 sentences" in card
 
 
 @pytest.mark.parametrize(("start", "flags", "named"), [

@@ -59,6 +59,7 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "averaging": (f"the last {averaged} checkpoints averaged" if averaged > 1
                       else "the final weights, not averaged"),
         "recipe": json.dumps(recipe, indent=1),
+        "tokenizer": "joint BPE" if base_model is None else "the tokenizer of the model it was fine-tuned from",
         "decoding": decoding_text(model.generation_config, num_beams, alpha),
         "evaluation": evaluation_text(scores, decoding_text(model.generation_config, num_beams, alpha, short=True)),
     }
