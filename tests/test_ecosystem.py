@@ -863,3 +863,20 @@ def test_a_fine_tuned_models_card_names_its_start_a_hub_id_in_the_metadata_a_fol
                 "initialization") in card.text
         assert card.data.to_dict().get("base_model") == (start if start.startswith("org/") else None)
         assert str(tmp_path / "models") not in card.content
+
+
+def test_the_card_states_the_beam_and_alpha_the_model_decodes_and_was_scored_with(translation_folder, tmp_path):
+    """The run's beam size and chosen α reach generation_config.json, the card's decoding paragraph and its
+    Evaluation section alike."""
+    model, tokenizer = load_local(translation_folder)
+    data = training_data(DataArguments(), {"train": generate_default_data()["train"][:10]})
+    scores = {"test": {"bleu": 31.5, "bleu_signature": "nrefs:1", "chrf": 55.0, "chrf_signature": "nrefs:1"}}
+    write_output_folder(model, tokenizer, tmp_path, scores, data=data, length_limit=LENGTH_LIMIT, source_lang="en",
+                        target_lang="de", model_id="m", recipe={}, deviations=[], label_smoothing=0.1, batching="b",
+                        num_beams=5, alpha=1.2)
+    generation = json.loads((tmp_path / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["gnmt_alpha"]) == (5, 1.2)
+    card = " ".join((tmp_path / "README.md").read_text().split())
+    assert ("decodes as `generation_config.json` asks, the paper's way (§6.1): beam search with a beam of 5 and the "
+            "GNMT length penalty ((5 + |Y|) / 6)^α, α = 1.2, up to source length + 50 tokens.") in card
+    assert "Decoded with beam 5 and the GNMT length penalty (α = 1.2), scored on detokenized text" in card
