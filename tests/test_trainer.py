@@ -320,8 +320,10 @@ def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_
     assert start.keys() == tuned.keys()
     for name in start:
         torch.testing.assert_close(tuned[name], start[name], atol=1e-6, rtol=0)
-    assert json.loads((output / "config.json").read_text())["d_model"] == AutoModelForSeq2SeqLM.from_pretrained(
-        translation_folder).config.d_model
+    sizes = ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "num_decoder_layers")
+    first, last = ({size: json.loads((folder / "config.json").read_text())[size] for size in sizes}
+                   for folder in (translation_folder, output))
+    assert first == last
     assert AutoTokenizer.from_pretrained(output).get_vocab() == AutoTokenizer.from_pretrained(
         translation_folder).get_vocab()
     assert json.loads((output / "generation_config.json").read_text())["gnmt_alpha"] == 0.6  # the paper's, kept
