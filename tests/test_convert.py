@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from support import CODE_FILES, draw_gains_and_biases, refusal, run_hidden
+from support import CODE_FILES, draw_gains_and_biases, refusal, run_hidden, run_training
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, MarianMTModel, MarianTokenizer
 
 from training.default_data import generate
@@ -180,6 +180,18 @@ def test_a_converted_model_fine_tunes_with_the_decoding_it_was_published_with(ma
             "transformers' beam search with 2 beams, hypotheses ranked by log P / |Y|^0.8 (not the paper's GNMT "
             "penalty)") in card
     assert "Decoded with transformers' beam search of 2 beams (log P / |Y|^0.8), scored" in card
+
+
+def test_run_py_refuses_to_fine_tune_a_converted_model_and_names_the_entry_point_that_does(marian_pair, tmp_path):
+    """run.py's token batches read only its joint BPE: a converted model's SentencePiece tokenizer is refused in one
+    line that names run_trainer.py, before anything is written."""
+    output = tmp_path / "tuned"
+    with pytest.raises(SystemExit) as stop:
+        run_training("--model_name_or_path", marian_pair[1], "--output_dir", output)
+    assert stop.value.code == (f"error: --model_name_or_path {marian_pair[1]}: its tokenizer is not a joint BPE of "
+                               "run.py's, the only kind its token batches read: fine-tune it with "
+                               "training/run_trainer.py")
+    assert not output.exists()
 
 
 def test_a_converted_model_loads_without_the_package_and_exports(marian_pair, tmp_path):

@@ -338,6 +338,7 @@ def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_
 @pytest.mark.parametrize(("start", "flags", "named"), [
     ("trained", ["--d_model", "64"], "error: --d_model is a new model's: with --model_name_or_path, the config and"),
     ("trained", ["--preset", "cpu-small"], "error: --preset is a new model's: with --model_name_or_path, the config"),
+    ("trained", ["--bpe_sample", "10"], "error: --bpe_sample is a new model's: with --model_name_or_path, the"),
     ("marian", [], "holds a 'marian' model, not a vaswani_hf one"),
 ])
 def test_fine_tuning_refuses_a_new_models_flags_and_another_kind_of_model_in_one_line(tmp_path, translation_folder,

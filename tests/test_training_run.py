@@ -444,6 +444,56 @@ def test_resuming_another_runs_checkpoint_or_with_another_model_is_refused_befor
     assert not (untokenized / "tokenizer.json").exists()
 
 
+# A fine-tuning run of translation_folder's model (d_model 24): run.py's recipe flags, no model flags.
+FINE_TUNING = ["--max_tokens", "400", "--tokens_per_step", "800", "--warmup_steps", "4", "--eval_steps", "0",
+               "--logging_steps", "1", "--seed", "3", "--max_steps", "2", "--save_steps", "1",
+               "--average_checkpoints", "2"]
+
+
+def test_a_fine_tuning_run_starts_from_the_models_weights_and_tokenizer_and_its_card_names_it(
+        tmp_path, small_data, translation_folder):
+    """--model_name_or_path: two Adam steps at a peak of about 1e-7 (lr_scale 1e-6) leave every weight within 1e-6 of
+    the folder's, where a new model's would be far; the sizes, tokenizer and paper's decoding are the folder's; the
+    card names the folder it started from, without its path, and no model flags."""
+    output = tmp_path / "tuned"
+    train_here(output, *FINE_TUNING, *small_data, "--model_name_or_path", translation_folder, "--lr_scale", "1e-6")
+    assert_same_weights(translation_folder, output, atol=1e-6)
+    sizes = ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "num_decoder_layers")
+    first, last = ({size: json.loads((folder / "config.json").read_text())[size] for size in sizes}
+                   for folder in (translation_folder, output))
+    assert first == last
+    assert (output / "tokenizer.json").read_text() == (translation_folder / "tokenizer.json").read_text()
+    assert json.loads((output / "generation_config.json").read_text())["gnmt_alpha"] == 0.6
+    card = (output / "README.md").read_text()
+    assert (f"- recipe: fine-tuned from the local model folder {translation_folder.name}, its weights and tokenizer, "
+            "not from the paper's initialization") in card
+    assert "base_model" not in card and str(translation_folder.parent) not in card and '"d_model"' not in card
+    assert "Recipe (§5): the tokenizer of the model it was fine-tuned from, batches grouped by length" in card
+
+
+def test_a_fine_tuning_run_resumed_ends_as_the_uninterrupted_one_and_resuming_without_its_start_is_refused(
+        tmp_path, small_data, translation_folder, whole_run):
+    """A resumed fine-tuning run continues from its checkpoint in the start's sizes, to the uninterrupted run's
+    weights; resumed without its --model_name_or_path, or a new model's run resumed with one, is refused in one
+    line before anything changes."""
+    flags = [*FINE_TUNING, *small_data, "--model_name_or_path", translation_folder]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    train_here(whole, *flags)
+    train_here(left_after(whole, "checkpoint-1", resumed), *flags, "--resume_from_checkpoint", "latest")
+    assert_same_weights(whole, resumed, atol=0)
+    assert [entry["loss"] for entry in history(resumed)] == [entry["loss"] for entry in history(whole)]
+    before = sorted(map(str, whole.rglob("*")))
+    for folder, argv, message in (
+            (whole, FINE_TUNING, (f"error: {whole / 'checkpoint-2'} fine-tunes {translation_folder}: resume with "
+                                  f"--model_name_or_path {translation_folder}")),
+            (whole_run, flags, (f"error: {whole_run / 'checkpoint-8'} trains a new model: resume without "
+                                "--model_name_or_path"))):
+        with pytest.raises(SystemExit) as stop:
+            train_here(folder, *argv, *small_data, "--resume_from_checkpoint", "latest")
+        assert stop.value.code == message
+    assert sorted(map(str, whole.rglob("*"))) == before
+
+
 def test_resuming_from_an_older_checkpoint_leaves_its_successors_out_of_the_run(tmp_path, small_data):
     flags = [*TINY, *small_data, "--max_steps", "6", "--save_steps", "2", "--average_checkpoints", "3"]
     run = tmp_path / "run"

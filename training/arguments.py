@@ -4,6 +4,7 @@ that any flag overrides, and every value checked before any work starts."""
 import difflib
 import json
 import math
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -145,6 +146,9 @@ class RecipeArguments:
         "help": "GNMT α values to try on the whole validation set after training; the best replaces "
                 "--length_penalty_alpha for the test set and the saved model (§6.1: α was chosen on the development "
                 "set)."})
+    model_name_or_path: str | None = field(default=None, metadata={
+        "help": "Fine-tune this model (a folder or Hub id written by run.py or run_trainer.py) instead of training a "
+                "new one: its weights, architecture and joint BPE; the recipe is the flags'."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint folder, or latest."})
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "Delete the run --output_dir holds and start afresh (without it, a folder that holds anything is "
@@ -162,12 +166,26 @@ def read_preset(name: str) -> dict:
     return {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("_")}
 
 
-def parse_arguments() -> tuple[DataArguments, ModelArguments, RecipeArguments]:
+def parse_arguments(argv: list[str] | None = None) -> tuple[DataArguments, ModelArguments, RecipeArguments]:
+    argv = sys.argv[1:] if argv is None else argv
     parser = HfArgumentParser((DataArguments, ModelArguments, RecipeArguments))
-    preset = parser.parse_args_into_dataclasses(return_remaining_strings=True)[2].preset
+    preset = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)[2].preset
     if preset:
         parser.set_defaults(**read_preset(preset))
-    return parse_flags(parser, None, "training/run.py")
+    data_args, model_args, args = parse_flags(parser, argv, "training/run.py")
+    if args.model_name_or_path is not None:
+        refuse_new_model_flags(argv, args.model_name_or_path)
+    return data_args, model_args, args
+
+
+def refuse_new_model_flags(argv: list[str], start: str) -> None:
+    """With --model_name_or_path `start`, a flag that describes a new model (a preset, a model flag, the BPE's
+    sample) is a one-line SystemExit: the model and its tokenizer are the start's."""
+    given = {arg.split("=")[0] for arg in argv}
+    for flag in ["--preset", "--bpe_sample", *(f"--{name}" for name in ModelArguments.__dataclass_fields__)]:
+        if flag in given:
+            raise SystemExit(f"error: {flag} is a new model's: with --model_name_or_path, the config and tokenizer "
+                             f"are {start}'s own")
 
 
 def parse_flags(parser: HfArgumentParser, argv: list[str] | None, script: str) -> tuple:

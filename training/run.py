@@ -9,6 +9,7 @@ Hub-ready folder.
     accelerate launch --multi_gpu --num_processes 2 training/run.py ...   # data parallel (gloo on CPU)
     accelerate launch --use_fsdp --fsdp_version 2 --num_processes 2 training/run.py ...   # sharded (FSDP2)
     accelerate launch training/run.py --output_dir runs/x --resume_from_checkpoint latest
+    accelerate launch training/run.py --model_name_or_path outputs/run --lr_scale 0.1 --train_file ...   # fine-tune
 
 A preset (training/presets/NAME.json) sets the recipe; any flag overrides it. Without a preset the values are
 the paper's base model and recipe. The recipe: a joint BPE (§5.1); batches of pairs grouped by length and
@@ -17,6 +18,10 @@ square root decay (§5.3); dropout and label smoothing ε_ls = 0.1 (§5.4), the 
 tokens of the whole optimizer step; checkpoints averaged at the end; beam 4 with the GNMT length penalty
 α = 0.6 and a limit of source length + 50 (§6.1); sacreBLEU and chrF. When the run stops, validates and saves is
 its schedule's answer (training/schedules.py): the paper's steps, a time budget, or a budgeted run replayed.
+
+`--model_name_or_path` fine-tunes a model that run.py or run_trainer.py wrote (a folder or Hub id) instead of a new
+one: its weights, sizes and joint BPE, with this recipe from its first step (a model flag or preset is refused; a
+converted model, whose tokenizer the token batches cannot read, is run_trainer.py's to fine-tune).
 """
 
 import functools
@@ -69,11 +74,12 @@ from training.schedule import inverse_sqrt_lr, paper_optimizer
 from training.schedules import Budgeted, Replayed, Steps
 from training.step import TrainingStep, compile_backend, deterministic_kernels, largest_batch, read_values
 from training.streaming import StreamedBatches
-from training.tokenizer import corpus_texts, train_joint_bpe
+from training.tokenizer import corpus_texts, is_joint_bpe, train_joint_bpe
 from training.tokens import WordEncoder, token_dataset
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, fast_gpu, keep_freed_memory
 from vaswani_hf.speed.kernels import usable_cores
 from vaswani_hf.tools.export import check_output_place
+from vaswani_hf.tools.loading import checked, learned_positions
 
 BFLOAT16_CPU = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")  # torch.cpu.get_capabilities()'s: x86, then Arm
 
@@ -84,24 +90,29 @@ def main():
         output_dir = Path(args.output_dir)
         check_arguments(data_args, model_args, args, torch.cuda.is_available())
         replay = read_schedule(args.replay_schedule) if args.replay_schedule else None  # a budgeted run's record
+        start = args.model_name_or_path
+        start_config, start_tokenizer = fine_tuning_start(start, data_args.max_length) if start else (None, None)
         accelerator, distributed = start_processes(args)
-        resumed = open_output_dir(accelerator, output_dir, args, asdict(model_args))
+        model_id = {"model_name_or_path": start} if start else asdict(model_args)  # what a resumed run must match
+        resumed = open_output_dir(accelerator, output_dir, args, model_id)
     say = accelerator.print
     disable_progress_bar()  # transformers' bar for each checkpoint's weights, within the run's own
 
-    data, tokenizer = run_data(accelerator, data_args, model_args.vocab_size, args.seed, output_dir, resumed)
+    data, tokenizer = run_data(accelerator, data_args, model_args.vocab_size, args.seed, output_dir, resumed,
+                               start_tokenizer)
     pairs = {split: as_pairs(rows) for split, rows in data.items() if split != "train"}  # validation, test: small
     validation = encode(tokenizer, pairs["validation"]) if "validation" in pairs else None
 
     # The model, its optimizer (§5.3) and the batches of each step (§5.1). Speed, for the model and every copy
     # evaluated: on a CPU, training and decoding as whole calls were measured faster on this machine, once
     # (vaswani_hf.fast_cpu); on a GPU, fewer kernel launches (vaswani_hf.fast_gpu).
-    config = model_args.config(tokenizer)
+    config = start_config or model_args.config(tokenizer)
     plan = run_plan(accelerator, config, resumed) if accelerator.device.type == "cpu" and args.fast_cpu else None
     speed = {"cpu": plan and functools.partial(fast_cpu, plan=plan), "cuda": fast_gpu if args.fast_gpu else None}.get(
         accelerator.device.type) or (lambda model: model)
     new_model = lambda: speed(VaswaniForConditionalGeneration(config))
-    model = new_model()
+    model = new_model() if resumed or not start else speed(
+        VaswaniForConditionalGeneration.from_pretrained(start, dtype=torch.float32))  # its weights, trained in float32
     set_paper_decoding(model.generation_config, args.num_beams, args.length_penalty_alpha)  # a checkpoint's decoding
     max_tokens = batch_tokens(accelerator, model, resumed, args, data_args.max_length)
     budget = time_budget(args, config.d_model)
@@ -118,13 +129,13 @@ def main():
 
     run = Run(accelerator, model, optimizer, scheduler, batches, train_step, args, output_dir,
               tokenizer, data_args.streaming,
-              {"history": [], "elapsed_seconds": 0.0, "model": asdict(model_args), "max_tokens": max_tokens,
+              {"history": [], "elapsed_seconds": 0.0, "model": model_id, "max_tokens": max_tokens,
                "fast_cpu_plan": plan})
     step = run.resume(resumed) if resumed else 0
-    hyperparameters = {**asdict(data_args), **asdict(model_args), **asdict(args)}
+    hyperparameters = {**asdict(data_args), **(model_id if start else asdict(model_args)), **asdict(args)}
     accelerator.init_trackers(
         "vaswani", config={k: str(v) if isinstance(v, list) else v for k, v in hyperparameters.items()})
-    schedule = run_schedule(run, model_args.dropout, validation is not None, budget, replay)
+    schedule = run_schedule(run, config.dropout, validation is not None, budget, replay)
 
     def validate(step: int, entry: dict) -> None:  # every process: the model may be sharded
         evaluated = whole_model(accelerator, model, new_model)
@@ -272,7 +283,8 @@ def publish(final, tokenizer, output_dir: Path, metrics: dict, pairs: dict, alph
     """The Hub-ready output folder (training/hub.py: weights, code, tokenizer, metrics, the model card with the
     recipe and its deviations from the paper), pushed with --push_to_hub; `alpha`: the GNMT α chosen."""
     args = replace(args, length_penalty_alpha=alpha)  # the α the run chose, in a copy of the flags
-    recipe = {**asdict(model_args), **{k: v for k, v in asdict(args).items() if k not in NOT_RECIPE},
+    recipe = {**({} if args.model_name_or_path else asdict(model_args)),  # a start's: named as the base model
+              **{k: v for k, v in asdict(args).items() if k not in NOT_RECIPE},
               "max_tokens": metrics["max_tokens"]}  # --max_tokens 0: the batch the run chose
     write_output_folder(
         final, tokenizer, output_dir, metrics, data=training_data(data_args, pairs),
@@ -281,7 +293,7 @@ def publish(final, tokenizer, output_dir: Path, metrics: dict, pairs: dict, alph
         model_id=args.hub_model_id or output_dir.name, recipe=recipe,
         deviations=recipe_deviations(args, data_args), label_smoothing=args.label_smoothing,
         batching=f"batches grouped by length and counted in tokens, {args.tokens_per_step} per step",
-        num_beams=args.num_beams, alpha=alpha,
+        num_beams=args.num_beams, alpha=alpha, base_model=args.model_name_or_path,
     )
     say(f"model, tokenizer, metrics and model card in {output_dir}")
     if args.push_to_hub:
@@ -326,16 +338,33 @@ def open_output_dir(accelerator, output_dir: Path, args, model: dict) -> Path | 
     return resumed
 
 
-def run_data(accelerator, data_args, vocab_size: int, seed: int, output_dir: Path, resumed: Path | None):
-    """The run's data splits and its joint BPE (§5.1), trained once by the main process (a resumed run's is in
-    --output_dir), read by every process."""
+def run_data(accelerator, data_args, vocab_size: int, seed: int, output_dir: Path, resumed: Path | None,
+             start_tokenizer=None):
+    """The run's data splits and its joint BPE (§5.1), trained once by the main process, or a fine-tuned model's
+    `start_tokenizer` (a resumed run's is in --output_dir), read by every process."""
     with accelerator.main_process_first():  # Arrow in datasets' cache: written once, then memory-mapped by all
         data = load_run_data(data_args)
     if accelerator.is_main_process and not resumed:
-        texts = corpus_texts(data["train"], data_args.bpe_sample, seed)
-        train_joint_bpe(texts, vocab_size).save_pretrained(output_dir)
+        if start_tokenizer is None:
+            start_tokenizer = train_joint_bpe(corpus_texts(data["train"], data_args.bpe_sample, seed), vocab_size)
+        start_tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()
     return data, AutoTokenizer.from_pretrained(output_dir)
+
+
+def fine_tuning_start(start: str, max_length: int):
+    """(config, tokenizer) of the model that --model_name_or_path names, before any work: a vaswani_hf model whose
+    tokenizer is run.py's joint BPE, the one its token batches read (training/tokens.py), and whose positions reach
+    --max_length."""
+    config, tokenizer = checked(start)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not is_joint_bpe(backend):
+        raise SystemExit(f"error: --model_name_or_path {start}: its tokenizer is not a joint BPE of run.py's, the "
+                         "only kind its token batches read: fine-tune it with training/run_trainer.py")
+    if learned_positions(config) and max_length > config.max_position_embeddings:
+        raise SystemExit(f"error: --max_length {max_length}: the learned positions of {start} stop at "
+                         f"{config.max_position_embeddings}")
+    return config, tokenizer
 
 
 def run_schedule(run: Run, p_drop: float, validates: bool, budget: TimeBudget | None, replay: dict | None) -> Steps:
@@ -448,6 +477,9 @@ def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:
             f"error: --output_dir {output_dir} has no tokenizer.json: the run's tokenizer is needed to resume it"
         )
     saved = json.loads((path / STATE_FILE).read_text()).get("model", model)
+    if (was := saved.get("model_name_or_path")) != model.get("model_name_or_path"):
+        raise SystemExit(f"error: {path} " + (f"fine-tunes {was}: resume with --model_name_or_path {was}" if was else
+                                              "trains a new model: resume without --model_name_or_path"))
     changed = [f"--{k} {model[k]} (the checkpoint's: {saved.get(k)})" for k in model if saved.get(k) != model[k]]
     if changed:
         raise SystemExit(f"error: {path} holds another model: {', '.join(changed)}")

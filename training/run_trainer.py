@@ -56,6 +56,7 @@ from training.arguments import (
     read_preset,
     refuse_below,
     refuse_blank,
+    refuse_new_model_flags,
     refuse_unless_positive,
 )
 from training.data import as_pairs, load_run_data
@@ -122,10 +123,7 @@ def parse_arguments(argv: list[str] | None = None):
     check_model_arguments(data_args, model_args)  # our flags, before any work, as run.py checks them
     d_model = model_args.d_model
     if recipe.model_name_or_path is not None:  # fine-tuning: the model's own architecture and tokenizer
-        for flag in ["--preset", *(f"--{name}" for name in ModelArguments.__dataclass_fields__)]:
-            if flag in given:
-                raise SystemExit(f"error: {flag} is a new model's: with --model_name_or_path, the config and "
-                                 f"tokenizer are {recipe.model_name_or_path}'s own")
+        refuse_new_model_flags(argv, recipe.model_name_or_path)
         d_model = checked(recipe.model_name_or_path)[0].d_model
     refuse_below({"max_source_length": (recipe.max_source_length, 1)})
     refuse_unless_positive({"lr_scale": recipe.lr_scale})
