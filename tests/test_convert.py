@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -182,16 +183,73 @@ def test_a_converted_model_fine_tunes_with_the_decoding_it_was_published_with(ma
     assert "Decoded with transformers' beam search of 2 beams (log P / |Y|^0.8), scored" in card
 
 
-def test_run_py_refuses_to_fine_tune_a_converted_model_and_names_the_entry_point_that_does(marian_pair, tmp_path):
-    """run.py's token batches read only its joint BPE: a converted model's SentencePiece tokenizer is refused in one
-    line that names run_trainer.py, before anything is written."""
-    output = tmp_path / "tuned"
+def test_run_py_fine_tunes_a_converted_model_with_its_own_tokenizer_on_each_side_and_its_published_decoding(
+        marian_pair, tmp_path):
+    """run.py --model_name_or_path CONVERTED, whose target side has a SentencePiece model of its own: the token cache
+    holds the tokenizer's source ids and its target ids (`text_target`, not the source model's); two Adam steps at a
+    peak of about 1e-7 leave the weights within 1e-6 of the conversion's; the folder and its checkpoints keep its
+    SentencePiece files and OPUS-MT's generation config with --num_beams' beams, validated, tested and described so;
+    resumed from its first checkpoint it ends with the same weights; the paper's α is refused for it in one line."""
+    import datasets
+    import sentencepiece
+    from safetensors.torch import load_file
+
+    from training.batching import encode
+    from training.run import check_output_dir
+
+    converted = shutil.copytree(marian_pair[1], tmp_path / "converted")
+    published = json.loads((converted / "generation_config.json").read_text()) | {"length_penalty": 0.8}
+    (converted / "generation_config.json").write_text(json.dumps(published))
+    sentencepiece.SentencePieceTrainer.train(  # German pieces of another segmentation (unknown ones: <unk>)
+        sentence_iterator=iter([de for _, de in generate()["train"][:2000]]), model_prefix=str(tmp_path / "de"),
+        vocab_size=120, model_type="bpe", minloglevel=2)
+    shutil.copy(tmp_path / "de.model", converted / "target.spm")
+    files = []
+    for split, rows in generate().items():
+        files += [f"--{split}_file", tmp_path / f"{split}.jsonl"]
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps({"en": en, "de": de}) + "\n"
+                                                         for en, de in rows[:40 if split == "train" else 4]))
+    flags = [*files, "--model_name_or_path", converted, "--max_steps", "2", "--save_steps", "1",
+             "--average_checkpoints", "2", "--max_tokens", "400", "--tokens_per_step", "400", "--warmup_steps", "4",
+             "--lr_scale", "1e-6", "--num_beams", "2", "--eval_steps", "2", "--eval_max_sentences", "4"]
+    output, resumed = tmp_path / "tuned", tmp_path / "resumed"
+    run_training(*flags, "--output_dir", output)
+
+    tokenizer, pairs = AutoTokenizer.from_pretrained(converted), generate()["train"][:40]
+    cached = datasets.Dataset.from_file(str(output / "tokens" / "tokens.arrow"))
+    assert cached["source_ids"] == tokenizer([en for en, _ in pairs])["input_ids"]
+    assert cached["target_ids"] == tokenizer(text_target=[de for _, de in pairs])["input_ids"]
+    assert cached["target_ids"] != tokenizer([de for _, de in pairs])["input_ids"]  # the sides' models differ
+    start, tuned = (load_file(folder / "model.safetensors") for folder in (converted, output))
+    for name in start:
+        torch.testing.assert_close(tuned[name], start[name], atol=1e-6, rtol=0)
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        assert (output / name).read_bytes() == (converted / name).read_bytes()
+    kept = json.loads((output / "generation_config.json").read_text())
+    assert "gnmt_alpha" not in kept and kept["num_beams"] == 2
+    assert (kept["bad_words_ids"], kept["length_penalty"]) == (published["bad_words_ids"], 0.8)
+    metrics = json.loads((output / "metrics.json").read_text())
+    assert "bleu" in metrics["validation"] and "bleu" in metrics["test"]
+    card = " ".join((output / "README.md").read_text().split())
+    assert ("decodes as `generation_config.json` asks, as the model it was fine-tuned from was published: "
+            "transformers' beam search with 2 beams, hypotheses ranked by log P / |Y|^0.8") in card
+    assert "length_penalty_alpha=" not in card  # no α deviation: it decodes as published
+    overwrite = SimpleNamespace(output_dir=str(output), resume_from_checkpoint=None, overwrite_output_dir=True)
+    assert check_output_dir(output, overwrite, {}, print) is None  # all of it a run's: --overwrite_output_dir takes it
+    assert encode(tokenizer, pairs[:4]) == (tokenizer([en for en, _ in pairs[:4]])["input_ids"],  # validation's
+                                            tokenizer(text_target=[de for _, de in pairs[:4]])["input_ids"])
+
+    shutil.copytree(output, resumed)
+    run_training(*flags, "--output_dir", resumed, "--resume_from_checkpoint", resumed / "checkpoint-1")
+    assert load_file(resumed / "model.safetensors").keys() == tuned.keys()
+    for name, weight in load_file(resumed / "model.safetensors").items():
+        assert torch.equal(weight, tuned[name]), name
+    for checkpoint in (output / "checkpoint-1", resumed / "checkpoint-2"):  # a model folder that decodes as the run's
+        assert json.loads((checkpoint / "generation_config.json").read_text()) == kept
     with pytest.raises(SystemExit) as stop:
-        run_training("--model_name_or_path", marian_pair[1], "--output_dir", output)
-    assert stop.value.code == (f"error: --model_name_or_path {marian_pair[1]}: its tokenizer is not a joint BPE of "
-                               "run.py's, the only kind its token batches read: fine-tune it with "
-                               "training/run_trainer.py")
-    assert not output.exists()
+        run_training(*flags, "--output_dir", tmp_path / "unused", "--alpha_candidates", "0.6", "1.0")
+    assert stop.value.code == (f"error: --alpha_candidates: {converted} decodes as it was published, without the "
+                               "paper's GNMT α (vaswani-convert --alpha converts a model to decode the paper's way)")
 
 
 def test_a_converted_model_loads_without_the_package_and_exports(marian_pair, tmp_path):

@@ -106,25 +106,31 @@ def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypat
     ("trained", ["--preset", "cpu-small"], "error: --preset is a new model's: with --model_name_or_path, the config"),
     ("trained", ["--bpe_sample", "10"], "error: --bpe_sample is a new model's: with --model_name_or_path, the"),
     ("marian", [], "holds a 'marian' model, not a vaswani_hf one"),
-    ("lowercasing", [], ("its tokenizer is not a joint BPE of run.py's, the only kind its token batches read: "
-                         "fine-tune it with training/run_trainer.py")),
     ("64 learned positions", ["--max_length", "65"], "error: --max_length 65: the learned positions of "),
 ])
 def test_fine_tuning_refuses_a_new_models_flags_and_a_model_it_cannot_train_in_one_line(
         tmp_path, monkeypatch, data, translation_folder, start, flags, named):
     """run.py --model_name_or_path, before anything is written: a new model's flags (a preset's, the BPE's sample), a
-    model of another kind, a tokenizer its token batches cannot read, positions shorter than --max_length."""
+    model of another kind, positions shorter than --max_length."""
     folder = translation_folder
     if start == "marian":
         save_marian_folder(folder := tmp_path / "marian")
     elif start != "trained":
         shutil.copytree(translation_folder, folder := tmp_path / "start")
-        name, changes = (("tokenizer.json", {"normalizer": {"type": "Lowercase"}}) if start == "lowercasing" else
-                         ("config.json", {"position_embedding": "learned", "max_position_embeddings": 64}))
-        (folder / name).write_text(json.dumps({**json.loads((folder / name).read_text()), **changes}))
+        learned = {"position_embedding": "learned", "max_position_embeddings": 64}
+        (folder / "config.json").write_text(json.dumps(json.loads((folder / "config.json").read_text()) | learned))
     out = tmp_path / "out"
     assert named in refused(monkeypatch, *data, "--model_name_or_path", folder, "--output_dir", out, *flags)
     assert not out.exists()
+
+
+def test_a_streamed_fine_tuning_is_not_asked_for_the_bpe_sample_it_refuses(monkeypatch):
+    """--streaming needs --bpe_sample for a new model's BPE; a fine-tuning run has its start's tokenizer."""
+    from training.arguments import check_arguments, parse_arguments
+
+    check_arguments(*parse_arguments(["--streaming", "--model_name_or_path", "any", "--no_fast_cpu"]), gpu=False)
+    with pytest.raises(SystemExit, match="^error: --streaming needs --bpe_sample N"):
+        check_arguments(*parse_arguments(["--streaming", "--no_fast_cpu"]), gpu=False)
 
 
 @pytest.mark.parametrize(("precision", "capabilities", "warned"), [

@@ -147,8 +147,8 @@ class RecipeArguments:
                 "--length_penalty_alpha for the test set and the saved model (§6.1: α was chosen on the development "
                 "set)."})
     model_name_or_path: str | None = field(default=None, metadata={
-        "help": "Fine-tune this model (a folder or Hub id written by run.py or run_trainer.py) instead of training a "
-                "new one: its weights, architecture and joint BPE; the recipe is the flags'."})
+        "help": "Fine-tune this vaswani_hf model (a folder or Hub id: a run's, or a converted one) instead of "
+                "training a new one: its weights, architecture and tokenizer; the recipe is the flags'."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint folder, or latest."})
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "Delete the run --output_dir holds and start afresh (without it, a folder that holds anything is "
@@ -222,7 +222,7 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     epochs = args.dropout_epochs
     if epochs is not None and not (len(epochs) == 2 and 0 <= epochs[0] < epochs[1]):
         raise SystemExit(f"error: --dropout_epochs {epochs}: two epoch counts E0 E1 with 0 <= E0 < E1")
-    if data_args.streaming and data_args.bpe_sample is None:
+    if data_args.streaming and data_args.bpe_sample is None and args.model_name_or_path is None:
         raise SystemExit(
             "error: --streaming needs --bpe_sample N: the joint BPE learns from the stream's first N pairs"
         )

@@ -137,7 +137,7 @@ class ChunkedRows:
 
 def encode(tokenizer, pairs):
     """Token ids of sources and targets (small sets: validation, test); both end with </s>."""
-    return tokenizer([s for s, _ in pairs])["input_ids"], tokenizer([t for _, t in pairs])["input_ids"]
+    return tokenizer([s for s, _ in pairs])["input_ids"], tokenizer(text_target=[t for _, t in pairs])["input_ids"]
 
 
 def collate(indices, sources, targets, pad_id, device, multiple: int = 1):

@@ -17,7 +17,7 @@ PAPER_RECIPE = {"tokens_per_step": 25000, "warmup_steps": 4000, "lr_scale": 1.0,
 def recipe_deviations(args: RecipeArguments, data_args: DataArguments) -> list[str]:
     """The recipe values of this run that differ from the paper's, for the model card."""
     changed = [f"`{name}={getattr(args, name)}` (paper: {paper})" for name, paper in PAPER_RECIPE.items()
-               if getattr(args, name) != paper]
+               if getattr(args, name) not in (paper, None)]  # None: a converted model's decoding (the card says it)
     if data_args.bpe_sample:
         first = "the first" if data_args.streaming else "a random sample of"
         changed.append(f"the joint BPE learned from {first} {data_args.bpe_sample:,} training pairs")

@@ -19,11 +19,13 @@ tokens of the whole optimizer step; checkpoints averaged at the end; beam 4 with
 α = 0.6 and a limit of source length + 50 (§6.1); sacreBLEU and chrF. When the run stops, validates and saves is
 its schedule's answer (training/schedules.py): the paper's steps, a time budget, or a budgeted run replayed.
 
-`--model_name_or_path` fine-tunes a model that run.py or run_trainer.py wrote (a folder or Hub id) instead of a new
-one: its weights, sizes and joint BPE, with this recipe from its first step (a model flag or preset is refused; a
-converted model, whose tokenizer the token batches cannot read, is run_trainer.py's to fine-tune).
+`--model_name_or_path` fine-tunes a vaswani_hf model (a folder or Hub id) instead of a new one: its weights, sizes and
+tokenizer, with this recipe from its first step (a model flag, a preset or --bpe_sample is refused). One that decodes
+the paper's way keeps doing so; a converted one (vaswani-convert) keeps the decoding it was published with, with
+--num_beams beams, and its tokenizer's own ids on each side (training/tokens.py).
 """
 
+import copy
 import functools
 import json
 import math
@@ -43,7 +45,7 @@ check_fsdp_request()  # before torch and transformers load: a launch that cannot
 import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast, broadcast_object_list, gather_object, set_seed
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 from transformers.utils.logging import disable_progress_bar
 
 from training.arguments import check_arguments, parse_arguments
@@ -69,17 +71,18 @@ from training.distributed import (
 from training.evaluation import evaluate_model, final_evaluation
 from training.faults import fault_point
 from training.hub import set_paper_decoding, write_output_folder
-from training.recipe import NOT_RECIPE, recipe_deviations, training_data
+from training.recipe import NOT_RECIPE, PAPER_RECIPE, recipe_deviations, training_data
 from training.schedule import inverse_sqrt_lr, paper_optimizer
 from training.schedules import Budgeted, Replayed, Steps
 from training.step import TrainingStep, compile_backend, deterministic_kernels, largest_batch, read_values
 from training.streaming import StreamedBatches
-from training.tokenizer import corpus_texts, is_joint_bpe, train_joint_bpe
-from training.tokens import WordEncoder, token_dataset
+from training.tokenizer import corpus_texts, train_joint_bpe
+from training.tokens import pair_encoder, token_dataset
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, fast_gpu, keep_freed_memory
 from vaswani_hf.speed.kernels import usable_cores
 from vaswani_hf.tools.export import check_output_place
-from vaswani_hf.tools.loading import checked, learned_positions
+from vaswani_hf.tools.loading import checked, learned_positions, one_line_errors
+from vaswani_hf.tools.translate import papers_decoding
 
 BFLOAT16_CPU = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")  # torch.cpu.get_capabilities()'s: x86, then Arm
 
@@ -91,7 +94,8 @@ def main():
         check_arguments(data_args, model_args, args, torch.cuda.is_available())
         replay = read_schedule(args.replay_schedule) if args.replay_schedule else None  # a budgeted run's record
         start = args.model_name_or_path
-        start_config, start_tokenizer = fine_tuning_start(start, data_args.max_length) if start else (None, None)
+        start_config, start_tokenizer, start_generation = (
+            fine_tuning_start(start, data_args.max_length, args) if start else (None, None, None))
         accelerator, distributed = start_processes(args)
         model_id = {"model_name_or_path": start} if start else asdict(model_args)  # what a resumed run must match
         resumed = open_output_dir(accelerator, output_dir, args, model_id)
@@ -107,13 +111,24 @@ def main():
     # evaluated: on a CPU, training and decoding as whole calls were measured faster on this machine, once
     # (vaswani_hf.fast_cpu); on a GPU, fewer kernel launches (vaswani_hf.fast_gpu).
     config = start_config or model_args.config(tokenizer)
+    generation = start_generation or GenerationConfig.from_model_config(config)  # every copy's and checkpoint's
+    if papers_decoding(generation):
+        set_paper_decoding(generation, args.num_beams, args.length_penalty_alpha)
+    else:  # a converted model's decoding, as published, with --num_beams beams: evaluated so, and saved so
+        generation.num_beams = args.num_beams
+        args = replace(args, length_penalty_alpha=None)
     plan = run_plan(accelerator, config, resumed) if accelerator.device.type == "cpu" and args.fast_cpu else None
     speed = {"cpu": plan and functools.partial(fast_cpu, plan=plan), "cuda": fast_gpu if args.fast_gpu else None}.get(
         accelerator.device.type) or (lambda model: model)
-    new_model = lambda: speed(VaswaniForConditionalGeneration(config))
-    model = new_model() if resumed or not start else speed(
-        VaswaniForConditionalGeneration.from_pretrained(start, dtype=torch.float32))  # its weights, trained in float32
-    set_paper_decoding(model.generation_config, args.num_beams, args.length_penalty_alpha)  # a checkpoint's decoding
+
+    def new_model(weights_of: str | None = None):
+        """A model of the run's config and decoding: new weights, or those of the model `weights_of` names."""
+        built = (VaswaniForConditionalGeneration(config) if weights_of is None else
+                 VaswaniForConditionalGeneration.from_pretrained(weights_of, dtype=torch.float32))  # in float32
+        built.generation_config = copy.deepcopy(generation)
+        return speed(built)
+
+    model = new_model(None if resumed else start)
     max_tokens = batch_tokens(accelerator, model, resumed, args, data_args.max_length)
     budget = time_budget(args, config.d_model)
     model, optimizer, scheduler = prepare(
@@ -156,6 +171,7 @@ def main():
         if written := schedule.written(step):
             (output_dir / "schedule.json").write_text(json.dumps(written, indent=1))
         final, averaged = averaged_model(output_dir, config, args.average_checkpoints, say)
+        final.generation_config = copy.deepcopy(generation)
         speed(final)
         fault_point("average")
         final.to(accelerator.device)
@@ -352,19 +368,25 @@ def run_data(accelerator, data_args, vocab_size: int, seed: int, output_dir: Pat
     return data, AutoTokenizer.from_pretrained(output_dir)
 
 
-def fine_tuning_start(start: str, max_length: int):
-    """(config, tokenizer) of the model that --model_name_or_path names, before any work: a vaswani_hf model whose
-    tokenizer is run.py's joint BPE, the one its token batches read (training/tokens.py), and whose positions reach
-    --max_length."""
+def fine_tuning_start(start: str, max_length: int, args):
+    """(config, tokenizer, generation config) of the model that --model_name_or_path names, before any work: a
+    vaswani_hf model whose positions reach --max_length. One that decodes as it was published (a converted model) is
+    not given the paper's α."""
     config, tokenizer = checked(start)
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or not is_joint_bpe(backend):
-        raise SystemExit(f"error: --model_name_or_path {start}: its tokenizer is not a joint BPE of run.py's, the "
-                         "only kind its token batches read: fine-tune it with training/run_trainer.py")
+    with one_line_errors(start):
+        try:
+            generation = GenerationConfig.from_pretrained(start)
+        except OSError:  # none saved: the model's defaults, which the tools read as the paper's decoding
+            generation = GenerationConfig.from_model_config(config)
+    alpha_flag = "alpha_candidates" if args.alpha_candidates else "length_penalty_alpha" if (
+        args.length_penalty_alpha != PAPER_RECIPE["length_penalty_alpha"]) else None
+    if alpha_flag and not papers_decoding(generation):
+        raise SystemExit(f"error: --{alpha_flag}: {start} decodes as it was published, without the paper's GNMT α "
+                         "(vaswani-convert --alpha converts a model to decode the paper's way)")
     if learned_positions(config) and max_length > config.max_position_embeddings:
         raise SystemExit(f"error: --max_length {max_length}: the learned positions of {start} stop at "
                          f"{config.max_position_embeddings}")
-    return config, tokenizer
+    return config, tokenizer, generation
 
 
 def run_schedule(run: Run, p_drop: float, validates: bool, budget: TimeBudget | None, replay: dict | None) -> Steps:
@@ -382,7 +404,7 @@ def training_batches(accelerator, model, train, data_args, tokenizer, max_tokens
     say, world, rank = accelerator.print, accelerator.num_processes, accelerator.process_index
     accumulation = max(1, math.ceil(args.tokens_per_step / (max_tokens * world)))
     if data_args.streaming:
-        batches = StreamedBatches(train, WordEncoder(tokenizer), rank, world, max_tokens, data_args.max_length,
+        batches = StreamedBatches(train, pair_encoder(tokenizer), rank, world, max_tokens, data_args.max_length,
                                   data_args.shuffle_buffer, args.seed, accumulation)
         corpus = f"training pairs streamed (each process its own part, batched {data_args.shuffle_buffer:,} at a time)"
     else:
@@ -439,6 +461,7 @@ def run_plan(accelerator, config, resumed: Path | None) -> dict:
 # What a run writes in --output_dir: checkpoints and what a killed or resumed run leaves of them, the tokens,
 # TensorBoard's logs, the model folder. --overwrite_output_dir deletes a folder that holds nothing else.
 RUN_ENTRY = re.compile(r"(\.incomplete-|abandoned-)?checkpoint-\d+|tokens(\.partial)?|vaswani|README\.md"
+                       r"|source\.spm|target\.spm|(target_)?vocab\.json|vocab-(src|tgt)\.json|merges\.txt"  # converted
                        r"|(config|generation_config|metrics|schedule|tokenizer|tokenizer_config|special_tokens_map)\.json"
                        r"|model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json"
                        r"|(checks|configuration_vaswani|gnmt|modeling_vaswani|pipeline_vaswani)\.py")
@@ -472,9 +495,10 @@ def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:
         raise SystemExit(f"error: {error}") from None
     if path.resolve().parent != output_dir.resolve():
         raise SystemExit(f"error: --resume_from_checkpoint {path} is not a checkpoint of --output_dir {output_dir}")
-    if not (output_dir / "tokenizer.json").is_file():
+    needed = "tokenizer.json" if (path / "tokenizer.json").is_file() else "tokenizer_config.json"  # a converted one's
+    if not (output_dir / needed).is_file():
         raise SystemExit(
-            f"error: --output_dir {output_dir} has no tokenizer.json: the run's tokenizer is needed to resume it"
+            f"error: --output_dir {output_dir} has no {needed}: the run's tokenizer is needed to resume it"
         )
     saved = json.loads((path / STATE_FILE).read_text()).get("model", model)
     if (was := saved.get("model_name_or_path")) != model.get("model_name_or_path"):

@@ -69,6 +69,7 @@ from vaswani_hf import VaswaniForConditionalGeneration
 from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.hub import check_can_push, push_or_exit
 from vaswani_hf.tools.loading import checked, one_line_errors
+from vaswani_hf.tools.translate import papers_decoding
 
 PAPER_TRAINER_DEFAULTS = {
     "adam_beta1": 0.9, "adam_beta2": 0.98, "adam_epsilon": 1e-9, "weight_decay": 0.0, "max_grad_norm": 0.0,
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None):
     else:
         model = VaswaniForConditionalGeneration(model_args.config(tokenizer))
     num_beams = training_args.generation_num_beams or 4
-    alpha = 0.6 if start is None or getattr(model.generation_config, "gnmt_alpha", None) is not None else None
+    alpha = 0.6 if start is None or papers_decoding(model.generation_config) else None
     if alpha is None:  # a converted model: the decoding it was published with, these beams
         model.generation_config.num_beams = num_beams
     else:

@@ -3,7 +3,7 @@ read as training goes and never stored whole.
 
 Each process reads its own part of the stream (`datasets.distributed.split_dataset_by_node`: its own shards, or every
 N-th pair of N processes where the shards do not divide among them) and tokenizes it as it reads (training/tokens.py
-`WordEncoder`). §5.1's token batching runs over a bounded buffer: `buffer_pairs` pairs are read, grouped by length
+`pair_encoder`). §5.1's token batching runs over a bounded buffer: `buffer_pairs` pairs are read, grouped by length
 into batches of at most `max_tokens` tokens, and the batches taken in a random order; then the next buffer. An epoch
 is one pass over the process's part; processes need not end theirs at the same step.
 

@@ -1,11 +1,11 @@
 """The training pairs as token ids, tokenized once into an Arrow dataset in the run's folder (`RUN/tokens/`).
 
 The main process tokenizes the pairs with the fast tokenizer's normalizer and BPE (`WordEncoder`: each distinct word
-once) in batched `datasets.map` calls on Arrow tables (over the machine's cores for a large corpus) and saves them;
-every process then opens the folder memory-mapped (`datasets.Dataset.from_file`), reads the lengths as arrays for
-§5.1's batching, and reads only the rows of its own batches. The folder's `fingerprint.json` names the pairs and the
-tokenizer it was built from: a resumed run reuses it, and one built from other pairs or another tokenizer is built
-again, with a line that says so.
+once; a converted model's tokenizer by its own calls, `TokenizerEncoder`) in batched `datasets.map` calls on Arrow
+tables (over the machine's cores for a large corpus) and saves them; every process then opens the folder memory-mapped
+(`datasets.Dataset.from_file`), reads the lengths as arrays for §5.1's batching, and reads only the rows of its own
+batches. The folder's `fingerprint.json` names the pairs and the tokenizer it was built from: a resumed run reuses it,
+and one built from other pairs or another tokenizer is built again, with a line that says so.
 """
 
 import hashlib
@@ -39,9 +39,32 @@ RECORD_BATCH = 10_000
 PARALLEL_FROM = 100_000  # pairs; fewer are tokenized in the main process alone (starting workers costs more)
 
 
-def fingerprint(rows: datasets.Dataset, tokenizer_file: Path) -> dict[str, str]:
-    """The pairs' datasets fingerprint (of their files, or their content) and the SHA-256 of the tokenizer's file."""
-    return {"pairs": rows._fingerprint, "tokenizer": hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()}
+def fingerprint(rows: datasets.Dataset, tokenizer, folder: Path) -> dict[str, str]:
+    """The pairs' datasets fingerprint (of their files, or their content) and the SHA-256 of the tokenizer's files
+    saved in `folder` (run.py's joint BPE: tokenizer.json; a converted model's: its vocabularies and models)."""
+    files = [folder / name for name in tokenizer.vocab_files_names.values() if (folder / name).is_file()]
+    return {"pairs": rows._fingerprint,
+            "tokenizer": hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()}
+
+
+def pair_encoder(tokenizer):
+    """What tokenizes the pairs: `WordEncoder` for run.py's joint BPE, else `TokenizerEncoder`."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return WordEncoder(tokenizer) if backend is not None and is_joint_bpe(backend) else TokenizerEncoder(tokenizer)
+
+
+class TokenizerEncoder:
+    """The tokenizer's own ids of a column of text, `tokenizer(texts)` for sources and `tokenizer(text_target=texts)`
+    for targets: for a converted model's tokenizer (SentencePiece, Moses and BPE, a vocabulary a side), which
+    `WordEncoder` does not read."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode_column(self, texts: pa.Array, target: bool = False) -> pa.ListArray:
+        texts = texts.to_pylist()
+        ids = (self.tokenizer(text_target=texts) if target else self.tokenizer(texts))["input_ids"]
+        return pa.array(ids, pa.list_(pa.int32()))
 
 
 class WordEncoder:
@@ -71,8 +94,8 @@ class WordEncoder:
     def __call__(self, texts: list[str]) -> list[list[int]]:
         return self.encode_column(pa.array(texts, pa.string())).to_pylist()
 
-    def encode_column(self, texts: pa.Array) -> pa.ListArray:
-        """The ids of each text of an Arrow string column, </s> appended."""
+    def encode_column(self, texts: pa.Array, target: bool = False) -> pa.ListArray:
+        """The ids of each text of an Arrow string column, </s> appended (the same on either side: `target`)."""
         if isinstance(texts, pa.ChunkedArray):
             texts = texts.combine_chunks()
         original = texts
@@ -120,11 +143,11 @@ class WordEncoder:
         return ids
 
 
-def encode_batch(batch, encoder: WordEncoder) -> pa.Table | dict[str, list]:
+def encode_batch(batch, encoder: WordEncoder | TokenizerEncoder) -> pa.Table | dict[str, list]:
     """A batch of pairs (an Arrow table, or a dict of lists) as ids and lengths, in the same form."""
     arrow = isinstance(batch, pa.Table)
-    sources, targets = (encoder.encode_column(batch[side] if arrow else pa.array(batch[side], pa.string()))
-                        for side in ("source", "target"))
+    sources, targets = (encoder.encode_column(batch[side] if arrow else pa.array(batch[side], pa.string()),
+                                              target=side == "target") for side in ("source", "target"))
     table = pa.table({"source_ids": sources, "target_ids": targets, "source_length": pc.list_value_length(sources),
                       "target_length": pc.list_value_length(targets)})
     return table if arrow else table.to_pydict()
@@ -137,7 +160,7 @@ def build(rows: datasets.Dataset, tokenizer, folder: Path, stamp: dict[str, str]
     partial.mkdir(parents=True)
     rows.with_format("arrow").map(  # encode_batch reads and returns Arrow tables: no Python lists
         encode_batch, batched=True, batch_size=RECORD_BATCH, writer_batch_size=RECORD_BATCH,
-        fn_kwargs={"encoder": WordEncoder(tokenizer)}, remove_columns=rows.column_names, features=FEATURES,
+        fn_kwargs={"encoder": pair_encoder(tokenizer)}, remove_columns=rows.column_names, features=FEATURES,
         load_from_cache_file=False,
         cache_file_name=str(partial / "tokens.arrow"),  # in the run's folder, not datasets' cache
         new_fingerprint=hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32],
@@ -153,7 +176,7 @@ def token_dataset(accelerator, rows: datasets.Dataset, tokenizer, output_dir: Pa
     tokenizer, read by every process."""
     folder = output_dir / FOLDER
     if accelerator.is_main_process:
-        stamp = fingerprint(rows, output_dir / "tokenizer.json")
+        stamp = fingerprint(rows, tokenizer, output_dir)
         try:
             stored = json.loads((folder / "fingerprint.json").read_text())
         except (OSError, ValueError):

@@ -100,7 +100,7 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
     engine = as_engine(model, tokenizer)
     config = engine.generation_config
     num_beams = num_beams or getattr(config, "num_beams", None) or 4
-    if alpha is None and (getattr(config, "gnmt_alpha", None) is not None or config._from_model_config):
+    if alpha is None and papers_decoding(config):
         alpha = getattr(config, "gnmt_alpha", 0.6)
     indices = [i for i, source in enumerate(sources) if source.strip()]
     encoded = tokenizer([sources[i] for i in indices])["input_ids"] if indices else []
@@ -110,6 +110,12 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
         for k, j in enumerate(batch):
             rows = slice(k * nbest, (k + 1) * nbest)
             yield Translation(indices[j], list(zip(texts[rows], scores[rows])), len(hypotheses[k * nbest]))
+
+
+def papers_decoding(generation) -> bool:
+    """Whether a generation config asks for the paper's search: it names `gnmt_alpha` (training/run.py's), or it is
+    none of the model's own (made from its config); else it is the decoding a converted model was published with."""
+    return getattr(generation, "gnmt_alpha", None) is not None or generation._from_model_config
 
 
 def as_engine(model, tokenizer):
