@@ -309,13 +309,14 @@ def fine_tuning_flags(tmp_path, start) -> list[str]:
 def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_its_tokenizer(tmp_path,
                                                                                              translation_folder):
     """--model_name_or_path: the folder's weights are where training starts (two Adam steps of 1e-9 leave every
-    weight within 1e-6 of them, where a new model's would be far), its architecture and tokenizer are kept, and the
+    weight within 1e-6 of them, where a new model's would be far), its architecture and tokenizer are kept (its
+    dropout the flag's), and the
     card names the folder it started from (no path, no Hub id in the metadata) and no other model's flags."""
     from safetensors.torch import load_file
 
     output = tmp_path / "tuned"
     run_trainer.main([*fine_tuning_flags(tmp_path, translation_folder), "--output_dir", str(output), "--max_steps",
-                      "2", "--learning_rate", "1e-9", "--eval_strategy", "no"])
+                      "2", "--learning_rate", "1e-9", "--eval_strategy", "no", "--dropout", "0.25"])
     start, tuned = (load_file(folder / "model.safetensors") for folder in (translation_folder, output))
     assert start.keys() == tuned.keys()
     for name in start:
@@ -324,6 +325,7 @@ def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_
     first, last = ({size: json.loads((folder / "config.json").read_text())[size] for size in sizes}
                    for folder in (translation_folder, output))
     assert first == last
+    assert json.loads((output / "config.json").read_text())["dropout"] == 0.25  # the recipe's (§5.4), over the start's
     assert AutoTokenizer.from_pretrained(output).get_vocab() == AutoTokenizer.from_pretrained(
         translation_folder).get_vocab()
     assert json.loads((output / "generation_config.json").read_text())["gnmt_alpha"] == 0.6  # the paper's, kept

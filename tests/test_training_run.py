@@ -453,15 +453,20 @@ FINE_TUNING = ["--max_tokens", "400", "--tokens_per_step", "800", "--warmup_step
 def test_a_fine_tuning_run_starts_from_the_models_weights_and_tokenizer_and_its_card_names_it(
         tmp_path, small_data, translation_folder):
     """--model_name_or_path: two Adam steps at a peak of about 1e-7 (lr_scale 1e-6) leave every weight within 1e-6 of
-    the folder's, where a new model's would be far; the sizes, tokenizer and paper's decoding are the folder's; the
-    card names the folder it started from, without its path, and no model flags."""
+    the folder's, where a new model's would be far; the sizes, tokenizer and paper's decoding are the folder's, the
+    dropout the flag's (the recipe's, §5.4); the card names the folder it started from, without its path, and no model
+    flags."""
     output = tmp_path / "tuned"
-    train_here(output, *FINE_TUNING, *small_data, "--model_name_or_path", translation_folder, "--lr_scale", "1e-6")
+    train_here(output, *FINE_TUNING, *small_data, "--model_name_or_path", translation_folder, "--lr_scale", "1e-6",
+               "--dropout", "0.25")
     assert_same_weights(translation_folder, output, atol=1e-6)
     sizes = ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "num_decoder_layers")
     first, last = ({size: json.loads((folder / "config.json").read_text())[size] for size in sizes}
                    for folder in (translation_folder, output))
     assert first == last
+    assert json.loads((translation_folder / "config.json").read_text())["dropout"] == 0
+    for folder in (output, output / "checkpoint-1"):  # the trained model's, not the final copy's alone
+        assert json.loads((folder / "config.json").read_text())["dropout"] == 0.25
     assert (output / "tokenizer.json").read_text() == (translation_folder / "tokenizer.json").read_text()
     assert json.loads((output / "generation_config.json").read_text())["gnmt_alpha"] == 0.6
     card = (output / "README.md").read_text()
@@ -474,8 +479,8 @@ def test_a_fine_tuning_run_starts_from_the_models_weights_and_tokenizer_and_its_
 def test_a_fine_tuning_run_resumed_ends_as_the_uninterrupted_one_and_resuming_without_its_start_is_refused(
         tmp_path, small_data, translation_folder, whole_run):
     """A resumed fine-tuning run continues from its checkpoint in the start's sizes, to the uninterrupted run's
-    weights; resumed without its --model_name_or_path, or a new model's run resumed with one, is refused in one
-    line before anything changes."""
+    weights; resumed without its --model_name_or_path or with another dropout, or a new model's run resumed with one,
+    is refused in one line before anything changes."""
     flags = [*FINE_TUNING, *small_data, "--model_name_or_path", translation_folder]
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     train_here(whole, *flags)
@@ -486,6 +491,8 @@ def test_a_fine_tuning_run_resumed_ends_as_the_uninterrupted_one_and_resuming_wi
     for folder, argv, message in (
             (whole, FINE_TUNING, (f"error: {whole / 'checkpoint-2'} fine-tunes {translation_folder}: resume with "
                                   f"--model_name_or_path {translation_folder}")),
+            (whole, [*flags, "--dropout", "0.3"],
+             f"error: {whole / 'checkpoint-2'} holds another model: --dropout 0.3 (the checkpoint's: 0.0)"),
             (whole_run, flags, (f"error: {whole_run / 'checkpoint-8'} trains a new model: resume without "
                                 "--model_name_or_path"))):
         with pytest.raises(SystemExit) as stop:

@@ -52,6 +52,10 @@ class DataArguments:
                 "embedded data, apache-2.0)."})
 
 
+# The model flags that are the recipe's too (§5.4, Regularization): a fine-tuning run may set them over its start's.
+DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
+
+
 @dataclass
 class ModelArguments:
     vocab_size: int = field(default=37000, metadata={"help": "Size of the joint BPE vocabulary (§5.1)."})
@@ -70,12 +74,15 @@ class ModelArguments:
         """The model's configuration, with the vocabulary and special tokens of the trained `tokenizer`."""
         return VaswaniConfig(
             vocab_size=len(tokenizer), d_model=self.d_model, d_ff=self.d_ff, num_heads=self.num_heads,
-            num_layers=self.num_layers, num_decoder_layers=self.num_decoder_layers, dropout=self.dropout,
-            attention_dropout=self.attention_dropout, activation_dropout=self.activation_dropout,
+            num_layers=self.num_layers, num_decoder_layers=self.num_decoder_layers, **self.dropouts(),
             position_embedding=self.position_embedding, normalize_before=self.normalize_before,
             pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id,
         )
+
+    def dropouts(self) -> dict[str, float]:
+        """The dropout probabilities given (with --model_name_or_path, those not given are None: the start's)."""
+        return {name: getattr(self, name) for name in DROPOUTS if getattr(self, name) is not None}
 
 
 @dataclass
@@ -169,9 +176,11 @@ def read_preset(name: str) -> dict:
 def parse_arguments(argv: list[str] | None = None) -> tuple[DataArguments, ModelArguments, RecipeArguments]:
     argv = sys.argv[1:] if argv is None else argv
     parser = HfArgumentParser((DataArguments, ModelArguments, RecipeArguments))
-    preset = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)[2].preset
-    if preset:
-        parser.set_defaults(**read_preset(preset))
+    first = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)[2]
+    if first.preset:
+        parser.set_defaults(**read_preset(first.preset))
+    if first.model_name_or_path is not None:
+        parser.set_defaults(**dict.fromkeys(DROPOUTS))  # not given: the start's
     data_args, model_args, args = parse_flags(parser, argv, "training/run.py")
     if args.model_name_or_path is not None:
         refuse_new_model_flags(argv, args.model_name_or_path)
@@ -179,10 +188,11 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[DataArguments, Model
 
 
 def refuse_new_model_flags(argv: list[str], start: str) -> None:
-    """With --model_name_or_path `start`, a flag that describes a new model (a preset, a model flag, the BPE's
-    sample) is a one-line SystemExit: the model and its tokenizer are the start's."""
+    """With --model_name_or_path `start`, a flag that describes a new model (a preset, a model flag but the dropouts,
+    the BPE's sample) is a one-line SystemExit: the model and its tokenizer are the start's."""
     given = {arg.split("=")[0] for arg in argv}
-    for flag in ["--preset", "--bpe_sample", *(f"--{name}" for name in ModelArguments.__dataclass_fields__)]:
+    sizes = [f"--{name}" for name in ModelArguments.__dataclass_fields__ if name not in DROPOUTS]
+    for flag in ["--preset", "--bpe_sample", *sizes]:
         if flag in given:
             raise SystemExit(f"error: {flag} is a new model's: with --model_name_or_path, the config and tokenizer "
                              f"are {start}'s own")

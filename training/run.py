@@ -20,9 +20,10 @@ tokens of the whole optimizer step; checkpoints averaged at the end; beam 4 with
 its schedule's answer (training/schedules.py): the paper's steps, a time budget, or a budgeted run replayed.
 
 `--model_name_or_path` fine-tunes a vaswani_hf model (a folder or Hub id) instead of a new one: its weights, sizes and
-tokenizer, with this recipe from its first step (a model flag, a preset or --bpe_sample is refused). One that decodes
-the paper's way keeps doing so; a converted one (vaswani-convert) keeps the decoding it was published with, with
---num_beams beams, and its tokenizer's own ids on each side (training/tokens.py).
+tokenizer, with this recipe from its first step (a size flag, a preset or --bpe_sample is refused; --dropout and the
+other two, §5.4's, are the recipe's, over its own). One that decodes the paper's way keeps doing so; a converted one
+(vaswani-convert) keeps the decoding it was published with, with --num_beams beams, and its tokenizer's own ids on each
+side (training/tokens.py).
 """
 
 import copy
@@ -48,7 +49,7 @@ from accelerate.utils import broadcast, broadcast_object_list, gather_object, se
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 from transformers.utils.logging import disable_progress_bar
 
-from training.arguments import check_arguments, parse_arguments
+from training.arguments import DROPOUTS, check_arguments, parse_arguments
 from training.averaging import averaged_model
 from training.batching import EpochBatches, collate, encode
 from training.budget import TimeBudget, read_schedule, set_dropout
@@ -95,9 +96,10 @@ def main():
         replay = read_schedule(args.replay_schedule) if args.replay_schedule else None  # a budgeted run's record
         start = args.model_name_or_path
         start_config, start_tokenizer, start_generation = (
-            fine_tuning_start(start, data_args.max_length, args) if start else (None, None, None))
+            fine_tuning_start(start, model_args, data_args.max_length, args) if start else (None, None, None))
         accelerator, distributed = start_processes(args)
-        model_id = {"model_name_or_path": start} if start else asdict(model_args)  # what a resumed run must match
+        model_id = ({"model_name_or_path": start, **{name: getattr(start_config, name) for name in DROPOUTS}} if start
+                    else asdict(model_args))  # what a resumed run must match
         resumed = open_output_dir(accelerator, output_dir, args, model_id)
     say = accelerator.print
     disable_progress_bar()  # transformers' bar for each checkpoint's weights, within the run's own
@@ -124,7 +126,7 @@ def main():
     def new_model(weights_of: str | None = None):
         """A model of the run's config and decoding: new weights, or those of the model `weights_of` names."""
         built = (VaswaniForConditionalGeneration(config) if weights_of is None else
-                 VaswaniForConditionalGeneration.from_pretrained(weights_of, dtype=torch.float32))  # in float32
+                 VaswaniForConditionalGeneration.from_pretrained(weights_of, config=config, dtype=torch.float32))
         built.generation_config = copy.deepcopy(generation)
         return speed(built)
 
@@ -368,11 +370,12 @@ def run_data(accelerator, data_args, vocab_size: int, seed: int, output_dir: Pat
     return data, AutoTokenizer.from_pretrained(output_dir)
 
 
-def fine_tuning_start(start: str, max_length: int, args):
+def fine_tuning_start(start: str, model_args, max_length: int, args):
     """(config, tokenizer, generation config) of the model that --model_name_or_path names, before any work: a
-    vaswani_hf model whose positions reach --max_length. One that decodes as it was published (a converted model) is
-    not given the paper's α."""
+    vaswani_hf model whose positions reach --max_length, with the dropouts the flags give. One that decodes as it was
+    published (a converted model) is not given the paper's α."""
     config, tokenizer = checked(start)
+    config.update(model_args.dropouts())
     with one_line_errors(start):
         try:
             generation = GenerationConfig.from_pretrained(start)

@@ -24,8 +24,9 @@ training/run.py writes safetensors and JSON only); no FSDP (refused: run.py shar
 length penalty α 0.6, in generation_config.json), as in run.py.
 
 `--model_name_or_path` fine-tunes a vaswani_hf model folder or Hub repository instead of training a new model: its
-weights, architecture and tokenizer (the model flags and a preset, which describe a new model, are refused with it);
-the model card names it as the start. A model that decodes the paper's way (run.py's, this run's) keeps doing so; a
+weights, architecture and tokenizer (the size flags, a preset and --bpe_sample, which describe a new model, are
+refused with it; --dropout and the other two set the recipe's, §5.4, over its own); the model card names it as the
+start. A model that decodes the paper's way (run.py's, this run's) keeps doing so; a
 converted one keeps the decoding it was published with (OPUS-MT's: transformers' beam search), with
 `--generation_num_beams` beams.
 """
@@ -49,6 +50,7 @@ from transformers import (
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from training.arguments import (
+    DROPOUTS,
     DataArguments,
     ModelArguments,
     check_model_arguments,
@@ -107,8 +109,10 @@ def parse_arguments(argv: list[str] | None = None):
     # launched processes on its own (Accelerate forms a CPU process group only when asked for the CPU), and pin
     # memory for no device (torch's DataLoader warns of it at each evaluation).
     parser.set_defaults(**PAPER_TRAINER_DEFAULTS, use_cpu=not torch.cuda.is_available())
-    preset = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)[2].preset
-    if preset:
+    first = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)[2]
+    if first.model_name_or_path is not None:
+        parser.set_defaults(**dict.fromkeys(DROPOUTS))  # not given: the start's
+    if preset := first.preset:
         values = read_preset(preset)
         model_keys = {f for f in ModelArguments.__dataclass_fields__} | {"lr_scale"}
         parser.set_defaults(**{k: v for k, v in values.items() if k in model_keys},
@@ -217,7 +221,7 @@ def main(argv: list[str] | None = None):
 
     if start is not None:
         with one_line_errors(start):
-            model = VaswaniForConditionalGeneration.from_pretrained(start)
+            model = VaswaniForConditionalGeneration.from_pretrained(start, **model_args.dropouts())
     else:
         model = VaswaniForConditionalGeneration(model_args.config(tokenizer))
     num_beams = training_args.generation_num_beams or 4
