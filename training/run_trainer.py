@@ -24,11 +24,10 @@ training/run.py writes safetensors and JSON only); no FSDP (refused: run.py shar
 length penalty α 0.6, in generation_config.json), as in run.py.
 
 `--model_name_or_path` fine-tunes a vaswani_hf model folder or Hub repository instead of training a new model: its
-weights, architecture and tokenizer (the size flags, a preset and --bpe_sample, which describe a new model, are
-refused with it; --dropout and the other two set the recipe's, §5.4, over its own); the model card names it as the
-start. A model that decodes the paper's way (run.py's, this run's) keeps doing so; a
-converted one keeps the decoding it was published with (OPUS-MT's: transformers' beam search), with
-`--generation_num_beams` beams.
+weights, architecture and tokenizer (the size flags, a preset and --bpe_sample, which describe a new model, are refused
+with it; --dropout and the other two set the recipe's, §5.4, over its own); the model card names it as the start. A
+model that decodes the paper's way (run.py's, this run's) keeps doing so; a converted one keeps the decoding it was
+published with (OPUS-MT's: transformers' beam search), with `--generation_num_beams` beams.
 """
 
 import re
