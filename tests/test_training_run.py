@@ -476,6 +476,7 @@ def test_a_fine_tuning_run_starts_from_the_models_weights_and_tokenizer_and_its_
     assert "Recipe (§5): the tokenizer of the model it was fine-tuned from, batches grouped by length" in card
 
 
+@pytest.mark.xdist_group("whole_run")
 def test_a_fine_tuning_run_resumed_ends_as_the_uninterrupted_one_and_resuming_without_its_start_is_refused(
         tmp_path, small_data, translation_folder, whole_run):
     """A resumed fine-tuning run continues from its checkpoint in the start's sizes, to the uninterrupted run's
@@ -489,14 +490,14 @@ def test_a_fine_tuning_run_resumed_ends_as_the_uninterrupted_one_and_resuming_wi
     assert [entry["loss"] for entry in history(resumed)] == [entry["loss"] for entry in history(whole)]
     before = sorted(map(str, whole.rglob("*")))
     for folder, argv, message in (
-            (whole, FINE_TUNING, (f"error: {whole / 'checkpoint-2'} fine-tunes {translation_folder}: resume with "
-                                  f"--model_name_or_path {translation_folder}")),
+            (whole, [*FINE_TUNING, *small_data], (f"error: {whole / 'checkpoint-2'} fine-tunes {translation_folder}: "
+                                                  f"resume with --model_name_or_path {translation_folder}")),
             (whole, [*flags, "--dropout", "0.3"],
              f"error: {whole / 'checkpoint-2'} holds another model: --dropout 0.3 (the checkpoint's: 0.0)"),
             (whole_run, flags, (f"error: {whole_run / 'checkpoint-8'} trains a new model: resume without "
                                 "--model_name_or_path"))):
         with pytest.raises(SystemExit) as stop:
-            train_here(folder, *argv, *small_data, "--resume_from_checkpoint", "latest")
+            train_here(folder, *argv, "--resume_from_checkpoint", "latest")
         assert stop.value.code == message
     assert sorted(map(str, whole.rglob("*"))) == before
 
