@@ -7,6 +7,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from training.recipe import TrainingData
 from vaswani_hf.tools.loading import is_local
+from vaswani_hf.tools.translate import papers_decoding
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_CARD = ROOT / "model_card.md"
@@ -75,6 +76,17 @@ def set_paper_decoding(generation, num_beams: int, alpha: float) -> None:
     generation.early_stopping = True
     generation.gnmt_alpha = alpha  # generate() then runs the paper's search (gnmt.py)
     generation._from_model_config = False  # else from_pretrained drops the entries transformers does not know
+
+
+def set_run_decoding(generation, num_beams: int, alpha: float) -> float | None:
+    """A training run's decoding, set in `generation` and the α it decodes with: the paper's with `alpha` where the
+    config asks for the paper's search (a new model's, a start's that does); else, a converted start's, the decoding it
+    was published with, with `num_beams` beams (α None)."""
+    if papers_decoding(generation):
+        set_paper_decoding(generation, num_beams, alpha)
+        return alpha
+    generation.num_beams = num_beams
+    return None
 
 
 def save_tokenizer(tokenizer, folder: Path) -> None:

@@ -71,7 +71,7 @@ from training.distributed import (
 )
 from training.evaluation import evaluate_model, final_evaluation
 from training.faults import fault_point
-from training.hub import set_paper_decoding, write_output_folder
+from training.hub import set_run_decoding, write_output_folder
 from training.recipe import NOT_RECIPE, PAPER_RECIPE, recipe_deviations, training_data
 from training.schedule import inverse_sqrt_lr, paper_optimizer
 from training.schedules import Budgeted, Replayed, Steps
@@ -114,11 +114,8 @@ def main():
     # (vaswani_hf.fast_cpu); on a GPU, fewer kernel launches (vaswani_hf.fast_gpu).
     config = start_config or model_args.config(tokenizer)
     generation = start_generation or GenerationConfig.from_model_config(config)  # every copy's and checkpoint's
-    if papers_decoding(generation):
-        set_paper_decoding(generation, args.num_beams, args.length_penalty_alpha)
-    else:  # a converted model's decoding, as published, with --num_beams beams: evaluated so, and saved so
-        generation.num_beams = args.num_beams
-        args = replace(args, length_penalty_alpha=None)
+    if set_run_decoding(generation, args.num_beams, args.length_penalty_alpha) is None:  # a converted start's
+        args = replace(args, length_penalty_alpha=None)  # evaluated and saved as published
     plan = run_plan(accelerator, config, resumed) if accelerator.device.type == "cpu" and args.fast_cpu else None
     speed = {"cpu": plan and functools.partial(fast_cpu, plan=plan), "cuda": fast_gpu if args.fast_gpu else None}.get(
         accelerator.device.type) or (lambda model: model)

@@ -63,14 +63,13 @@ from training.arguments import (
 from training.data import as_pairs, load_run_data
 from training.evaluation import score, translate
 from training.fsdp_request import fsdp_requested, refuse, said_once
-from training.hub import set_paper_decoding, write_output_folder
+from training.hub import set_run_decoding, write_output_folder
 from training.recipe import training_data
 from training.tokenizer import corpus_texts, train_joint_bpe
 from vaswani_hf import VaswaniForConditionalGeneration
 from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.hub import check_can_push, push_or_exit
 from vaswani_hf.tools.loading import checked, one_line_errors
-from vaswani_hf.tools.translate import papers_decoding
 
 PAPER_TRAINER_DEFAULTS = {
     "adam_beta1": 0.9, "adam_beta2": 0.98, "adam_epsilon": 1e-9, "weight_decay": 0.0, "max_grad_norm": 0.0,
@@ -224,11 +223,7 @@ def main(argv: list[str] | None = None):
     else:
         model = VaswaniForConditionalGeneration(model_args.config(tokenizer))
     num_beams = training_args.generation_num_beams or 4
-    alpha = 0.6 if start is None or papers_decoding(model.generation_config) else None
-    if alpha is None:  # a converted model: the decoding it was published with, these beams
-        model.generation_config.num_beams = num_beams
-    else:
-        set_paper_decoding(model.generation_config, num_beams, alpha)
+    alpha = set_run_decoding(model.generation_config, num_beams, 0.6)  # None: a converted model's, as published
     if "validation" not in datasets:
         training_args.eval_strategy = "no"
     trainer = Seq2SeqTrainer(
