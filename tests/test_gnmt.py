@@ -183,6 +183,10 @@ def test_a_saved_model_decodes_the_papers_way_however_it_is_loaded(tmp_path):
     assert torch.equal(model.generate(input_ids=source, attention_mask=mask), expected)
     assert torch.equal(model.generate(source, attention_mask=mask), expected)
     assert torch.equal(model.generate(input_ids=source, attention_mask=mask, num_beams=1, max_new_tokens=9), greedy)
+    # from_pretrained's keyword arguments reach the generation config too: the model config's are not decoding's.
+    tuned = type(model).from_pretrained(tmp_path, dropout=0.2).eval()
+    assert tuned.config.dropout == tuned.generation_config.dropout == 0.2
+    assert torch.equal(tuned.generate(source, attention_mask=mask), expected)
 
     # Transformed by fast_cpu with a plan that packs, the folder's search runs inside a packing block.
     from vaswani_hf import fast_cpu

@@ -328,7 +328,8 @@ def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_
     assert json.loads((output / "config.json").read_text())["dropout"] == 0.25  # the recipe's (§5.4), over the start's
     assert AutoTokenizer.from_pretrained(output).get_vocab() == AutoTokenizer.from_pretrained(
         translation_folder).get_vocab()
-    assert json.loads((output / "generation_config.json").read_text())["gnmt_alpha"] == 0.6  # the paper's, kept
+    generation = json.loads((output / "generation_config.json").read_text())
+    assert generation["gnmt_alpha"] == 0.6 and "dropout" not in generation  # the paper's decoding kept, nothing else
     card = (output / "README.md").read_text()
     assert "`generate()` decodes as `generation_config.json` asks, the paper's way (§6.1)" in " ".join(card.split())
     assert (f"- recipe: fine-tuned from the local model folder {translation_folder.name}, its weights and tokenizer, "

@@ -66,7 +66,7 @@ from training.fsdp_request import fsdp_requested, refuse, said_once
 from training.hub import set_run_decoding, write_output_folder
 from training.recipe import training_data
 from training.tokenizer import corpus_texts, train_joint_bpe
-from vaswani_hf import VaswaniForConditionalGeneration
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.hub import check_can_push, push_or_exit
 from vaswani_hf.tools.loading import checked, one_line_errors
@@ -218,8 +218,9 @@ def main(argv: list[str] | None = None):
     datasets = {split: tokenize(tokenizer, rows, recipe.max_source_length) for split, rows in pairs.items()}
 
     if start is not None:
-        with one_line_errors(start):
-            model = VaswaniForConditionalGeneration.from_pretrained(start, **model_args.dropouts())
+        with one_line_errors(start):  # the dropouts in its config: from_pretrained's own keyword arguments would
+            config = VaswaniConfig.from_pretrained(start, **model_args.dropouts())  # reach its generation config too
+            model = VaswaniForConditionalGeneration.from_pretrained(start, config=config)
     else:
         model = VaswaniForConditionalGeneration(model_args.config(tokenizer))
     num_beams = training_args.generation_num_beams or 4

@@ -252,9 +252,12 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         check_whole("generate(): num_beams", config.num_beams, 1)
     source = inputs if inputs is not None else inputs_of_call.get("input_ids")
     mask = inputs_of_call.get("attention_mask")
-    defaults = GenerationConfig._get_default_generation_params()
+    defaults, plain = GenerationConfig._get_default_generation_params(), GenerationConfig()
+    # transformers' `from_pretrained(folder, dropout=0.2)` copies the model config's keyword arguments into the loaded
+    # generation config too: those are the model's (its config's alone), not settings of its decoding.
     saved = {key for key, value in config.to_diff_dict().items()
-             if value is not None and value is not False and value != defaults.get(key)}
+             if value is not None and value is not False and value != defaults.get(key)
+             and (hasattr(plain, key) or not hasattr(model.config, key))}
     given = {key for key, value in kwargs.items()
              if key not in inputs_of_call and value is not None and value is not False}
     other_settings = {key for key in saved | given if key not in SEARCH_SETTINGS + TOKEN_SETTINGS and key[0] != "_"}
