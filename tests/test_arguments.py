@@ -1,4 +1,4 @@
-"""training/run.py's model flags reach the model it builds, over a preset's values."""
+"""training/run.py's model flags reach the model it builds, over a preset's values; the paper's presets."""
 
 import sys
 
@@ -21,3 +21,23 @@ def test_the_model_has_the_encoder_and_decoder_depths_the_flags_ask_for(monkeypa
     tokenizer = train_joint_bpe(["a dog runs .", "ein Hund läuft ."], 60)
     model = VaswaniForConditionalGeneration(model_args.config(tokenizer))
     assert (len(model.model.encoder.layers), len(model.model.decoder.layers)) == (encoder, decoder)
+
+
+# The paper's models and recipes as it states them: Table 3 and §5-6.1 (base, big), and §6.3's parser: "a 4-layer
+# transformer with d_model = 1024", "a vocabulary of 16K tokens", "a beam size of 21 and α = 0.3", "input length +
+# 300", "all other parameters remained unchanged from the English-to-German base translation model".
+BASE = {"num_layers": 6, "d_model": 512, "d_ff": 2048, "num_heads": 8, "dropout": 0.1, "vocab_size": 37000,
+        "label_smoothing": 0.1, "tokens_per_step": 25000, "warmup_steps": 4000, "max_steps": 100_000,
+        "save_minutes": 10, "average_checkpoints": 5, "num_beams": 4, "length_penalty_alpha": 0.6, "extra_length": 50}
+PAPER = {"base": BASE,
+         "big": {**BASE, "d_model": 1024, "d_ff": 4096, "num_heads": 16, "dropout": 0.3, "max_steps": 300_000,
+                 "average_checkpoints": 20},
+         "parsing": {**BASE, "num_layers": 4, "d_model": 1024, "vocab_size": 16000, "num_beams": 21,
+                     "length_penalty_alpha": 0.3, "extra_length": 300}}
+
+
+@pytest.mark.parametrize("preset", PAPER)
+def test_the_papers_presets_are_its_models_and_recipes(monkeypatch, preset):
+    monkeypatch.setattr(sys, "argv", ["run.py", "--preset", preset])
+    values = {name: getattr(args, name) for args in parse_arguments() for name in PAPER[preset] if hasattr(args, name)}
+    assert values == PAPER[preset]

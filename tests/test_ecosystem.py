@@ -536,6 +536,12 @@ def test_vaswani_translate_reads_stdin_and_files(translation_folder, tmp_path, c
                  "--num_beams", "1")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out.txt").read_text().splitlines() == translate(model, tokenizer, SOURCES, num_beams=1)
+    # --extra_length: outputs up to the source's length + 1 token (the model's own limit: 50).
+    result = cli("--model", translation_folder, "--extra_length", "1", stdin="\n".join(SOURCES) + "\n")
+    assert result.returncode == 0, result.stderr
+    model.generation_config.extra_length = 1
+    assert result.stdout.splitlines() == translate(model, tokenizer, SOURCES) != translate(*load_local(
+        translation_folder), SOURCES)
 
 
 def test_vaswani_translate_int8_decodes_with_the_int8_copy(translation_folder, capfd, monkeypatch, cli):

@@ -1,6 +1,7 @@
 """`vaswani-export`: the CTranslate2 and ONNX exports, run by the real `ctranslate2` and `onnxruntime`, against our
 own model on a briefly trained EN-DE model (support's `translation_folder`)."""
 
+import copy
 import json
 import shutil
 import sys
@@ -236,7 +237,8 @@ def test_the_ctranslate2_engine_decodes_greedily_the_torch_engines_ids(translati
     """`decode` with one beam, on a batch of sources of other lengths (one of 1,060 tokens, past CTranslate2's default
     cut of 1,024), gives the torch engine's ids, EOS included: as trained; with a bias for EOS (each output one
     token and EOS: an empty output is not allowed); with a bias against it (each runs to its own source's length +
-    50, the longest cut where the export's table of positions ends)."""
+    50, the longest cut where the export's table of positions ends; + 9 where the generation config's `extra_length`
+    says 9)."""
     from vaswani_hf.exports.to_ctranslate2 import POSITIONS
     from vaswani_hf.tools.ctranslate2_engine import CTranslate2Engine
     from vaswani_hf.tools.translate import TorchEngine
@@ -249,14 +251,20 @@ def test_the_ctranslate2_engine_decodes_greedily_the_torch_engines_ids(translati
     model.save_pretrained(folder)
     long = tokenizer(" ".join(source for source, _ in generate()["test"][:120]))["input_ids"][-1060:]
     batch = [*tokenizer([source for source, _ in PAIRS[:8]] + ["dog " * 30])["input_ids"], long]
-    ours, _ = TorchEngine(model, tokenizer).decode(batch, 1, 0.6, 1)
-    theirs, _ = CTranslate2Engine(str(folder), model.config, tokenizer).decode(batch, 1, 0.6, 1)
+    torch_engine, ct2_engine = TorchEngine(model, tokenizer), CTranslate2Engine(str(folder), model.config, tokenizer)
+    ours, _ = torch_engine.decode(batch, 1, 0.6, 1)
+    theirs, _ = ct2_engine.decode(batch, 1, 0.6, 1)
     assert theirs == [hypothesis[:POSITIONS] for hypothesis in ours]
     ended = [hypothesis[-1] == tokenizer.eos_token_id for hypothesis in ours]
     if eos_bias > 0:
         assert all(ended) and {len(hypothesis) for hypothesis in ours} == {2}
     if eos_bias < 0:
         assert not any(ended) and [len(hypothesis) for hypothesis in ours] == [len(ids) + 50 for ids in batch]
+        torch_engine.generation_config.extra_length = ct2_engine.generation_config.extra_length = 9
+        short = batch[:-1]  # the 1,060-token source left out: its + 50 decoded once is enough
+        ours, _ = torch_engine.decode(short, 1, 0.6, 1)
+        assert ct2_engine.decode(short, 1, 0.6, 1)[0] == ours == [hypothesis[: len(ids) + 9]
+                                                                    for hypothesis, ids in zip(theirs, short)]
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
@@ -679,7 +687,8 @@ def test_the_papers_beam_search_runs_on_onnx_runtime_as_on_torch(trained, onnx_m
 
 def test_onnx_greedy_runs_as_long_as_generate_without_eos(trained, onnx_model, monkeypatch):
     """A bias of -30 against EOS, in the torch model and added to each ONNX step's logits: no output ends, and each
-    runs as far as generate(num_beams=1) runs it, the longest source of the batch + 50 tokens, or `max_new_tokens`."""
+    runs as far as generate(num_beams=1) runs it, the longest source of the batch + 50 tokens, or `max_new_tokens`;
+    + 9 where the generation config's `extra_length` says 9."""
     model, tokenizer = trained
     biased = type(model)(AutoConfig.for_model(**{**model.config.to_dict(), "add_final_logits_bias": True})).eval()
     biased.load_state_dict(model.state_dict(), strict=False)
@@ -700,21 +709,31 @@ def test_onnx_greedy_runs_as_long_as_generate_without_eos(trained, onnx_model, m
         found = onnx_model.greedy(inputs["input_ids"], inputs["attention_mask"], **limit)
         assert torch.equal(found, expected)
         assert found.shape[1] == 1 + limit.get("max_new_tokens", inputs["attention_mask"].sum(-1).max() + 50)
+    monkeypatch.setattr(onnx_model, "generation_config", copy.deepcopy(onnx_model.generation_config))
+    biased.generation_config = copy.deepcopy(model.generation_config)
+    onnx_model.generation_config.extra_length = biased.generation_config.extra_length = 9  # run.py --extra_length 9
+    with torch.no_grad():
+        expected = biased.generate(**inputs, num_beams=1)
+    assert expected.shape[1] == 1 + inputs["attention_mask"].sum(-1).max() + 9
+    assert torch.equal(onnx_model.greedy(inputs["input_ids"], inputs["attention_mask"]), expected)
 
 
 def test_onnx_translate_decodes_as_the_folders_generation_config_says(onnx_model, monkeypatch):
-    """The folder's beam size and GNMT α, else the paper's 4 and 0.6; a call's own; one beam: the greedy loop."""
+    """The folder's beam size, GNMT α and `extra_length`, else the paper's 4, 0.6 and 50; a call's own; one beam: the
+    greedy loop."""
     from transformers import GenerationConfig
 
     from vaswani_hf.exports import onnx_runtime
 
     calls = []
-    monkeypatch.setattr(onnx_runtime, "gnmt_beam_search", lambda model, ids, mask, beams, alpha: calls.append(
-        (beams, alpha)) or ids)
+    monkeypatch.setattr(onnx_runtime, "gnmt_beam_search", lambda model, ids, mask, beams, alpha, extra: calls.append(
+        (beams, alpha, extra)) or ids)
     monkeypatch.setattr(onnx_model, "greedy", lambda ids, mask: calls.append("greedy") or ids)
-    for config, call in ((GenerationConfig(num_beams=3, gnmt_alpha=1.2), {}), (GenerationConfig(), {}),
-                         (GenerationConfig(num_beams=3, gnmt_alpha=1.2), {"num_beams": 5, "alpha": 0.0}),
-                         (GenerationConfig(num_beams=3, gnmt_alpha=1.2), {"num_beams": 1})):
+    paper = {"num_beams": 3, "gnmt_alpha": 1.2}
+    for config, call in ((GenerationConfig(**paper), {}), (GenerationConfig(), {}),
+                         (GenerationConfig(**paper, extra_length=300), {}),
+                         (GenerationConfig(**paper), {"num_beams": 5, "alpha": 0.0}),
+                         (GenerationConfig(**paper), {"num_beams": 1})):
         monkeypatch.setattr(onnx_model, "generation_config", config)
         onnx_model.translate(["A dog runs."], **call)
-    assert calls == [(3, 1.2), (4, 0.6), (5, 0.0), "greedy"]
+    assert calls == [(3, 1.2, 50), (4, 0.6, 50), (3, 1.2, 300), (5, 0.0, 50), "greedy"]

@@ -198,6 +198,28 @@ def test_the_papers_output_length_is_source_length_plus_50_unless_set():
     assert model.generate(source, attention_mask=mask, max_length=9, **never_ends).shape[1] == 9
 
 
+def test_extra_length_sets_how_far_past_its_source_an_output_may_run():
+    """§6.3's parser decodes up to input length + 300: `extra_length` in the generation config (as training/run.py
+    saves it) or in the call, for the paper's search and for transformers' decoding of its greedy calls; each source's
+    own limit in a batch. Without the paper's decoding it is refused, not ignored."""
+    model = tiny_model(add_final_logits_bias=True)
+    with torch.no_grad():
+        model.final_logits_bias[0, EOS] = -1e9  # no hypothesis ever ends
+    model.generation_config.num_beams, model.generation_config.gnmt_alpha = 3, 0.3
+    model.generation_config.extra_length = 300
+    source, mask = padded_sources()  # sources of 7, 4 and 6 tokens
+    out = model.generate(source, attention_mask=mask)
+    assert out.shape[1] == 1 + 7 + 300 and [int(row.ne(PAD).sum()) - 1 for row in out] == [307, 304, 306]
+    assert torch.equal(out, gnmt_beam_search(model, source, mask, 3, 0.3, extra_length=300))
+    assert model.generate(source, attention_mask=mask, extra_length=2).shape[1] == 1 + 7 + 2
+    assert model.generate(source, attention_mask=mask, num_beams=1).shape[1] == 1 + 7 + 300
+    assert model.generate(source, attention_mask=mask, num_beams=1, extra_length=0).shape[1] == 1 + 7
+    with pytest.raises(ValueError, match=r"^generate\(\): extra_length must be a whole number of at least 0, got -1$"):
+        model.generate(source, attention_mask=mask, extra_length=-1)
+    with pytest.raises(ValueError, match=r"^generate\(\): extra_length limits the paper's decoding \(gnmt_alpha\)"):
+        model.generate(source, attention_mask=mask, gnmt_alpha=None, extra_length=300)
+
+
 def test_sampling_is_reproducible_and_assisted_decoding_matches_greedy(trained_model):
     source, mask = padded_sources()
     samples = []

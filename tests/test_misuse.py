@@ -68,6 +68,7 @@ def data(tmp_path):
     (["--max_grad_norm", "nan"], "--max_grad_norm nan"),
     (["--length_penalty_alpha", "nan"], "--length_penalty_alpha nan"),
     (["--length_penalty_alpha", "inf"], "--length_penalty_alpha inf: must be finite and at least 0"),
+    (["--extra_length", "-1"], "--extra_length -1: must be at least 0"),
     (["--attention_dropout", "1.5"], "attention_dropout"),
     (["--alpha_candidates", "0.6", "-1"], "--alpha_candidates"),
     (["--alpha_candidates", "nan"], "--alpha_candidates [nan]"),
@@ -457,7 +458,8 @@ def test_a_byte_order_mark_before_the_first_line_is_not_translated(translation_f
                                   "output is a folder", "mistyped relative path", "home path", "deep path",
                                   "marian folder", "no padding token", "no tokenizer", "a run not ended",
                                   "no beams", "no tokens", "alpha not a number", "alpha infinite", "a checkpoint",
-                                  "damaged generation_config.json", "blank input", "blank output", "blank model"])
+                                  "damaged generation_config.json", "blank input", "blank output", "blank model",
+                                  "extra length negative", "extra length of a published decoding"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
     """In this process (support.refused_translation); the command itself in the tests below."""
     args, stdin = ["--model", translation_folder], b"A dog runs.\n"
@@ -511,6 +513,14 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         args += ["--alpha", "nan"]
     if case == "alpha infinite":
         args += ["--alpha", "inf"]
+    if case == "extra length negative":
+        args += ["--extra_length", "-1"]
+    if case == "extra length of a published decoding":  # a converted model's generation config: no gnmt_alpha
+        shutil.copytree(translation_folder, tmp_path / "published")
+        generation = json.loads((tmp_path / "published" / "generation_config.json").read_text())
+        del generation["gnmt_alpha"]
+        (tmp_path / "published" / "generation_config.json").write_text(json.dumps(generation))
+        args = ["--model", tmp_path / "published", "--extra_length", "300"]
     if case == "a checkpoint":  # run.py's checkpoints before they were models
         (tmp_path / "checkpoint-9").mkdir()
         for name in ("model.safetensors", "optimizer.safetensors", "trainer_state.json"):
@@ -540,6 +550,9 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
                 "no tokens": "error: --max_tokens -5: must be at least 1",
                 "alpha not a number": "error: --alpha nan: must be finite and at least 0",
                 "alpha infinite": "error: --alpha inf: must be finite and at least 0",
+                "extra length negative": "error: --extra_length -1: must be at least 0",
+                "extra length of a published decoding": f"error: --extra_length limits the paper's search, and "
+                f"{tmp_path / 'published'} decodes as it was published: give --alpha too",
                 "a checkpoint": "checkpoint-9 is a checkpoint of a training run, not a model folder",
                 "blank input": "error: --input is blank: give a file, or leave the flag out for standard input",
                 "blank output": "error: --output is blank: give a file, or leave the flag out for standard output",

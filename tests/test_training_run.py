@@ -683,6 +683,23 @@ def test_dropout_fitted_to_half_way_up_its_ramp_trains_as_that_dropout_and_the_c
     assert "dropout P_drop = 0.05 and" in card and "P_drop fitted to the epochs" in card
 
 
+def test_the_parsing_preset_saves_the_papers_parser_decoding(tmp_path, small_data):
+    """--preset parsing (§6.3) at a tiny size: the model it saves decodes with a beam of 21, α 0.3 and outputs up to
+    source length + 300, as generation_config.json and the card say; loaded with a bias against EOS (it never ends),
+    `generate()` runs that far."""
+    train_here(tmp_path / "parser", "--preset", "parsing", *TINY, *small_data, "--max_steps", "2")
+    generation = json.loads((tmp_path / "parser" / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["gnmt_alpha"], generation["extra_length"]) == (21, 0.3, 300)
+    card = " ".join((tmp_path / "parser" / "README.md").read_text().split())
+    assert ("beam search with a beam of 21 and the GNMT length penalty ((5 + |Y|) / 6)^α, α = 0.3, up to source "
+            "length + 300 tokens") in card and "- recipe: `extra_length=300` (paper: 50)" in card
+    assert "a translation is at most the source's length + 300 tokens" in card
+    model = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "parser", add_final_logits_bias=True).eval()
+    model.final_logits_bias[0, model.config.eos_token_id] = -1e9
+    source = AutoTokenizer.from_pretrained(tmp_path / "parser")(["A dog."], return_tensors="pt")
+    assert model.generate(**source).shape[1] == 1 + source["input_ids"].shape[1] + 300
+
+
 def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small_data, monkeypatch, capfd):
     """--push_to_hub with huggingface_hub's upload captured (tests/upload_capture): the files it would send. The run
     also says how many training pairs --max_length skipped, counted here with the run's tokenizer."""

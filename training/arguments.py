@@ -149,6 +149,9 @@ class RecipeArguments:
     average_checkpoints: int = field(default=5, metadata={"help": "The final model averages the last K checkpoints."})
     num_beams: int = 4
     length_penalty_alpha: float = field(default=0.6, metadata={"help": "GNMT α (§6.1)."})
+    extra_length: int = field(default=50, metadata={
+        "help": "Tokens an output may run past its source's length, in the run's decoding and the saved model's "
+                "(§6.1; §6.3's parser: 300)."})
     alpha_candidates: list[float] | None = field(default=None, metadata={
         "help": "GNMT α values to try on the whole validation set after training; the best replaces "
                 "--length_penalty_alpha for the test set and the saved model (§6.1: α was chosen on the development "
@@ -220,7 +223,7 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
                 "eval_max_sentences": (args.eval_max_sentences, 1), "save_steps": (args.save_steps, 0),
                 "save_minutes": (args.save_minutes or 0, 0), "average_checkpoints": (args.average_checkpoints, 1),
                 "evaluations": (args.evaluations, 0), "num_beams": (args.num_beams, 1),
-                "max_grad_norm": (args.max_grad_norm, 0)}
+                "extra_length": (args.extra_length, 0), "max_grad_norm": (args.max_grad_norm, 0)}
     refuse_below(at_least)
     refuse_unless_positive({"lr_scale": args.lr_scale, "max_train_minutes": args.max_train_minutes})
     refuse_blank({"resume_from_checkpoint": args.resume_from_checkpoint, "hub_model_id": args.hub_model_id})

@@ -6,6 +6,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from training.recipe import TrainingData
+from vaswani_hf.gnmt import EXTRA_OUTPUT_LENGTH, extra_length_of
 from vaswani_hf.tools.loading import is_local
 from vaswani_hf.tools.translate import papers_decoding
 
@@ -23,8 +24,8 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
     dropout of its config and the checkpoints `metrics` says were averaged; its data as `data` describes it, and
     `length_limit`, what training did with long pairs; `base_model`, the model a fine-tuning run started from (a Hub id
     or a folder here, which the card names without its path)."""
-    if alpha is not None:
-        set_paper_decoding(model.generation_config, num_beams, alpha)
+    if alpha is not None:  # the run's limit kept
+        set_paper_decoding(model.generation_config, num_beams, alpha, extra_length_of(model.generation_config))
     model.save_pretrained(output_dir)
     save_tokenizer(tokenizer, output_dir)
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
@@ -46,6 +47,7 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "example": json.dumps(data.example, ensure_ascii=False),
         "length_limit": length_limit,
         "max_input_length": f"{model.config.max_position_embeddings:,}",
+        "extra_length": str(extra_length_of(model.generation_config)),
         "model_id": model_id,
         "parameters": f"{model.num_parameters() / 1e6:.1f}M",
         "architecture": (f"d_model {model.config.d_model}, d_ff {model.config.d_ff}, {model.config.num_heads} heads, "
@@ -70,20 +72,23 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
     card.save(output_dir / "README.md")
 
 
-def set_paper_decoding(generation, num_beams: int, alpha: float) -> None:
-    """The generation config of the paper's decoding (§6.1): beam search of `num_beams` with GNMT's α."""
+def set_paper_decoding(generation, num_beams: int, alpha: float, extra_length: int = EXTRA_OUTPUT_LENGTH) -> None:
+    """The generation config of the paper's decoding (§6.1): beam search of `num_beams` with GNMT's α, outputs up to
+    source length + `extra_length`."""
     generation.num_beams = num_beams
     generation.early_stopping = True
     generation.gnmt_alpha = alpha  # generate() then runs the paper's search (gnmt.py)
+    generation.extra_length = extra_length
     generation._from_model_config = False  # else from_pretrained drops the entries transformers does not know
 
 
-def set_run_decoding(generation, num_beams: int, alpha: float) -> float | None:
-    """A training run's decoding, set in `generation` and the α it decodes with: the paper's with `alpha` where the
-    config asks for the paper's search (a new model's, a start's that does); else, a converted start's, the decoding it
-    was published with, with `num_beams` beams (α None)."""
+def set_run_decoding(generation, num_beams: int, alpha: float,
+                     extra_length: int = EXTRA_OUTPUT_LENGTH) -> float | None:
+    """A training run's decoding, set in `generation` and the α it decodes with: the paper's with `alpha` and
+    `extra_length` where the config asks for the paper's search (a new model's, a start's that does); else, a
+    converted start's, the decoding it was published with, with `num_beams` beams (α None)."""
     if papers_decoding(generation):
-        set_paper_decoding(generation, num_beams, alpha)
+        set_paper_decoding(generation, num_beams, alpha, extra_length)
         return alpha
     generation.num_beams = num_beams
     return None
@@ -130,7 +135,7 @@ def decoding_text(generation, num_beams: int, alpha: float | None, short: bool =
     if alpha is not None:
         return (f"beam {num_beams} and the GNMT length penalty (α = {alpha})" if short else
                 f"the paper's way (§6.1): beam search with a beam of {num_beams} and the GNMT length penalty "
-                f"((5 + |Y|) / 6)^α, α = {alpha}, up to source length + 50 tokens")
+                f"((5 + |Y|) / 6)^α, α = {alpha}, up to source length + {extra_length_of(generation)} tokens")
     beams = generation.num_beams or 1
     penalty = f"log P / |Y|^{1.0 if generation.length_penalty is None else generation.length_penalty:g}"
     return (f"transformers' beam search of {beams} beams ({penalty})" if short else

@@ -11,7 +11,7 @@ NOT_RECIPE = ("push_to_hub", "hub_model_id", "hub_private_repo", "resume_from_ch
               "model_name_or_path")  # a start is named as the card's base model, never by its path
 # The paper's recipe values (§5, §6.1) that a run may change; sizes are choices, not deviations.
 PAPER_RECIPE = {"tokens_per_step": 25000, "warmup_steps": 4000, "lr_scale": 1.0, "label_smoothing": 0.1,
-                "num_beams": 4, "length_penalty_alpha": 0.6}
+                "num_beams": 4, "length_penalty_alpha": 0.6, "extra_length": 50}
 
 
 def recipe_deviations(args: RecipeArguments, data_args: DataArguments) -> list[str]:

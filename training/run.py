@@ -114,8 +114,8 @@ def main():
     # (vaswani_hf.fast_cpu); on a GPU, fewer kernel launches (vaswani_hf.fast_gpu).
     config = start_config or model_args.config(tokenizer)
     generation = start_generation or GenerationConfig.from_model_config(config)  # every copy's and checkpoint's
-    if set_run_decoding(generation, args.num_beams, args.length_penalty_alpha) is None:  # a converted start's
-        args = replace(args, length_penalty_alpha=None)  # evaluated and saved as published
+    if set_run_decoding(generation, args.num_beams, args.length_penalty_alpha, args.extra_length) is None:
+        args = replace(args, length_penalty_alpha=None)  # a converted start's: evaluated and saved as published
     plan = run_plan(accelerator, config, resumed) if accelerator.device.type == "cpu" and args.fast_cpu else None
     speed = {"cpu": plan and functools.partial(fast_cpu, plan=plan), "cuda": fast_gpu if args.fast_gpu else None}.get(
         accelerator.device.type) or (lambda model: model)
@@ -378,10 +378,10 @@ def fine_tuning_start(start: str, model_args, max_length: int, args):
             generation = GenerationConfig.from_pretrained(start)
         except OSError:  # none saved: the model's defaults, which the tools read as the paper's decoding
             generation = GenerationConfig.from_model_config(config)
-    alpha_flag = "alpha_candidates" if args.alpha_candidates else "length_penalty_alpha" if (
-        args.length_penalty_alpha != PAPER_RECIPE["length_penalty_alpha"]) else None
-    if alpha_flag and not papers_decoding(generation):
-        raise SystemExit(f"error: --{alpha_flag}: {start} decodes as it was published, without the paper's GNMT α "
+    search_flag = "alpha_candidates" if args.alpha_candidates else next(
+        (name for name in ("length_penalty_alpha", "extra_length") if getattr(args, name) != PAPER_RECIPE[name]), None)
+    if search_flag and not papers_decoding(generation):
+        raise SystemExit(f"error: --{search_flag}: {start} decodes as it was published, without the paper's GNMT α "
                          "(vaswani-convert --alpha converts a model to decode the paper's way)")
     if learned_positions(config) and max_length > config.max_position_embeddings:
         raise SystemExit(f"error: --max_length {max_length}: the learned positions of {start} stop at "

@@ -1,6 +1,7 @@
 # Copyright 2026 The vaswani_hf authors. Licensed under the Apache License, Version 2.0.
 """The paper's decoding (§6.1): "beam search with a beam size of 4 and length penalty α = 0.6 [GNMT]. We set the
-maximum output length during inference to input length + 50, but terminate early when possible."
+maximum output length during inference to input length + 50, but terminate early when possible." (§6.3's parser:
+"input length + 300", a beam of 21, α = 0.3: a generation config's `extra_length`, `num_beams` and `gnmt_alpha`.)
 
 The length penalty is GNMT's (Wu et al., 2016): a hypothesis Y scores log P(Y|X) / lp(Y) with
 lp(Y) = ((5 + |Y|) / 6)^α, |Y| counting the generated tokens including EOS. transformers' beam search divides
@@ -42,6 +43,13 @@ from .checks import check_token_ids
 EXTRA_OUTPUT_LENGTH = 50
 
 
+def extra_length_of(generation_config) -> int:
+    """How far past its source's length an output of the paper's decoding may run: the generation config's
+    `extra_length`, else §6.1's 50."""
+    extra_length = getattr(generation_config, "extra_length", None)
+    return EXTRA_OUTPUT_LENGTH if extra_length is None else extra_length
+
+
 def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | torch.Tensor:
     """lp(Y) = ((5 + |Y|) / 6)^α."""
     return ((5 + length) / 6) ** alpha
@@ -78,6 +86,7 @@ def gnmt_beam_search(
     check_whole("num_return_sequences", num_return_sequences, 1)
     if max_new_tokens is not None:
         check_whole("max_new_tokens (max_length counts the decoder start token)", max_new_tokens, 1)
+    check_whole("extra_length", extra_length, 0)
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha < math.inf:
         # The early stop below relies on lp growing with length, as it does for α >= 0.
         raise ValueError(f"gnmt_alpha must be a finite number of at least 0, got {alpha!r}")
@@ -216,8 +225,9 @@ def check_whole(name: str, value, least: int) -> None:
 
 # What the search takes of a generation config or a call: a saved config's or the call's own (other than None or
 # False). max_length counts the decoder start token, as transformers' does for encoder-decoder models.
-SEARCH_SETTINGS = ("num_beams", "gnmt_alpha", "max_new_tokens", "max_length", "min_new_tokens", "num_return_sequences",
-                   "early_stopping", "use_cache", "return_dict_in_generate", "output_scores", "transformers_version")
+SEARCH_SETTINGS = ("num_beams", "gnmt_alpha", "extra_length", "max_new_tokens", "max_length", "min_new_tokens",
+                   "num_return_sequences", "early_stopping", "use_cache", "return_dict_in_generate", "output_scores",
+                   "transformers_version")
 TOKEN_SETTINGS = ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id")  # must be the model's
 # Settings and inputs that name another decoding: a call with one of them is that decoding, transformers' own.
 OTHER_DECODINGS = ("do_sample", "length_penalty", "num_beam_groups", "diversity_penalty", "penalty_alpha",
@@ -230,24 +240,32 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     """`model.generate(inputs, generation_config, **kwargs)`, where `generate` is transformers' own.
 
     A generation config (the model's, or the one given on top of the model's) or a call with `gnmt_alpha` asks for
-    the paper's decoding (§6.1): with `num_beams` > 1 this GNMT search, source length + 50 tokens unless
-    `max_new_tokens` or `max_length` says otherwise, its result a tensor or, with `return_dict_in_generate`, a
-    `GenerateBeamEncoderDecoderOutput`; with `output_scores` it holds the penalized scores (`sequences_scores`) and
-    what `compute_transition_scores` reads (`step_scores`: each token's log-probability). The search
-    is never swapped for another behind the call's back: a setting or input it does not take (logits processors,
-    stopping criteria, streamers, attention outputs, ...) is refused in one line naming it; one that names another
-    decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...) or one beam (greedy: the same tokens)
-    is transformers' decoding of it, at most source length + 50 tokens unless the call sets a length. `labels` are
-    not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without `gnmt_alpha` (or with
-    `gnmt_alpha=None` in the call), transformers' decoding unchanged.
+    the paper's decoding (§6.1): with `num_beams` > 1 this GNMT search, source length + `extra_length` tokens (50
+    unless set) unless `max_new_tokens` or `max_length` says otherwise, its result a tensor or, with
+    `return_dict_in_generate`, a `GenerateBeamEncoderDecoderOutput`; with `output_scores` it holds the penalized
+    scores (`sequences_scores`) and what `compute_transition_scores` reads (`step_scores`: each token's
+    log-probability). The search is never swapped for another behind the call's back: a setting or input it does
+    not take (logits processors, stopping criteria, streamers, attention outputs, ...) is refused in one line naming
+    it; one that names another decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...) or one beam
+    (greedy: the same tokens) is transformers' decoding of it, at most source length + `extra_length` tokens unless
+    the call sets a length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both).
+    Without `gnmt_alpha` (or with `gnmt_alpha=None` in the call), transformers' decoding unchanged: an `extra_length`
+    in the call is refused.
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
         config.update(**model.generation_config.to_dict(), defaults_only=True, allow_custom_entries=True)
     alpha = kwargs.pop("gnmt_alpha", getattr(config, "gnmt_alpha", None))
+    extra_length = kwargs.pop("extra_length", None)
     inputs_of_call = config.update(**kwargs)
     if alpha is None:
+        if extra_length is not None:
+            raise ValueError("generate(): extra_length limits the paper's decoding (gnmt_alpha), which this call does "
+                             "not ask for: give transformers' decoding max_new_tokens")
         return generate(inputs, generation_config=generation_config, **kwargs)
+    if extra_length is None:
+        extra_length = extra_length_of(config)
+    check_whole("generate(): extra_length", extra_length, 0)
     if config.num_beams is not None:
         check_whole("generate(): num_beams", config.num_beams, 1)
     source = inputs if inputs is not None else inputs_of_call.get("input_ids")
@@ -281,7 +299,7 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         if max_new_tokens is None and "max_length" in saved | given:
             max_new_tokens = config.max_length - 1  # the decoder start token counts in max_length
         sequences, scores = gnmt_beam_search(
-            model, source, mask, config.num_beams, alpha, max_new_tokens,
+            model, source, mask, config.num_beams, alpha, max_new_tokens, extra_length,
             min_new_tokens=1 if config.min_new_tokens is None else config.min_new_tokens,
             num_return_sequences=1 if config.num_return_sequences is None else config.num_return_sequences,
             output_scores=True, synced_gpus=synced_gpus)
@@ -290,11 +308,11 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         if not config.output_scores:
             return GenerateBeamEncoderDecoderOutput(sequences=sequences)
         mask = torch.ones_like(source) if mask is None else mask
-        limits = output_limits(model.config, mask, max_new_tokens)
+        limits = output_limits(model.config, mask, max_new_tokens, extra_length)
         each_step, beam_indices = step_scores(model, source, mask, sequences, limits)
         return GenerateBeamEncoderDecoderOutput(sequences=sequences, sequences_scores=scores, scores=each_step,
                                                 beam_indices=beam_indices)
     if torch.is_tensor(source) and config.max_new_tokens is None and "max_length" not in saved | given:
         source_length = int(mask.sum(-1).max()) if torch.is_tensor(mask) and mask.dim() == 2 else source.shape[-1]
-        kwargs["max_new_tokens"] = source_length + EXTRA_OUTPUT_LENGTH
+        kwargs["max_new_tokens"] = source_length + extra_length
     return generate(inputs, generation_config=generation_config, **kwargs)

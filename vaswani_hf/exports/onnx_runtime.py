@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from ..gnmt import EXTRA_OUTPUT_LENGTH, gnmt_beam_search
+from ..gnmt import extra_length_of, gnmt_beam_search
 
 
 class OnnxSeq2Seq:
@@ -85,9 +85,10 @@ class OnnxSeq2Seq:
 
     def greedy(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int | None = None):
         """The most probable token at each step until EOS, at most `max_new_tokens` (default: the longest source
-        + 50, as `generate()`); (B, T) ids from the start token, PAD after EOS."""
+        + the generation config's `extra_length`, else 50, as `generate()`); (B, T) ids from the start token, PAD
+        after EOS."""
         config = self.config
-        limit = max_new_tokens or int(attention_mask.sum(-1).max()) + EXTRA_OUTPUT_LENGTH
+        limit = max_new_tokens or int(attention_mask.sum(-1).max()) + extra_length_of(self.generation_config)
         hidden, cache = self.get_encoder()(input_ids, attention_mask), self.new_cache()
         tokens = torch.full((input_ids.shape[0], 1), config.decoder_start_token_id)
         ended = torch.zeros(input_ids.shape[0], dtype=torch.bool)
@@ -112,6 +113,7 @@ class OnnxSeq2Seq:
         if num_beams == 1:
             output = self.greedy(inputs["input_ids"], inputs["attention_mask"])
         else:
-            output = gnmt_beam_search(self, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha)
+            output = gnmt_beam_search(self, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha,
+                                      extra_length_of(self.generation_config))
         translations = iter(self.tokenizer.batch_decode(output, skip_special_tokens=True))
         return [next(translations) if source.strip() else "" for source in sources]

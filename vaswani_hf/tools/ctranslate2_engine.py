@@ -16,7 +16,7 @@ from transformers.utils import cached_file
 from transformers.utils.hub import get_checkpoint_shard_files
 
 from ..exports import to_ctranslate2
-from ..gnmt import EXTRA_OUTPUT_LENGTH
+from ..gnmt import extra_length_of
 from ..speed.fast_cpu import chosen, round_seconds, rule
 from ..speed.kernels import cache_root, cpu_name, kept, writable
 from .export import written_whole
@@ -97,9 +97,9 @@ def weight_files(name_or_path: str) -> list[str]:
 class CTranslate2Engine:
     """Decodes batches of token ids with the model's CTranslate2 export (`cached_export`), as translate.py's
     `TorchEngine` does with the torch model: each source's `nbest` hypotheses (ids, EOS included where one ended
-    it), best first, and CTranslate2's scores. Each output stops at its source's length + 50 tokens (§6.1), or at the
-    export's last position (`positions`: the learned ones, else its table's rows; a longer source is refused before
-    it is decoded: translate.py's `check_lengths`).
+    it), best first, and CTranslate2's scores. Each output stops at its source's length + 50 tokens (§6.1; the
+    generation config's `extra_length` where it has one), or at the export's last position (`positions`: the learned
+    ones, else its table's rows; a longer source is refused before it is decoded: translate.py's `check_lengths`).
 
     Greedy decoding gives the torch model's tokens. Beam search ranks by log P / |Y|^α (CTranslate2's length
     penalty, with the model's α; without one, its generation config's `length_penalty`, else generate()'s 1), not by
@@ -132,7 +132,8 @@ class CTranslate2Engine:
 
     def decode(self, batch: list[list[int]], num_beams: int, alpha: float | None,
                nbest: int) -> tuple[list[list[int]], list[float]]:
-        limits = [min(len(ids) + EXTRA_OUTPUT_LENGTH, self.positions) for ids in batch]  # as gnmt.py's
+        extra_length = extra_length_of(self.generation_config)
+        limits = [min(len(ids) + extra_length, self.positions) for ids in batch]  # as gnmt.py's
         penalty = alpha if alpha is not None else self.generation_config.length_penalty
         if penalty is None:  # unset in the generation config: generate()'s default
             penalty = 1.0

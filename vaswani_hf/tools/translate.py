@@ -1,8 +1,8 @@
 """Translate text with a trained model: `vaswani-translate --model folder_or_repo < input.txt > output.txt`.
 
 Decodes the paper's way (§6.1): beam search with the GNMT length penalty and a limit of source length + 50, with
-the beam size and α the model was saved with (else the paper's 4 and 0.6), using this package's code (no remote
-code runs); a converted model (`vaswani-convert`) decodes as its source was published unless `--alpha` is given.
+the beam size, α and limit the model was saved with (else the paper's 4, 0.6 and 50), using this package's code (no
+remote code runs); a converted model (`vaswani-convert`) decodes as its source was published unless `--alpha` is given.
 Made for large files: lines are read a window at a time, sorted by length inside the window and cut into batches of
 at most `--max_tokens` source tokens (padding included), so memory stays bounded; translations are written as their
 batches finish, in input order, one output line per input line (an empty line stays empty); a progress bar on
@@ -39,7 +39,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils.logging import disable_progress_bar
 
-from ..gnmt import gnmt_beam_search
+from ..gnmt import extra_length_of, gnmt_beam_search
 from ..speed.allocator import keep_freed_memory
 from .loading import checked, device_kind, learned_positions, load, one_line_errors
 from .text import decode_utf8, split_lines
@@ -157,7 +157,8 @@ def search(model, inputs, num_beams: int, alpha: float | None, nbest: int) -> tu
     in beam search)."""
     if alpha is not None:
         return gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha,
-                                num_return_sequences=nbest, output_scores=True)
+                                extra_length=extra_length_of(model.generation_config), num_return_sequences=nbest,
+                                output_scores=True)
     found = model.generate(**inputs, num_beams=num_beams, num_return_sequences=nbest, output_scores=True,
                            return_dict_in_generate=True)
     if num_beams > 1:
@@ -256,6 +257,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--alpha", type=float,
                         help="GNMT length penalty α (default: the model's gnmt_alpha, else 0.6; a converted model "
                              "decodes as published unless this is given).")
+    parser.add_argument("--extra_length", type=int,
+                        help="Tokens an output may run past its source's length (default: the model's extra_length, "
+                             "else the paper's 50; its parser's: 300).")
     parser.add_argument("--window", type=int, default=WINDOW,
                         help=f"Lines read, sorted by length and batched together (default {WINDOW}).")
     parser.add_argument("--nbest", type=int, default=1,
@@ -278,6 +282,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"error: --{name} {value}: must be at least 1")
     if args.alpha is not None and not 0 <= args.alpha < math.inf:
         raise SystemExit(f"error: --alpha {args.alpha}: must be finite and at least 0")  # as training/run.py's
+    if args.extra_length is not None and args.extra_length < 0:
+        raise SystemExit(f"error: --extra_length {args.extra_length}: must be at least 0")
     for name, default in (("input", "standard input"), ("output", "standard output")):
         if (value := getattr(args, name)) is not None and not value.strip():  # an unset shell variable
             raise SystemExit(f"error: --{name} is blank: give a file, or leave the flag out for {default}")
@@ -297,6 +303,11 @@ def main(argv: list[str] | None = None) -> None:
         disable_progress_bar()  # transformers' bars; ours counts lines
         engine, tokenizer = load_engine(args.model, args.engine, args.device, args.int8, fast=not args.no_fast_cpu)
         num_beams = args.num_beams or getattr(engine.generation_config, "num_beams", None) or 4
+        if args.extra_length is not None:
+            if args.alpha is None and not papers_decoding(engine.generation_config):
+                raise SystemExit(f"error: --extra_length limits the paper's search, and {args.model} decodes as it "
+                                 "was published: give --alpha too")
+            engine.generation_config.extra_length = args.extra_length
         if args.nbest > num_beams:
             raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
         check_lengths(engine, tokenizer, first[1])  # before the progress bar draws itself
