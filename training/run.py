@@ -381,8 +381,8 @@ def fine_tuning_start(start: str, model_args, max_length: int, args):
     search_flag = "alpha_candidates" if args.alpha_candidates else next(
         (name for name in ("length_penalty_alpha", "extra_length") if getattr(args, name) != PAPER_RECIPE[name]), None)
     if search_flag and not papers_decoding(generation):
-        raise SystemExit(f"error: --{search_flag}: {start} decodes as it was published, without the paper's GNMT α "
-                         "(vaswani-convert --alpha converts a model to decode the paper's way)")
+        raise SystemExit(f"error: --{search_flag}: {start} decodes as it was published (its generation_config.json), "
+                         "not with the paper's search that the flag sets: leave the flag out")
     if learned_positions(config) and max_length > config.max_position_embeddings:
         raise SystemExit(f"error: --max_length {max_length}: the learned positions of {start} stop at "
                          f"{config.max_position_embeddings}")
