@@ -24,7 +24,7 @@ class TranslationPipeline(Pipeline):
     """Strings in, `[{"translation_text": ...}]` out, decoded by the model's own `generate()`.
 
     For a model saved by `training/run.py` and loaded with `trust_remote_code=True` that is the paper's decoding
-    (§6.1: beam search with the GNMT length penalty, source length + 50) with the beam size and α the run saved.
+    (§6.1: beam search with the GNMT length penalty, source length + 50) with the beam size, α and limit the run saved.
     Generation keyword arguments (`num_beams`, `max_new_tokens`, `num_return_sequences`, ...) pass through, at
     construction or per call; `batch_size` batches the inputs. Sources longer than `max_input_length` tokens
     (default: the model's `max_position_embeddings`) are truncated with a warning instead of failing.
