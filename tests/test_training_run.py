@@ -692,8 +692,8 @@ def test_the_parsing_preset_saves_the_papers_parser_decoding(tmp_path, small_dat
     assert (generation["num_beams"], generation["gnmt_alpha"], generation["extra_length"]) == (21, 0.3, 300)
     card = " ".join((tmp_path / "parser" / "README.md").read_text().split())
     assert ("beam search with a beam of 21 and the GNMT length penalty ((5 + |Y|) / 6)^α, α = 0.3, up to source "
-            "length + 300 tokens") in card and "- recipe: `extra_length=300` (paper: 50)" in card
-    assert "a translation is at most the source's length + 300 tokens" in card
+            "length + 300 tokens") in card and "a translation is at most the source's length + 300 tokens" in card
+    assert "- recipe: `extra_length=300` (paper: 50; its parser, §6.3: 300)" in card
     model = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "parser", add_final_logits_bias=True).eval()
     model.final_logits_bias[0, model.config.eos_token_id] = -1e9
     source = AutoTokenizer.from_pretrained(tmp_path / "parser")(["A dog."], return_tensors="pt")

@@ -9,14 +9,18 @@ from training.schedules import PAPER_SAVE_MINUTES, checkpoint_minutes
 NOT_RECIPE = ("push_to_hub", "hub_model_id", "hub_private_repo", "resume_from_checkpoint", "output_dir",
               "overwrite_output_dir", "fast_cpu", "fast_gpu", "replay_schedule", "compile",
               "model_name_or_path")  # a start is named as the card's base model, never by its path
-# The paper's recipe values (§5, §6.1) that a run may change; sizes are choices, not deviations.
+# The paper's recipe values (§5, §6.1) that a run may change; sizes are choices, not deviations. Its parser (§6.3)
+# decodes otherwise: the card names both.
 PAPER_RECIPE = {"tokens_per_step": 25000, "warmup_steps": 4000, "lr_scale": 1.0, "label_smoothing": 0.1,
                 "num_beams": 4, "length_penalty_alpha": 0.6, "extra_length": 50}
+PAPER_PARSER = {"num_beams": 21, "length_penalty_alpha": 0.3, "extra_length": 300}
 
 
 def recipe_deviations(args: RecipeArguments, data_args: DataArguments) -> list[str]:
     """The recipe values of this run that differ from the paper's, for the model card."""
-    changed = [f"`{name}={getattr(args, name)}` (paper: {paper})" for name, paper in PAPER_RECIPE.items()
+    changed = [f"`{name}={getattr(args, name)}` (paper: {paper}"
+               + (f"; its parser, §6.3: {PAPER_PARSER[name]})" if name in PAPER_PARSER else ")")
+               for name, paper in PAPER_RECIPE.items()
                if getattr(args, name) not in (paper, None)]  # None: a converted model's decoding (the card says it)
     if data_args.bpe_sample:
         first = "the first" if data_args.streaming else "a random sample of"
