@@ -506,7 +506,7 @@ def test_the_card_states_the_alpha_and_batch_the_run_chose_not_the_flags_that_as
             print)
     text = (tmp_path / "README.md").read_text()
     assert '"length_penalty_alpha": 1.2,' in text and '"max_tokens": 4096,' in text
-    assert "- recipe: `length_penalty_alpha=1.2` (paper: 0.6)\n" in text
+    assert "- recipe: `length_penalty_alpha=1.2` (paper: 0.6; its parser, §6.3: 0.3)\n" in text
     assert json.loads((tmp_path / "generation_config.json").read_text())["gnmt_alpha"] == 1.2
 
 
