@@ -18,6 +18,7 @@ import torch
 from support import CODE_FILES, draw_gains_and_biases, refusal, run_hidden, run_training
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, MarianMTModel, MarianTokenizer
 
+from training import run_trainer
 from training.default_data import generate
 from vaswani_hf.exports import convert
 from vaswani_hf.gnmt import gnmt_beam_search
@@ -246,9 +247,13 @@ def test_run_py_fine_tunes_a_converted_model_with_its_own_tokenizer_on_each_side
         assert torch.equal(weight, tuned[name]), name
     for checkpoint in (output / "checkpoint-1", resumed / "checkpoint-2"):  # a model folder that decodes as the run's
         assert json.loads((checkpoint / "generation_config.json").read_text()) == kept
-    for search_flags in (["--alpha_candidates", "0.6", "1.0"], ["--extra_length", "300"]):
-        with pytest.raises(SystemExit) as stop:
-            run_training(*flags, "--output_dir", tmp_path / "unused", *search_flags)
+    runs = {"run.py": lambda *given: run_training(*flags, "--output_dir", tmp_path / "unused", *given),
+            "run_trainer.py": lambda *given: run_trainer.parse_arguments(["--model_name_or_path", str(converted),
+                                                                           *given])}
+    for run, search_flags in (("run.py", ["--alpha_candidates", "0.6", "1.0"]), ("run.py", ["--extra_length", "300"]),
+                              ("run_trainer.py", ["--length_penalty_alpha", "0.3"])):
+        with pytest.raises(SystemExit) as stop:  # before any work
+            runs[run](*search_flags)
         assert stop.value.code == (f"error: {search_flags[0]}: {converted} decodes as it was published (its "
                                    "generation_config.json), not with the paper's search that the flag sets: leave "
                                    "the flag out")

@@ -185,7 +185,7 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
         p.name for p in output.iterdir()}
     for folder in (output, output / "checkpoint-3"):  # the Trainer's checkpoints decode as the finished model does
         generation = json.loads((folder / "generation_config.json").read_text())
-        assert (generation["num_beams"], generation["gnmt_alpha"]) == (4, 0.6)
+        assert (generation["num_beams"], generation["gnmt_alpha"], generation["extra_length"]) == (4, 0.6, 50)
     card = " ".join((output / "README.md").read_text().split())  # the Trainer's recipe, not run.py's
     assert ("- recipe: batches counted in sentences, not tokens - recipe: the Trainer's label smoothing (ε/V on every "
             "token, not ε/(V-1) on the others) - recipe: no checkpoint averaging") in card
@@ -196,13 +196,15 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
 def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_keys():
     """§5.3: Adam(0.9, 0.98, 1e-9) without weight decay or clipping, 4,000 warmup steps, then the inverse square
     root from the peak d_model^-0.5 · warmup^-0.5; §5.4: label smoothing 0.1; §6.1: beam 4. A preset's model, warmup,
-    learning-rate scale and clipping keys set theirs (flags still win)."""
+    learning-rate scale and clipping keys set theirs (flags still win), and its decoding: §6.3's parser's beam, α
+    and output limit."""
     _, model_args, recipe, args = run_trainer.parse_arguments([])
     assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon, args.weight_decay, args.max_grad_norm) == (
         0.9, 0.98, 1e-9, 0.0, 0.0)
     assert (args.warmup_steps, args.lr_scheduler_type, args.label_smoothing_factor, args.generation_num_beams) == (
         4000, "inverse_sqrt", 0.1, 4)
-    assert (model_args.d_model, recipe.lr_scale) == (512, 1.0)
+    assert (model_args.d_model, recipe.lr_scale, recipe.length_penalty_alpha, recipe.extra_length) == (
+        512, 1.0, 0.6, 50)
     assert args.learning_rate == pytest.approx(512**-0.5 * 4000**-0.5)
     args = run_trainer.parse_arguments(["--d_model", "256", "--warmup_steps", "400", "--lr_scale", "2"])[3]
     assert args.learning_rate == pytest.approx(2 * 256**-0.5 * 400**-0.5)
@@ -213,6 +215,9 @@ def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_
     assert args.learning_rate == pytest.approx(preset["lr_scale"] * preset["d_model"]**-0.5
                                                * preset["warmup_steps"]**-0.5)
     assert run_trainer.parse_arguments(["--preset", "cpu-medium", "--warmup_steps", "7"])[3].warmup_steps == 7
+    _, model_args, recipe, args = run_trainer.parse_arguments(["--preset", "parsing"])
+    assert (model_args.num_layers, args.generation_num_beams, recipe.length_penalty_alpha, recipe.extra_length) == (
+        4, 21, 0.3, 300)
 
 
 def test_pairs_become_sources_and_labels_cut_to_max_source_length_with_their_end(tokenizer, pairs):
@@ -258,7 +263,7 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
     nothing to resume, or a path that is no finished checkpoint, is one line before any work."""
     output, data = tmp_path / "out", entry_flags(tmp_path)
     flags = [*data, "--output_dir", str(output), "--max_steps", "15", "--save_steps", "5", "--eval_strategy", "no",
-             "--generation_num_beams", "3"]
+             "--generation_num_beams", "3", "--length_penalty_alpha", "1.3", "--extra_length", "2"]
     run_trainer.main(flags)
     (output / "checkpoint-15" / "trainer_state.json").unlink()  # killed while saving its last checkpoint
     loaded = []
@@ -273,6 +278,7 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
     assert json.loads((output / "checkpoint-15" / "trainer_state.json").read_text())["global_step"] == 15
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(output), AutoTokenizer.from_pretrained(output)
     assert model.generation_config.num_beams == 3 and beams == [3]  # the run's beam, for its test set and folder
+    assert (model.generation_config.gnmt_alpha, model.generation_config.extra_length) == (1.3, 2)  # and its search
     test = generate()["test"][:6]
     assert json.loads((output / "metrics.json").read_text())["test"] == score(
         translate(model, tokenizer, [s for s, _ in test], num_beams=3), [t for _, t in test])

@@ -4,10 +4,11 @@ import json
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from transformers import GenerationConfig
 
 from training.recipe import TrainingData
 from vaswani_hf.gnmt import EXTRA_OUTPUT_LENGTH, extra_length_of
-from vaswani_hf.tools.loading import is_local
+from vaswani_hf.tools.loading import is_local, one_line_errors
 from vaswani_hf.tools.translate import papers_decoding
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,6 +93,21 @@ def set_run_decoding(generation, num_beams: int, alpha: float,
         return alpha
     generation.num_beams = num_beams
     return None
+
+
+def start_decoding(start: str, config, search_flags: list[str]):
+    """The generation config of a fine-tuning run's start model (none saved: its config's, which the tools read as the
+    paper's decoding). The first of `search_flags`, flags of the paper's search that the run sets, is a one-line
+    SystemExit where the start decodes as it was published (a converted model)."""
+    with one_line_errors(start):
+        try:
+            generation = GenerationConfig.from_pretrained(start)
+        except OSError:
+            generation = GenerationConfig.from_model_config(config)
+    if search_flags and not papers_decoding(generation):
+        raise SystemExit(f"error: --{search_flags[0]}: {start} decodes as it was published (its "
+                         "generation_config.json), not with the paper's search that the flag sets: leave the flag out")
+    return generation
 
 
 def save_tokenizer(tokenizer, folder: Path) -> None:

@@ -16,6 +16,11 @@ PAPER_RECIPE = {"tokens_per_step": 25000, "warmup_steps": 4000, "lr_scale": 1.0,
 PAPER_PARSER = {"num_beams": 21, "length_penalty_alpha": 0.3, "extra_length": 300}
 
 
+def search_flags(args) -> list[str]:
+    """The flags of the paper's search (§6.1) that `args` set to other values than the paper's."""
+    return [name for name in ("length_penalty_alpha", "extra_length") if getattr(args, name) != PAPER_RECIPE[name]]
+
+
 def recipe_deviations(args: RecipeArguments, data_args: DataArguments) -> list[str]:
     """The recipe values of this run that differ from the paper's, for the model card."""
     changed = [f"`{name}={getattr(args, name)}` (paper: {paper}"

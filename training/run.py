@@ -71,8 +71,8 @@ from training.distributed import (
 )
 from training.evaluation import evaluate_model, final_evaluation
 from training.faults import fault_point
-from training.hub import set_run_decoding, write_output_folder
-from training.recipe import NOT_RECIPE, PAPER_RECIPE, recipe_deviations, training_data
+from training.hub import set_run_decoding, start_decoding, write_output_folder
+from training.recipe import NOT_RECIPE, recipe_deviations, search_flags, training_data
 from training.schedule import inverse_sqrt_lr, paper_optimizer
 from training.schedules import Budgeted, Replayed, Steps
 from training.step import TrainingStep, compile_backend, deterministic_kernels, largest_batch, read_values
@@ -82,8 +82,7 @@ from training.tokens import pair_encoder, token_dataset
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, fast_gpu, keep_freed_memory
 from vaswani_hf.speed.kernels import usable_cores
 from vaswani_hf.tools.export import check_output_place
-from vaswani_hf.tools.loading import checked, learned_positions, one_line_errors
-from vaswani_hf.tools.translate import papers_decoding
+from vaswani_hf.tools.loading import checked, learned_positions
 
 BFLOAT16_CPU = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")  # torch.cpu.get_capabilities()'s: x86, then Arm
 
@@ -373,16 +372,7 @@ def fine_tuning_start(start: str, model_args, max_length: int, args):
     published (a converted model) is not given the paper's α."""
     config, tokenizer = checked(start)
     config.update(model_args.dropouts())
-    with one_line_errors(start):
-        try:
-            generation = GenerationConfig.from_pretrained(start)
-        except OSError:  # none saved: the model's defaults, which the tools read as the paper's decoding
-            generation = GenerationConfig.from_model_config(config)
-    search_flag = "alpha_candidates" if args.alpha_candidates else next(
-        (name for name in ("length_penalty_alpha", "extra_length") if getattr(args, name) != PAPER_RECIPE[name]), None)
-    if search_flag and not papers_decoding(generation):
-        raise SystemExit(f"error: --{search_flag}: {start} decodes as it was published (its generation_config.json), "
-                         "not with the paper's search that the flag sets: leave the flag out")
+    generation = start_decoding(start, config, ["alpha_candidates"] * bool(args.alpha_candidates) + search_flags(args))
     if learned_positions(config) and max_length > config.max_position_embeddings:
         raise SystemExit(f"error: --max_length {max_length}: the learned positions of {start} stop at "
                          f"{config.max_position_embeddings}")

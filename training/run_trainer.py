@@ -20,8 +20,9 @@ Differences from training/run.py, by the Trainer's design: batches are counted i
 gold token 1 - ε, the others ε/(V-1)); no checkpoint averaging; the checkpoints are the Trainer's, whose optimizer,
 scheduler, random states and arguments are `torch.save` pickles (it reads its own back with `weights_only=True`;
 training/run.py writes safetensors and JSON only); no FSDP (refused: run.py shards). The validation BLEU
-(`predict_with_generate`), the test set, the checkpoints and the saved folder decode the paper's way (beam 4, GNMT
-length penalty α 0.6, in generation_config.json), as in run.py.
+(`predict_with_generate`), the test set, the checkpoints and the saved folder decode the paper's way (in
+generation_config.json: beam 4, GNMT length penalty α 0.6, outputs up to source length + 50, unless
+`--generation_num_beams`, `--length_penalty_alpha`, `--extra_length` or a preset say otherwise), as in run.py.
 
 `--model_name_or_path` fine-tunes a vaswani_hf model folder or Hub repository instead of training a new model: its
 weights, architecture and tokenizer (the size flags, a preset and --bpe_sample, which describe a new model, are refused
@@ -30,6 +31,7 @@ model that decodes the paper's way (run.py's, this run's) keeps doing so; a conv
 published with (OPUS-MT's: transformers' beam search), with `--generation_num_beams` beams.
 """
 
+import math
 import re
 import sys
 from dataclasses import asdict, dataclass, field
@@ -63,8 +65,8 @@ from training.arguments import (
 from training.data import as_pairs, load_run_data
 from training.evaluation import score, translate
 from training.fsdp_request import fsdp_requested, refuse, said_once
-from training.hub import set_run_decoding, write_output_folder
-from training.recipe import training_data
+from training.hub import set_run_decoding, start_decoding, write_output_folder
+from training.recipe import search_flags, training_data
 from training.tokenizer import corpus_texts, train_joint_bpe
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.tools.export import check_output_place
@@ -86,7 +88,8 @@ RUN_PY_ONLY = {
 }
 # Recipe-file keys and their Trainer names.
 PRESET_KEYS = {"warmup_steps": "warmup_steps", "eval_steps": "eval_steps", "seed": "seed", "max_steps": "max_steps",
-               "max_grad_norm": "max_grad_norm"}
+               "max_grad_norm": "max_grad_norm", "num_beams": "generation_num_beams",
+               "length_penalty_alpha": "length_penalty_alpha", "extra_length": "extra_length"}
 
 
 @dataclass
@@ -95,6 +98,9 @@ class TrainerRecipeArguments:
     lr_scale: float = field(default=1.0, metadata={
         "help": "Peak learning rate = lr_scale · d_model^-0.5 · warmup^-0.5 unless --learning_rate is given."})
     max_source_length: int = field(default=256, metadata={"help": "Sources and targets are truncated to this."})
+    length_penalty_alpha: float = field(default=0.6, metadata={"help": "GNMT α (§6.1) of the run's decoding."})
+    extra_length: int = field(default=50, metadata={
+        "help": "Tokens an output may run past its source's length (§6.1; §6.3's parser: 300)."})
     model_name_or_path: str | None = field(default=None, metadata={
         "help": "Fine-tune this vaswani_hf model (a folder or Hub id) instead of training a new one: its weights, "
         "architecture and tokenizer."})
@@ -125,10 +131,14 @@ def parse_arguments(argv: list[str] | None = None):
         raise SystemExit(f"error: {flag} is training/run.py's ({RUN_PY_ONLY[flag]})")
     check_model_arguments(data_args, model_args)  # our flags, before any work, as run.py checks them
     d_model = model_args.d_model
+    refuse_below({"max_source_length": (recipe.max_source_length, 1), "extra_length": (recipe.extra_length, 0)})
+    if not 0 <= recipe.length_penalty_alpha < math.inf:
+        raise SystemExit(f"error: --length_penalty_alpha {recipe.length_penalty_alpha}: must be finite and at least 0")
     if recipe.model_name_or_path is not None:  # fine-tuning: the model's own architecture and tokenizer
         refuse_new_model_flags(argv, recipe.model_name_or_path)
-        d_model = checked(recipe.model_name_or_path)[0].d_model
-    refuse_below({"max_source_length": (recipe.max_source_length, 1)})
+        config = checked(recipe.model_name_or_path)[0]
+        start_decoding(recipe.model_name_or_path, config, search_flags(recipe))
+        d_model = config.d_model
     refuse_unless_positive({"lr_scale": recipe.lr_scale})
     if "--learning_rate" not in given:  # §5.3 peak
         if not training_args.warmup_steps >= 1:  # the Trainer reads a float below 1 as a share of the steps
@@ -224,7 +234,8 @@ def main(argv: list[str] | None = None):
     else:
         model = VaswaniForConditionalGeneration(model_args.config(tokenizer))
     num_beams = training_args.generation_num_beams or 4
-    alpha = set_run_decoding(model.generation_config, num_beams, 0.6)  # None: a converted model's, as published
+    alpha = set_run_decoding(model.generation_config, num_beams, recipe.length_penalty_alpha,
+                             recipe.extra_length)  # None: a converted model's, as published
     if "validation" not in datasets:
         training_args.eval_strategy = "no"
     trainer = Seq2SeqTrainer(
