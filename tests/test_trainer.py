@@ -190,7 +190,7 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
     assert ("- recipe: batches counted in sentences, not tokens - recipe: the Trainer's label smoothing (ε/V on every "
             "token, not ε/(V-1) on the others) - recipe: no checkpoint averaging") in card
     assert "Recipe (§5): joint BPE, batches of 16 sentences per process" in card
-    assert "label smoothing ε_ls = 0.2;" in card
+    assert "label smoothing ε_ls = 0.2;" in card and "`num_beams=" not in card  # the paper's decoding
 
 
 def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_keys():
@@ -279,6 +279,9 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(output), AutoTokenizer.from_pretrained(output)
     assert model.generation_config.num_beams == 3 and beams == [3]  # the run's beam, for its test set and folder
     assert (model.generation_config.gnmt_alpha, model.generation_config.extra_length) == (1.3, 2)  # and its search
+    card = (output / "README.md").read_text()  # each named beside the paper's
+    assert ("- recipe: `num_beams=3` (paper: 4; its parser, §6.3: 21)\n- recipe: `length_penalty_alpha=1.3` (paper: "
+            "0.6; its parser, §6.3: 0.3)\n- recipe: `extra_length=2` (paper: 50; its parser, §6.3: 300)\n") in card
     test = generate()["test"][:6]
     assert json.loads((output / "metrics.json").read_text())["test"] == score(
         translate(model, tokenizer, [s for s, _ in test], num_beams=3), [t for _, t in test])

@@ -16,6 +16,14 @@ PAPER_RECIPE = {"tokens_per_step": 25000, "warmup_steps": 4000, "lr_scale": 1.0,
 PAPER_PARSER = {"num_beams": 21, "length_penalty_alpha": 0.3, "extra_length": 300}
 
 
+def changed_values(values: dict) -> list[str]:
+    """"`name=value` (paper: ...)" for each of `values` that differs from the paper's recipe (None: a converted
+    model's decoding, which the card states)."""
+    return [f"`{name}={value}` (paper: {PAPER_RECIPE[name]}"
+            + (f"; its parser, §6.3: {PAPER_PARSER[name]})" if name in PAPER_PARSER else ")")
+            for name, value in values.items() if value not in (PAPER_RECIPE[name], None)]
+
+
 def search_flags(args) -> list[str]:
     """The flags of the paper's search (§6.1) that `args` set to other values than the paper's."""
     return [name for name in ("length_penalty_alpha", "extra_length") if getattr(args, name) != PAPER_RECIPE[name]]
@@ -23,10 +31,7 @@ def search_flags(args) -> list[str]:
 
 def recipe_deviations(args: RecipeArguments, data_args: DataArguments) -> list[str]:
     """The recipe values of this run that differ from the paper's, for the model card."""
-    changed = [f"`{name}={getattr(args, name)}` (paper: {paper}"
-               + (f"; its parser, §6.3: {PAPER_PARSER[name]})" if name in PAPER_PARSER else ")")
-               for name, paper in PAPER_RECIPE.items()
-               if getattr(args, name) not in (paper, None)]  # None: a converted model's decoding (the card says it)
+    changed = changed_values({name: getattr(args, name) for name in PAPER_RECIPE})
     if data_args.bpe_sample:
         first = "the first" if data_args.streaming else "a random sample of"
         changed.append(f"the joint BPE learned from {first} {data_args.bpe_sample:,} training pairs")

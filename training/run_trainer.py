@@ -66,7 +66,7 @@ from training.data import as_pairs, load_run_data
 from training.evaluation import score, translate
 from training.fsdp_request import fsdp_requested, refuse, said_once
 from training.hub import set_run_decoding, start_decoding, write_output_folder
-from training.recipe import search_flags, training_data
+from training.recipe import changed_values, search_flags, training_data
 from training.tokenizer import corpus_texts, train_joint_bpe
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.tools.export import check_output_place
@@ -259,6 +259,8 @@ def main(argv: list[str] | None = None):
         deviations = ["recipe: batches counted in sentences, not tokens",
                       "recipe: the Trainer's label smoothing (ε/V on every token, not ε/(V-1) on the others)",
                       "recipe: no checkpoint averaging"]
+        decoding = {"num_beams": num_beams, "length_penalty_alpha": alpha, "extra_length": recipe.extra_length}
+        deviations += [f"recipe: {line}" for line in changed_values(decoding)]
         write_output_folder(
             trainer.model, tokenizer, output_dir, metrics, data=training_data(data_args, pairs),
             length_limit=f"trained on pairs truncated to {recipe.max_source_length} tokens on each side",
