@@ -241,8 +241,7 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
         )
     if data_args.streaming and epochs is not None:
         raise SystemExit("error: --dropout_epochs counts epochs of a corpus whose size --streaming does not know")
-    if not 0 <= args.length_penalty_alpha < math.inf:
-        raise SystemExit(f"error: --length_penalty_alpha {args.length_penalty_alpha}: must be finite and at least 0")
+    refuse_unless_alpha(args.length_penalty_alpha)
     if not all(0 <= alpha < math.inf for alpha in args.alpha_candidates or []):
         raise SystemExit(f"error: --alpha_candidates {args.alpha_candidates}: each α must be finite and at least 0")
     if args.compile not in ("auto", "no"):
@@ -296,6 +295,12 @@ def refuse_below(values: dict[str, tuple[float, float]]) -> None:
     for name, (value, low) in values.items():
         if not value >= low:
             raise SystemExit(f"error: --{name} {value}: must be at least {low}")
+
+
+def refuse_unless_alpha(value: float) -> None:
+    """A one-line SystemExit unless --length_penalty_alpha is a GNMT α: finite and at least 0 (not NaN)."""
+    if not 0 <= value < math.inf:
+        raise SystemExit(f"error: --length_penalty_alpha {value}: must be finite and at least 0")
 
 
 def refuse_unless_positive(values: dict[str, float | None]) -> None:

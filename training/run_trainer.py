@@ -31,7 +31,6 @@ model that decodes the paper's way (run.py's, this run's) keeps doing so; a conv
 published with (OPUS-MT's: transformers' beam search), with `--generation_num_beams` beams.
 """
 
-import math
 import re
 import sys
 from dataclasses import asdict, dataclass, field
@@ -60,6 +59,7 @@ from training.arguments import (
     refuse_below,
     refuse_blank,
     refuse_new_model_flags,
+    refuse_unless_alpha,
     refuse_unless_positive,
 )
 from training.data import as_pairs, load_run_data
@@ -132,8 +132,7 @@ def parse_arguments(argv: list[str] | None = None):
     check_model_arguments(data_args, model_args)  # our flags, before any work, as run.py checks them
     d_model = model_args.d_model
     refuse_below({"max_source_length": (recipe.max_source_length, 1), "extra_length": (recipe.extra_length, 0)})
-    if not 0 <= recipe.length_penalty_alpha < math.inf:
-        raise SystemExit(f"error: --length_penalty_alpha {recipe.length_penalty_alpha}: must be finite and at least 0")
+    refuse_unless_alpha(recipe.length_penalty_alpha)
     if recipe.model_name_or_path is not None:  # fine-tuning: the model's own architecture and tokenizer
         refuse_new_model_flags(argv, recipe.model_name_or_path)
         config = checked(recipe.model_name_or_path)[0]
