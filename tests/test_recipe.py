@@ -264,7 +264,8 @@ def test_alpha_is_chosen_among_the_candidates_even_one_that_is_not_the_default(t
     model = AutoModelForSeq2SeqLM.from_pretrained(translation_folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(translation_folder)
     pairs = {"validation": generate()["validation"][:6], "test": generate()["test"][:4]}
-    args = SimpleNamespace(alpha_candidates=candidates, length_penalty_alpha=1.4, num_beams=3, max_tokens=400)
+    args = SimpleNamespace(alpha_candidates=candidates, length_penalty_alpha=1.4, num_beams=3, max_tokens=400,
+                           evalb=False)
     metrics, alpha = final_evaluation(model, tokenizer, pairs, encode(tokenizer, pairs["validation"]), args, print)
 
     def bleu(split, alpha):
@@ -300,7 +301,8 @@ def test_the_final_evaluation_reports_the_best_alphas_scores_and_the_unsmoothed_
     reference = dict(pairs["validation"] + pairs["test"])
     monkeypatch.setattr(evaluation, "translate", lambda model, tokenizer, sources, num_beams, alpha: [
         reference[source] if alpha == 0.2 else "das ist es nicht" for source in sources])
-    args = SimpleNamespace(alpha_candidates=[1.0, 0.2, 0.6], length_penalty_alpha=0.6, num_beams=4, max_tokens=30)
+    args = SimpleNamespace(alpha_candidates=[1.0, 0.2, 0.6], length_penalty_alpha=0.6, num_beams=4, max_tokens=30,
+                           evalb=False)
     encoded = encode(tokenizer, pairs["validation"])
     metrics, alpha = evaluation.final_evaluation(model, tokenizer, pairs, encoded, args, print)
 

@@ -49,7 +49,7 @@ def trainer_for(tmp_path, tokenizer, train_pairs, model=None, eval_pairs=None, i
         model=model, args=args, train_dataset=tokenize(tokenizer, train_pairs, 64),
         eval_dataset=tokenize(tokenizer, eval_pairs, 64) if eval_pairs else None,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model), processing_class=tokenizer,
-        compute_metrics=make_compute_metrics(tokenizer),
+        compute_metrics=make_compute_metrics(tokenizer, False),
     )
     if in_order:  # batches in dataset order
         trainer._get_train_sampler = lambda *args, **kwargs: SequentialSampler(trainer.train_dataset)
@@ -136,11 +136,11 @@ def test_compute_metrics_reads_minus_100_as_padding(tokenizer):
     padded = np.full((2, width), -100)
     for row, sequence in enumerate(ids):
         padded[row, : len(sequence)] = sequence
-    metrics = make_compute_metrics(tokenizer)(EvalPrediction(predictions=padded, label_ids=padded.copy()))
+    metrics = make_compute_metrics(tokenizer, False)(EvalPrediction(predictions=padded, label_ids=padded.copy()))
     assert metrics["bleu"] == pytest.approx(100.0) and metrics["chrf"] == pytest.approx(100.0)
     worse = padded.copy()
     worse[0, 1] = tokenizer.convert_tokens_to_ids("<unk>")
-    assert make_compute_metrics(tokenizer)(EvalPrediction(predictions=worse, label_ids=padded))["bleu"] < 100
+    assert make_compute_metrics(tokenizer, False)(EvalPrediction(predictions=worse, label_ids=padded))["bleu"] < 100
 
 
 def entry_flags(tmp_path) -> list[str]:

@@ -1,9 +1,11 @@
 """training/run.py end to end, as `accelerate launch` runs it: data parallelism, exact resumption after a kill,
 atomic checkpoints, the Hub-ready output folder."""
 
+import contextlib
 import importlib.util
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -23,6 +25,7 @@ from support import CODE_FILES, accelerate_as_in_a_new_process, run_hidden, run_
 from torch._inductor import config as inductor_config
 from transformers import AutoTokenizer, GenerationConfig
 
+from training import treebank
 from training.batching import encode, token_batches
 from training.checkpoints import checkpoints
 from training.default_data import generate
@@ -67,6 +70,33 @@ def launch(output_dir, *flags, processes=1, env_extra=None, killed=False, fsdp=F
     else:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
+
+
+@pytest.fixture(scope="module")
+def treebank_data(tmp_path_factory):
+    """A toy treebank of 2,000 training trees and 8 each for validation and test, in the treebank's brackets, made
+    into pairs of sentences and linearized trees by training/treebank.py."""
+    folder, draw = tmp_path_factory.mktemp("treebank"), random.Random(0)
+
+    def noun_phrase(depth: int = 0) -> str:
+        words = [f"(DT {draw.choice(['the', 'a'])})", *["(JJ big)"] * (draw.random() < 0.3),
+                 f"(NN {draw.choice(['dog', 'cat', 'house', 'garden'])})"]
+        simple = f"(NP {' '.join(words)})"
+        if depth or draw.random() < 0.6:
+            return simple
+        return f"(NP {simple} (PP (IN {draw.choice(['in', 'near'])}) {noun_phrase(1)}))"
+
+    def sentence() -> str:
+        verb = draw.choice(["(VP (VBZ sleeps))", f"(VP (VBZ sees) {noun_phrase()})"])
+        return f"( (S {noun_phrase().replace('(NP', '(NP-SBJ', 1)} {verb} (. .)) )"
+
+    flags = ["--source_lang", "en", "--target_lang", "tree"]
+    for split, size in (("train", 2000), ("validation", 8), ("test", 8)):
+        (folder / f"{split}.mrg").write_text("\n".join(sentence() for _ in range(size)))
+        with open(folder / f"{split}.jsonl", "w") as out, contextlib.redirect_stdout(out):
+            treebank.main([str(folder / f"{split}.mrg")])
+        flags += [f"--{split}_file", str(folder / f"{split}.jsonl")]
+    return flags
 
 
 def train_here(output_dir, *flags) -> None:
@@ -683,17 +713,21 @@ def test_dropout_fitted_to_half_way_up_its_ramp_trains_as_that_dropout_and_the_c
     assert "dropout P_drop = 0.05 and" in card and "P_drop fitted to the epochs" in card
 
 
-def test_the_parsing_preset_saves_the_papers_parser_decoding(tmp_path, small_data):
-    """--preset parsing (§6.3) at a tiny size: the model it saves decodes with a beam of 21, α 0.3 and outputs up to
-    source length + 300, as generation_config.json and the card say; loaded with a bias against EOS (it never ends),
-    `generate()` runs that far."""
-    train_here(tmp_path / "parser", "--preset", "parsing", *TINY, *small_data, "--max_steps", "2")
+def test_the_parsing_preset_saves_the_papers_parser_decoding(tmp_path, treebank_data):
+    """--preset parsing (§6.3) at a tiny size on a toy treebank: the model it saves decodes with a beam of 21, α 0.3
+    and outputs up to source length + 300, as generation_config.json and the card say, and is scored with EVALB's
+    bracketing F1 as well as BLEU; loaded with a bias against EOS (it never ends), `generate()` runs that far."""
+    train_here(tmp_path / "parser", "--preset", "parsing", *TINY, *treebank_data, "--max_steps", "2")
     generation = json.loads((tmp_path / "parser" / "generation_config.json").read_text())
     assert (generation["num_beams"], generation["gnmt_alpha"], generation["extra_length"]) == (21, 0.3, 300)
     card = " ".join((tmp_path / "parser" / "README.md").read_text().split())
     assert ("beam search with a beam of 21 and the GNMT length penalty ((5 + |Y|) / 6)^α, α = 0.3, up to source "
             "length + 300 tokens") in card and "a translation is at most the source's length + 300 tokens" in card
     assert "- recipe: `extra_length=300` (paper: 50; its parser, §6.3: 300)" in card
+    metrics = json.loads((tmp_path / "parser" / "metrics.json").read_text())
+    assert {"bleu", "bracket_f1", "skipped"} <= metrics["test"].keys() <= metrics["validation"].keys()
+    assert ("scored on detokenized text with sacreBLEU and as linearized trees with EVALB (COLLINS.prm)" in card
+            and f"| test | bracketing F1 (EVALB) | {metrics['test']['bracket_f1']:.2f} |" in card)
     model = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "parser", add_final_logits_bias=True).eval()
     model.final_logits_bias[0, model.config.eos_token_id] = -1e9
     source = AutoTokenizer.from_pretrained(tmp_path / "parser")(["A dog."], return_tensors="pt")

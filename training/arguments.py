@@ -156,6 +156,10 @@ class RecipeArguments:
         "help": "GNMT α values to try on the whole validation set after training; the best replaces "
                 "--length_penalty_alpha for the test set and the saved model (§6.1: α was chosen on the development "
                 "set)."})
+    evalb: bool = field(default=False, metadata={
+        "help": "The targets are linearized constituency trees (training/treebank.py's): score them with EVALB's "
+                "bracketing F1 as well, and choose α by it, skipped sentences missed (§6.3's parser; the parsing "
+                "preset sets it)."})
     model_name_or_path: str | None = field(default=None, metadata={
         "help": "Fine-tune this vaswani_hf model (a folder or Hub id: a run's, or a converted one) instead of "
                 "training a new one: its weights, architecture and tokenizer; the recipe is the flags'."})

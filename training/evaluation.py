@@ -1,4 +1,5 @@
-"""§6.1 evaluation: decode with the paper's beam search and score with sacreBLEU and chrF (offline)."""
+"""§6.1 evaluation: decode with the paper's beam search and score with sacreBLEU and chrF (offline); a parser's
+linearized trees (--evalb) with EVALB's bracketing F1 too (§6.3)."""
 
 import math
 from functools import cache
@@ -11,17 +12,36 @@ from training.batching import collate, token_batches
 from training.loss import label_smoothed_nll
 from vaswani_hf.tools.translate import translate
 
-METRIC = Path(__file__).resolve().parent / "metrics" / "sacrebleu_chrf"
+METRICS = Path(__file__).resolve().parent / "metrics"
 
 
 @cache
-def _metric():
-    return evaluate.load(str(METRIC))
+def _metric(name: str):
+    return evaluate.load(str(METRICS / name))
 
 
-def score(predictions: list[str], references: list[str]) -> dict:
-    """sacreBLEU and chrF with their signatures."""
-    return _metric().compute(predictions=predictions, references=[[r] for r in references])
+def score(predictions: list[str], references: list[str], trees: bool = False) -> dict:
+    """sacreBLEU and chrF with their signatures; with `trees`, EVALB's scores of the linearized trees as well."""
+    scores = _metric("sacrebleu_chrf").compute(predictions=predictions, references=[[r] for r in references])
+    if trees:
+        scores |= _metric("evalb").compute(predictions=predictions, references=references)
+    return scores
+
+
+def reported(scores: dict) -> str:
+    evalb = (f"EVALB F1 {scores['bracket_f1']:.1f} ({scores['skipped']} skipped; {scores['bracket_f1_all']:.1f} with "
+             "their constituents missed)  ") if "bracket_f1" in scores else ""
+    return f"{evalb}sacreBLEU {scores['bleu']:.1f}  chrF {scores['chrf']:.1f}"
+
+
+def check_trees(data: dict, evalb: bool) -> None:
+    """With --evalb, a validation or test split whose first targets close no constituent (`/X`) is a one-line
+    SystemExit: they are not linearized trees."""
+    for split in ("validation", "test"):
+        if evalb and split in data and not any(token.startswith("/") for row in data[split].take(100)
+                                                for token in row["target"].split()):
+            raise SystemExit(f"error: --evalb: the {split} targets are not linearized trees (none closes a "
+                             "constituent with /X): make them with training/treebank.py")
 
 
 @torch.no_grad()
@@ -40,20 +60,22 @@ def validation_loss(model, sources, targets, pad_id, max_tokens, device) -> floa
 
 
 def choose_alpha(model, tokenizer, pairs, args) -> dict[float, dict]:
-    """sacreBLEU and chrF of the pairs for each candidate GNMT α, or for --length_penalty_alpha alone (§6.1: α was
-    "chosen after experimentation on the development set")."""
+    """The scores of the pairs for each candidate GNMT α, or for --length_penalty_alpha alone (§6.1: α was "chosen
+    after experimentation on the development set")."""
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-    return {alpha: score(translate(model, tokenizer, sources, num_beams=args.num_beams, alpha=alpha), references)
+    return {alpha: score(translate(model, tokenizer, sources, num_beams=args.num_beams, alpha=alpha), references,
+                         args.evalb)
             for alpha in args.alpha_candidates or [args.length_penalty_alpha]}
 
 
 def evaluate_model(model, tokenizer, pairs, encoded, args, sentences=None) -> dict:
-    """Validation loss on every pair; BLEU and chrF on the first `sentences` (--eval_max_sentences)."""
+    """Validation loss on every pair; BLEU and chrF (with --evalb, EVALB's scores too) on the first `sentences`
+    (--eval_max_sentences)."""
     loss = validation_loss(model, *encoded, tokenizer.pad_token_id, args.max_tokens, next(model.parameters()).device)
     subset = pairs[: sentences or args.eval_max_sentences]
     predictions = translate(model, tokenizer, [s for s, _ in subset], num_beams=args.num_beams,
                             alpha=args.length_penalty_alpha)
-    metrics = score(predictions, [t for _, t in subset])
+    metrics = score(predictions, [t for _, t in subset], args.evalb)
     return {"loss": loss, "perplexity": math.exp(min(loss, 50)), **metrics}
 
 
@@ -64,20 +86,21 @@ def final_evaluation(final, tokenizer, pairs, validation, args, say) -> tuple[di
     device = next(final.parameters()).device
     if validation:
         scores = choose_alpha(final, tokenizer, pairs["validation"], args)
-        alpha = max(scores, key=lambda candidate: scores[candidate]["bleu"])  # one candidate: that one
+        key = "bracket_f1_all" if args.evalb else "bleu"  # a parser's α by F1, skipped sentences counted
+        alpha = max(scores, key=lambda candidate: scores[candidate][key])  # one candidate: that one
         if len(scores) > 1:
-            metrics["alpha_search"] = {candidate: scored["bleu"] for candidate, scored in scores.items()}
-            searched = ", ".join(f"{candidate}: {bleu:.2f}" for candidate, bleu in metrics["alpha_search"].items())
-            say(f"GNMT α by validation BLEU: {searched} -> {alpha}")
+            metrics["alpha_search"] = {candidate: scored[key] for candidate, scored in scores.items()}
+            searched = ", ".join(f"{candidate}: {value:.2f}" for candidate, value in metrics["alpha_search"].items())
+            by = "F1, skipped sentences missed" if args.evalb else "BLEU"
+            say(f"GNMT α by validation {by}: {searched} -> {alpha}")
         loss = validation_loss(final, *validation, tokenizer.pad_token_id, args.max_tokens, device)
         metrics["validation"] = {"loss": loss, "perplexity": math.exp(min(loss, 50)), **scores[alpha]}
-        say(f"validation: sacreBLEU {metrics['validation']['bleu']:.1f}  chrF {metrics['validation']['chrf']:.1f}")
+        say(f"validation: {reported(metrics['validation'])}")
     if "test" in pairs:
         sources = [s for s, _ in pairs["test"]]
         predictions = translate(final, tokenizer, sources, num_beams=args.num_beams, alpha=alpha)
-        metrics["test"] = score(predictions, [t for _, t in pairs["test"]])
-        say(f"test: sacreBLEU {metrics['test']['bleu']:.1f}  chrF {metrics['test']['chrf']:.1f}  "
-            f"({metrics['test']['bleu_signature']})")
+        metrics["test"] = score(predictions, [t for _, t in pairs["test"]], args.evalb)
+        say(f"test: {reported(metrics['test'])}  ({metrics['test']['bleu_signature']})")
         for source, prediction in list(zip(sources, predictions))[:5]:
             say(f"  {source}\n  -> {prediction}")
     return metrics, alpha

@@ -118,7 +118,8 @@ def save_tokenizer(tokenizer, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-METRICS = (("bleu", "sacreBLEU"), ("chrf", "chrF"))  # metrics.json's keys, and the names the card gives them
+# metrics.json's keys, and the names the card gives them (the third a parser's, --evalb)
+METRICS = (("bleu", "sacreBLEU"), ("chrf", "chrF"), ("bracket_f1", "bracketing F1 (EVALB)"))
 SYNTHETIC_WARNING = """
 > **Warning: a test model.** It was trained on the embedded synthetic grammar of vaswani_hf, a small artificial
 > language, not on real text: its near-perfect scores are on that grammar's own test set, and it does not translate
@@ -136,12 +137,14 @@ def card_metadata(data: TrainingData, scores: dict[str, dict], source_lang: str,
                    dataset_type=data.dataset_id, dataset_name=data.dataset_id, dataset_split=split,
                    metric_type=metric, metric_name=name, metric_value=round(split_scores[metric], 2),
                    metric_args={"signature": split_scores[f"{metric}_signature"]})
-        for split, split_scores in scores.items() for metric, name in METRICS
+        for split, split_scores in scores.items() for metric, name in METRICS if metric in split_scores
     ] if data.dataset_id else None
+    parser = any("bracket_f1" in split_scores for split_scores in scores.values())
     return ModelCardData(
         language=[source_lang, target_lang], license=data.license, library_name="transformers",
         pipeline_tag="translation", tags=["translation", "transformer", "vaswani_hf", "attention-is-all-you-need"],
-        datasets=[data.dataset_id] if data.dataset_id else None, metrics=["bleu", "chrf"], model_name=model_id,
+        datasets=[data.dataset_id] if data.dataset_id else None, model_name=model_id,
+        metrics=["bleu", "chrf", "bracket_f1"] if parser else ["bleu", "chrf"],
         eval_results=results, base_model=base_model)
 
 
@@ -164,8 +167,9 @@ def evaluation_text(scores: dict[str, dict], decoding: str) -> str:
     if not scores:
         return "No validation or test set was given to this run: it was not evaluated."
     rows = [f"| {split} | {name} | {split_scores[metric]:.2f} | `{split_scores[f'{metric}_signature']}` |"
-            for split, split_scores in scores.items() for metric, name in METRICS]
-    return "\n".join([f"Decoded with {decoding}, scored on detokenized text with sacreBLEU:", "",
+            for split, split_scores in scores.items() for metric, name in METRICS if metric in split_scores]
+    trees = " and as linearized trees with EVALB (COLLINS.prm)" * any("bracket_f1" in row for row in scores.values())
+    return "\n".join([f"Decoded with {decoding}, scored on detokenized text with sacreBLEU{trees}:", "",
                       "| split | metric | value | signature |", "|---|---|---|---|", *rows])
 
 

@@ -6,6 +6,8 @@ Hub-ready folder.
         --source_lang en --target_lang de --output_dir runs/wmt14-base
     accelerate launch training/run.py --preset cpu-medium --train_file ../shared/data/multi30k/train \\
         --validation_file ../shared/data/multi30k/valid --test_file ../shared/data/multi30k/test2016
+    accelerate launch training/run.py --preset parsing --source_lang en --target_lang tree \\
+        --train_file train.jsonl --validation_file dev.jsonl --test_file test.jsonl   # §6.3 (training/treebank.py)
     accelerate launch --multi_gpu --num_processes 2 training/run.py ...   # data parallel (gloo on CPU)
     accelerate launch --use_fsdp --fsdp_version 2 --num_processes 2 training/run.py ...   # sharded (FSDP2)
     accelerate launch training/run.py --output_dir runs/x --resume_from_checkpoint latest
@@ -16,8 +18,9 @@ the paper's base model and recipe. The recipe: a joint BPE (§5.1); batches of p
 counted in tokens, accumulated to `tokens_per_step` (§5.1); Adam(0.9, 0.98, 1e-9) with warmup and inverse
 square root decay (§5.3); dropout and label smoothing ε_ls = 0.1 (§5.4), the loss normalized by the target
 tokens of the whole optimizer step; checkpoints averaged at the end; beam 4 with the GNMT length penalty
-α = 0.6 and a limit of source length + 50 (§6.1); sacreBLEU and chrF. When the run stops, validates and saves is
-its schedule's answer (training/schedules.py): the paper's steps, a time budget, or a budgeted run replayed.
+α = 0.6 and a limit of source length + 50 (§6.1); sacreBLEU and chrF (with --evalb, a parser's trees: EVALB's
+bracketing F1 too). When the run stops, validates and saves is its schedule's answer (training/schedules.py): the
+paper's steps, a time budget, or a budgeted run replayed.
 
 `--model_name_or_path` fine-tunes a vaswani_hf model (a folder or Hub id) instead of a new one: its weights, sizes and
 tokenizer, with this recipe from its first step (a size flag, a preset or --bpe_sample is refused; --dropout and the
@@ -69,7 +72,7 @@ from training.distributed import (
     prepare,
     whole_model,
 )
-from training.evaluation import evaluate_model, final_evaluation
+from training.evaluation import check_trees, evaluate_model, final_evaluation, reported
 from training.faults import fault_point
 from training.hub import set_run_decoding, start_decoding, write_output_folder
 from training.recipe import NOT_RECIPE, recipe_deviations, search_flags, training_data
@@ -103,7 +106,7 @@ def main():
     say = accelerator.print
     disable_progress_bar()  # transformers' bar for each checkpoint's weights, within the run's own
 
-    data, tokenizer = run_data(accelerator, data_args, model_args.vocab_size, args.seed, output_dir, resumed,
+    data, tokenizer = run_data(accelerator, data_args, model_args.vocab_size, args, output_dir, resumed,
                                start_tokenizer)
     pairs = {split: as_pairs(rows) for split, rows in data.items() if split != "train"}  # validation, test: small
     validation = encode(tokenizer, pairs["validation"]) if "validation" in pairs else None
@@ -156,7 +159,7 @@ def main():
             metrics = evaluate_model(evaluated, tokenizer, pairs["validation"], validation, args)
             entry.update({f"validation_{k}": v for k, v in metrics.items()})
             accelerator.log({f"validation/{k}": v for k, v in metrics.items() if isinstance(v, float)}, step=step)
-            say(f"step {step}: validation loss {metrics['loss']:.3f}, BLEU {metrics['bleu']:.1f}")
+            say(f"step {step}: validation loss {metrics['loss']:.3f}, {reported(metrics)}")
         accelerator.wait_for_everyone()
 
     step = train(run, schedule, step, validate)
@@ -352,15 +355,16 @@ def open_output_dir(accelerator, output_dir: Path, args, model: dict) -> Path | 
     return resumed
 
 
-def run_data(accelerator, data_args, vocab_size: int, seed: int, output_dir: Path, resumed: Path | None,
+def run_data(accelerator, data_args, vocab_size: int, args, output_dir: Path, resumed: Path | None,
              start_tokenizer=None):
     """The run's data splits and its joint BPE (§5.1), trained once by the main process, or a fine-tuned model's
     `start_tokenizer` (a resumed run's is in --output_dir), read by every process."""
     with accelerator.main_process_first():  # Arrow in datasets' cache: written once, then memory-mapped by all
         data = load_run_data(data_args)
+    check_trees(data, args.evalb)
     if accelerator.is_main_process and not resumed:
         if start_tokenizer is None:
-            start_tokenizer = train_joint_bpe(corpus_texts(data["train"], data_args.bpe_sample, seed), vocab_size)
+            start_tokenizer = train_joint_bpe(corpus_texts(data["train"], data_args.bpe_sample, args.seed), vocab_size)
         start_tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()
     return data, AutoTokenizer.from_pretrained(output_dir)

@@ -22,7 +22,8 @@ scheduler, random states and arguments are `torch.save` pickles (it reads its ow
 training/run.py writes safetensors and JSON only); no FSDP (refused: run.py shards). The validation BLEU
 (`predict_with_generate`), the test set, the checkpoints and the saved folder decode the paper's way (in
 generation_config.json: beam 4, GNMT length penalty α 0.6, outputs up to source length + 50, unless
-`--generation_num_beams`, `--length_penalty_alpha`, `--extra_length` or a preset say otherwise), as in run.py.
+`--generation_num_beams`, `--length_penalty_alpha`, `--extra_length` or a preset say otherwise), as in run.py. With
+`--evalb` (the parsing preset's), linearized trees are scored with EVALB's bracketing F1 as well.
 
 `--model_name_or_path` fine-tunes a vaswani_hf model folder or Hub repository instead of training a new model: its
 weights, architecture and tokenizer (the size flags, a preset and --bpe_sample, which describe a new model, are refused
@@ -63,7 +64,7 @@ from training.arguments import (
     refuse_unless_positive,
 )
 from training.data import as_pairs, load_run_data
-from training.evaluation import score, translate
+from training.evaluation import check_trees, reported, score, translate
 from training.fsdp_request import fsdp_requested, refuse, said_once
 from training.hub import set_run_decoding, start_decoding, write_output_folder
 from training.recipe import changed_values, search_flags, training_data
@@ -89,7 +90,7 @@ RUN_PY_ONLY = {
 # Recipe-file keys and their Trainer names.
 PRESET_KEYS = {"warmup_steps": "warmup_steps", "eval_steps": "eval_steps", "seed": "seed", "max_steps": "max_steps",
                "max_grad_norm": "max_grad_norm", "num_beams": "generation_num_beams",
-               "length_penalty_alpha": "length_penalty_alpha", "extra_length": "extra_length"}
+               "length_penalty_alpha": "length_penalty_alpha", "extra_length": "extra_length", "evalb": "evalb"}
 
 
 @dataclass
@@ -101,6 +102,9 @@ class TrainerRecipeArguments:
     length_penalty_alpha: float = field(default=0.6, metadata={"help": "GNMT α (§6.1) of the run's decoding."})
     extra_length: int = field(default=50, metadata={
         "help": "Tokens an output may run past its source's length (§6.1; §6.3's parser: 300)."})
+    evalb: bool = field(default=False, metadata={
+        "help": "The targets are linearized constituency trees (training/treebank.py's): score them with EVALB's "
+                "bracketing F1 as well (§6.3's parser; the parsing preset sets it)."})
     model_name_or_path: str | None = field(default=None, metadata={
         "help": "Fine-tune this vaswani_hf model (a folder or Hub id) instead of training a new one: its weights, "
         "architecture and tokenizer."})
@@ -180,9 +184,9 @@ def tokenize(tokenizer, pairs: list[tuple[str, str]], max_length: int) -> Datase
                               "labels": encoded["labels"]})
 
 
-def make_compute_metrics(tokenizer):
-    """sacreBLEU and chrF (offline) of generated ids against label ids; -100 (the Trainer's padding of
-    predictions and labels) is read as padding."""
+def make_compute_metrics(tokenizer, trees: bool):
+    """sacreBLEU and chrF (offline) of generated ids against label ids, and with `trees` EVALB's bracketing F1;
+    -100 (the Trainer's padding of predictions and labels) is read as padding."""
 
     def compute_metrics(eval_prediction) -> dict:
         predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
@@ -192,8 +196,8 @@ def make_compute_metrics(tokenizer):
         labels = np.where(labels < 0, tokenizer.pad_token_id, labels)
         hypotheses = tokenizer.batch_decode(predictions, skip_special_tokens=True)
         references = tokenizer.batch_decode(labels, skip_special_tokens=True)
-        metrics = score(hypotheses, references)
-        return {"bleu": metrics["bleu"], "chrf": metrics["chrf"]}
+        metrics = score(hypotheses, references, trees)
+        return {key: metrics[key] for key in ("bleu", "chrf", "bracket_f1") if key in metrics}
 
     return compute_metrics
 
@@ -214,6 +218,7 @@ def main(argv: list[str] | None = None):
             check_can_push(training_args.hub_model_id or output_dir.name)
     training_args.distributed_state.wait_for_everyone()  # every process has looked before the main one writes there
     data = load_run_data(data_args)
+    check_trees(data, recipe.evalb)
     pairs = {split: as_pairs(rows) for split, rows in data.items()}  # Trainer datasets: lists
     start = recipe.model_name_or_path
     if start is not None:
@@ -244,7 +249,7 @@ def main(argv: list[str] | None = None):
         eval_dataset=datasets.get("validation"),
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),  # decoder inputs from the labels
         processing_class=tokenizer,
-        compute_metrics=make_compute_metrics(tokenizer),
+        compute_metrics=make_compute_metrics(tokenizer, recipe.evalb),
     )
     result = trainer.train(resume_from_checkpoint=resumed)
     metrics = {"train_steps": result.global_step, "train_minutes": result.metrics["train_runtime"] / 60}
@@ -252,9 +257,8 @@ def main(argv: list[str] | None = None):
         if "test" in pairs:  # the paper's decoding (§6.1), as in run.py
             sources = [s for s, _ in pairs["test"]]
             predictions = translate(trainer.model, tokenizer, sources, num_beams=num_beams)
-            metrics["test"] = score(predictions, [t for _, t in pairs["test"]])
-            print(f"test: sacreBLEU {metrics['test']['bleu']:.1f}  chrF {metrics['test']['chrf']:.1f}  "
-                  f"({metrics['test']['bleu_signature']})")
+            metrics["test"] = score(predictions, [t for _, t in pairs["test"]], recipe.evalb)
+            print(f"test: {reported(metrics['test'])}  ({metrics['test']['bleu_signature']})")
         deviations = ["recipe: batches counted in sentences, not tokens",
                       "recipe: the Trainer's label smoothing (ε/V on every token, not ε/(V-1) on the others)",
                       "recipe: no checkpoint averaging"]

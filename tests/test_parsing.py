@@ -1,0 +1,162 @@
+"""§6.3's parser: Penn Treebank trees as training pairs (training/treebank.py) and EVALB's bracketing scores of the
+linearized trees (training/metrics/evalb), against EVALB itself."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from support import refusal, run_training, tiny_model
+from transformers import AutoTokenizer
+
+from training import evaluation, run_trainer, treebank
+from training.batching import encode
+from training.evaluation import score
+from training.metrics.evalb.evalb import brackets, constituent_labels, read
+
+# Reference trees and a parser's, in the treebank's brackets: function tags, a trace with the constituent that holds
+# nothing else, punctuation at the edges and inside, PRT against ADVP, unary NPs over NPs (5: the parser's alone; 9:
+# both), an extra constituent, and one output whose last word is tagged as punctuation (8: EVALB cannot score it).
+GOLD = """
+(TOP (S (NP-SBJ (DT The) (NN dog)) (VP (VBD chased) (NP (DT the) (NN cat))) (. .)))
+(TOP (S (`` ``) (NP-SBJ-1 (PRP It)) (VP (VBD was) (VP (VBN given) (NP (-NONE- *-1)) (PRT (RP up)))) (. .) ('' '')))
+(TOP (S (NP-SBJ (NP (DT The) (NN book)) (PP (IN on) (NP (DT the) (NN table)))) (, ,) (ADVP (RB however)) (, ,)
+  (VP (VBZ is) (ADJP-PRD (JJ old))) (. .)))
+(TOP (SBARQ (WHNP-1 (WP What)) (SQ (VBD did) (NP-SBJ (PRP she)) (VP (VB see) (NP (-NONE- *T*-1)))) (. ?)))
+(TOP (S (NP-SBJ (NP (NNS Prices)) (: --) (NP (JJ most) (NNS prices)) (: --)) (VP (VBD rose) (ADVP-TMP (RB sharply)))
+  (. .)))
+(TOP (S (NP-SBJ (PRP We)) (VP (VBD looked) (PRT (RP up)) (NP (DT the) (NN word))) (. .)))
+(TOP (NP (NP (DT A) (NN list)) (PP (IN of) (NP (NNS names))) (. .)))
+(TOP (S (NP-SBJ (PRP He)) (VP (VBD left)) (. .)))
+(TOP (S (NP-SBJ (NP (NNP John))) (VP (VBZ sleeps)) (. .)))
+"""
+PARSED = """
+(TOP (S (NP (DT The) (NN dog)) (VP (VBD chased) (NP (DT the) (NN cat))) (. .)))
+(TOP (S (`` ``) (NP (PRP It)) (VP (VBD was) (VP (VBN given) (ADVP (RP up)))) (. .) ('' '')))
+(TOP (S (NP (DT The) (NN book)) (PP (IN on) (NP (DT the) (NN table))) (, ,) (ADVP (RB however)) (, ,) (VP (VBZ is)
+  (ADJP (JJ old))) (. .)))
+(TOP (SBARQ (WHNP (WP What)) (SQ (VBD did) (NP (PRP she)) (VP (VB see))) (. ?)))
+(TOP (S (NP (NP (NNS Prices)) (: --) (NP (NP (JJ most) (NNS prices))) (: --)) (VP (VBD rose) (ADVP (RB sharply)))
+  (. .)))
+(TOP (S (NP (PRP We)) (VP (VBD looked) (NP (PRT (RP up)) (DT the) (NN word))) (. .)))
+(TOP (NP (NP (ADJP (DT A)) (NN list)) (PP (IN of) (NP (NNS names))) (. .)))
+(TOP (S (NP (PRP He)) (VP (. left)) (. .)))
+(TOP (S (NP (NP (NNP John))) (VP (VBZ sleeps)) (. .)))
+"""
+# EVALB (the 2006 release, nikitakit/self-attentive-parser's copy, built with gcc) on these two files as they are,
+# `evalb -p COLLINS.prm gold parsed`: 39 brackets matched of 41 and 42, 4 of the 8 sentences scored complete,
+# sentence 8 an error ("Length unmatch (2|1)").
+EVALB = {"bracket_recall": 95.12, "bracket_precision": 92.86, "bracket_f1": 93.98, "complete_match": 50.0,
+         "skipped": 1}
+
+
+def linearized_trees(text: str) -> list[str]:
+    return [treebank.linearized(tree)[1] for tree in treebank.trees(text)]
+
+
+def test_bracketing_scores_are_evalbs_with_collins_parameters():
+    scores = score(linearized_trees(PARSED), linearized_trees(GOLD), trees=True)
+    assert {key: round(scores[key], 2) for key in EVALB} == EVALB
+    assert scores["bracket_f1_signature"] == "EVALB COLLINS.prm|sentences:8|skipped:1"
+    assert scores["bracket_f1_all"] == pytest.approx(100 * 2 * 39 / (42 + 41 + 3))  # sentence 8's S, NP and VP missed
+
+
+def test_a_treebank_tree_becomes_its_sentence_and_tensor2tensors_linearization(tmp_path, capsys):
+    """Traces and the constituents they alone fill are dropped, function tags cut, the root left out, whichever way
+    the file writes it; a file holds several trees, over several lines."""
+    tree = "(S (NP-SBJ-1 (DT The) (NN dog)) (VP (VBZ barks) (S (NP-SBJ (-NONE- *-1)))) (. .))"
+    expected = ("The dog barks .", "S NP DT NN /NP VP VBZ /VP . /S")
+    for written in (tree, f"(TOP {tree})", f"( {tree} )", f"(ROOT {tree})"):
+        assert [treebank.linearized(found) for found in treebank.trees(written)] == [expected]
+    (tmp_path / "wsj_0001.mrg").write_text(f"( {tree.replace(' (VP', chr(10) + '    (VP')} )\n\n(TOP {tree})\n")
+    treebank.main([str(tmp_path / "wsj_0001.mrg")])
+    printed = capsys.readouterr()
+    rows = [json.loads(line)["translation"] for line in printed.out.splitlines()]
+    assert rows == [{"en": expected[0], "tree": expected[1]}] * 2 and "2 trees from 1 file" in printed.err
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("(S (NP (DT A) (NN dog)))\n\n(S (NP (DT The)\n  (NN dog))", "line 3: the tree that starts there is never closed"),
+    ("(S (NP (DT A) (NN dog)))\n(S (NP (DT The) (NN dog))))", "line 2: a ')' closes nothing"),
+])
+def test_unbalanced_brackets_are_one_line_naming_the_file_and_line(tmp_path, capfd, text, said):
+    (tmp_path / "bad.mrg").write_text(text)
+    assert refusal(capfd, treebank.main, str(tmp_path / "bad.mrg")) == f"error: {tmp_path / 'bad.mrg'}: {said}"
+
+
+def spans(tree, first: int = 0) -> tuple[int, list]:
+    """The words of a tree from treebank.trees and its constituents' (label, first word, end word), the tree's own
+    first."""
+    label, children = tree
+    if all(isinstance(child, str) for child in children):
+        return 1, []
+    found, end = [], first
+    for child in children:
+        words, inner = spans(child, end)
+        found, end = found + inner, end + words
+    return end - first, [(label, first, end), *found]
+
+
+def test_a_linearized_tree_reads_back_as_the_treebanks_constituents():
+    """Nested constituents of one label (NP in NP, VP in VP) close where the bracketed tree closes them."""
+    for tree in treebank.trees(GOLD):
+        root = treebank.cleaned(tree)[1][0]
+        text = treebank.linearized(tree)[1]
+        assert sorted(read(text, constituent_labels([text]))[1]) == sorted(spans(root)[1])
+
+
+def test_tensor2tensors_own_trees_score_as_cleaned_ones():
+    """A linearization that keeps traces, function tags and the root (tensor2tensor's, of raw treebank files) is read
+    with EVALB's deletions: the same brackets as the cleaned one."""
+    raw = "TOP S `` NP-SBJ-1 PRP /NP-SBJ-1 VP VBD VP VBN NP -NONE- /NP PRT RP /PRT /VP /VP . '' /S /TOP"
+    clean = "S `` NP PRP /NP VP VBD VP VBN PRT RP /PRT /VP /VP . '' /S"
+    assert brackets(raw, constituent_labels([raw])) == brackets(clean, constituent_labels([clean]))
+    assert brackets(clean, constituent_labels([clean]))[1] == {("S", 0, 4): 1, ("NP", 0, 1): 1, ("VP", 1, 4): 1,
+                                                              ("VP", 2, 4): 1, ("ADVP", 3, 4): 1}
+
+
+@pytest.mark.parametrize("decoded", [
+    "S NP DT NN /NP VP VBZ",  # closes missing at the end
+    "S NP DT NN /NP /PP VP VBZ /VP /S",  # a close with nothing of its label open
+    "S NP DT NN /NP VP VBZ /S",  # a close over an open constituent
+])
+def test_a_decoded_tree_that_is_not_well_formed_is_read_as_the_nearest_one_that_is(decoded):
+    constituents = constituent_labels(["S NP DT NN /NP VP VBZ /VP /S"])
+    assert brackets(decoded, constituents) == brackets("S NP DT NN /NP VP VBZ /VP /S", constituents)
+
+
+@pytest.mark.parametrize("script", ["run.py", "run_trainer.py"])
+def test_evalb_on_targets_that_are_not_trees_is_refused_before_the_tokenizer(tmp_path, script):
+    """--evalb with the embedded EN-DE data: one line, before the joint BPE is learned."""
+    flags = ["--evalb", "--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--vocab_size", "300",
+             "--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "2"]
+    with pytest.raises(SystemExit) as stop:
+        run_training(*flags) if script == "run.py" else run_trainer.main(flags)
+    assert stop.value.code == ("error: --evalb: the validation targets are not linearized trees (none closes a "
+                               "constituent with /X): make them with training/treebank.py")
+    assert not (tmp_path / "run" / "tokenizer.json").exists()
+
+
+def test_a_constituent_that_no_reference_has_is_read_as_one():
+    """A label the output closes is a constituent even where no reference has it (a rare one, FRAG here): a wrong
+    bracket, not a word, which would have EVALB skip the sentence."""
+    scores = score(["S FRAG DT NN /FRAG VP VBZ /VP /S"], ["S NP DT NN /NP VP VBZ /VP /S"], trees=True)
+    assert scores["skipped"] == 0 and scores["bracket_precision"] == scores["bracket_recall"] == pytest.approx(200 / 3)
+
+
+def test_a_parsers_alpha_is_chosen_by_f1_with_the_skipped_sentences_missed(translation_folder, monkeypatch):
+    """Trees decoded (a stand-in) with α 0.3: half with a word too many, which EVALB skips, the rest right (its F1
+    100); with α 0.6: each scored, one NP of four missed (F1 600/7). 0.6 wins: skipped, 0.3's half scores nothing
+    (recall 8 of 16, F1 200/3)."""
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    gold = "S NP DT NN /NP VP VBZ NP DT NN /NP /VP . /S"
+    decoded = {0.3: ["S NP DT NN /NP VP VBZ NP DT NN NN /NP /VP . /S", gold] * 2,
+               0.6: ["S NP DT NN /NP VP VBZ DT NN /VP . /S"] * 4}
+    monkeypatch.setattr(evaluation, "translate", lambda model, tokenizer, sources, num_beams, alpha: decoded[alpha])
+    pairs = {"validation": [(f"The dog sees cat {i}.", gold) for i in range(4)]}
+    args = SimpleNamespace(alpha_candidates=[0.3, 0.6], length_penalty_alpha=0.3, num_beams=4, max_tokens=400,
+                           evalb=True)
+    metrics, alpha = evaluation.final_evaluation(tiny_model(vocab_size=len(tokenizer)), tokenizer, pairs,
+                                                 encode(tokenizer, pairs["validation"]), args, print)
+    assert score(decoded[0.3], [gold] * 4, trees=True)["bracket_f1"] == 100
+    assert alpha == 0.6 and metrics["alpha_search"] == {0.3: pytest.approx(200 / 3), 0.6: pytest.approx(600 / 7)}
+    assert metrics["validation"]["bracket_f1"] == pytest.approx(600 / 7)
