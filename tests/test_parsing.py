@@ -4,14 +4,17 @@ linearized trees (training/metrics/evalb), against EVALB itself."""
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from support import refusal, run_training, tiny_model
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, EvalPrediction
 
 from training import evaluation, run_trainer, treebank
 from training.batching import encode
 from training.evaluation import score
 from training.metrics.evalb.evalb import brackets, constituent_labels, read
+from training.run_trainer import make_compute_metrics
+from training.tokenizer import train_joint_bpe
 
 # Reference trees and a parser's, in the treebank's brackets: function tags, a trace with the constituent that holds
 # nothing else, punctuation at the edges and inside, PRT against ADVP, unary NPs over NPs (5: the parser's alone; 9:
@@ -160,3 +163,20 @@ def test_a_parsers_alpha_is_chosen_by_f1_with_the_skipped_sentences_missed(trans
     assert score(decoded[0.3], [gold] * 4, trees=True)["bracket_f1"] == 100
     assert alpha == 0.6 and metrics["alpha_search"] == {0.3: pytest.approx(200 / 3), 0.6: pytest.approx(600 / 7)}
     assert metrics["validation"]["bracket_f1"] == pytest.approx(600 / 7)
+
+
+def test_the_trainers_metrics_score_trees_as_run_py_does():
+    """run_trainer.py's compute_metrics with --evalb, on the Trainer's -100-padded ids of decoded and reference trees:
+    the scores `score` gives the texts (sentence 8 skipped)."""
+    references, decoded = linearized_trees(GOLD), linearized_trees(PARSED)
+    tokenizer = train_joint_bpe(references + decoded, 200)
+
+    def padded(texts):
+        ids = tokenizer(texts)["input_ids"]
+        return np.array([row + [-100] * (max(map(len, ids)) - len(row)) for row in ids])
+
+    metrics = make_compute_metrics(tokenizer, True)(EvalPrediction(predictions=padded(decoded),
+                                                                   label_ids=padded(references)))
+    expected = score(decoded, references, trees=True)
+    assert metrics == {key: expected[key] for key in ("bleu", "chrf", "bracket_f1", "bracket_f1_all", "skipped")}
+    assert metrics["skipped"] == 1

@@ -216,8 +216,8 @@ def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_
                                                * preset["warmup_steps"]**-0.5)
     assert run_trainer.parse_arguments(["--preset", "cpu-medium", "--warmup_steps", "7"])[3].warmup_steps == 7
     _, model_args, recipe, args = run_trainer.parse_arguments(["--preset", "parsing"])
-    assert (model_args.num_layers, args.generation_num_beams, recipe.length_penalty_alpha, recipe.extra_length) == (
-        4, 21, 0.3, 300)
+    assert (model_args.num_layers, args.generation_num_beams, recipe.length_penalty_alpha, recipe.extra_length,
+            recipe.evalb) == (4, 21, 0.3, 300, True)
 
 
 def test_pairs_become_sources_and_labels_cut_to_max_source_length_with_their_end(tokenizer, pairs):

@@ -185,8 +185,8 @@ def tokenize(tokenizer, pairs: list[tuple[str, str]], max_length: int) -> Datase
 
 
 def make_compute_metrics(tokenizer, trees: bool):
-    """sacreBLEU and chrF (offline) of generated ids against label ids, and with `trees` EVALB's bracketing F1;
-    -100 (the Trainer's padding of predictions and labels) is read as padding."""
+    """sacreBLEU and chrF (offline) of generated ids against label ids, and with `trees` EVALB's bracketing F1 (also
+    with the skipped sentences missed); -100 (the Trainer's padding of predictions and labels) is read as padding."""
 
     def compute_metrics(eval_prediction) -> dict:
         predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
@@ -197,7 +197,8 @@ def make_compute_metrics(tokenizer, trees: bool):
         hypotheses = tokenizer.batch_decode(predictions, skip_special_tokens=True)
         references = tokenizer.batch_decode(labels, skip_special_tokens=True)
         metrics = score(hypotheses, references, trees)
-        return {key: metrics[key] for key in ("bleu", "chrf", "bracket_f1") if key in metrics}
+        kept = ("bleu", "chrf", "bracket_f1", "bracket_f1_all", "skipped")  # the numbers, not the signatures
+        return {key: metrics[key] for key in kept if key in metrics}
 
     return compute_metrics
 
