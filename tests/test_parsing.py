@@ -77,6 +77,25 @@ def test_a_treebank_tree_becomes_its_sentence_and_tensor2tensors_linearization(t
     assert rows == [{"en": expected[0], "tree": expected[1]}] * 2 and "2 trees from 1 file" in printed.err
 
 
+def test_decoded_trees_take_their_sentences_words_in_the_treebanks_brackets(tmp_path, capsys):
+    """--bracket: each parsed tree of the fixture, linearized, comes back as the tree it was (cleaned, under TOP),
+    the gold sentence's words in it; EVALB on these files gives the figures above (seen here, with the C program).
+    A tree of another number of words is `(TOP)`, which EVALB skips; files of unequal lengths are one line."""
+    gold = [treebank.linearized(tree) for tree in treebank.trees(GOLD)]
+    parsed = linearized_trees(PARSED)
+    (tmp_path / "s.en").write_text("".join(sentence + "\n" for sentence, _ in gold))
+    (tmp_path / "t.tree").write_text("".join(tree + "\n" for tree in parsed + ["S NP DT NN /NP /S"]))
+    assert refusal(capsys, treebank.main, "--bracket", tmp_path / "s.en", tmp_path / "t.tree") == (
+        f"error: --bracket: {tmp_path / 's.en'} has 9 lines, {tmp_path / 't.tree'} 10: a decoded tree a sentence")
+    (tmp_path / "t.tree").write_text("".join(tree + "\n" for tree in parsed))
+    treebank.main(["--bracket", str(tmp_path / "s.en"), str(tmp_path / "t.tree")])
+    written = capsys.readouterr().out.splitlines()
+    assert [treebank.trees(line) for line in written] == [[treebank.cleaned(tree)] for tree in treebank.trees(PARSED)]
+    assert written[7] == "(TOP (S (NP (PRP He)) (VP (. left)) (. .)))"  # sentence 8: the same 3 words
+    assert treebank.bracketed("Up", "S ADVP RB /ADVP /S", {"S", "ADVP"}) == "(TOP (S (ADVP (RB Up))))"  # a unary
+    assert treebank.bracketed("He left .", "S NP PRP /NP VP VBD /VP /S", constituent_labels(parsed)) == "(TOP)"
+
+
 @pytest.mark.parametrize(("text", "said"), [
     ("(S (NP (DT A) (NN dog)))\n\n(S (NP (DT The)\n  (NN dog))", "line 3: the tree that starts there is never closed"),
     ("(S (NP (DT A) (NN dog)))\n(S (NP (DT The) (NN dog))))", "line 2: a ')' closes nothing"),
@@ -115,6 +134,12 @@ def test_tensor2tensors_own_trees_score_as_cleaned_ones():
     assert brackets(raw, constituent_labels([raw])) == brackets(clean, constituent_labels([clean]))
     assert brackets(clean, constituent_labels([clean]))[1] == {("S", 0, 4): 1, ("NP", 0, 1): 1, ("VP", 1, 4): 1,
                                                               ("VP", 2, 4): 1, ("ADVP", 3, 4): 1}
+
+
+def test_a_tree_without_a_words_tag_is_skipped_though_its_scored_words_match():
+    """The final `.` left out: the scored words (punctuation deleted) are as many, but the sentence's words are not,
+    so no bracketed tree holds them: skipped."""
+    assert score(["S NP DT NN /NP VP VBZ /VP /S"], ["S NP DT NN /NP VP VBZ /VP . /S"], trees=True)["skipped"] == 1
 
 
 @pytest.mark.parametrize("decoded", [

@@ -1,12 +1,15 @@
 """Penn Treebank trees as §6.3's parser's training pairs: a sentence and its tree linearized as tensor2tensor's
-parsing problem writes it, the words left out (training/metrics/evalb reads it back).
+parsing problem writes it, the words left out (training/metrics/evalb reads it back); and back.
 
     python training/treebank.py wsj/02/*.mrg ... wsj/21/*.mrg > train.jsonl
+    python training/treebank.py --bracket wsj23.en wsj23.tree > wsj23.parsed   # decoded trees, with their words
 
-prints one JSON line per tree, {"translation": {"en": sentence, "tree": linearized tree}}, for `training/run.py
---source_lang en --target_lang tree --train_file train.jsonl`. As parsers are trained on the WSJ: traces (-NONE-) and
-the constituents left empty without them are dropped, function tags and indices cut (NP-SBJ-1 is NP), the root (TOP,
-or the treebank's unlabeled outer bracket) left out.
+The first prints one JSON line per tree, {"translation": {"en": sentence, "tree": linearized tree}}, for
+`training/run.py --source_lang en --target_lang tree --train_file train.jsonl`. As parsers are trained on the WSJ:
+traces (-NONE-) and the constituents left empty without them are dropped, function tags and indices cut (NP-SBJ-1 is
+NP), the root (TOP, or the treebank's unlabeled outer bracket) left out. The second puts each sentence's words into the
+tree decoded for it (`vaswani-translate`'s lines), in the treebank's brackets under TOP, for EVALB or any reader of
+trees: read as training/metrics/evalb reads it, and `(TOP)` where it tags another number of words (EVALB skips it).
 """
 
 import argparse
@@ -14,6 +17,10 @@ import json
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from training.metrics.evalb.evalb import constituent_labels, read
 
 TOKENS = re.compile(r"\(|\)|[^\s()]+")
 
@@ -78,10 +85,34 @@ def linearized(tree) -> tuple[str, str]:
     return " ".join(words), " ".join(labels)
 
 
+def bracketed(sentence: str, linearized: str, constituents: set[str]) -> str:
+    """The tree decoded for `sentence`, its words in it, in the treebank's brackets under TOP; `(TOP)` where it does
+    not tag each word once (a trace, -NONE-, takes none)."""
+    tags, spans = read(linearized, constituents)
+    words = sentence.split()
+    if sum(tag != "-NONE-" for tag in tags) != len(words):
+        return "(TOP)"
+    words.reverse()
+    # spans come innermost first (read() closes them so): of two with the same words, the later one is outside
+    spans = [(first, -end, -order, label) for order, (label, first, end) in enumerate(spans) if end > first]
+    text = []
+    for index, tag in enumerate(tags):
+        text += [f"({label}" for first, _, _, label in sorted(spans) if first == index]
+        closed = sum(-end == index + 1 for _, end, _, _ in spans)
+        text.append(f"({tag} {'*' if tag == '-NONE-' else words.pop()})" + ")" * closed)
+    return f"(TOP {' '.join(text)})"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("files", nargs="+", type=Path, help="Penn Treebank files (.mrg), trees in brackets")
+    parser.add_argument("files", nargs="*", type=Path, help="Penn Treebank files (.mrg), trees in brackets")
+    parser.add_argument("--bracket", nargs=2, type=Path, metavar=("SENTENCES", "TREES"),
+                        help="Write the decoded TREES (a linearized tree a line) with the words of SENTENCES instead")
     args = parser.parse_args(argv)
+    if args.bracket:
+        return bracket_files(*args.bracket)
+    if not args.files:
+        parser.error("give treebank files, or --bracket SENTENCES TREES")
     pairs, empty = [], 0
     for path in args.files:
         try:
@@ -97,6 +128,19 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(pair, ensure_ascii=False))
     files = f"{len(args.files)} file{'s' * (len(args.files) > 1)}"
     print(f"{len(pairs):,} trees from {files}" + f"; {empty} without words left out" * bool(empty), file=sys.stderr)
+
+
+def bracket_files(sentences_file: Path, trees_file: Path) -> None:
+    try:
+        sentences, trees = (path.read_text(encoding="utf-8").splitlines() for path in (sentences_file, trees_file))
+    except (OSError, UnicodeDecodeError) as error:
+        raise SystemExit(f"error: --bracket: {error}") from None
+    if len(sentences) != len(trees):
+        raise SystemExit(f"error: --bracket: {sentences_file} has {len(sentences):,} lines, {trees_file} "
+                         f"{len(trees):,}: a decoded tree a sentence")
+    constituents = constituent_labels(trees)  # the labels any decoded tree closes
+    for sentence, tree in zip(sentences, trees):
+        print(bracketed(sentence, tree, constituents))
 
 
 if __name__ == "__main__":

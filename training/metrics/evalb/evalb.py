@@ -11,9 +11,10 @@ still open close at the end.
 Scored as EVALB scores: the words tagged -NONE- (traces) or punctuation (, : `` '' .) are deleted, and with them the
 constituents that dominate nothing else; TOP is not counted; function tags are cut (NP-SBJ is NP); ADVP and PRT are
 one label. A constituent is correct where the reference has one of the same label and words, each matched once.
-A sentence whose output has no words, or another number of words than its reference, is skipped, as EVALB skips it,
-and counted in `skipped`: the scores are over the other sentences. So that skipping never scores, `bracket_f1_all` is
-the F1 with the skipped sentences' constituents counted as missed.
+A sentence whose output tags another number of words than its reference (traces not counted: there is no sentence
+to put in its brackets), or keeps another number or none once punctuation is deleted (EVALB's "length unmatch"), is
+skipped, as EVALB skips it, and counted in `skipped`: the scores are over the other sentences. So that skipping never
+scores, `bracket_f1_all` is the F1 with the skipped sentences' constituents counted as missed.
 """
 
 import itertools
@@ -50,8 +51,9 @@ def read(linearized: str, constituents: set[str]) -> tuple[list[str], list[tuple
     return tags, spans
 
 
-def brackets(linearized: str, constituents: set[str]) -> tuple[int, Counter]:
-    """EVALB's view of a tree: its number of words and its brackets, (label, start, end) counted."""
+def brackets(linearized: str, constituents: set[str]) -> tuple[tuple[int, int], Counter]:
+    """EVALB's view of a tree: its number of words, before and after the deletions, and its brackets, (label, start,
+    end) counted."""
     tags, spans = read(linearized, constituents)
     position = list(itertools.accumulate((tag not in DELETED_TAGS for tag in tags), initial=0))
     counted = Counter()
@@ -59,7 +61,7 @@ def brackets(linearized: str, constituents: set[str]) -> tuple[int, Counter]:
         label = re.split("[-=]", label, maxsplit=1)[0]
         if position[end] > position[first] and label != "TOP":
             counted[EQUAL_LABELS.get(label, label), position[first], position[end]] += 1
-    return position[-1], counted
+    return (sum(tag != "-NONE-" for tag in tags), position[-1]), counted
 
 
 def f1(precision: float, recall: float) -> float:
@@ -81,9 +83,9 @@ class Evalb(evaluate.Metric):
         constituents = constituent_labels(references)
         matched = gold = test = complete = skipped = missed = 0
         for prediction, reference in zip(predictions, references):
-            words, expected = brackets(reference, constituents)
-            found_words, found = brackets(prediction, constituents | constituent_labels([prediction]))
-            if found_words == 0 or found_words != words:
+            length, expected = brackets(reference, constituents)
+            found_length, found = brackets(prediction, constituents | constituent_labels([prediction]))
+            if found_length != length or found_length[1] == 0:
                 skipped, missed = skipped + 1, missed + expected.total()
                 continue
             matched, gold, test = matched + (expected & found).total(), gold + expected.total(), test + found.total()
