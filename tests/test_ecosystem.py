@@ -352,6 +352,7 @@ def test_the_model_card_parses_and_carries_the_runs_numbers(translation_folder):
     for split, metric, name in (("test", "bleu", "sacreBLEU"), ("test", "chrf", "chrF")):
         assert f"| {split} | {name} | {metrics[metric]:.2f} | `{metrics[metric + '_signature']}` |" in text
     for section in ("Deviations from the paper", "How to use", "Intended uses and limits", "Out of scope",
+                    "Intended use: translating en text of the kind it was trained on (the embedded synthetic",
                     "Input length: " + LENGTH_LIMIT, "Training", "Evaluation", "Citation", 'pipeline("translation"',
                     "AutoModelForSeq2SeqLM", "400 train pairs, 6 test pairs", "recipe: 60 steps"):
         assert section in text, section

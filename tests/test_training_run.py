@@ -726,6 +726,7 @@ def test_the_parsing_preset_saves_the_papers_parser_decoding(tmp_path, treebank_
     assert "- recipe: `extra_length=300` (paper: 50; its parser, §6.3: 300)" in card
     metrics = json.loads((tmp_path / "parser" / "metrics.json").read_text())
     assert {"bleu", "bracket_f1", "skipped"} <= metrics["test"].keys() <= metrics["validation"].keys()
+    assert "Intended use: parsing en sentences of the kind it was trained on (local files (train: train.jsonl;" in card
     assert ("scored on detokenized text with sacreBLEU and as linearized trees with EVALB (COLLINS.prm)" in card
             and f"| test | bracketing F1 (EVALB) | {metrics['test']['bracket_f1']:.2f} |" in card)
     model = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "parser", add_final_logits_bias=True).eval()

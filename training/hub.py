@@ -17,14 +17,14 @@ MODEL_CARD = ROOT / "model_card.md"
 def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, data: TrainingData, length_limit: str,
                         source_lang: str, target_lang: str, model_id: str, recipe: dict, deviations: list[str],
                         label_smoothing: float, batching: str, num_beams: int = 4, alpha: float | None = 0.6,
-                        base_model: str | None = None) -> None:
+                        base_model: str | None = None, trees: bool = False) -> None:
     """Weights (safetensors), config with auto_map and custom_pipelines, code files, tokenizer, the generation config
     of the paper's decoding (beam size and GNMT α; `alpha=None`: the model's own, as a converted model's fine-tuning
     keeps the decoding it was published with), metrics, and README.md — the model card with this run's
     numbers. The card states the run's own recipe: its `batching` (how batches were made), its label smoothing, the
     dropout of its config and the checkpoints `metrics` says were averaged; its data as `data` describes it, and
     `length_limit`, what training did with long pairs; `base_model`, the model a fine-tuning run started from (a Hub id
-    or a folder here, which the card names without its path)."""
+    or a folder here, which the card names without its path); `trees`: a parser's (§6.3), whose outputs are trees."""
     if alpha is not None:  # the run's limit kept
         set_paper_decoding(model.generation_config, num_beams, alpha, extra_length_of(model.generation_config))
     model.save_pretrained(output_dir)
@@ -43,6 +43,11 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "target_lang": target_lang,
         "synthetic_warning": SYNTHETIC_WARNING if data.synthetic else "",
         "data": data.description,
+        "intended_use": (f"parsing {source_lang} sentences of the kind it was trained on ({data.description}) into "
+                         "constituency trees (§6.3), linearized as tensor2tensor writes them, without words "
+                         "(vaswani_hf's `training/treebank.py --bracket` puts them back)" if trees else
+                         f"translating {source_lang} text of the kind it was trained on ({data.description}) into "
+                         f"{target_lang}"),
         "sizes": ", ".join(f"{count:,} {split} pairs" if isinstance(count, int) else f"{split} pairs {count}"
                            for split, count in data.sizes.items()),
         "example": json.dumps(data.example, ensure_ascii=False),

@@ -310,7 +310,7 @@ def publish(final, tokenizer, output_dir: Path, metrics: dict, pairs: dict, alph
         model_id=args.hub_model_id or output_dir.name, recipe=recipe,
         deviations=recipe_deviations(args, data_args), label_smoothing=args.label_smoothing,
         batching=f"batches grouped by length and counted in tokens, {args.tokens_per_step} per step",
-        num_beams=args.num_beams, alpha=alpha, base_model=args.model_name_or_path,
+        num_beams=args.num_beams, alpha=alpha, base_model=args.model_name_or_path, trees=args.evalb,
     )
     say(f"model, tokenizer, metrics and model card in {output_dir}")
     if args.push_to_hub:

@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None):
                     "per_device_train_batch_size": training_args.per_device_train_batch_size},
             deviations=deviations, label_smoothing=training_args.label_smoothing_factor,
             batching=f"batches of {training_args.per_device_train_batch_size} sentences per process",
-            num_beams=num_beams, alpha=alpha, base_model=start,
+            num_beams=num_beams, alpha=alpha, base_model=start, trees=recipe.evalb,
         )
         if publish:
             url = push_or_exit(output_dir, training_args.hub_model_id or output_dir.name,
