@@ -20,6 +20,7 @@ import torch
 from accelerate.commands.config.config_args import ClusterConfig
 from accelerate.utils import DistributedType
 from forked import accelerate_ranks, free_port, run_forked
+from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from support import CODE_FILES, accelerate_as_in_a_new_process, run_hidden, run_training, tiny_model
 from torch._inductor import config as inductor_config
@@ -726,6 +727,8 @@ def test_the_parsing_preset_saves_the_papers_parser_decoding(tmp_path, treebank_
     assert "- recipe: `extra_length=300` (paper: 50; its parser, §6.3: 300)" in card
     metrics = json.loads((tmp_path / "parser" / "metrics.json").read_text())
     assert {"bleu", "bracket_f1", "skipped"} <= metrics["test"].keys() <= metrics["validation"].keys()
+    header = ModelCard.load(tmp_path / "parser" / "README.md").data  # one language: the sentences'
+    assert header.language == ["en"] and header.metrics == ["bleu", "chrf", "bracket_f1"]
     assert "Intended use: parsing en sentences of the kind it was trained on (local files (train: train.jsonl;" in card
     assert ("scored on detokenized text with sacreBLEU and as linearized trees with EVALB (COLLINS.prm)" in card
             and f"| test | bracketing F1 (EVALB) | {metrics['test']['bracket_f1']:.2f} |" in card)

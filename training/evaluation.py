@@ -29,6 +29,7 @@ def score(predictions: list[str], references: list[str], trees: bool = False) ->
 
 
 def reported(scores: dict) -> str:
+    """The scores as a run prints them."""
     evalb = (f"EVALB F1 {scores['bracket_f1']:.1f} ({scores['skipped']} skipped; {scores['bracket_f1_all']:.1f} with "
              "their constituents missed)  ") if "bracket_f1" in scores else ""
     return f"{evalb}sacreBLEU {scores['bleu']:.1f}  chrF {scores['chrf']:.1f}"

@@ -72,7 +72,7 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "decoding": decoding_text(model.generation_config, num_beams, alpha),
         "evaluation": evaluation_text(scores, decoding_text(model.generation_config, num_beams, alpha, short=True)),
     }
-    metadata = card_metadata(data, scores, source_lang, target_lang, model_id, base_id)
+    metadata = card_metadata(data, scores, source_lang, target_lang, model_id, base_id, trees)
     card = ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n"
                      + fill_template(MODEL_CARD.read_text(), values))
     card.save(output_dir / "README.md")
@@ -133,10 +133,10 @@ SYNTHETIC_WARNING = """
 
 
 def card_metadata(data: TrainingData, scores: dict[str, dict], source_lang: str, target_lang: str,
-                  model_id: str, base_model: str | None = None) -> ModelCardData:
+                  model_id: str, base_model: str | None = None, trees: bool = False) -> ModelCardData:
     """The card's YAML header, made by huggingface_hub: the results (model-index) only where the data has a Hub id
     (the metadata's dataset fields take one), and only the splits that were scored; the Hub id of the model a
-    fine-tuning run started from."""
+    fine-tuning run started from. A parser's (`trees`) has one language, its sentences'."""
     results = [
         EvalResult(task_type="translation", task_name=f"Translation {source_lang}-{target_lang}",
                    dataset_type=data.dataset_id, dataset_name=data.dataset_id, dataset_split=split,
@@ -144,12 +144,12 @@ def card_metadata(data: TrainingData, scores: dict[str, dict], source_lang: str,
                    metric_args={"signature": split_scores[f"{metric}_signature"]})
         for split, split_scores in scores.items() for metric, name in METRICS if metric in split_scores
     ] if data.dataset_id else None
-    parser = any("bracket_f1" in split_scores for split_scores in scores.values())
     return ModelCardData(
-        language=[source_lang, target_lang], license=data.license, library_name="transformers",
-        pipeline_tag="translation", tags=["translation", "transformer", "vaswani_hf", "attention-is-all-you-need"],
+        language=[source_lang] if trees else [source_lang, target_lang], license=data.license,
+        library_name="transformers", pipeline_tag="translation",
+        tags=["translation", "transformer", "vaswani_hf", "attention-is-all-you-need"],
         datasets=[data.dataset_id] if data.dataset_id else None, model_name=model_id,
-        metrics=["bleu", "chrf", "bracket_f1"] if parser else ["bleu", "chrf"],
+        metrics=["bleu", "chrf", "bracket_f1"] if trees else ["bleu", "chrf"],
         eval_results=results, base_model=base_model)
 
 
