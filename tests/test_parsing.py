@@ -79,7 +79,7 @@ def test_a_treebank_tree_becomes_its_sentence_and_tensor2tensors_linearization(t
 
 def test_decoded_trees_take_their_sentences_words_in_the_treebanks_brackets(tmp_path, capsys):
     """--bracket: each parsed tree of the fixture, linearized, comes back as the tree it was (cleaned, under TOP),
-    the gold sentence's words in it; EVALB on these files gives the figures above (seen here, with the C program).
+    the gold sentence's words in it (the C program, given such files in development, gave EVALB's figures above).
     A tree of another number of words is `(TOP)`, which EVALB skips; files of unequal lengths are one line."""
     gold = [treebank.linearized(tree) for tree in treebank.trees(GOLD)]
     parsed = linearized_trees(PARSED)

@@ -85,19 +85,19 @@ def linearized(tree) -> tuple[str, str]:
     return " ".join(words), " ".join(labels)
 
 
-def bracketed(sentence: str, linearized: str, constituents: set[str]) -> str:
-    """The tree decoded for `sentence`, its words in it, in the treebank's brackets under TOP; `(TOP)` where it does
-    not tag each word once (a trace, -NONE-, takes none)."""
-    tags, spans = read(linearized, constituents)
+def bracketed(sentence: str, tree: str, constituents: set[str]) -> str:
+    """The linearized `tree` decoded for `sentence`, its words in it, in the treebank's brackets under TOP; `(TOP)`
+    where it does not tag each word once (a trace, -NONE-, takes none)."""
+    tags, spans = read(tree, constituents)
     words = sentence.split()
     if sum(tag != "-NONE-" for tag in tags) != len(words):
         return "(TOP)"
     words.reverse()
     # spans come innermost first (read() closes them so): of two with the same words, the later one is outside
-    spans = [(first, -end, -order, label) for order, (label, first, end) in enumerate(spans) if end > first]
+    spans = sorted((first, -end, -order, label) for order, (label, first, end) in enumerate(spans) if end > first)
     text = []
     for index, tag in enumerate(tags):
-        text += [f"({label}" for first, _, _, label in sorted(spans) if first == index]
+        text += [f"({label}" for first, _, _, label in spans if first == index]
         closed = sum(-end == index + 1 for _, end, _, _ in spans)
         text.append(f"({tag} {'*' if tag == '-NONE-' else words.pop()})" + ")" * closed)
     return f"(TOP {' '.join(text)})"
@@ -132,14 +132,14 @@ def main(argv: list[str] | None = None) -> None:
 
 def bracket_files(sentences_file: Path, trees_file: Path) -> None:
     try:
-        sentences, trees = (path.read_text(encoding="utf-8").splitlines() for path in (sentences_file, trees_file))
+        sentences, decoded = (path.read_text(encoding="utf-8").splitlines() for path in (sentences_file, trees_file))
     except (OSError, UnicodeDecodeError) as error:
         raise SystemExit(f"error: --bracket: {error}") from None
-    if len(sentences) != len(trees):
+    if len(sentences) != len(decoded):
         raise SystemExit(f"error: --bracket: {sentences_file} has {len(sentences):,} lines, {trees_file} "
-                         f"{len(trees):,}: a decoded tree a sentence")
-    constituents = constituent_labels(trees)  # the labels any decoded tree closes
-    for sentence, tree in zip(sentences, trees):
+                         f"{len(decoded):,}: a decoded tree a sentence")
+    constituents = constituent_labels(decoded)  # the labels any decoded tree closes
+    for sentence, tree in zip(sentences, decoded):
         print(bracketed(sentence, tree, constituents))
 
 
