@@ -647,13 +647,15 @@ def test_a_folder_without_tokenizer_config_translates_as_the_complete_one(transl
 
 @pytest.mark.parametrize("script", ["run.py", "run_trainer.py"])
 def test_on_several_processes_a_refusal_is_said_once(tmp_path, data, script):
-    """Every process of `accelerate launch --multi_gpu --num_processes 2` checks its flags and the output folder alike
-    and stops; the first alone says why (two copies of a line, written at once, interleave)."""
+    """Every process of `accelerate launch --multi_gpu --num_processes 2` checks its flags, the output folder and
+    the data alike and stops; the first alone says why (two copies of a line, written at once, interleave)."""
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "notes.txt").write_text("mine")
     for flags, message in (
             (["--d_model", "30"], "error: VaswaniConfig: d_model=30 is not divisible by num_heads=4"),
-            ([], f"error: --output_dir {tmp_path / 'out'} ")):  # not empty
+            ([], f"error: --output_dir {tmp_path / 'out'} "),  # not empty
+            (["--evalb", "--validation_file", data[1], "--output_dir", tmp_path / "new"],
+             "error: --evalb: the validation targets are not linearized trees")):
         ranks = accelerate_ranks(2, "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
                                  port=free_port())
         result = run_forked([*TINY, *data, "--output_dir", tmp_path / "out", *flags], ranks, timeout=300,

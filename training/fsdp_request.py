@@ -4,6 +4,7 @@ transformers, so a launch that cannot be honoured stops in a moment in every pro
 the sharding)."""
 
 import os
+import time
 from contextlib import contextmanager
 
 UNSUPPORTED = {  # Accelerate's FSDP settings (environment variables set by `accelerate launch`) we cannot honour
@@ -34,8 +35,13 @@ def check_fsdp_request() -> None:
 
 
 def refuse(message: str) -> None:
-    """Every process stops; only the first says why (two processes writing one line at once garble it)."""
-    raise SystemExit(message if os.environ.get("RANK", "0") == "0" else 1)
+    """Every process stops; only the first says why (two processes writing one line at once garble it). The others
+    stop a second later: a launcher stops every process once one has ended, and the first may be slower to get there
+    (a check after its own barrier, a busy core)."""
+    if os.environ.get("RANK", "0") != "0":
+        time.sleep(1)
+        raise SystemExit(1)
+    raise SystemExit(message)
 
 
 @contextmanager

@@ -361,7 +361,8 @@ def run_data(accelerator, data_args, vocab_size: int, args, output_dir: Path, re
     `start_tokenizer` (a resumed run's is in --output_dir), read by every process."""
     with accelerator.main_process_first():  # Arrow in datasets' cache: written once, then memory-mapped by all
         data = load_run_data(data_args)
-    check_trees(data, args.evalb)
+    with said_once():  # every process reads the same targets
+        check_trees(data, args.evalb)
     if accelerator.is_main_process and not resumed:
         if start_tokenizer is None:
             start_tokenizer = train_joint_bpe(corpus_texts(data["train"], data_args.bpe_sample, args.seed), vocab_size)

@@ -218,8 +218,10 @@ def main(argv: list[str] | None = None):
         if publish:
             check_can_push(training_args.hub_model_id or output_dir.name)
     training_args.distributed_state.wait_for_everyone()  # every process has looked before the main one writes there
-    data = load_run_data(data_args)
-    check_trees(data, recipe.evalb)
+    with training_args.main_process_first():  # Arrow in datasets' cache: written once, then memory-mapped by all
+        data = load_run_data(data_args)
+    with said_once():  # every process reads the same targets; the first, ahead, says it
+        check_trees(data, recipe.evalb)
     pairs = {split: as_pairs(rows) for split, rows in data.items()}  # Trainer datasets: lists
     start = recipe.model_name_or_path
     if start is not None:
