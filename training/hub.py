@@ -70,7 +70,8 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "recipe": json.dumps(recipe, indent=1),
         "tokenizer": "joint BPE" if base_model is None else "the tokenizer of the model it was fine-tuned from",
         "decoding": decoding_text(model.generation_config, num_beams, alpha),
-        "evaluation": evaluation_text(scores, decoding_text(model.generation_config, num_beams, alpha, short=True)),
+        "evaluation": evaluation_text(scores, decoding_text(model.generation_config, num_beams, alpha, short=True),
+                                      trees),
     }
     metadata = card_metadata(data, scores, source_lang, target_lang, model_id, base_id, trees)
     card = ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n"
@@ -167,14 +168,15 @@ def decoding_text(generation, num_beams: int, alpha: float | None, short: bool =
             f"hypotheses ranked by {penalty} (not the paper's GNMT penalty)")
 
 
-def evaluation_text(scores: dict[str, dict], decoding: str) -> str:
-    """The card's Evaluation section: a row per split and metric that was scored, decoded as `decoding` says."""
+def evaluation_text(scores: dict[str, dict], decoding: str, trees: bool = False) -> str:
+    """The card's Evaluation section: a row per split and metric that was scored, decoded as `decoding` says (a
+    parser's, `trees`, scored by EVALB too)."""
     if not scores:
         return "No validation or test set was given to this run: it was not evaluated."
     rows = [f"| {split} | {name} | {split_scores[metric]:.2f} | `{split_scores[f'{metric}_signature']}` |"
             for split, split_scores in scores.items() for metric, name in METRICS if metric in split_scores]
-    trees = " and as linearized trees with EVALB (COLLINS.prm)" * any("bracket_f1" in row for row in scores.values())
-    return "\n".join([f"Decoded with {decoding}, scored on detokenized text with sacreBLEU{trees}:", "",
+    evalb = " and as linearized trees with EVALB (COLLINS.prm)" * trees
+    return "\n".join([f"Decoded with {decoding}, scored on detokenized text with sacreBLEU{evalb}:", "",
                       "| split | metric | value | signature |", "|---|---|---|---|", *rows])
 
 
