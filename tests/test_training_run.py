@@ -723,13 +723,16 @@ def test_the_parsing_preset_saves_the_papers_parser_decoding(tmp_path, treebank_
     assert (generation["num_beams"], generation["gnmt_alpha"], generation["extra_length"]) == (21, 0.3, 300)
     card = " ".join((tmp_path / "parser" / "README.md").read_text().split())
     assert ("beam search with a beam of 21 and the GNMT length penalty ((5 + |Y|) / 6)^α, α = 0.3, up to source "
-            "length + 300 tokens") in card and "a translation is at most the source's length + 300 tokens" in card
+            "length + 300 tokens") in card and "a tree is at most the source's length + 300 tokens" in card
     assert "- recipe: `extra_length=300` (paper: 50; its parser, §6.3: 300)" in card
     metrics = json.loads((tmp_path / "parser" / "metrics.json").read_text())
     assert {"bleu", "bracket_f1", "skipped"} <= metrics["test"].keys() <= metrics["validation"].keys()
     header = ModelCard.load(tmp_path / "parser" / "README.md").data  # one language: the sentences'
     assert header.language == ["en"] and header.metrics == ["bleu", "chrf", "bracket_f1"]
     assert "Intended use: parsing en sentences of the kind it was trained on (local files (train: train.jsonl;" in card
+    assert "Out of scope: sentences of another domain, style or language than its treebank, which it parses" in card
+    assert '"Attention Is All You Need", a constituency parser of en (§6.3)' in card and "give the same trees" in card
+    assert not any(words in card for words in ("→ tree", "translates", "translation system", "wrong translation"))
     assert ("scored on detokenized text with sacreBLEU and as linearized trees with EVALB (COLLINS.prm)" in card
             and f"| test | bracketing F1 (EVALB) | {metrics['test']['bracket_f1']:.2f} |" in card)
     model = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "parser", add_final_logits_bias=True).eval()

@@ -43,11 +43,8 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "target_lang": target_lang,
         "synthetic_warning": SYNTHETIC_WARNING if data.synthetic else "",
         "data": data.description,
-        "intended_use": (f"parsing {source_lang} sentences of the kind it was trained on ({data.description}) into "
-                         "constituency trees (§6.3), linearized as tensor2tensor writes them, without words "
-                         "(vaswani_hf's `training/treebank.py --bracket` puts them back)" if trees else
-                         f"translating {source_lang} text of the kind it was trained on ({data.description}) into "
-                         f"{target_lang}"),
+        **(parser_texts(source_lang, data.description) if trees else
+           translator_texts(source_lang, target_lang, data.description)),
         "sizes": ", ".join(f"{count:,} {split} pairs" if isinstance(count, int) else f"{split} pairs {count}"
                            for split, count in data.sizes.items()),
         "example": json.dumps(data.example, ensure_ascii=False),
@@ -77,6 +74,28 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
     card = ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n"
                      + fill_template(MODEL_CARD.read_text(), values))
     card.save(output_dir / "README.md")
+
+
+def translator_texts(source_lang: str, target_lang: str, data: str) -> dict[str, str]:
+    """The model card's words for what a translation model is and is for."""
+    return {"task": f"{source_lang} → {target_lang}", "output": "translation",
+            "intended_use": (f"translating {source_lang} text of the kind it was trained on ({data}) into "
+                             f"{target_lang}"),
+            "out_of_scope": ("text of another domain, style or language than its training data, which it translates "
+                             "far worse; any use where a wrong translation can cause harm without a person checking "
+                             "it; it is not a general-purpose translation system")}
+
+
+def parser_texts(source_lang: str, data: str) -> dict[str, str]:
+    """The model card's words for what a constituency parser (§6.3) is and is for."""
+    return {"task": f"a constituency parser of {source_lang} (§6.3)", "output": "tree",
+            "intended_use": (f"parsing {source_lang} sentences of the kind it was trained on ({data}) into "
+                             "constituency trees (§6.3), linearized as tensor2tensor writes them, without words "
+                             "(vaswani_hf's `training/treebank.py --bracket` puts them back)"),
+            "out_of_scope": ("sentences of another domain, style or language than its treebank, which it parses far "
+                             "worse; trees it outputs with another number of words than their sentence (`--bracket` "
+                             "writes `(TOP)` for them, which EVALB skips); any use where a wrong tree can cause harm "
+                             "without a person checking it; it is not a general-purpose parser")}
 
 
 def set_paper_decoding(generation, num_beams: int, alpha: float, extra_length: int = EXTRA_OUTPUT_LENGTH) -> None:
