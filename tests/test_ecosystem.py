@@ -428,6 +428,24 @@ def test_the_model_card_names_the_data_as_given_and_claims_no_license(translatio
     assert "local files" not in card.content.split("---")[1]  # not in the metadata
 
 
+def test_a_parsers_card_on_a_hub_dataset_names_its_results_parsing_with_evalbs_f1(translation_folder, tmp_path):
+    """A parser's (§6.3, --evalb) metadata: its results are constituency parsing of the sentences' language, with
+    EVALB's F1 beside BLEU and chrF, each with its signature; the card's table has the F1."""
+    model, tokenizer = load_local(translation_folder)
+    scores = {"test": {**SCORES["test"], "bracket_f1": 91.234, "bracket_f1_signature": "EVALB COLLINS.prm"}}
+    pairs = {"train": [("the dog sleeps .", "S NP DT NN /NP VP VBZ /VP . /S")]}
+    write_output_folder(model, tokenizer, tmp_path, {"train_steps": 1, **scores},
+                        data=training_data(DataArguments(dataset_name="org/wsj", target_lang="tree"), pairs),
+                        length_limit=LENGTH_LIMIT, source_lang="en", target_lang="tree", model_id="m", recipe={},
+                        deviations=[], label_smoothing=0.1, batching="b", trees=True)
+    card = ModelCard.load(tmp_path / "README.md")
+    assert {(r.task_name, r.dataset_type, r.metric_type, r.metric_value, r.metric_args["signature"])
+            for r in card.data.eval_results} == {
+        ("Constituency parsing en", "org/wsj", metric, round(scores["test"][metric], 2),
+         scores["test"][f"{metric}_signature"]) for metric in ("bleu", "chrf", "bracket_f1")}
+    assert "| test | bracketing F1 (EVALB) | 91.23 | `EVALB COLLINS.prm` |" in card.text
+
+
 def test_the_model_card_lists_every_deviation_and_the_averaged_checkpoints(translation_folder, tmp_path):
     """The config's own deviations (`VaswaniConfig.deviations`) come first, then the run's, one line each; the recipe
     names how many checkpoints were averaged."""

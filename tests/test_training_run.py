@@ -729,6 +729,7 @@ def test_the_parsing_preset_saves_the_papers_parser_decoding(tmp_path, treebank_
     assert {"bleu", "bracket_f1", "skipped"} <= metrics["test"].keys() <= metrics["validation"].keys()
     header = ModelCard.load(tmp_path / "parser" / "README.md").data  # one language: the sentences'
     assert header.language == ["en"] and header.metrics == ["bleu", "chrf", "bracket_f1"]
+    assert header.tags[0] == "constituency-parsing" and header.pipeline_tag == "translation"  # the pipeline it has
     assert "Intended use: parsing en sentences of the kind it was trained on (local files (train: train.jsonl;" in card
     assert "Out of scope: sentences of another domain, style or language than its treebank, which it parses" in card
     assert '"Attention Is All You Need", a constituency parser of en (§6.3)' in card and "give the same trees" in card

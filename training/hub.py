@@ -156,9 +156,11 @@ def card_metadata(data: TrainingData, scores: dict[str, dict], source_lang: str,
                   model_id: str, base_model: str | None = None, trees: bool = False) -> ModelCardData:
     """The card's YAML header, made by huggingface_hub: the results (model-index) only where the data has a Hub id
     (the metadata's dataset fields take one), and only the splits that were scored; the Hub id of the model a
-    fine-tuning run started from. A parser's (`trees`) has one language, its sentences'."""
+    fine-tuning run started from. A parser's (`trees`) has one language, its sentences', and is tagged and its results
+    named as parsing (its pipeline is still the translation pipeline: text in, text out)."""
+    task = f"Constituency parsing {source_lang}" if trees else f"Translation {source_lang}-{target_lang}"
     results = [
-        EvalResult(task_type="translation", task_name=f"Translation {source_lang}-{target_lang}",
+        EvalResult(task_type="translation", task_name=task,
                    dataset_type=data.dataset_id, dataset_name=data.dataset_id, dataset_split=split,
                    metric_type=metric, metric_name=name, metric_value=round(split_scores[metric], 2),
                    metric_args={"signature": split_scores[f"{metric}_signature"]})
@@ -167,7 +169,8 @@ def card_metadata(data: TrainingData, scores: dict[str, dict], source_lang: str,
     return ModelCardData(
         language=[source_lang] if trees else [source_lang, target_lang], license=data.license,
         library_name="transformers", pipeline_tag="translation",
-        tags=["translation", "transformer", "vaswani_hf", "attention-is-all-you-need"],
+        tags=["constituency-parsing" if trees else "translation", "transformer", "vaswani_hf",
+              "attention-is-all-you-need"],
         datasets=[data.dataset_id] if data.dataset_id else None, model_name=model_id,
         metrics=["bleu", "chrf", "bracket_f1"] if trees else ["bleu", "chrf"],
         eval_results=results, base_model=base_model)
