@@ -30,6 +30,7 @@ from training import treebank
 from training.batching import encode, token_batches
 from training.checkpoints import checkpoints
 from training.default_data import generate
+from training.evaluation import evaluate_model
 from training.step import TrainingStep
 from vaswani_hf import VaswaniForConditionalGeneration
 from vaswani_hf.tools.hub import published_files
@@ -592,6 +593,33 @@ def test_save_minutes_count_from_the_last_checkpoint_and_train_minutes_cover_eve
     assert state["schedule"]["checkpoints"] == [3, 6] and [p.name for p in checkpoints(tmp_path / "run")] == [
         "checkpoint-6", "checkpoint-8"]
     assert 800 <= 60 * json.loads((tmp_path / "run" / "metrics.json").read_text())["train_minutes"] < 900
+
+
+def test_a_budget_counts_training_not_validation(tmp_path, small_data, monkeypatch):
+    """--max_train_minutes 20 on the clock run.py reads, moved on 100 s at every step's end and 2,000 s by each
+    validation (a parser's beam of 21 on a CPU): 12 steps, as without validations, validated after the 4th and the 8th
+    (--evaluations 2), the schedule fitted to 12 (were validation counted, the run would end at the first)."""
+    import training.run
+
+    moved = {"seconds": 0.0}
+
+    def step_ended(point):  # run.py's fault points: one at each step's end
+        if point.startswith("step-"):
+            moved["seconds"] += 100
+
+    def validation(*args, **kwargs):
+        moved["seconds"] += 2000
+        return evaluate_model(*args, **kwargs)
+
+    monkeypatch.setattr(training.run, "fault_point", step_ended)
+    monkeypatch.setattr(training.run, "evaluate_model", validation)
+    monkeypatch.setattr(training.run, "time", SimpleNamespace(time=lambda: time.time() + moved["seconds"]))
+    train_here(tmp_path / "run", *TINY, *small_data, "--max_train_minutes", "20", "--evaluations", "2",
+               "--eval_max_sentences", "2", "--average_checkpoints", "1")
+    schedule = json.loads((tmp_path / "run" / "schedule.json").read_text())
+    assert schedule["steps"] == 12 and schedule["evaluations"] == [4, 8]
+    assert round(schedule["expected_steps"][-1]) == 12
+    assert 1200 <= 60 * json.loads((tmp_path / "run" / "metrics.json").read_text())["train_minutes"] < 1300
 
 
 @pytest.mark.xdist_group("whole_run")

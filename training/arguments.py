@@ -93,8 +93,9 @@ class RecipeArguments:
     seed: int = 1
     max_steps: int = field(default=100000, metadata={"help": "Optimizer steps (§5.2: 100k for base)."})
     max_train_minutes: float | None = field(default=None, metadata={
-        "help": "A wall-clock budget: stop after it, and fit the schedule, checkpoints and evaluations to the steps "
-                "the machine is measured to make in it (training/budget.py; not the paper's)."})
+        "help": "A wall-clock budget of training, validations not counted: stop after it, and fit the schedule, "
+                "checkpoints and evaluations to the steps the machine is measured to make in it (training/budget.py; "
+                "not the paper's)."})
     warmup_share: float = field(default=0.04, metadata={
         "help": "With a budget: warmup over this share of the expected steps (paper: 4k of 100k)."})
     cooldown_share: float = field(default=0.0, metadata={

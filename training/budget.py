@@ -90,8 +90,8 @@ class TimeBudget:
 
     def estimate(self, step: int, elapsed: float, first_step_seconds: float) -> float:
         """Steps done plus the steps the remaining time allows at the mean time of the steps after the first (the
-        first warms up torch's allocator and kernels); evaluations and checkpoints count in that time. At most
-        --max_steps. Before two steps are done, the previous estimate stands."""
+        first warms up torch's allocator and kernels); checkpoints count in that time, validations do not (run.py's
+        clock stops for them). At most --max_steps. Before two steps are done, the previous estimate stands."""
         if step >= 2:
             per_step = max((elapsed - first_step_seconds) / (step - 1), 1e-9)
             self.expected = min(self.max_steps, step + max(0.0, self.seconds - elapsed) / per_step)

@@ -218,7 +218,7 @@ class Run:
         return step
 
     def seconds(self, shared: bool = True) -> float:
-        """The run's time; `shared`: by the main process's clock, on every process."""
+        """The run's time, its validations left out; `shared`: by the main process's clock, on every process."""
         if not shared or self.accelerator.num_processes == 1:
             return time.time() - self.start_time  # nothing to share: no tensor whose reading would wait for a GPU
         now = torch.tensor([time.time() - self.start_time], dtype=torch.float64, device=self.accelerator.device)
@@ -285,6 +285,7 @@ def train(run: Run, schedule: Steps, step: int, validate) -> int:
         if schedule.evaluate(step, previous, last_check):
             read_values(unread)
             validate(step, entry)
+            run.start_time += run.seconds() - last_check  # the run's clock counts training, not validation
         if schedule.save(step, previous, last_check):
             read_values(unread)
             run.save(step, last_check)
