@@ -59,7 +59,10 @@ cublas13=$(python3 -c 'import glob, site
 roots = [*site.getsitepackages(), "/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]
 print(min((f for r in roots for f in glob.glob(f"{r}/**/libcublas.so.13*", recursive=True)), default=""))')
 [ -n "$cublas13" ] && ln -s "$cublas13" "$cublas12/libcublas.so.12" && cublas12="$cublas12:$(dirname "$cublas13")"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# From transformers 5.25, from_pretrained loads Hub kernels unless USE_HUB_KERNELS=NO, and refuses to load a model
+# without the `kernels` package, which the wheels leave out (and no Hub is reached from here; our model has no
+# layer a Hub kernel replaces).
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false USE_HUB_KERNELS=NO
 
 pin=""
 run() {  # NAME SECONDS_NEEDED COMMAND...: the command under the time left, its log into the parts' folder

@@ -11,8 +11,9 @@
 # about 7.5 minutes; its training runs stay there, the report and the table come back):
 #
 #     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-#         .whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py \
-#         --output_dir /tmp/check; cp /tmp/check/gpu_check.json /tmp/check/gpu_check.md $OUT/
+#         .whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 USE_HUB_KERNELS=NO \
+#         python3 benchmarks/gpu_check.py --output_dir /tmp/check; cp /tmp/check/gpu_check.json \
+#         /tmp/check/gpu_check.md $OUT/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
