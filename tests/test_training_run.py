@@ -31,6 +31,7 @@ from training.batching import encode, token_batches
 from training.checkpoints import checkpoints
 from training.default_data import generate
 from training.evaluation import evaluate_model
+from training.hub import set_run_decoding
 from training.step import TrainingStep
 from vaswani_hf import VaswaniForConditionalGeneration
 from vaswani_hf.tools.hub import published_files
@@ -532,6 +533,27 @@ def test_a_fine_tuning_run_resumed_ends_as_the_uninterrupted_one_and_resuming_wi
             train_here(folder, *argv, "--resume_from_checkpoint", "latest")
         assert stop.value.code == message
     assert sorted(map(str, whole.rglob("*"))) == before
+
+
+def test_a_greedy_run_saves_its_checkpoints_and_a_model_that_decodes_with_one_beam(tmp_path, small_data):
+    """--num_beams 1 (the paper's search with one beam is greedy): transformers refuses to save a generation config
+    that stops a beam search early beside one beam, and the run died at its first checkpoint."""
+    run = tmp_path / "run"
+    train_here(run, *TINY, *small_data, "--max_steps", "2", "--save_steps", "1", "--average_checkpoints", "2",
+               "--num_beams", "1")
+    assert [p.name for p in checkpoints(run)] == ["checkpoint-1", "checkpoint-2"]
+    assert GenerationConfig.from_pretrained(run).num_beams == 1
+
+
+@pytest.mark.parametrize("converted", [False, True])
+def test_a_runs_decoding_with_one_beam_is_a_generation_config_transformers_saves(tmp_path, converted):
+    """A new model's decoding (the paper's search) and a converted start's (transformers' beam search as it was
+    published, with an early stop and a length penalty: settings of a beam search only), given one beam."""
+    generation = (GenerationConfig(num_beams=4, length_penalty=0.6, early_stopping=True) if converted else
+                  GenerationConfig.from_model_config(tiny_model().config))
+    assert set_run_decoding(generation, 1, 0.6) == (None if converted else 0.6)
+    generation.save_pretrained(tmp_path)  # transformers validates it strictly
+    assert GenerationConfig.from_pretrained(tmp_path).num_beams == 1
 
 
 def test_resuming_from_an_older_checkpoint_leaves_its_successors_out_of_the_run(tmp_path, small_data):

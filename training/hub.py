@@ -98,11 +98,19 @@ def parser_texts(source_lang: str, data: str) -> dict[str, str]:
                              "without a person checking it; it is not a general-purpose parser")}
 
 
-def set_paper_decoding(generation, num_beams: int, alpha: float, extra_length: int = EXTRA_OUTPUT_LENGTH) -> None:
-    """The generation config of the paper's decoding (§6.1): beam search of `num_beams` with GNMT's α, outputs up to
-    source length + `extra_length`."""
+def set_beams(generation, num_beams: int) -> None:
+    """`num_beams` beams; with one (greedy decoding), a beam search's own settings unset: transformers saves no
+    generation config that sets them beside one beam."""
     generation.num_beams = num_beams
-    generation.early_stopping = True
+    if num_beams == 1:
+        generation.early_stopping = generation.length_penalty = None
+
+
+def set_paper_decoding(generation, num_beams: int, alpha: float, extra_length: int = EXTRA_OUTPUT_LENGTH) -> None:
+    """The generation config of the paper's decoding (§6.1): beam search of `num_beams` with GNMT's α (greedy with
+    one), outputs up to source length + `extra_length`."""
+    generation.early_stopping = True  # "terminate early when possible"
+    set_beams(generation, num_beams)
     generation.gnmt_alpha = alpha  # generate() then runs the paper's search (gnmt.py)
     generation.extra_length = extra_length
     generation._from_model_config = False  # else from_pretrained drops the entries transformers does not know
@@ -116,7 +124,7 @@ def set_run_decoding(generation, num_beams: int, alpha: float,
     if papers_decoding(generation):
         set_paper_decoding(generation, num_beams, alpha, extra_length)
         return alpha
-    generation.num_beams = num_beams
+    set_beams(generation, num_beams)
     return None
 
 
