@@ -535,14 +535,17 @@ def test_a_fine_tuning_run_resumed_ends_as_the_uninterrupted_one_and_resuming_wi
     assert sorted(map(str, whole.rglob("*"))) == before
 
 
-def test_a_greedy_run_saves_its_checkpoints_and_a_model_that_decodes_with_one_beam(tmp_path, small_data):
+def test_a_greedy_run_saves_its_checkpoints_and_a_model_of_one_beam_and_tries_no_alpha(tmp_path, small_data):
     """--num_beams 1 (the paper's search with one beam is greedy): transformers refuses to save a generation config
-    that stops a beam search early beside one beam, and the run died at its first checkpoint."""
+    that stops a beam search early beside one beam, and the run died at its first checkpoint. Greedy decoding has no
+    α to choose: the candidates a preset gives are not tried, nor named in the card."""
     run = tmp_path / "run"
     train_here(run, *TINY, *small_data, "--max_steps", "2", "--save_steps", "1", "--average_checkpoints", "2",
-               "--num_beams", "1")
+               "--num_beams", "1", "--alpha_candidates", "0.6", "1.0")
     assert [p.name for p in checkpoints(run)] == ["checkpoint-1", "checkpoint-2"]
     assert GenerationConfig.from_pretrained(run).num_beams == 1
+    assert "alpha_search" not in json.loads((run / "metrics.json").read_text())
+    assert "GNMT α chosen" not in (run / "README.md").read_text()
 
 
 @pytest.mark.parametrize("converted", [False, True])

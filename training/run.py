@@ -95,6 +95,8 @@ def main():
         data_args, model_args, args = parse_arguments()
         output_dir = Path(args.output_dir)
         check_arguments(data_args, model_args, args, torch.cuda.is_available())
+        if args.num_beams == 1:  # greedy decoding: no α to choose (a preset's candidates)
+            args = replace(args, alpha_candidates=None)
         replay = read_schedule(args.replay_schedule) if args.replay_schedule else None  # a budgeted run's record
         start = args.model_name_or_path
         start_config, start_tokenizer, start_generation = (
