@@ -675,6 +675,30 @@ def test_onnx_greedy_loop_equals_generate_with_one_beam(trained, onnx_model):
     assert torch.equal(found[:, : expected.shape[1]], expected) and (found[:, expected.shape[1] :] == 0).all()
 
 
+def test_onnx_greedy_like_generate_ends_no_output_before_its_first_token(trained, onnx_model, monkeypatch):
+    """A bias of +30 for EOS, in the torch model and added to each ONNX step's logits: EOS is every step's most
+    probable token, and the paper's decoding with one beam, as generate() runs it, ends each output after one token
+    (gnmt.py's min_new_tokens=1), not before."""
+    model, tokenizer = trained
+    biased = type(model)(AutoConfig.for_model(**{**model.config.to_dict(), "add_final_logits_bias": True})).eval()
+    biased.load_state_dict(model.state_dict(), strict=False)
+    biased.generation_config = model.generation_config  # the paper's decoding, as the folder's
+    biased.final_logits_bias[0, tokenizer.eos_token_id] = 30.0
+    step = type(onnx_model).__call__
+
+    def towards_eos(self, *args, **kwargs):
+        output = step(self, *args, **kwargs)
+        output.logits[..., tokenizer.eos_token_id] += 30.0
+        return output
+
+    monkeypatch.setattr(type(onnx_model), "__call__", towards_eos)
+    inputs = padded_sources(tokenizer)
+    with torch.no_grad():
+        expected = biased.generate(**inputs, num_beams=1)
+    assert expected.shape[1] == 3  # the start token, one token, EOS
+    assert torch.equal(onnx_model.greedy(inputs["input_ids"], inputs["attention_mask"]), expected)
+
+
 def test_the_papers_beam_search_runs_on_onnx_runtime_as_on_torch(trained, onnx_model):
     model, tokenizer = trained
     inputs = padded_sources(tokenizer)

@@ -148,6 +148,22 @@ def test_one_beam_is_greedy_decoding(seed, vocab):
     assert torch.equal(found[:, : greedy.shape[1]], greedy) and (found[:, greedy.shape[1] :] == PAD).all()
 
 
+def test_generate_decodes_one_beam_of_the_papers_decoding_as_the_search_does():
+    """A generation config of the paper's decoding with one beam (a run's with --num_beams 1): `generate()` hands it
+    to transformers' greedy search, which must not end an output before its first token either, or a briefly trained
+    model's generate() gives empty outputs where vaswani-translate and the run's evaluation (the search) do not."""
+    model = tiny_model(seed=2, add_final_logits_bias=True)
+    model.final_logits_bias[0, EOS] = 3.0  # EOS likely from the first step on
+    model.generation_config.gnmt_alpha, model.generation_config.num_beams = 0.6, 1
+    source = random_ids(8, 6, seed=2)
+    with torch.no_grad():
+        first = model(input_ids=source, decoder_input_ids=torch.full((8, 1), BOS)).logits[:, -1].argmax(-1)
+    assert (first == EOS).any() and (first != EOS).any()  # some outputs would end at once, others not
+    found = gnmt_beam_search(model, source, num_beams=1, alpha=0.6)
+    greedy = model.generate(input_ids=source)
+    assert torch.equal(found[:, : greedy.shape[1]], greedy) and (found[:, greedy.shape[1] :] == PAD).all()
+
+
 def test_beam_4_is_batched_consistently_and_respects_the_length_limit(trained_model):
     source = random_ids(3, 7, seed=11)
     mask = torch.ones_like(source)

@@ -315,4 +315,6 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     if torch.is_tensor(source) and config.max_new_tokens is None and "max_length" not in saved | given:
         source_length = int(mask.sum(-1).max()) if torch.is_tensor(mask) and mask.dim() == 2 else source.shape[-1]
         kwargs["max_new_tokens"] = source_length + extra_length
+    if config.min_new_tokens is None and not (other_settings | other_inputs) & set(OTHER_DECODINGS):
+        kwargs["min_new_tokens"] = 1  # one beam of the search: greedy, as the search ends no output before a token
     return generate(inputs, generation_config=generation_config, **kwargs)

@@ -86,14 +86,18 @@ class OnnxSeq2Seq:
     def greedy(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int | None = None):
         """The most probable token at each step until EOS, at most `max_new_tokens` (default: the longest source
         + the generation config's `extra_length`, else 50, as `generate()`); (B, T) ids from the start token, PAD
-        after EOS."""
+        after EOS. Where the folder's generation config asks for the paper's decoding (`gnmt_alpha`), the first token
+        is not EOS, as `generate()` and the paper's search decode it (gnmt.py)."""
         config = self.config
         limit = max_new_tokens or int(attention_mask.sum(-1).max()) + extra_length_of(self.generation_config)
         hidden, cache = self.get_encoder()(input_ids, attention_mask), self.new_cache()
         tokens = torch.full((input_ids.shape[0], 1), config.decoder_start_token_id)
         ended = torch.zeros(input_ids.shape[0], dtype=torch.bool)
-        for _ in range(limit):
+        papers = getattr(self.generation_config, "gnmt_alpha", None) is not None
+        for step in range(limit):
             logits = self(hidden, attention_mask, tokens[:, -1:], cache).logits[:, -1]
+            if step == 0 and papers:
+                logits[:, config.eos_token_id] = -torch.inf
             chosen = logits.argmax(-1).masked_fill(ended, config.pad_token_id)
             tokens = torch.cat([tokens, chosen[:, None]], dim=-1)
             ended |= chosen == config.eos_token_id
