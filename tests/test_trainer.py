@@ -193,6 +193,17 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
     assert "label smoothing ε_ls = 0.2;" in card and "`num_beams=" not in card  # the paper's decoding
 
 
+def test_the_trainer_entry_point_without_predict_with_generate_validates_by_its_loss(tmp_path):
+    """--predict_with_generate false: the Trainer's predictions are logits, not tokens, and BLEU read them as tokens:
+    the run died at its first validation. It validates by its loss alone, as the Trainer does without metrics."""
+    output = tmp_path / "out"
+    run_trainer.main([*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "2", "--eval_steps", "1",
+                      "--save_steps", "2", "--predict_with_generate", "false"])
+    logged = json.loads((output / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    validations = [entry for entry in logged if "eval_loss" in entry]
+    assert len(validations) == 2 and not any("eval_bleu" in entry for entry in validations)
+
+
 def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_keys():
     """§5.3: Adam(0.9, 0.98, 1e-9) without weight decay or clipping, 4,000 warmup steps, then the inverse square
     root from the peak d_model^-0.5 · warmup^-0.5; §5.4: label smoothing 0.1; §6.1: beam 4. A preset's model, warmup,

@@ -16,14 +16,14 @@ weight decay, no clipping, linear warmup over 4000 steps then inverse square roo
 lr_scale · d_model^-0.5 · warmup^-0.5, label smoothing 0.1, evaluation and test decoding with beam 4.
 
 Differences from training/run.py, by the Trainer's design: batches are counted in sentences
-(`per_device_train_batch_size`), not tokens; the Trainer's label smoothing gives every token ε/V (the paper: the
-gold token 1 - ε, the others ε/(V-1)); no checkpoint averaging; the checkpoints are the Trainer's, whose optimizer,
+(`per_device_train_batch_size`), not tokens; the Trainer's label smoothing gives every token ε/V (the paper: the gold
+token 1 - ε, the others ε/(V-1)); no checkpoint averaging; the checkpoints are the Trainer's, whose optimizer,
 scheduler, random states and arguments are `torch.save` pickles (it reads its own back with `weights_only=True`;
 training/run.py writes safetensors and JSON only); no FSDP (refused: run.py shards). The validation BLEU
-(`predict_with_generate`), the test set, the checkpoints and the saved folder decode the paper's way (in
-generation_config.json: beam 4, GNMT length penalty α 0.6, outputs up to source length + 50, unless
-`--generation_num_beams`, `--length_penalty_alpha`, `--extra_length` or a preset say otherwise), as in run.py. With
-`--evalb` (the parsing preset's), linearized trees are scored with EVALB's bracketing F1 as well.
+(`predict_with_generate`; without it, the validation loss alone), the test set, the checkpoints and the saved folder
+decode the paper's way (in generation_config.json: beam 4, GNMT length penalty α 0.6, outputs up to source length + 50,
+unless `--generation_num_beams`, `--length_penalty_alpha`, `--extra_length` or a preset say otherwise), as in run.py.
+With `--evalb` (the parsing preset's), linearized trees are scored with EVALB's bracketing F1 as well.
 
 `--model_name_or_path` fine-tunes a vaswani_hf model folder or Hub repository instead of training a new model: its
 weights, architecture and tokenizer (the size flags, a preset and --bpe_sample, which describe a new model, are refused
@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None):
         eval_dataset=datasets.get("validation"),
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),  # decoder inputs from the labels
         processing_class=tokenizer,
-        compute_metrics=make_compute_metrics(tokenizer, recipe.evalb),
+        # without predict_with_generate the predictions are logits, not tokens: validation loss alone
+        compute_metrics=make_compute_metrics(tokenizer, recipe.evalb) if training_args.predict_with_generate else None,
     )
     result = trainer.train(resume_from_checkpoint=resumed)
     metrics = {"train_steps": result.global_step, "train_minutes": result.metrics["train_runtime"] / 60}
