@@ -332,6 +332,10 @@ def test_what_cannot_be_converted_is_one_line_before_anything_is_written(marian_
     (mismatch / "vocab.json").write_text(json.dumps(dict(list(vocab.items())[:-3])))  # another vocabulary's
     message = refusal(capfd, convert.main, "marian", mismatch, out)
     assert "tokens but its embedding 200 rows" in message and not out.exists()
+    untokenized = edited_copy(source, tmp_path / "untokenized")  # transformers' MarianTokenizer: a TypeError
+    (untokenized / "source.spm").unlink()
+    message = refusal(capfd, convert.main, "marian", untokenized, out)
+    assert "its tokenizer is incomplete (no source.spm there)" in message and not out.exists()
 
 
 @pytest.mark.parametrize(("source", "missing"), [("marian", "sentencepiece"), ("marian", "sacremoses"),

@@ -103,6 +103,9 @@ def with_weights(config: VaswaniConfig, weights: dict) -> VaswaniForConditionalG
     return model
 
 
+MARIAN_TOKENIZER = ("source.spm", "target.spm", "vocab.json")  # what MarianTokenizer reads
+
+
 def from_marian(name_or_path: str):
     """(model, tokenizer) of a MarianMTModel folder or Hub id, with the generation config it was published with."""
     from transformers import MarianMTModel
@@ -113,6 +116,9 @@ def from_marian(name_or_path: str):
     if source.model_type != "marian":
         raise ValueError(f"{name_or_path} holds a {source.model_type!r} model, not a Marian one")
     config = marian_config(source)  # what cannot be converted is found before the weights are read
+    if is_local(name_or_path) and (missing := [name for name in MARIAN_TOKENIZER
+                                               if not (Path(name_or_path) / name).is_file()]):
+        raise ValueError(f"its tokenizer is incomplete (no {', '.join(missing)} there)")  # transformers': a TypeError
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     if len(tokenizer) != config.vocab_size:
         raise ValueError(f"its tokenizer has {len(tokenizer)} tokens but its embedding {config.vocab_size} rows")
