@@ -174,6 +174,8 @@ def test_run_trainer_refuses_an_unknown_preset_in_one_line():
     (["--learning_rate", "nan"], "error: --learning_rate nan: must be positive and finite"),
     (["--validation_file", ""], "error: --validation_file is blank: give one, or leave the flag out"),
     (["--resume_from_checkpoint", " "], "error: --resume_from_checkpoint is blank: give one, or leave the flag out"),
+    (["--num_beams", "1"],  # run.py's; here the Trainer's, whose name ends with it (not --num_heads, the nearest)
+     "error: --num_beams is not a flag of training/run_trainer.py (did you mean --generation_num_beams?)"),
     (["--overwrite_output_dir"],  # run.py's flag; transformers 5's Trainer has none
      "error: --overwrite_output_dir is not a flag of training/run_trainer.py; --help lists them"),
     (["--streaming", "--bpe_sample", "10"],  # run.py's data flags that this run would ignore

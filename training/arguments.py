@@ -208,11 +208,14 @@ def refuse_new_model_flags(argv: list[str], start: str) -> None:
 
 def parse_flags(parser: HfArgumentParser, argv: list[str] | None, script: str) -> tuple:
     """The parser's dataclasses from `argv` (None: the command line); a word that is none of their flags is a
-    one-line SystemExit naming it and the nearest flag, not HfArgumentParser's traceback."""
+    one-line SystemExit naming it and the nearest flag (one whose name ends with it first: run.py's --num_beams is
+    run_trainer.py's --generation_num_beams), not HfArgumentParser's traceback."""
     *parsed, unknown = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
     if unknown:
         flags = [f"--{field.name}" for kind in parser.dataclass_types for field in fields(kind)]
-        nearest = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1, cutoff=0.8)
+        word = unknown[0].split("=")[0]
+        nearest = ([flag for flag in flags if flag.endswith(f"_{word.lstrip('-')}")]
+                   or difflib.get_close_matches(word, flags, n=1, cutoff=0.8))
         hint = f" (did you mean {nearest[0]}?)" if nearest else ""
         raise SystemExit(f"error: {unknown[0]} is not a flag of {script}{hint}; --help lists them")
     return tuple(parsed)
