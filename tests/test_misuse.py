@@ -458,7 +458,8 @@ def test_a_byte_order_mark_before_the_first_line_is_not_translated(translation_f
     assert marked == cli("--model", translation_folder, "--num_beams", "1", stdin=b"A dog runs.\n")[1]
 
 
-@pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device bogus",
+@pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device mps",
+                                  "device bogus",
                                   "output is a folder", "mistyped relative path", "home path", "deep path",
                                   "marian folder", "no padding token", "no tokenizer", "a run not ended",
                                   "no beams", "no tokens", "alpha not a number", "alpha infinite", "a checkpoint",
@@ -478,6 +479,10 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         if torch.cuda.is_available():
             pytest.skip("this machine has a GPU")
         args += ["--device", "cuda"]
+    if case == "device mps":  # torch's own error: a RuntimeError's traceback
+        if torch.backends.mps.is_available():
+            pytest.skip("this machine has an Apple GPU")
+        args += ["--device", "mps"]
     if case == "device bogus":
         args += ["--device", "bogus"]
     if case == "output is a folder":
@@ -540,6 +545,7 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
     expected = {"latin-1 stdin": "standard input is not UTF-8 text: byte 0xe9 on line 1",
                 "latin-1 file": "in.txt is not UTF-8 text: byte 0xe9 on line 2",
                 "missing input": f"--input {tmp_path / 'no-such.txt'}: no such file", "device cuda": "no CUDA GPU",
+                "device mps": "error: --device mps: this machine has no mps device that torch can use",
                 "device bogus": "--device bogus", "output is a folder": "--output",
                 "mistyped relative path": "rel/nomodel is not a model folder",
                 "home path": "error: ~/nomodel is not a model folder (no config.json there)",
