@@ -24,11 +24,10 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool
     if int8 and device != "cpu":
         raise SystemExit(f"error: int8 runs on the CPU, not on {device}")
     kind = device_kind(device)
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"error: --device {device}: this machine has no CUDA GPU that torch can use")
-    if kind not in ("cpu", "cuda") and not (torch.accelerator.is_available()
-                                            and torch.accelerator.current_accelerator().type == kind):
-        raise SystemExit(f"error: --device {device}: this machine has no {kind} device that torch can use")
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if kind != "cpu" and kind != getattr(accelerator, "type", None):
+        named = "CUDA GPU" if kind == "cuda" else f"{kind} device"
+        raise SystemExit(f"error: --device {device}: this machine has no {named} that torch can use")
     _, tokenizer = checked(name_or_path)
     with one_line_errors(name_or_path):
         model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
