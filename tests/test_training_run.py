@@ -701,6 +701,45 @@ def test_a_training_step_builds_no_decoding_cache(monkeypatch):
     assert tokens == 5 and loss > 0 and all(p.grad is not None for p in model.parameters())
 
 
+@pytest.mark.parametrize("precision, trained_with", [("bf16", "eager"), ("no", "sdpa")])
+def test_a_cpu_run_under_bfloat16_trains_with_eager_attention_and_saves_a_model_of_sdpa(tmp_path, small_data,
+                                                                                      monkeypatch, precision,
+                                                                                      trained_with):
+    """On a CPU under bfloat16 autocast a run's steps attend by transformers' eager attention, not SDPA's fused
+    kernel, whose bfloat16 backward took 15x float32's (training/step.py); a float32 run's steps keep SDPA. The
+    model the run saves attends by SDPA either way."""
+    import vaswani_hf.modeling_vaswani as modeling
+    from training.step import TrainingStep
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    in_step, attended = [False], set()
+
+    def recorded(kind, forward):
+        def attend(*args, **kwargs):
+            if in_step[0]:
+                attended.add(kind)
+            return forward(*args, **kwargs)
+        return attend
+
+    step = TrainingStep.__call__
+
+    def stepping(self, *args):
+        in_step[0] = True
+        try:
+            return step(self, *args)
+        finally:
+            in_step[0] = False
+
+    monkeypatch.setattr(TrainingStep, "__call__", stepping)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        recorded("sdpa", torch.nn.functional.scaled_dot_product_attention))
+    monkeypatch.setattr(modeling, "eager_attention_forward", recorded("eager", modeling.eager_attention_forward))
+    train_here(tmp_path / "out", *TINY, *small_data, "--max_steps", "2", "--mixed_precision", precision)
+    assert attended == {trained_with}
+    saved = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "out")
+    assert saved.config._attn_implementation == "sdpa"
+
+
 @pytest.mark.xdist_group("whole_run")
 def test_a_deterministic_run_steps_under_torchs_strict_deterministic_mode_and_trains_as_the_default_run(
         tmp_path, small_data, whole_run, monkeypatch):

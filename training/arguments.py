@@ -127,7 +127,7 @@ class RecipeArguments:
     max_grad_norm: float = field(default=0.0, metadata={
         "help": "Clip the step's gradient to this global L2 norm (0: no clipping, as in the paper)."})
     mixed_precision: str = field(default="auto", metadata={
-        "help": "auto (bf16/fp16 on GPUs, fp32 on CPU), no, fp16, bf16."})
+        "help": "auto (bf16/fp16 on GPUs, fp32 on CPU), no, fp16, bf16 (on a CPU attention eager: training/step.py)."})
     fast_cpu: bool = field(default=True, metadata={
         "help": "On a CPU, train and decode with what whole calls were measured faster with on this machine, once "
                 "(vaswani_hf.fast_cpu); --no_fast_cpu: as the model files are written."})

@@ -78,7 +78,14 @@ from training.hub import set_run_decoding, start_decoding, write_output_folder
 from training.recipe import NOT_RECIPE, recipe_deviations, search_flags, training_data
 from training.schedule import inverse_sqrt_lr, paper_optimizer
 from training.schedules import Budgeted, Replayed, Steps
-from training.step import TrainingStep, compile_backend, deterministic_kernels, largest_batch, read_values
+from training.step import (
+    TrainingStep,
+    compile_backend,
+    deterministic_kernels,
+    largest_batch,
+    read_values,
+    training_config,
+)
 from training.streaming import StreamedBatches
 from training.tokenizer import corpus_texts, train_joint_bpe
 from training.tokens import pair_encoder, token_dataset
@@ -124,14 +131,14 @@ def main():
     speed = {"cpu": plan and functools.partial(fast_cpu, plan=plan), "cuda": fast_gpu if args.fast_gpu else None}.get(
         accelerator.device.type) or (lambda model: model)
 
-    def new_model(weights_of: str | None = None):
-        """A model of the run's config and decoding: new weights, or those of the model `weights_of` names."""
+    def new_model(weights_of: str | None = None, config=config):
+        """A model of `config` and the run's decoding: new weights, or those of the model `weights_of` names."""
         built = (VaswaniForConditionalGeneration(config) if weights_of is None else
                  VaswaniForConditionalGeneration.from_pretrained(weights_of, config=config, dtype=torch.float32))
         built.generation_config = copy.deepcopy(generation)
         return speed(built)
 
-    model = new_model(None if resumed else start)
+    model = new_model(None if resumed else start, training_config(config, accelerator))
     max_tokens = batch_tokens(accelerator, model, resumed, args, data_args.max_length)
     budget = time_budget(args, config.d_model)
     model, optimizer, scheduler = prepare(
