@@ -325,6 +325,36 @@ def tf32_restored(monkeypatch) -> None:
         monkeypatch.setattr(backend, "allow_tf32", backend.allow_tf32)
 
 
+def attention_in_steps(monkeypatch, owner, method: str) -> set:
+    """The attention functions ("sdpa": torch's SDPA, "eager": the model's own) called within `owner.method` (a
+    training step), collected as a run calls them."""
+    import vaswani_hf.modeling_vaswani as modeling
+
+    inside, called = [False], set()
+
+    def recorded(kind, attend):
+        def wrapped(*args, **kwargs):
+            if inside[0]:
+                called.add(kind)
+            return attend(*args, **kwargs)
+        return wrapped
+
+    def marked(step):
+        def wrapped(*args, **kwargs):
+            inside[0] = True
+            try:
+                return step(*args, **kwargs)
+            finally:
+                inside[0] = False
+        return wrapped
+
+    monkeypatch.setattr(owner, method, marked(getattr(owner, method)))
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        recorded("sdpa", torch.nn.functional.scaled_dot_product_attention))
+    monkeypatch.setattr(modeling, "eager_attention_forward", recorded("eager", modeling.eager_attention_forward))
+    return called
+
+
 def run_training(*argv) -> None:
     """training/run.py's main() with these arguments, in this process: for one process that nothing kills, a process
     of its own would add only its imports. The allocator setting it makes (allocator.py), which cannot be undone,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from forked import ROOT, accelerate_ranks, free_port, run_forked
-from support import save_marian_folder, tiny_model
+from support import attention_in_steps, save_marian_folder, tiny_model
 from torch.utils.data import SequentialSampler
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -23,6 +23,7 @@ from training.default_data import generate
 from training.evaluation import score, translate
 from training.hub import set_paper_decoding
 from training.run_trainer import make_compute_metrics, tokenize
+from vaswani_hf import VaswaniForConditionalGeneration
 from vaswani_hf.gnmt import gnmt_beam_search
 from vaswani_hf.modeling_vaswani import shift_tokens_right
 
@@ -202,6 +203,25 @@ def test_the_trainer_entry_point_without_predict_with_generate_validates_by_its_
     logged = json.loads((output / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
     validations = [entry for entry in logged if "eval_loss" in entry]
     assert len(validations) == 2 and not any("eval_bleu" in entry for entry in validations)
+
+
+@pytest.mark.parametrize("bf16, trained_with", [("true", "eager"), ("false", "sdpa")])
+def test_the_trainer_entry_point_on_a_cpu_under_bf16_trains_with_eager_attention_and_saves_sdpa(
+        tmp_path, monkeypatch, bf16, trained_with):
+    """As run.py (training/step.py): under the Trainer's bfloat16 autocast on a CPU the training steps attend by the
+    eager attention, in float32 by SDPA; the test set is decoded, and the model saved, with SDPA either way."""
+    from transformers import Trainer
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    called = attention_in_steps(monkeypatch, Trainer, "training_step")
+    decoded = []
+    monkeypatch.setattr(run_trainer, "translate", lambda model, *args, **kwargs: decoded.append(
+        model.config._attn_implementation) or translate(model, *args, **kwargs))
+    output = tmp_path / "out"
+    run_trainer.main([*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "2", "--eval_strategy", "no",
+                      "--save_steps", "2", "--bf16", bf16])
+    assert called == {trained_with} and decoded == ["sdpa"]
+    assert VaswaniForConditionalGeneration.from_pretrained(output).config._attn_implementation == "sdpa"
 
 
 def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_keys():

@@ -22,7 +22,14 @@ from accelerate.utils import DistributedType
 from forked import accelerate_ranks, free_port, run_forked
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
-from support import CODE_FILES, accelerate_as_in_a_new_process, run_hidden, run_training, tiny_model
+from support import (
+    CODE_FILES,
+    accelerate_as_in_a_new_process,
+    attention_in_steps,
+    run_hidden,
+    run_training,
+    tiny_model,
+)
 from torch._inductor import config as inductor_config
 from transformers import AutoTokenizer, GenerationConfig
 
@@ -708,36 +715,11 @@ def test_a_cpu_run_under_bfloat16_trains_with_eager_attention_and_saves_a_model_
     """On a CPU under bfloat16 autocast a run's steps attend by transformers' eager attention, not SDPA's fused
     kernel, whose bfloat16 backward took 15x float32's (training/step.py); a float32 run's steps keep SDPA. The
     model the run saves attends by SDPA either way."""
-    import vaswani_hf.modeling_vaswani as modeling
-    from training.step import TrainingStep
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    in_step, attended = [False], set()
-
-    def recorded(kind, forward):
-        def attend(*args, **kwargs):
-            if in_step[0]:
-                attended.add(kind)
-            return forward(*args, **kwargs)
-        return attend
-
-    step = TrainingStep.__call__
-
-    def stepping(self, *args):
-        in_step[0] = True
-        try:
-            return step(self, *args)
-        finally:
-            in_step[0] = False
-
-    monkeypatch.setattr(TrainingStep, "__call__", stepping)
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        recorded("sdpa", torch.nn.functional.scaled_dot_product_attention))
-    monkeypatch.setattr(modeling, "eager_attention_forward", recorded("eager", modeling.eager_attention_forward))
+    called = attention_in_steps(monkeypatch, TrainingStep, "__call__")
     train_here(tmp_path / "out", *TINY, *small_data, "--max_steps", "2", "--mixed_precision", precision)
-    assert attended == {trained_with}
-    saved = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "out")
-    assert saved.config._attn_implementation == "sdpa"
+    assert called == {trained_with}
+    assert VaswaniForConditionalGeneration.from_pretrained(tmp_path / "out").config._attn_implementation == "sdpa"
 
 
 @pytest.mark.xdist_group("whole_run")

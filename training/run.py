@@ -138,7 +138,8 @@ def main():
         built.generation_config = copy.deepcopy(generation)
         return speed(built)
 
-    model = new_model(None if resumed else start, training_config(config, accelerator))
+    trained = training_config(config, accelerator.device, accelerator.mixed_precision)  # on a CPU under bf16: eager
+    model = new_model(None if resumed else start, trained)
     max_tokens = batch_tokens(accelerator, model, resumed, args, data_args.max_length)
     budget = time_budget(args, config.d_model)
     model, optimizer, scheduler = prepare(

@@ -68,6 +68,7 @@ from training.evaluation import check_trees, reported, score, translate
 from training.fsdp_request import fsdp_requested, refuse, said_once
 from training.hub import set_run_decoding, start_decoding, write_output_folder
 from training.recipe import changed_values, search_flags, training_data
+from training.step import training_config
 from training.tokenizer import corpus_texts, train_joint_bpe
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.tools.export import check_output_place
@@ -234,12 +235,15 @@ def main(argv: list[str] | None = None):
             tokenizer = AutoTokenizer.from_pretrained(output_dir)
     datasets = {split: tokenize(tokenizer, rows, recipe.max_source_length) for split, rows in pairs.items()}
 
+    precision = "bf16" if training_args.bf16 else "no"  # on a CPU under bf16 the model trained attends eagerly
     if start is not None:
         with one_line_errors(start):  # the dropouts in its config: from_pretrained's own keyword arguments would
             config = VaswaniConfig.from_pretrained(start, **model_args.dropouts())  # reach its generation config too
-            model = VaswaniForConditionalGeneration.from_pretrained(start, config=config)
+            model = VaswaniForConditionalGeneration.from_pretrained(
+                start, config=training_config(config, training_args.device, precision))
     else:
-        model = VaswaniForConditionalGeneration(model_args.config(tokenizer))
+        config = model_args.config(tokenizer)
+        model = VaswaniForConditionalGeneration(training_config(config, training_args.device, precision))
     num_beams = training_args.generation_num_beams or 4
     alpha = set_run_decoding(model.generation_config, num_beams, recipe.length_penalty_alpha,
                              recipe.extra_length)  # None: a converted model's, as published
@@ -256,6 +260,7 @@ def main(argv: list[str] | None = None):
         compute_metrics=make_compute_metrics(tokenizer, recipe.evalb) if training_args.predict_with_generate else None,
     )
     result = trainer.train(resume_from_checkpoint=resumed)
+    trainer.model.set_attn_implementation(config._attn_implementation)  # tested and saved with the model's own
     metrics = {"train_steps": result.global_step, "train_minutes": result.metrics["train_runtime"] / 60}
     if trainer.is_world_process_zero():
         if "test" in pairs:  # the paper's decoding (§6.1), as in run.py

@@ -17,10 +17,10 @@
 - Attention kernels on a GPU (`attention_kernels`): SDPA chooses among flash, memory-efficient and math kernels, not
   cuDNN's unless `--cudnn_attention`. On Hopper GPUs torch prefers cuDNN's, and cuDNN builds an execution plan on the
   host for each new problem shape (rows, lengths), while a run's batches change shape at every step.
-- Attention on a CPU under bfloat16 autocast (`--mixed_precision bf16`, `training_config`): transformers' eager
-  attention, whose products autocast makes bfloat16. The fused kernel SDPA takes there (flash attention for the CPU)
-  took 15x float32's time for its backward in bfloat16, which made the whole step slower than float32's (Intel Xeon,
-  family 6, model 167, with AMX: benchmarks/README.md, session 116).
+- Attention on a CPU under bfloat16 autocast (`--mixed_precision bf16`; run_trainer.py's `--bf16 true`;
+  `training_config`): transformers' eager attention, whose products autocast makes bfloat16. The fused kernel SDPA
+  takes there (flash attention for the CPU) took 15x float32's time for its backward in bfloat16, which made the
+  whole step slower than float32's (Intel Xeon, family 6, model 167, with AMX: benchmarks/README.md, session 116).
 - `--deterministic` (`deterministic_kernels`): only kernels whose result does not depend on the order in which
   threads finish. Without it a GPU run adds some sums with atomics (memory-efficient attention's backward over split
   keys; the embedding's gradient in a compiled step), so the same command and seed need not give the same weights
@@ -87,11 +87,11 @@ class TrainingStep:
         return compiled_graphs() - self.graphs if self.forward is not self.model else 0
 
 
-def training_config(config, accelerator):
-    """The config of the model that the run trains: the run's `config`, or on a CPU under bfloat16 autocast a copy
+def training_config(config, device: torch.device, mixed_precision: str):
+    """The config of the model that a run trains: the run's `config`, or on a CPU under bfloat16 autocast a copy
     with transformers' eager attention (module docstring). The run's other models (the final average, evaluated
     copies of a sharded model) are built from `config` and keep its attention."""
-    if accelerator.device.type != "cpu" or accelerator.mixed_precision != "bf16":
+    if device.type != "cpu" or mixed_precision != "bf16":
         return config
     eager = copy.deepcopy(config)
     eager._attn_implementation = "eager"
