@@ -323,6 +323,28 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
     assert not (tmp_path / "new").exists()
 
 
+def test_the_trainer_entry_points_seed_draws_the_new_models_weights(tmp_path, monkeypatch):
+    """A new model's initial weights are drawn with --seed, as run.py's: the same seed gives the same start whatever
+    the process drew before (torch's generator set otherwise first), another seed another start."""
+    starts, embedding = [], "model.encoder.embed_tokens.weight"  # shared with the decoder's and the output's
+
+    class Recorded(Seq2SeqTrainer):
+        def __init__(self, model, **kwargs):
+            starts.append({name: value.clone() for name, value in model.state_dict().items()})
+            super().__init__(model=model, **kwargs)
+
+    monkeypatch.setattr(run_trainer, "Seq2SeqTrainer", Recorded)
+    flags = entry_flags(tmp_path)
+    at = flags.index("--validation_file")
+    for drawn_before, seed in ((0, "42"), (1, "42"), (0, "7")):
+        torch.manual_seed(drawn_before)
+        run_trainer.main([*flags[:at], *flags[at + 4:], "--output_dir", str(tmp_path / f"out{len(starts)}"),
+                          "--max_steps", "1", "--seed", seed])
+    assert starts[0].keys() == starts[1].keys() == starts[2].keys()
+    assert all(torch.equal(starts[0][name], starts[1][name]) for name in starts[0])
+    assert not torch.equal(starts[0][embedding], starts[2][embedding])
+
+
 def test_the_trainer_entry_point_learns_its_bpe_from_bpe_sample_pairs(tmp_path):
     """--bpe_sample N, as in run.py: the joint BPE learns from N pairs drawn at random with --seed. From one pair (two
     sentences) the merges run out far below --vocab_size 200, which all 300 pairs reach. The runs have no validation

@@ -46,6 +46,7 @@ from transformers import (
     HfArgumentParser,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
+    set_seed,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -243,6 +244,7 @@ def main(argv: list[str] | None = None):
                 start, config=training_config(config, training_args.device, precision))
     else:
         config = model_args.config(tokenizer)
+        set_seed(training_args.seed)  # the weights drawn from --seed, as run.py's (the Trainer seeds after they are)
         model = VaswaniForConditionalGeneration(training_config(config, training_args.device, precision))
     num_beams = training_args.generation_num_beams or 4
     alpha = set_run_decoding(model.generation_config, num_beams, recipe.length_penalty_alpha,
