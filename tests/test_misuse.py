@@ -182,6 +182,8 @@ def test_run_trainer_refuses_an_unknown_preset_in_one_line():
      "error: --streaming is training/run.py's (here the Trainer's datasets hold the training pairs in memory)"),
     (["--max_length=100"], "error: --max_length is training/run.py's (it skips longer pairs; here pairs are"),
     (["--shuffle_buffer", "10"], "error: --shuffle_buffer is training/run.py's (it orders a --streaming run)"),
+    (["--fp16", "true", "--use_cpu", "true"],  # Accelerate leaves autocast off there: the run would be float32
+     "error: --fp16 needs a GPU (float16 autocast is not run on the CPU): leave it out (float32) or use --bf16"),
 ])
 def test_run_trainer_refuses_a_wrong_flag_in_one_line_before_any_work(flags, named):
     """parse_arguments, the first thing run_trainer.main does: before the data is read and the BPE trained."""

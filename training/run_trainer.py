@@ -132,6 +132,9 @@ def parse_arguments(argv: list[str] | None = None):
     data_args, model_args, recipe, training_args = parse_flags(parser, argv, "training/run_trainer.py")
     if training_args.fsdp_plugin_args is not None:  # asked by the Trainer's --fsdp
         refuse_fsdp()
+    if training_args.fp16 and training_args.use_cpu:  # Accelerate would train in float32, as without the flag
+        raise SystemExit("error: --fp16 needs a GPU (float16 autocast is not run on the CPU): leave it out (float32) "
+                         "or use --bf16 true")
     given = {arg.split("=")[0] for arg in argv}
     for flag in sorted(RUN_PY_ONLY.keys() & given):
         raise SystemExit(f"error: {flag} is training/run.py's ({RUN_PY_ONLY[flag]})")
