@@ -541,12 +541,21 @@ def test_without_gnmt_alpha_the_ctranslate2_engine_scores_log_p_over_length_to_t
 
 
 def test_the_ctranslate2_engine_refuses_in_one_line(translation_folder, cli, monkeypatch, tmp_path):
-    """A device CTranslate2 does not run on, a source longer than the export's table of sinusoids (the torch model
-    computes any), a folder without its weights, and a missing package (named with the line that installs it)."""
+    """A device CTranslate2 does not run on or cannot find, a source longer than the export's table of sinusoids (the
+    torch model computes any), a folder without its weights, and a missing package (named with the line that installs
+    it)."""
     from vaswani_hf.exports.to_ctranslate2 import POSITIONS
 
     assert cli("--model", translation_folder, "--engine", "ctranslate2", "--device", "meta",
                stdin="A dog.\n").stderr.strip() == "error: --device meta: CTranslate2 runs on cpu or cuda"
+    import ctranslate2
+
+    for gpus, device, message in ((0, "cuda", "this machine has no CUDA GPU that CTranslate2 can use"),
+                                  (2, "cuda:2", "CTranslate2 can use cuda:0 to cuda:1 here")):
+        with monkeypatch.context() as patched:  # not the model's fault
+            patched.setattr(ctranslate2, "get_cuda_device_count", lambda gpus=gpus: gpus)
+            assert cli("--model", translation_folder, "--engine", "ctranslate2", "--device", device,
+                       stdin="A dog.\n").stderr.strip() == f"error: --device {device}: {message}"
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
     long = cli("--model", translation_folder, "--engine", "ctranslate2", stdin="A dog.\n" + "dog " * POSITIONS + "\n")
     assert long.stderr.strip() == (f"error: line 2 has {POSITIONS + 2} tokens; this model's positions stop at "

@@ -460,9 +460,9 @@ def test_a_byte_order_mark_before_the_first_line_is_not_translated(translation_f
     assert marked == cli("--model", translation_folder, "--num_beams", "1", stdin=b"A dog runs.\n")[1]
 
 
-@pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda", "device mps",
-                                  "device bogus",
-                                  "output is a folder", "mistyped relative path", "home path", "deep path",
+@pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda",
+                                  "device cuda:2 of 2", "device mps", "device bogus", "output is a folder",
+                                  "mistyped relative path", "home path", "deep path",
                                   "marian folder", "no padding token", "no tokenizer", "a run not ended",
                                   "no beams", "no tokens", "alpha not a number", "alpha infinite", "a checkpoint",
                                   "damaged generation_config.json", "blank input", "blank output", "blank model",
@@ -477,10 +477,9 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         args += ["--input", tmp_path / "in.txt"]
     if case == "missing input":
         args += ["--input", tmp_path / "no-such.txt"]
-    if case == "device cuda":
-        if torch.cuda.is_available():
-            pytest.skip("this machine has a GPU")
-        args += ["--device", "cuda"]
+    if case in ("device cuda", "device cuda:2 of 2"):  # the GPUs torch counts
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2 * case.endswith("of 2"))
+        args += ["--device", case.split()[1]]
     if case == "device mps":  # torch's own error: a RuntimeError's traceback
         if torch.backends.mps.is_available():
             pytest.skip("this machine has an Apple GPU")
@@ -546,7 +545,9 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         args = ["--model", tmp_path / "damaged"]
     expected = {"latin-1 stdin": "standard input is not UTF-8 text: byte 0xe9 on line 1",
                 "latin-1 file": "in.txt is not UTF-8 text: byte 0xe9 on line 2",
-                "missing input": f"--input {tmp_path / 'no-such.txt'}: no such file", "device cuda": "no CUDA GPU",
+                "missing input": f"--input {tmp_path / 'no-such.txt'}: no such file",
+                "device cuda": "error: --device cuda: this machine has no CUDA GPU that torch can use",
+                "device cuda:2 of 2": "error: --device cuda:2: torch can use cuda:0 to cuda:1 here",
                 "device mps": "error: --device mps: this machine has no mps device that torch can use",
                 "device bogus": "--device bogus", "output is a folder": "--output",
                 "mistyped relative path": "rel/nomodel is not a model folder",

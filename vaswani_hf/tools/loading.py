@@ -25,9 +25,10 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool
         raise SystemExit(f"error: int8 runs on the CPU, not on {device}")
     kind = device_kind(device)
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    if kind != "cpu" and kind != getattr(accelerator, "type", None):
-        named = "CUDA GPU" if kind == "cuda" else f"{kind} device"
-        raise SystemExit(f"error: --device {device}: this machine has no {named} that torch can use")
+    if kind == "cuda":
+        check_gpu(device, torch.cuda.device_count(), "torch")
+    elif kind != "cpu" and kind != getattr(accelerator, "type", None):
+        raise SystemExit(f"error: --device {device}: this machine has no {kind} device that torch can use")
     _, tokenizer = checked(name_or_path)
     with one_line_errors(name_or_path):
         model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
@@ -45,6 +46,14 @@ def device_kind(device: str) -> str:
         return torch.device(device).type
     except RuntimeError:
         raise SystemExit(f"error: --device {device}: not a device (cpu, cuda, cuda:1, ...)") from None
+
+
+def check_gpu(device: str, gpus: int, engine: str) -> None:
+    """--device cuda or cuda:i where `engine` finds `gpus` CUDA GPUs: one that is not there exits with one line,
+    before the engine's own failure (a traceback, or read as the model's)."""
+    if (torch.device(device).index or 0) >= gpus:
+        raise SystemExit(f"error: --device {device}: " + (f"{engine} can use cuda:0 to cuda:{gpus - 1} here" if gpus
+                         else f"this machine has no CUDA GPU that {engine} can use"))
 
 
 def refuse_blank_model(name_or_path: str) -> None:

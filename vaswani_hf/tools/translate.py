@@ -41,7 +41,7 @@ from transformers.utils.logging import disable_progress_bar
 
 from ..gnmt import extra_length_of, gnmt_beam_search
 from ..speed.allocator import keep_freed_memory
-from .loading import checked, device_kind, learned_positions, load, one_line_errors
+from .loading import check_gpu, checked, device_kind, learned_positions, load, one_line_errors
 from .text import decode_utf8, split_lines
 
 MAX_TOKENS = 4096  # source tokens per batch, padding included
@@ -62,10 +62,14 @@ def load_engine(name_or_path: str, engine: str = "torch", device: str = "auto", 
     except ImportError:
         raise SystemExit('error: --engine ctranslate2 needs ctranslate2: pip install ctranslate2 (or pip install '
                          '"vaswani_hf[export]")') from None
+    gpus = ctranslate2.get_cuda_device_count()
     if device == "auto":
-        device = "cuda" if ctranslate2.get_cuda_device_count() else "cpu"
-    if device_kind(device) not in ("cpu", "cuda"):
+        device = "cuda" if gpus else "cpu"
+    kind = device_kind(device)
+    if kind not in ("cpu", "cuda"):
         raise SystemExit(f"error: --device {device}: CTranslate2 runs on cpu or cuda")
+    if kind == "cuda":
+        check_gpu(device, gpus, "CTranslate2")
     config, tokenizer = checked(name_or_path)
     with one_line_errors(name_or_path):  # weights missing or damaged, a model CTranslate2 cannot hold
         return CTranslate2Engine(name_or_path, config, tokenizer, device, int8), tokenizer
