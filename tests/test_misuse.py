@@ -156,6 +156,21 @@ def test_bf16_on_a_cpu_without_bfloat16_instructions_is_warned_of_at_the_start(t
     assert ("warning: --mixed_precision bf16 on a CPU without bfloat16 instructions" in printed) == warned
 
 
+@pytest.mark.parametrize(("bf16", "capabilities", "warned"), [
+    ("true", {"avx2": True}, True), ("true", {"avx512_bf16": True}, False), ("false", {"avx2": True}, False)])
+def test_run_trainer_warns_of_bf16_on_a_cpu_without_bfloat16_instructions(tmp_path, monkeypatch, capsys, bf16,
+                                                                         capabilities, warned):
+    """As run.py (the test above): said before its output folder, someone else's, is refused."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("someone else's\n")
+    with pytest.raises(SystemExit, match="is not empty"):
+        run_trainer.main(["--preset", "cpu-small", "--output_dir", str(out), "--bf16", bf16])
+    assert ("warning: --bf16 on a CPU without bfloat16 instructions" in capsys.readouterr().out) == warned
+
+
 def test_run_trainer_refuses_an_unknown_preset_in_one_line():
     with pytest.raises(SystemExit) as stop:
         run_trainer.parse_arguments(["--preset", "cpu-tiny", "--output_dir", "unused"])

@@ -84,6 +84,7 @@ from training.step import (
     deterministic_kernels,
     largest_batch,
     read_values,
+    slow_bfloat16,
     training_config,
 )
 from training.streaming import StreamedBatches
@@ -93,8 +94,6 @@ from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, fast_gpu, keep
 from vaswani_hf.speed.kernels import usable_cores
 from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.loading import checked, learned_positions
-
-BFLOAT16_CPU = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")  # torch.cpu.get_capabilities()'s: x86, then Arm
 
 
 def main():
@@ -341,7 +340,7 @@ def start_processes(args) -> tuple[Accelerator, dict]:
                               project_dir=args.output_dir)
     distributed = {**describe(accelerator), "device": accelerator.device.type, "mixed_precision": mixed_precision}
     accelerator.print("distributed: " + ", ".join(f"{key} {value}" for key, value in distributed.items()))
-    if mixed_precision == "bf16" and not use_gpu and not any(map(torch.cpu.get_capabilities().get, BFLOAT16_CPU)):
+    if mixed_precision == "bf16" and not use_gpu and slow_bfloat16():
         accelerator.print("warning: --mixed_precision bf16 on a CPU without bfloat16 instructions is slower than "
                           "float32 (10x a step on an AMD EPYC, family 23): --mixed_precision no trains in float32")
     if not use_gpu:  # share the cores this process may use among the processes; keep freed memory (allocator.py)

@@ -69,7 +69,7 @@ from training.evaluation import check_trees, reported, score, translate
 from training.fsdp_request import fsdp_requested, refuse, said_once
 from training.hub import set_run_decoding, start_decoding, write_output_folder
 from training.recipe import changed_values, search_flags, training_data
-from training.step import training_config
+from training.step import slow_bfloat16, training_config
 from training.tokenizer import corpus_texts, train_joint_bpe
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.tools.export import check_output_place
@@ -211,6 +211,9 @@ def make_compute_metrics(tokenizer, trees: bool):
 def main(argv: list[str] | None = None):
     with said_once():  # checks that every process makes alike, before any work
         data_args, model_args, recipe, training_args = parse_arguments(argv)
+        if training_args.bf16 and training_args.use_cpu and slow_bfloat16() and training_args.process_index == 0:
+            print("warning: --bf16 on a CPU without bfloat16 instructions is slower than float32 (10x a step on an "
+                  "AMD EPYC, family 23): leave it out to train in float32")
         check_output_place(training_args.output_dir, "--output_dir")
         output_dir = Path(training_args.output_dir)
         resumed = resume_point(training_args.resume_from_checkpoint, output_dir)

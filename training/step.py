@@ -87,6 +87,15 @@ class TrainingStep:
         return compiled_graphs() - self.graphs if self.forward is not self.model else 0
 
 
+BFLOAT16_CPU = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")  # torch.cpu.get_capabilities()'s: x86, then Arm
+
+
+def slow_bfloat16() -> bool:
+    """Whether this CPU lacks bfloat16 instructions: there bfloat16 autocast took 10x float32's step (an AMD EPYC,
+    family 23), which the entry points warn of."""
+    return not any(map(torch.cpu.get_capabilities().get, BFLOAT16_CPU))
+
+
 def training_config(config, device: torch.device, mixed_precision: str):
     """The config of the model that a run trains: the run's `config`, or on a CPU under bfloat16 autocast a copy
     with transformers' eager attention (module docstring). The run's other models (the final average, evaluated
