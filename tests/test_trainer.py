@@ -224,6 +224,27 @@ def test_the_trainer_entry_point_on_a_cpu_under_bf16_trains_with_eager_attention
     assert VaswaniForConditionalGeneration.from_pretrained(output).config._attn_implementation == "sdpa"
 
 
+def test_the_trainer_entry_point_on_a_cpu_trains_on_the_cores_it_may_use(tmp_path, monkeypatch):
+    """`accelerate launch` without GPUs sets OMP_NUM_THREADS=1 (one torch thread) in every process, a lone one too: a
+    launched run trained 1.5x slower on two cores (benchmarks/README.md, session 117). As run.py, the run shares the
+    cores it may use (three here) among its processes (one)."""
+    from transformers import Trainer
+
+    import training.distributed
+
+    monkeypatch.setattr(training.distributed, "usable_cores", lambda: 3)
+    threads, step, before = [], Trainer.training_step, torch.get_num_threads()
+    monkeypatch.setattr(Trainer, "training_step", lambda self, *args: threads.append(torch.get_num_threads()) or step(
+        self, *args))
+    torch.set_num_threads(1)  # as the launcher's OMP_NUM_THREADS=1
+    try:
+        run_trainer.main([*entry_flags(tmp_path), "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
+                          "--eval_strategy", "no", "--use_cpu", "true"])
+    finally:
+        torch.set_num_threads(before)
+    assert threads == [3]
+
+
 def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_keys():
     """§5.3: Adam(0.9, 0.98, 1e-9) without weight decay or clipping, 4,000 warmup steps, then the inverse square
     root from the peak d_model^-0.5 · warmup^-0.5; §5.4: label smoothing 0.1; §6.1: beam 4. A preset's model, warmup,

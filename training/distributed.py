@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from training.fsdp_request import fsdp_requested
 from vaswani_hf.modeling_vaswani import VaswaniDecoderLayer, VaswaniEncoderLayer
+from vaswani_hf.speed.kernels import usable_cores
 
 
 def shard(model: torch.nn.Module, accelerator) -> torch.nn.Module:
@@ -87,6 +88,12 @@ def describe(accelerator) -> dict:
         return {"parallelism": "DDP", "processes": processes, "backend": _backend(),
                 "sharding": "none: every process holds the whole model"}
     return {"parallelism": "none", "processes": 1, "sharding": "none"}
+
+
+def share_cores(processes: int) -> None:
+    """Each of `processes` CPU processes threads over its share of the cores this one may use. `accelerate launch`
+    without GPUs sets OMP_NUM_THREADS=1 in every process, one alone included: a run would use one core."""
+    torch.set_num_threads(max(1, usable_cores() // processes))
 
 
 def held_parameters(model) -> int:

@@ -70,6 +70,7 @@ from training.distributed import (
     describe,
     held_parameters,
     prepare,
+    share_cores,
     whole_model,
 )
 from training.evaluation import check_trees, evaluate_model, final_evaluation, reported
@@ -91,7 +92,6 @@ from training.streaming import StreamedBatches
 from training.tokenizer import corpus_texts, train_joint_bpe
 from training.tokens import pair_encoder, token_dataset
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, fast_gpu, keep_freed_memory
-from vaswani_hf.speed.kernels import usable_cores
 from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.loading import checked, learned_positions
 
@@ -344,7 +344,7 @@ def start_processes(args) -> tuple[Accelerator, dict]:
         accelerator.print("warning: --mixed_precision bf16 on a CPU without bfloat16 instructions is slower than "
                           "float32 (10x a step on an AMD EPYC, family 23): --mixed_precision no trains in float32")
     if not use_gpu:  # share the cores this process may use among the processes; keep freed memory (allocator.py)
-        torch.set_num_threads(max(1, usable_cores() // accelerator.num_processes))
+        share_cores(accelerator.num_processes)
         keep_freed_memory()
     if args.deterministic:
         deterministic_kernels()

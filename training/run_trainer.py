@@ -65,6 +65,7 @@ from training.arguments import (
     refuse_unless_positive,
 )
 from training.data import as_pairs, load_run_data
+from training.distributed import share_cores
 from training.evaluation import check_trees, reported, score, translate
 from training.fsdp_request import fsdp_requested, refuse, said_once
 from training.hub import set_run_decoding, start_decoding, write_output_folder
@@ -225,6 +226,8 @@ def main(argv: list[str] | None = None):
         publish, training_args.push_to_hub = training_args.push_to_hub, False
         if publish:
             check_can_push(training_args.hub_model_id or output_dir.name)
+    if training_args.use_cpu:  # as run.py: all cores the process may use, shared among the launched processes
+        share_cores(training_args.world_size)
     training_args.distributed_state.wait_for_everyone()  # every process has looked before the main one writes there
     with training_args.main_process_first():  # Arrow in datasets' cache: written once, then memory-mapped by all
         data = load_run_data(data_args)
