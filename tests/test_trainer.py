@@ -189,7 +189,8 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
         assert (generation["num_beams"], generation["gnmt_alpha"], generation["extra_length"]) == (4, 0.6, 50)
     card = " ".join((output / "README.md").read_text().split())  # the Trainer's recipe, not run.py's
     assert ("- recipe: batches counted in sentences, not tokens - recipe: the Trainer's label smoothing (ε/V on every "
-            "token, not ε/(V-1) on the others) - recipe: no checkpoint averaging") in card
+            "token, not ε/(V-1) on the others) - recipe: no checkpoint averaging - recipe: `warmup_steps=2` (paper: "
+            "4000) - recipe: `label_smoothing=0.2` (paper: 0.1)") in card  # the flags' changes too
     assert "Recipe (§5): joint BPE, batches of 16 sentences per process" in card
     assert "label smoothing ε_ls = 0.2;" in card and "`num_beams=" not in card  # the paper's decoding
 
@@ -270,6 +271,30 @@ def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_
     _, model_args, recipe, args = run_trainer.parse_arguments(["--preset", "parsing"])
     assert (model_args.num_layers, args.generation_num_beams, recipe.length_penalty_alpha, recipe.extra_length,
             recipe.evalb) == (4, 21, 0.3, 300, True)
+
+
+def test_the_trainer_entry_points_card_names_each_recipe_value_changed_from_the_papers():
+    """The card's recipe line names the paper's optimizer and schedule (§5.3): each Trainer flag that changes them is a
+    deviation on the card, as are warmup, label smoothing and the peak learning rate, the scale or the value given."""
+    fixed = ["recipe: batches counted in sentences, not tokens",
+             "recipe: the Trainer's label smoothing (ε/V on every token, not ε/(V-1) on the others)",
+             "recipe: no checkpoint averaging"]
+
+    def deviations(*flags):
+        _, model_args, recipe, args = run_trainer.parse_arguments(["--output_dir", "unused", *flags])
+        return run_trainer.card_deviations(args, recipe, model_args.d_model, 4, 0.6)
+
+    assert deviations() == fixed
+    assert deviations("--warmup_steps", "8000", "--label_smoothing_factor", "0.2", "--lr_scale", "2", "--optim", "sgd",
+                      "--adam_beta2", "0.999", "--weight_decay", "0.01", "--lr_scheduler_type", "cosine",
+                      "--max_grad_norm", "1") == fixed + [
+        "recipe: `warmup_steps=8000` (paper: 4000)", "recipe: `label_smoothing=0.2` (paper: 0.1)",
+        "recipe: `lr_scale=2.0` (paper: 1.0)", "recipe: `optim=sgd` (paper: Adam)",
+        "recipe: `adam_beta2=0.999` (paper: 0.98)", "recipe: `weight_decay=0.01` (paper: 0.0)",
+        "recipe: `lr_scheduler_type=cosine` (paper: inverse_sqrt)",
+        "recipe: gradients clipped to a global L2 norm of 1 (paper: no clipping)"]
+    assert deviations("--learning_rate", "1e-4", "--lr_scale", "2", "--optim", "adamw_torch") == fixed + [
+        "recipe: `learning_rate=0.0001` (paper, §5.3: d_model^-0.5 · warmup_steps^-0.5)"]
 
 
 def test_pairs_become_sources_and_labels_cut_to_max_source_length_with_their_end(tokenizer, pairs):

@@ -84,6 +84,8 @@ PAPER_TRAINER_DEFAULTS = {
     "save_steps": 1000, "logging_steps": 50, "per_device_train_batch_size": 64, "per_device_eval_batch_size": 64,
     "report_to": "none", "output_dir": "outputs/trainer", "ddp_find_unused_parameters": False,
 }
+PAPER_OPTIMIZER = ("adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay", "lr_scheduler_type")
+ADAM = ("adamw_torch", "adamw_torch_fused")  # without weight decay: Adam (§5.3)
 # training/run.py's data flags that this run does not honour, and why.
 RUN_PY_ONLY = {
     "--streaming": "here the Trainer's datasets hold the training pairs in memory",
@@ -153,7 +155,7 @@ def parse_arguments(argv: list[str] | None = None):
         if not training_args.warmup_steps >= 1:  # the Trainer reads a float below 1 as a share of the steps
             raise SystemExit(f"error: --warmup_steps {training_args.warmup_steps:g}: the §5.3 peak learning rate "
                              "needs at least 1 step (or give --learning_rate)")
-        training_args.learning_rate = recipe.lr_scale * d_model**-0.5 * training_args.warmup_steps**-0.5
+        training_args.learning_rate = paper_peak(recipe.lr_scale, d_model, training_args.warmup_steps)
     refuse_unless_positive({"learning_rate": training_args.learning_rate})
     refuse_blank({"resume_from_checkpoint": training_args.resume_from_checkpoint,
                   "hub_model_id": training_args.hub_model_id})
@@ -181,6 +183,36 @@ def resume_point(given: str | None, output_dir: Path) -> str | None:
         raise SystemExit(f"error: --resume_from_checkpoint {given} is not a checkpoint the Trainer finished saving "
                          "(no trainer_state.json): give one, or latest")
     return given
+
+
+def paper_peak(lr_scale: float, d_model: int, warmup_steps: float) -> float:
+    """The peak learning rate of §5.3, scaled: lr_scale · d_model^-0.5 · warmup_steps^-0.5."""
+    return lr_scale * d_model**-0.5 * warmup_steps**-0.5
+
+
+def card_deviations(args, recipe, d_model: int, num_beams: int, alpha: float | None) -> list[str]:
+    """What this run's recipe changed from the paper's, for the model card (whose recipe line names the paper's): the
+    Trainer's batches, label smoothing and final weights, then the values `args` and `recipe` changed — warmup,
+    peak learning rate, label smoothing, decoding, and the optimizer, its schedule and clipping (§5.3)."""
+    deviations = ["batches counted in sentences, not tokens",
+                  "the Trainer's label smoothing (ε/V on every token, not ε/(V-1) on the others)",
+                  "no checkpoint averaging"]
+    warmup = args.warmup_steps if args.warmup_steps % 1 else int(args.warmup_steps)  # a float in transformers 5
+    paper = {"warmup_steps": warmup, "label_smoothing": args.label_smoothing_factor,
+             "num_beams": num_beams, "length_penalty_alpha": alpha, "extra_length": recipe.extra_length}
+    if args.warmup_steps >= 1 and args.learning_rate == paper_peak(recipe.lr_scale, d_model, args.warmup_steps):
+        paper["lr_scale"] = recipe.lr_scale
+    else:  # --learning_rate given
+        deviations.append(f"`learning_rate={args.learning_rate:g}` (paper, §5.3: d_model^-0.5 · warmup_steps^-0.5)")
+    deviations += changed_values(paper)
+    values = {name: getattr(getattr(args, name), "value", getattr(args, name)) for name in ("optim", *PAPER_OPTIMIZER)}
+    if values["optim"] not in ADAM:
+        deviations.append(f"`optim={values['optim']}` (paper: Adam)")
+    deviations += [f"`{name}={values[name]}` (paper: {PAPER_TRAINER_DEFAULTS[name]})" for name in PAPER_OPTIMIZER
+                   if values[name] != PAPER_TRAINER_DEFAULTS[name]]
+    if args.max_grad_norm:
+        deviations.append(f"gradients clipped to a global L2 norm of {args.max_grad_norm:g} (paper: no clipping)")
+    return [f"recipe: {text}" for text in deviations]
 
 
 def tokenize(tokenizer, pairs: list[tuple[str, str]], max_length: int) -> Dataset:
@@ -279,11 +311,7 @@ def main(argv: list[str] | None = None):
             predictions = translate(trainer.model, tokenizer, sources, num_beams=num_beams)
             metrics["test"] = score(predictions, [t for _, t in pairs["test"]], recipe.evalb)
             print(f"test: {reported(metrics['test'])}  ({metrics['test']['bleu_signature']})")
-        deviations = ["recipe: batches counted in sentences, not tokens",
-                      "recipe: the Trainer's label smoothing (ε/V on every token, not ε/(V-1) on the others)",
-                      "recipe: no checkpoint averaging"]
-        decoding = {"num_beams": num_beams, "length_penalty_alpha": alpha, "extra_length": recipe.extra_length}
-        deviations += [f"recipe: {line}" for line in changed_values(decoding)]
+        deviations = card_deviations(training_args, recipe, config.d_model, num_beams, alpha)
         write_output_folder(
             trainer.model, tokenizer, output_dir, metrics, data=training_data(data_args, pairs),
             length_limit=f"trained on pairs truncated to {recipe.max_source_length} tokens on each side",
