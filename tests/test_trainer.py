@@ -297,6 +297,18 @@ def test_the_trainer_entry_points_card_names_each_recipe_value_changed_from_the_
         "recipe: `learning_rate=0.0001` (paper, §5.3: d_model^-0.5 · warmup_steps^-0.5)"]
 
 
+def test_the_trainer_entry_points_card_states_the_batches_a_step_accumulates(tmp_path):
+    """--gradient_accumulation_steps 3: an optimizer step takes three batches a process, as the card's recipe says."""
+    flags = entry_flags(tmp_path)
+    at = flags.index("--validation_file")
+    output = tmp_path / "out"
+    run_trainer.main([*flags[:at], *flags[at + 4:], "--output_dir", str(output), "--max_steps", "1",
+                      "--gradient_accumulation_steps", "3"])
+    card = " ".join((output / "README.md").read_text().split())
+    assert "Recipe (§5): joint BPE, batches of 16 sentences per process, 3 a step, Adam" in card
+    assert '"gradient_accumulation_steps": 3' in card
+
+
 def test_pairs_become_sources_and_labels_cut_to_max_source_length_with_their_end(tokenizer, pairs):
     """The dataset the Trainer reads: each pair's source tokenized as input, its target as labels, each cut to the
     first max_source_length - 1 tokens and </s> when longer."""

@@ -312,6 +312,7 @@ def main(argv: list[str] | None = None):
             metrics["test"] = score(predictions, [t for _, t in pairs["test"]], recipe.evalb)
             print(f"test: {reported(metrics['test'])}  ({metrics['test']['bleu_signature']})")
         deviations = card_deviations(training_args, recipe, config.d_model, num_beams, alpha)
+        batch, accumulated = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
         write_output_folder(
             trainer.model, tokenizer, output_dir, metrics, data=training_data(data_args, pairs),
             length_limit=f"trained on pairs truncated to {recipe.max_source_length} tokens on each side",
@@ -320,9 +321,9 @@ def main(argv: list[str] | None = None):
             recipe={**({} if start else asdict(model_args)), "lr_scale": recipe.lr_scale,  # a start: named above
                     "learning_rate": training_args.learning_rate,
                     "warmup_steps": training_args.warmup_steps, "max_steps": training_args.max_steps,
-                    "per_device_train_batch_size": training_args.per_device_train_batch_size},
+                    "per_device_train_batch_size": batch, "gradient_accumulation_steps": accumulated},
             deviations=deviations, label_smoothing=training_args.label_smoothing_factor,
-            batching=f"batches of {training_args.per_device_train_batch_size} sentences per process",
+            batching=f"batches of {batch} sentences per process" + (f", {accumulated} a step" * (accumulated > 1)),
             num_beams=num_beams, alpha=alpha, base_model=start, trees=recipe.evalb,
         )
         if publish:
