@@ -275,7 +275,8 @@ def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_
 
 def test_the_trainer_entry_points_card_names_each_recipe_value_changed_from_the_papers():
     """The card's recipe line names the paper's optimizer and schedule (§5.3): each Trainer flag that changes them is a
-    deviation on the card, as are warmup, label smoothing and the peak learning rate, the scale or the value given."""
+    deviation on the card, as are warmup, label smoothing and the peak learning rate, the scale or the value given.
+    Without label smoothing, the Trainer's way of smoothing is not one."""
     fixed = ["recipe: batches counted in sentences, not tokens",
              "recipe: the Trainer's label smoothing (ε/V on every token, not ε/(V-1) on the others)",
              "recipe: no checkpoint averaging"]
@@ -295,6 +296,8 @@ def test_the_trainer_entry_points_card_names_each_recipe_value_changed_from_the_
         "recipe: gradients clipped to a global L2 norm of 1 (paper: no clipping)"]
     assert deviations("--learning_rate", "1e-4", "--lr_scale", "2", "--optim", "adamw_torch") == fixed + [
         "recipe: `learning_rate=0.0001` (paper, §5.3: d_model^-0.5 · warmup_steps^-0.5)"]
+    assert deviations("--label_smoothing_factor", "0") == [
+        fixed[0], fixed[2], "recipe: `label_smoothing=0.0` (paper: 0.1)"]
 
 
 def test_the_trainer_entry_points_card_states_the_batches_a_step_accumulates(tmp_path):

@@ -194,9 +194,10 @@ def card_deviations(args, recipe, d_model: int, num_beams: int, alpha: float | N
     """What this run's recipe changed from the paper's, for the model card (whose recipe line names the paper's): the
     Trainer's batches, label smoothing and final weights, then the values `args` and `recipe` changed — warmup,
     peak learning rate, label smoothing, decoding, and the optimizer, its schedule and clipping (§5.3)."""
-    deviations = ["batches counted in sentences, not tokens",
-                  "the Trainer's label smoothing (ε/V on every token, not ε/(V-1) on the others)",
-                  "no checkpoint averaging"]
+    deviations = ["batches counted in sentences, not tokens"]
+    if args.label_smoothing_factor:
+        deviations.append("the Trainer's label smoothing (ε/V on every token, not ε/(V-1) on the others)")
+    deviations.append("no checkpoint averaging")
     warmup = args.warmup_steps if args.warmup_steps % 1 else int(args.warmup_steps)  # a float in transformers 5
     paper = {"warmup_steps": warmup, "label_smoothing": args.label_smoothing_factor,
              "num_beams": num_beams, "length_penalty_alpha": alpha, "extra_length": recipe.extra_length}
