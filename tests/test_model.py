@@ -162,6 +162,21 @@ def test_attention_and_hidden_state_outputs(model):
     torch.testing.assert_close(out.encoder_hidden_states[-1], out.encoder_last_hidden_state)
 
 
+@torch.no_grad()
+def test_hidden_states_selected_by_index_count_from_each_stacks_own_end(model):
+    """transformers 5's `output_hidden_states=[indices]` keeps those states alone; a negative index counts from the
+    end of its own stack (the decoder has `num_decoder_layers`: 3 here, the encoder 2), not from the encoder's."""
+    source, target = random_ids(2, 7), decoder_inputs(2, 5)
+    full = model(input_ids=source, decoder_input_ids=target, output_hidden_states=True)
+    part = model(input_ids=source, decoder_input_ids=target, output_hidden_states=[1, -1])
+    for kept, every in ((part.encoder_hidden_states, full.encoder_hidden_states),
+                        (part.decoder_hidden_states, full.decoder_hidden_states)):
+        assert len(kept) == len(every)
+        assert [i for i, state in enumerate(kept) if state is not None] == [1, len(every) - 1]
+        torch.testing.assert_close(kept[-1], every[-1])
+        torch.testing.assert_close(kept[1], every[1])
+
+
 def glorot_bound(linear: nn.Linear) -> float:
     return math.sqrt(6 / (linear.in_features + linear.out_features))
 

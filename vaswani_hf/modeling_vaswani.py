@@ -384,7 +384,7 @@ class VaswaniDecoder(VaswaniStack):
     whole encoder output."""
 
     _can_record_outputs = {
-        "hidden_states": VaswaniDecoderLayer,
+        "hidden_states": OutputRecorder(VaswaniDecoderLayer, num_hidden_layers_key="num_decoder_layers"),
         "attentions": OutputRecorder(VaswaniAttention, index=1, layer_name="self_attn"),
         "cross_attentions": OutputRecorder(VaswaniAttention, index=1, layer_name="encoder_attn"),
     }
