@@ -722,6 +722,25 @@ def test_a_cpu_run_under_bfloat16_trains_with_eager_attention_and_saves_a_model_
     assert VaswaniForConditionalGeneration.from_pretrained(tmp_path / "out").config._attn_implementation == "sdpa"
 
 
+def test_a_cpu_run_trains_on_the_cores_it_may_use(tmp_path, small_data, monkeypatch):
+    """`accelerate launch` without GPUs sets OMP_NUM_THREADS=1 (one torch thread) in every process, a lone one too:
+    the run shares the cores it may use (three here) among its processes (one), as run_trainer.py's twin test."""
+    import training.distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(training.distributed, "usable_cores", lambda: 3)
+    threads, step = [], TrainingStep.__call__
+    monkeypatch.setattr(TrainingStep, "__call__", lambda self, *args: threads.append(torch.get_num_threads()) or step(
+        self, *args))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the launcher's OMP_NUM_THREADS=1 (run_training restores the count it finds)
+    try:
+        train_here(tmp_path / "out", *TINY, *small_data, "--max_steps", "2")
+    finally:
+        torch.set_num_threads(before)
+    assert threads == [3, 3]
+
+
 @pytest.mark.xdist_group("whole_run")
 def test_a_deterministic_run_steps_under_torchs_strict_deterministic_mode_and_trains_as_the_default_run(
         tmp_path, small_data, whole_run, monkeypatch):
