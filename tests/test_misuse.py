@@ -156,6 +156,14 @@ def test_bf16_on_a_cpu_without_bfloat16_instructions_is_warned_of_at_the_start(t
     assert ("warning: --mixed_precision bf16 on a CPU without bfloat16 instructions" in printed) == warned
 
 
+def test_run_trainer_refuses_fp16_wherever_it_would_train_on_the_cpu(monkeypatch):
+    """`--use_cpu false` on a machine without a GPU trains on the CPU all the same: --fp16 is refused there too."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="^error: --fp16 needs a GPU"):
+        run_trainer.parse_arguments(["--preset", "cpu-small", "--output_dir", "unused", "--fp16", "true",
+                                     "--use_cpu", "false"])
+
+
 @pytest.mark.parametrize(("bf16", "capabilities", "warned"), [
     ("true", {"avx2": True}, True), ("true", {"avx512_bf16": True}, False), ("false", {"avx2": True}, False)])
 def test_run_trainer_warns_of_bf16_on_a_cpu_without_bfloat16_instructions(tmp_path, monkeypatch, capsys, bf16,

@@ -135,7 +135,7 @@ def parse_arguments(argv: list[str] | None = None):
     data_args, model_args, recipe, training_args = parse_flags(parser, argv, "training/run_trainer.py")
     if training_args.fsdp_plugin_args is not None:  # asked by the Trainer's --fsdp
         refuse_fsdp()
-    if training_args.fp16 and training_args.use_cpu:  # Accelerate would train in float32, as without the flag
+    if training_args.fp16 and training_args.device.type == "cpu":  # Accelerate would train in float32 there
         raise SystemExit("error: --fp16 needs a GPU (float16 autocast is not run on the CPU): leave it out (float32) "
                          "or use --bf16 true")
     given = {arg.split("=")[0] for arg in argv}
@@ -245,7 +245,8 @@ def make_compute_metrics(tokenizer, trees: bool):
 def main(argv: list[str] | None = None):
     with said_once():  # checks that every process makes alike, before any work
         data_args, model_args, recipe, training_args = parse_arguments(argv)
-        if training_args.bf16 and training_args.use_cpu and slow_bfloat16() and training_args.process_index == 0:
+        on_cpu = training_args.device.type == "cpu"
+        if training_args.bf16 and on_cpu and slow_bfloat16() and training_args.process_index == 0:
             print("warning: --bf16 on a CPU without bfloat16 instructions is slower than float32 (10x a step on an "
                   "AMD EPYC, family 23): leave it out to train in float32")
         check_output_place(training_args.output_dir, "--output_dir")
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None):
         publish, training_args.push_to_hub = training_args.push_to_hub, False
         if publish:
             check_can_push(training_args.hub_model_id or output_dir.name)
-    if training_args.use_cpu:  # as run.py: all cores the process may use, shared among the launched processes
+    if on_cpu:  # as run.py: all cores the process may use, shared among the launched processes
         share_cores(training_args.world_size)
     training_args.distributed_state.wait_for_everyone()  # every process has looked before the main one writes there
     with training_args.main_process_first():  # Arrow in datasets' cache: written once, then memory-mapped by all
