@@ -708,18 +708,20 @@ def test_a_training_step_builds_no_decoding_cache(monkeypatch):
     assert tokens == 5 and loss > 0 and all(p.grad is not None for p in model.parameters())
 
 
-@pytest.mark.parametrize("precision, trained_with", [("bf16", "eager"), ("no", "sdpa")])
+@pytest.mark.parametrize("precision, trained_with, trained_in", [("bf16", "eager", "bf16"), ("auto", "sdpa", "no")])
 def test_a_cpu_run_under_bfloat16_trains_with_eager_attention_and_saves_a_model_of_sdpa(tmp_path, small_data,
                                                                                       monkeypatch, precision,
-                                                                                      trained_with):
+                                                                                      trained_with, trained_in):
     """On a CPU under bfloat16 autocast a run's steps attend by transformers' eager attention, not SDPA's fused
-    kernel, whose bfloat16 backward took 15x float32's (training/step.py); a float32 run's steps keep SDPA. The
-    model the run saves attends by SDPA either way."""
+    kernel, whose bfloat16 backward took 15x float32's (training/step.py); a float32 run's steps (`auto` on a CPU)
+    keep SDPA. The model the run saves attends by SDPA either way, and its card's recipe names the precision the run
+    trained in, not `auto`."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     called = attention_in_steps(monkeypatch, TrainingStep, "__call__")
     train_here(tmp_path / "out", *TINY, *small_data, "--max_steps", "2", "--mixed_precision", precision)
     assert called == {trained_with}
     assert VaswaniForConditionalGeneration.from_pretrained(tmp_path / "out").config._attn_implementation == "sdpa"
+    assert f'"mixed_precision": "{trained_in}"' in (tmp_path / "out" / "README.md").read_text()
 
 
 def test_a_cpu_run_trains_on_the_cores_it_may_use(tmp_path, small_data, monkeypatch):

@@ -312,7 +312,8 @@ def publish(final, tokenizer, output_dir: Path, metrics: dict, pairs: dict, alph
     args = replace(args, length_penalty_alpha=alpha)  # the α the run chose, in a copy of the flags
     recipe = {**({} if args.model_name_or_path else asdict(model_args)),  # a start's: named as the base model
               **{k: v for k, v in asdict(args).items() if k not in NOT_RECIPE},
-              "max_tokens": metrics["max_tokens"]}  # --max_tokens 0: the batch the run chose
+              "max_tokens": metrics["max_tokens"],  # --max_tokens 0: the batch the run chose
+              "mixed_precision": metrics["distributed"]["mixed_precision"]}  # auto: the precision it trained in
     write_output_folder(
         final, tokenizer, output_dir, metrics, data=training_data(data_args, pairs),
         length_limit=f"trained on pairs of at most {data_args.max_length} tokens a side (longer ones were left out)",
