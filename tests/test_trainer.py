@@ -223,6 +223,7 @@ def test_the_trainer_entry_point_on_a_cpu_under_bf16_trains_with_eager_attention
                       "--save_steps", "2", "--bf16", bf16])
     assert called == {trained_with} and decoded == ["sdpa"]
     assert VaswaniForConditionalGeneration.from_pretrained(output).config._attn_implementation == "sdpa"
+    assert f'"mixed_precision": "{"bf16" if bf16 == "true" else "no"}"' in (output / "README.md").read_text()
 
 
 def test_the_trainer_entry_point_on_a_cpu_trains_on_the_cores_it_may_use(tmp_path, monkeypatch):

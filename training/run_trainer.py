@@ -279,7 +279,8 @@ def main(argv: list[str] | None = None):
             tokenizer = AutoTokenizer.from_pretrained(output_dir)
     datasets = {split: tokenize(tokenizer, rows, recipe.max_source_length) for split, rows in pairs.items()}
 
-    precision = "bf16" if training_args.bf16 else "no"  # on a CPU under bf16 the model trained attends eagerly
+    # the precision the run trains in (on a CPU under bf16 the model trained attends eagerly: training_config)
+    precision = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "no"
     if start is not None:
         with one_line_errors(start):  # the dropouts in its config: from_pretrained's own keyword arguments would
             config = VaswaniConfig.from_pretrained(start, **model_args.dropouts())  # reach its generation config too
@@ -323,7 +324,8 @@ def main(argv: list[str] | None = None):
             recipe={**({} if start else asdict(model_args)), "lr_scale": recipe.lr_scale,  # a start: named above
                     "learning_rate": training_args.learning_rate,
                     "warmup_steps": training_args.warmup_steps, "max_steps": training_args.max_steps,
-                    "per_device_train_batch_size": batch, "gradient_accumulation_steps": accumulated},
+                    "per_device_train_batch_size": batch, "gradient_accumulation_steps": accumulated,
+                    "mixed_precision": precision},
             deviations=deviations, label_smoothing=training_args.label_smoothing_factor,
             batching=f"batches of {batch} sentences per process" + (f", {accumulated} a step" * (accumulated > 1)),
             num_beams=num_beams, alpha=alpha, base_model=start, trees=recipe.evalb,
