@@ -247,11 +247,12 @@ def test_the_trainer_entry_point_on_a_cpu_trains_on_the_cores_it_may_use(tmp_pat
     assert threads == [3]
 
 
-def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_keys():
+def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_keys(capsys):
     """§5.3: Adam(0.9, 0.98, 1e-9) without weight decay or clipping, 4,000 warmup steps, then the inverse square
     root from the peak d_model^-0.5 · warmup^-0.5; §5.4: label smoothing 0.1; §6.1: beam 4. A preset's model, warmup,
     learning-rate scale and clipping keys set theirs (flags still win), and its decoding: §6.3's parser's beam, α
-    and output limit."""
+    and output limit; the run says which of its keys (run.py's alone: a time budget, token batches, averaging) it
+    leaves out."""
     _, model_args, recipe, args = run_trainer.parse_arguments([])
     assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon, args.weight_decay, args.max_grad_norm) == (
         0.9, 0.98, 1e-9, 0.0, 0.0)
@@ -268,6 +269,10 @@ def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_
         preset["d_model"], preset["warmup_steps"], preset["lr_scale"], preset["max_grad_norm"])
     assert args.learning_rate == pytest.approx(preset["lr_scale"] * preset["d_model"]**-0.5
                                                * preset["warmup_steps"]**-0.5)
+    assert capsys.readouterr().out.strip() == (
+        "note: --preset cpu-medium: average_checkpoints, average_share, cooldown_share, dropout_epochs, "
+        "eval_max_sentences, evaluations, max_tokens, max_train_minutes, tokens_per_step, warmup_share: "
+        "training/run.py's recipe, not the Trainer's; this run leaves them out")
     assert run_trainer.parse_arguments(["--preset", "cpu-medium", "--warmup_steps", "7"])[3].warmup_steps == 7
     _, model_args, recipe, args = run_trainer.parse_arguments(["--preset", "parsing"])
     assert (model_args.num_layers, args.generation_num_beams, recipe.length_penalty_alpha, recipe.extra_length,

@@ -125,14 +125,16 @@ def parse_arguments(argv: list[str] | None = None):
     first = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)[2]
     if first.model_name_or_path is not None:
         parser.set_defaults(**dict.fromkeys(DROPOUTS))  # not given: the start's
-    if preset := first.preset:
-        values = read_preset(preset)
-        model_keys = {f for f in ModelArguments.__dataclass_fields__} | {"lr_scale"}
-        parser.set_defaults(**{k: v for k, v in values.items() if k in model_keys},
-                            **{PRESET_KEYS[k]: v for k, v in values.items() if k in PRESET_KEYS})
+    values = read_preset(first.preset) if first.preset else {}
+    model_keys = {f for f in ModelArguments.__dataclass_fields__} | {"lr_scale"}
+    parser.set_defaults(**{k: v for k, v in values.items() if k in model_keys},
+                        **{PRESET_KEYS[k]: v for k, v in values.items() if k in PRESET_KEYS})
     if fsdp_requested():  # asked by `accelerate launch`: refused before the Trainer's arguments join the processes
         refuse_fsdp()
     data_args, model_args, recipe, training_args = parse_flags(parser, argv, "training/run_trainer.py")
+    if (left_out := sorted(values.keys() - model_keys - PRESET_KEYS.keys())) and training_args.process_index == 0:
+        print(f"note: --preset {first.preset}: {', '.join(left_out)}: training/run.py's recipe, not the Trainer's; "
+              "this run leaves them out")
     if training_args.fsdp_plugin_args is not None:  # asked by the Trainer's --fsdp
         refuse_fsdp()
     if training_args.fp16 and training_args.device.type == "cpu":  # Accelerate would train in float32 there
