@@ -156,6 +156,32 @@ def test_bf16_on_a_cpu_without_bfloat16_instructions_is_warned_of_at_the_start(t
     assert ("warning: --mixed_precision bf16 on a CPU without bfloat16 instructions" in printed) == warned
 
 
+@pytest.mark.parametrize(("launcher", "flag", "chosen"), [
+    ("bf16", [], "bf16"), ("no", [], "no"), ("bf16", ["--mixed_precision", "no"], "no"), (None, [], "no")])
+def test_mixed_precision_auto_is_what_accelerate_launch_names(tmp_path, monkeypatch, capsys, data, launcher, flag,
+                                                              chosen):
+    """`accelerate launch --mixed_precision bf16 training/run.py` (the launcher's flag, or `accelerate config`'s)
+    trained a CPU run in float32: run.py's `auto` overrode it. `auto` is now the launcher's bf16 or fp16 where it names
+    one (its default, no, names neither); run.py's own flag wins. The run is then refused for its output folder."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if launcher is None:
+        monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("someone else's\n")
+    assert "--overwrite_output_dir" in refused(monkeypatch, *TINY, *data, "--output_dir", str(out), *flag)
+    assert f"mixed_precision {chosen}\n" in capsys.readouterr().out
+
+
+def test_fp16_asked_of_accelerate_launch_on_a_cpu_is_refused(monkeypatch, data):
+    """As run.py's own --mixed_precision fp16 there: Accelerate would train in float32."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    assert refused(monkeypatch, *TINY, *data).startswith("error: --mixed_precision fp16 needs a GPU")
+
+
 def test_run_trainer_refuses_fp16_wherever_it_would_train_on_the_cpu(monkeypatch):
     """`--use_cpu false` on a machine without a GPU trains on the CPU all the same: --fp16 is refused there too."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

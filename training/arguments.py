@@ -4,10 +4,12 @@ that any flag overrides, and every value checked before any work starts."""
 import difflib
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import torch
 from transformers import HfArgumentParser
 
 from vaswani_hf import VaswaniConfig
@@ -127,7 +129,8 @@ class RecipeArguments:
     max_grad_norm: float = field(default=0.0, metadata={
         "help": "Clip the step's gradient to this global L2 norm (0: no clipping, as in the paper)."})
     mixed_precision: str = field(default="auto", metadata={
-        "help": "auto (bf16/fp16 on GPUs, fp32 on CPU), no, fp16, bf16 (on a CPU attention eager: training/step.py)."})
+        "help": "auto (what `accelerate launch --mixed_precision` names, else bf16/fp16 on GPUs, fp32 on CPU), no, "
+                "fp16, bf16 (on a CPU attention eager: training/step.py)."})
     fast_cpu: bool = field(default=True, metadata={
         "help": "On a CPU, train and decode with what whole calls were measured faster with on this machine, once "
                 "(vaswani_hf.fast_cpu); --no_fast_cpu: as the model files are written."})
@@ -221,6 +224,17 @@ def parse_flags(parser: HfArgumentParser, argv: list[str] | None, script: str) -
     return tuple(parsed)
 
 
+def chosen_precision(flag: str, gpu: bool) -> str:
+    """The precision a run trains in for --mixed_precision `flag`. `auto` is what `accelerate launch
+    --mixed_precision` (or `accelerate config`) names, bf16 or fp16; where it names neither (the launcher's default:
+    no), bf16 on a GPU that has it, else fp16, and float32 ("no") on a CPU."""
+    if flag != "auto":
+        return flag
+    if (launcher := os.environ.get("ACCELERATE_MIXED_PRECISION")) in ("bf16", "fp16"):
+        return launcher
+    return ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if gpu else "no"
+
+
 def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: RecipeArguments, gpu: bool) -> None:
     """Every flag checked before any work: a wrong value is a one-line SystemExit naming the flag."""
     check_model_arguments(data_args, model_args)
@@ -262,7 +276,7 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
                              "compiled again for: add --compile no")
     if args.mixed_precision not in ("auto", "no", "fp16", "bf16"):
         raise SystemExit(f"error: --mixed_precision {args.mixed_precision}: one of auto, no, fp16, bf16")
-    if args.mixed_precision == "fp16" and not gpu:
+    if chosen_precision(args.mixed_precision, gpu) == "fp16" and not gpu:
         raise SystemExit("error: --mixed_precision fp16 needs a GPU (float16 autocast is not run on the CPU): "
                          "use no (float32) or bf16")
     if args.push_to_hub:

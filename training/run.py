@@ -52,7 +52,7 @@ from accelerate.utils import broadcast, broadcast_object_list, gather_object, se
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 from transformers.utils.logging import disable_progress_bar
 
-from training.arguments import DROPOUTS, check_arguments, parse_arguments
+from training.arguments import DROPOUTS, check_arguments, chosen_precision, parse_arguments
 from training.averaging import averaged_model
 from training.batching import EpochBatches, collate, encode
 from training.budget import TimeBudget, read_schedule, set_dropout
@@ -334,9 +334,7 @@ def start_processes(args) -> tuple[Accelerator, dict]:
     """This process's Accelerator (mixed precision by --mixed_precision; FSDP checked on import), how the run is
     spread over processes (printed first), the cores shared among the processes, and the seed."""
     use_gpu = torch.cuda.is_available()
-    mixed_precision = args.mixed_precision
-    if mixed_precision == "auto":
-        mixed_precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if use_gpu else "no"
+    mixed_precision = chosen_precision(args.mixed_precision, use_gpu)
     accelerator = Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision, log_with="tensorboard",
                               project_dir=args.output_dir)
     distributed = {**describe(accelerator), "device": accelerator.device.type, "mixed_precision": mixed_precision}
