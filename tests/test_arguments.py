@@ -3,8 +3,9 @@
 import sys
 
 import pytest
+import torch
 
-from training.arguments import parse_arguments
+from training.arguments import chosen_precision, parse_arguments
 from training.tokenizer import train_joint_bpe
 from vaswani_hf import VaswaniForConditionalGeneration
 
@@ -41,3 +42,17 @@ def test_the_papers_presets_are_its_models_and_recipes(monkeypatch, preset):
     monkeypatch.setattr(sys, "argv", ["run.py", "--preset", preset])
     values = {name: getattr(args, name) for args in parse_arguments() for name in PAPER[preset] if hasattr(args, name)}
     assert values == PAPER[preset]
+
+
+@pytest.mark.parametrize(("launcher", "bf16_gpu", "chosen"), [
+    (None, True, "bf16"), ("no", True, "bf16"), ("bf16", True, "bf16"), ("fp16", True, "fp16"),
+    ("no", False, "fp16"), ("bf16", False, "fp16")])  # the shipped DDP config's bf16 on a GPU without it: fp16
+def test_mixed_precision_auto_on_a_gpu(monkeypatch, launcher, bf16_gpu, chosen):
+    """On a GPU `auto` is bf16, or fp16 where the GPU has no bf16 or the launcher names fp16."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16_gpu)
+    if launcher is None:
+        monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
+    assert chosen_precision("auto", gpu=True) == chosen
+    assert chosen_precision("no", gpu=True) == "no"  # the run's own flag wins

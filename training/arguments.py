@@ -129,8 +129,8 @@ class RecipeArguments:
     max_grad_norm: float = field(default=0.0, metadata={
         "help": "Clip the step's gradient to this global L2 norm (0: no clipping, as in the paper)."})
     mixed_precision: str = field(default="auto", metadata={
-        "help": "auto (what `accelerate launch --mixed_precision` names, else bf16/fp16 on GPUs, fp32 on CPU), no, "
-                "fp16, bf16 (on a CPU attention eager: training/step.py)."})
+        "help": "auto (GPUs: bf16, fp16 without bf16 or if accelerate launch names it; CPUs: accelerate launch's "
+                "choice, else fp32), no, fp16, bf16 (on a CPU attention eager: training/step.py)."})
     fast_cpu: bool = field(default=True, metadata={
         "help": "On a CPU, train and decode with what whole calls were measured faster with on this machine, once "
                 "(vaswani_hf.fast_cpu); --no_fast_cpu: as the model files are written."})
@@ -225,14 +225,15 @@ def parse_flags(parser: HfArgumentParser, argv: list[str] | None, script: str) -
 
 
 def chosen_precision(flag: str, gpu: bool) -> str:
-    """The precision a run trains in for --mixed_precision `flag`. `auto` is what `accelerate launch
-    --mixed_precision` (or `accelerate config`) names, bf16 or fp16; where it names neither (the launcher's default:
-    no), bf16 on a GPU that has it, else fp16, and float32 ("no") on a CPU."""
+    """The precision a run trains in for --mixed_precision `flag`. `auto`: on a GPU bf16, or fp16 where the GPU has no
+    bf16 or `accelerate launch --mixed_precision` (or `accelerate config`) names fp16; on a CPU what the launcher
+    names, bf16 or fp16, else float32 ("no", also the launcher's default)."""
     if flag != "auto":
         return flag
-    if (launcher := os.environ.get("ACCELERATE_MIXED_PRECISION")) in ("bf16", "fp16"):
-        return launcher
-    return ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if gpu else "no"
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    if gpu:
+        return "bf16" if torch.cuda.is_bf16_supported() and launcher != "fp16" else "fp16"
+    return launcher if launcher in ("bf16", "fp16") else "no"
 
 
 def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: RecipeArguments, gpu: bool) -> None:
