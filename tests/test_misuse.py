@@ -175,6 +175,16 @@ def test_mixed_precision_auto_is_what_accelerate_launch_names(tmp_path, monkeypa
     assert f"mixed_precision {chosen}\n" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("backend", "flags", "named"), [
+    ("AOT_EAGER", ["--dropout_epochs", "1", "2"], ("add --compile no (accelerate launch --dynamo_backend aot_eager "
+                                                   "compiles it)")),
+    ("IPEX", [], "error: accelerate launch --dynamo_backend ipex: auto, no, or one of")])
+def test_a_compile_asked_of_accelerate_launch_is_checked_as_run_pys_own(monkeypatch, data, backend, flags, named):
+    """The launcher's --dynamo_backend compiles the run's step as --compile does: refused where --compile would be."""
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", backend)
+    assert named in refused(monkeypatch, *TINY, *data, *flags)
+
+
 def test_fp16_asked_of_accelerate_launch_on_a_cpu_is_refused(monkeypatch, data):
     """As run.py's own --mixed_precision fp16 there: Accelerate would train in float32."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

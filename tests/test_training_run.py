@@ -221,6 +221,23 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_pat
     assert metrics_two["distributed"]["parallelism"] == "DDP" and metrics_two["distributed"]["backend"] == "gloo"
 
 
+@pytest.mark.parametrize("launched, compiled", [("AOT_EAGER", 2), ("NO", 0)])
+def test_accelerate_launchs_dynamo_backend_compiles_the_runs_own_step(tmp_path, small_data, monkeypatch, launched,
+                                                                     compiled):
+    """`accelerate launch --dynamo_backend X` (or `accelerate config`'s): Accelerate compiled the whole model itself,
+    with torch.compile's defaults, in place of the run's step (cpu-small: 3 steps took 50 s, to other losses). The
+    run tells Accelerate no, and compiles its own step with X, as `--compile X` does (the model's graph and the
+    loss's); the launcher's default, no, leaves a CPU run eager."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", launched)
+    models, step = [], TrainingStep.__call__
+    monkeypatch.setattr(TrainingStep, "__call__", lambda self, *args: models.append(type(self.model).__name__) or step(
+        self, *args))
+    train_here(tmp_path / "out", *TINY, *small_data, "--max_steps", "2", "--no_fast_cpu")
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["compiled_graphs"] == compiled
+    assert models == ["VaswaniForConditionalGeneration"] * 2
+
+
 @pytest.mark.xdist_group("one_process_run")
 def test_a_compiled_run_trains_as_the_eager_run_and_compiles_once(tmp_path, small_data, one_process_run):
     """--compile aot_eager: torch.compile's dynamo and AOTAutograd (inductor's front end, without its C++ compiler on a

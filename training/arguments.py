@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import HfArgumentParser
 
+from training.step import launcher_backend
 from vaswani_hf import VaswaniConfig
 from vaswani_hf.speed.kernels import CacheNotWritable, cache_root, writable
 from vaswani_hf.tools.hub import check_can_push
@@ -267,14 +268,16 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     refuse_unless_alpha(args.length_penalty_alpha)
     if not all(0 <= alpha < math.inf for alpha in args.alpha_candidates or []):
         raise SystemExit(f"error: --alpha_candidates {args.alpha_candidates}: each α must be finite and at least 0")
-    if args.compile not in ("auto", "no"):
+    backend, named = ((args.compile, f"--compile {args.compile}") if args.compile != "auto" else
+                      (launcher_backend(), f"accelerate launch --dynamo_backend {launcher_backend()}"))
+    if backend not in (None, "no"):
         from torch._dynamo import list_backends
 
-        if args.compile not in list_backends(exclude_tags=()):
-            raise SystemExit(f"error: --compile {args.compile}: auto, no, or one of {list_backends()}")
+        if backend not in list_backends(exclude_tags=()):
+            raise SystemExit(f"error: {named}: auto, no, or one of {list_backends()}")
         if epochs is not None:
             raise SystemExit("error: --dropout_epochs changes P_drop at every step, which a compiled step would be "
-                             "compiled again for: add --compile no")
+                             f"compiled again for: add --compile no ({named} compiles it)")
     if args.mixed_precision not in ("auto", "no", "fp16", "bf16"):
         raise SystemExit(f"error: --mixed_precision {args.mixed_precision}: one of auto, no, fp16, bf16")
     if chosen_precision(args.mixed_precision, gpu) == "fp16" and not gpu:

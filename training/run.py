@@ -336,7 +336,7 @@ def start_processes(args) -> tuple[Accelerator, dict]:
     use_gpu = torch.cuda.is_available()
     mixed_precision = chosen_precision(args.mixed_precision, use_gpu)
     accelerator = Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision, log_with="tensorboard",
-                              project_dir=args.output_dir)
+                              project_dir=args.output_dir, dynamo_backend="no")  # the step compiles: step.py
     distributed = {**describe(accelerator), "device": accelerator.device.type, "mixed_precision": mixed_precision}
     accelerator.print("distributed: " + ", ".join(f"{key} {value}" for key, value in distributed.items()))
     if mixed_precision == "bf16" and not use_gpu and slow_bfloat16():

@@ -117,12 +117,21 @@ def deterministic_kernels() -> None:
     inductor_config.deterministic = True
 
 
+def launcher_backend() -> str | None:
+    """The torch.compile backend that `accelerate launch --dynamo_backend` (or `accelerate config`) names, or None
+    (its default: no). The run compiles its own step with it; Accelerate, told no, compiles nothing of its own: its
+    compile of the whole model (torch.compile's defaults, not the step's symbolic sizes) would stand in for the
+    step's (module docstring)."""
+    named = os.environ.get("ACCELERATE_DYNAMO_BACKEND", "no").lower()
+    return None if named == "no" else named
+
+
 def compile_backend(choice: str, device: torch.device, dropout_changes: bool = False) -> str | None:
-    """The torch.compile backend of `--compile` `choice`, or None for eager: auto is inductor on a GPU (measured the
-    faster there, benchmarks/README.md), unless P_drop changes from step to step (`--dropout_epochs`: each value would
-    compile again), and eager on a CPU."""
+    """The torch.compile backend of `--compile` `choice`, or None for eager: auto is the launcher's
+    (`launcher_backend`), else inductor on a GPU (measured the faster there, benchmarks/README.md), unless P_drop
+    changes from step to step (`--dropout_epochs`: each value would compile again), and eager on a CPU."""
     if choice == "auto":
-        return "inductor" if device.type == "cuda" and not dropout_changes else None
+        return launcher_backend() or ("inductor" if device.type == "cuda" and not dropout_changes else None)
     return None if choice == "no" else choice
 
 
