@@ -185,6 +185,15 @@ def test_a_compile_asked_of_accelerate_launch_is_checked_as_run_pys_own(monkeypa
     assert named in refused(monkeypatch, *TINY, *data, *flags)
 
 
+def test_deepspeed_asked_of_accelerate_launch_is_refused(monkeypatch, data):
+    """`accelerate launch --use_deepspeed` (where deepspeed is installed: the launcher needs it): refused before any
+    work, as the FSDP requests run.py cannot honour are."""
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert refused(monkeypatch, *TINY, *data) == (
+        "error: DeepSpeed was asked for; training/run.py shards with FSDP2 (--use_fsdp --fsdp_version 2) or runs DDP: "
+        "launch without --use_deepspeed")
+
+
 def test_fp16_asked_of_accelerate_launch_on_a_cpu_is_refused(monkeypatch, data):
     """As run.py's own --mixed_precision fp16 there: Accelerate would train in float32."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -1,5 +1,5 @@
-"""What `accelerate launch` asked of FSDP (its environment variables), and the one-line refusal of what a run here
-cannot honour, said by one process. Standard library only: training/run.py checks before it loads torch and
+"""What `accelerate launch` asked of FSDP or DeepSpeed (its environment variables), and the one-line refusal of what
+a run here cannot honour, said by one process. Standard library only: training/run.py checks before it loads torch and
 transformers, so a launch that cannot be honoured stops in a moment in every process (training/distributed.py does
 the sharding)."""
 
@@ -21,7 +21,11 @@ def fsdp_requested() -> bool:
 
 def check_fsdp_request() -> None:
     """A one-line SystemExit for an FSDP request this run cannot honour, before any work (and before Accelerate,
-    whose FSDP1 plugin fails on CPU processes with a traceback)."""
+    whose FSDP1 plugin fails on CPU processes with a traceback). DeepSpeed is refused: its engine would take over the
+    step's backward, gradient accumulation and clipping, which the run does itself (training/step.py)."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        refuse("error: DeepSpeed was asked for; training/run.py shards with FSDP2 (--use_fsdp --fsdp_version 2) or "
+               "runs DDP: launch without --use_deepspeed")
     if not fsdp_requested():
         return
     version = os.environ.get("FSDP_VERSION", "1")
