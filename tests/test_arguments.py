@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from training.arguments import chosen_precision, parse_arguments
+from training.arguments import chosen_precision, on_gpu, parse_arguments
 from training.tokenizer import train_joint_bpe
 from vaswani_hf import VaswaniForConditionalGeneration
 
@@ -56,3 +56,16 @@ def test_mixed_precision_auto_on_a_gpu(monkeypatch, launcher, bf16_gpu, chosen):
         monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
     assert chosen_precision("auto", gpu=True) == chosen
     assert chosen_precision("no", gpu=True) == "no"  # the run's own flag wins
+
+
+@pytest.mark.parametrize(("gpu", "launcher_cpu", "trained_on_gpu"), [
+    (True, None, True), (True, "false", True), (True, "true", False), (False, None, False)])
+def test_a_run_is_on_a_gpu_unless_accelerate_launch_asks_for_the_cpu(monkeypatch, gpu, launcher_cpu, trained_on_gpu):
+    """`accelerate launch --cpu` on a machine with a GPU: Accelerate puts the run on the CPU, so run.py chooses its
+    precision, compilation, threads and fast_cpu for a CPU (it took the GPU's: bf16, and no thread sharing)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    if launcher_cpu is None:
+        monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_USE_CPU", launcher_cpu)
+    assert on_gpu() == trained_on_gpu

@@ -225,6 +225,12 @@ def parse_flags(parser: HfArgumentParser, argv: list[str] | None, script: str) -
     return tuple(parsed)
 
 
+def on_gpu() -> bool:
+    """Whether the run trains on a GPU: one is there, and `accelerate launch --cpu` (or `accelerate config`'s CPU)
+    did not ask for the CPU, which Accelerate then runs on whatever the run asks."""
+    return torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "false").lower() != "true"
+
+
 def chosen_precision(flag: str, gpu: bool) -> str:
     """The precision a run trains in for --mixed_precision `flag`. `auto`: on a GPU bf16, or fp16 where the GPU has no
     bf16 or `accelerate launch --mixed_precision` (or `accelerate config`) names fp16; on a CPU what the launcher

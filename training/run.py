@@ -52,7 +52,7 @@ from accelerate.utils import broadcast, broadcast_object_list, gather_object, se
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 from transformers.utils.logging import disable_progress_bar
 
-from training.arguments import DROPOUTS, check_arguments, chosen_precision, parse_arguments
+from training.arguments import DROPOUTS, check_arguments, chosen_precision, on_gpu, parse_arguments
 from training.averaging import averaged_model
 from training.batching import EpochBatches, collate, encode
 from training.budget import TimeBudget, read_schedule, set_dropout
@@ -100,7 +100,7 @@ def main():
     with said_once():  # checks that every process makes alike, before any work
         data_args, model_args, args = parse_arguments()
         output_dir = Path(args.output_dir)
-        check_arguments(data_args, model_args, args, torch.cuda.is_available())
+        check_arguments(data_args, model_args, args, on_gpu())
         if args.num_beams == 1:  # greedy decoding: no α to choose (a preset's candidates)
             args = replace(args, alpha_candidates=None)
         replay = read_schedule(args.replay_schedule) if args.replay_schedule else None  # a budgeted run's record
@@ -333,7 +333,7 @@ def publish(final, tokenizer, output_dir: Path, metrics: dict, pairs: dict, alph
 def start_processes(args) -> tuple[Accelerator, dict]:
     """This process's Accelerator (mixed precision by --mixed_precision; FSDP checked on import), how the run is
     spread over processes (printed first), the cores shared among the processes, and the seed."""
-    use_gpu = torch.cuda.is_available()
+    use_gpu = on_gpu()
     mixed_precision = chosen_precision(args.mixed_precision, use_gpu)
     accelerator = Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision, log_with="tensorboard",
                               project_dir=args.output_dir, dynamo_backend="no")  # the step compiles: step.py
