@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -185,13 +186,16 @@ def test_a_compile_asked_of_accelerate_launch_is_checked_as_run_pys_own(monkeypa
     assert named in refused(monkeypatch, *TINY, *data, *flags)
 
 
-def test_deepspeed_asked_of_accelerate_launch_is_refused(monkeypatch, data):
-    """`accelerate launch --use_deepspeed` (where deepspeed is installed: the launcher needs it): refused before any
-    work, as the FSDP requests run.py cannot honour are."""
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    assert refused(monkeypatch, *TINY, *data) == (
+def test_deepspeed_asked_of_accelerate_launch_is_refused(tmp_path, data):
+    """`accelerate launch --use_deepspeed` (where deepspeed is installed: the launcher needs it), as the launched
+    script sees it: refused as run.py starts, before torch loads, as the FSDP requests it cannot honour are."""
+    result = subprocess.run([sys.executable, str(REPOSITORY / "training" / "run.py"), *TINY, *data, "--output_dir",
+                             str(tmp_path / "run")], env={**os.environ, "ACCELERATE_USE_DEEPSPEED": "true"},
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 1 and result.stderr.splitlines()[-1] == (
         "error: DeepSpeed was asked for; training/run.py shards with FSDP2 (--use_fsdp --fsdp_version 2) or runs DDP: "
         "launch without --use_deepspeed")
+    assert not (tmp_path / "run").exists()
 
 
 def test_fp16_asked_of_accelerate_launch_on_a_cpu_is_refused(monkeypatch, data):
