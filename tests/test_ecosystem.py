@@ -512,8 +512,9 @@ def test_the_cards_data_is_named_by_the_flags_that_name_it():
 
 def test_the_card_states_the_alpha_and_batch_the_run_chose_not_the_flags_that_asked_for_them(translation_folder,
                                                                                             tmp_path):
-    """run.py's output folder after a run that chose GNMT α 1.2 among its candidates (flag: 0.6) and batches of 4,096
-    tokens (--max_tokens 0): the card's recipe and deviations state what the model was made with."""
+    """run.py's output folder after a run that chose GNMT α 1.2 among its candidates (flag: 0.6), batches of 4,096
+    tokens (--max_tokens 0) and bf16 (--mixed_precision auto): the card's recipe and deviations state what the model
+    was made with."""
     from training.arguments import ModelArguments, RecipeArguments
     from training.run import publish
 
@@ -521,10 +522,11 @@ def test_the_card_states_the_alpha_and_batch_the_run_chose_not_the_flags_that_as
     args = RecipeArguments(output_dir=str(tmp_path), max_tokens=0, length_penalty_alpha=0.6,
                            alpha_candidates=[0.6, 1.2])
     pairs = {"train": generate_default_data()["train"][:10]}
-    publish(model, tokenizer, tmp_path, {"max_tokens": 4096}, pairs, 1.2, DataArguments(), ModelArguments(), args,
-            print)
+    publish(model, tokenizer, tmp_path, {"max_tokens": 4096, "distributed": {"mixed_precision": "bf16"}}, pairs, 1.2,
+            DataArguments(), ModelArguments(), args, print)
     text = (tmp_path / "README.md").read_text()
     assert '"length_penalty_alpha": 1.2,' in text and '"max_tokens": 4096,' in text
+    assert '"mixed_precision": "bf16"' in text and '"auto"' not in text
     assert "- recipe: `length_penalty_alpha=1.2` (paper: 0.6; its parser, §6.3: 0.3)\n" in text
     assert json.loads((tmp_path / "generation_config.json").read_text())["gnmt_alpha"] == 1.2
 
