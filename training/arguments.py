@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import HfArgumentParser
 
-from training.step import launcher_backend
+from training.fsdp_request import launcher_backend
 from vaswani_hf import VaswaniConfig
 from vaswani_hf.speed.kernels import CacheNotWritable, cache_root, writable
 from vaswani_hf.tools.hub import check_can_push
@@ -274,8 +274,9 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     refuse_unless_alpha(args.length_penalty_alpha)
     if not all(0 <= alpha < math.inf for alpha in args.alpha_candidates or []):
         raise SystemExit(f"error: --alpha_candidates {args.alpha_candidates}: each α must be finite and at least 0")
+    launched = launcher_backend()
     backend, named = ((args.compile, f"--compile {args.compile}") if args.compile != "auto" else
-                      (launcher_backend(), f"accelerate launch --dynamo_backend {launcher_backend()}"))
+                      (launched, f"accelerate launch --dynamo_backend {launched}"))
     if backend not in (None, "no"):
         from torch._dynamo import list_backends
 

@@ -1,7 +1,7 @@
-"""What `accelerate launch` asked of FSDP or DeepSpeed (its environment variables), and the one-line refusal of what
-a run here cannot honour, said by one process. Standard library only: training/run.py checks before it loads torch and
-transformers, so a launch that cannot be honoured stops in a moment in every process (training/distributed.py does
-the sharding)."""
+"""What `accelerate launch` asked (its environment variables) of FSDP, DeepSpeed and torch.compile, and the one-line
+refusal of what a run here cannot honour, said by one process. Standard library only: training/run.py checks before
+it loads torch and transformers, so a launch that cannot be honoured stops in a moment in every process
+(training/distributed.py does the sharding)."""
 
 import os
 import time
@@ -13,6 +13,15 @@ UNSUPPORTED = {  # Accelerate's FSDP settings (environment variables set by `acc
 }
 # FSDP_CPU_RAM_EFFICIENT_LOADING (on by default in `accelerate launch`) concerns loading pretrained weights in one
 # process; a run here builds its model from the seed in every process, so it has nothing to change.
+
+
+def launcher_backend() -> str | None:
+    """The torch.compile backend that `accelerate launch --dynamo_backend` (or `accelerate config`) names, or None
+    (its default: no). training/run.py compiles its own step with it (training/step.py), and tells Accelerate no:
+    Accelerate's compile of the whole model (torch.compile's defaults, not the step's symbolic sizes) would stand in
+    for the step's."""
+    named = os.environ.get("ACCELERATE_DYNAMO_BACKEND", "no").lower()
+    return None if named == "no" else named
 
 
 def fsdp_requested() -> bool:

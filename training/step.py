@@ -39,6 +39,7 @@ from torch._inductor import config as inductor_config
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from training.distributed import gradient_sync, unwrap
+from training.fsdp_request import launcher_backend
 from training.loss import label_smoothed_nll, plain_label_smoothed_nll
 from vaswani_hf.modeling_vaswani import shift_tokens_right
 
@@ -115,15 +116,6 @@ def deterministic_kernels() -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     inductor_config.deterministic = True
-
-
-def launcher_backend() -> str | None:
-    """The torch.compile backend that `accelerate launch --dynamo_backend` (or `accelerate config`) names, or None
-    (its default: no). The run compiles its own step with it; Accelerate, told no, compiles nothing of its own: its
-    compile of the whole model (torch.compile's defaults, not the step's symbolic sizes) would stand in for the
-    step's (module docstring)."""
-    named = os.environ.get("ACCELERATE_DYNAMO_BACKEND", "no").lower()
-    return None if named == "no" else named
 
 
 def compile_backend(choice: str, device: torch.device, dropout_changes: bool = False) -> str | None:
