@@ -184,6 +184,8 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
     assert metrics["train_steps"] == 6 and metrics["test"]["bleu_signature"].startswith("nrefs:1")
     assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "pipeline_vaswani.py"} <= {
         p.name for p in output.iterdir()}
+    arguments = output / "checkpoint-3" / "training_args.json"  # not the Trainer's pickle of them (training_args.bin)
+    assert json.loads(arguments.read_text())["seed"] == 42 and not list(output.rglob("*.bin"))
     for folder in (output, output / "checkpoint-3"):  # the Trainer's checkpoints decode as the finished model does
         generation = json.loads((folder / "generation_config.json").read_text())
         assert (generation["num_beams"], generation["gnmt_alpha"], generation["extra_length"]) == (4, 0.6, 50)

@@ -18,11 +18,12 @@ lr_scale · d_model^-0.5 · warmup^-0.5, label smoothing 0.1, evaluation and tes
 Differences from training/run.py, by the Trainer's design: batches are counted in sentences
 (`per_device_train_batch_size`), not tokens; the Trainer's label smoothing gives every token ε/V (the paper: the gold
 token 1 - ε, the others ε/(V-1)); no checkpoint averaging; the checkpoints are the Trainer's, whose optimizer,
-scheduler, random states and arguments are `torch.save` pickles (it reads its own back with `weights_only=True`;
-training/run.py writes safetensors and JSON only); no FSDP (refused: run.py shards). The validation BLEU
-(`predict_with_generate`; without it, the validation loss alone), the test set, the checkpoints and the saved folder
-decode the paper's way (in generation_config.json: beam 4, GNMT length penalty α 0.6, outputs up to source length + 50,
-unless `--generation_num_beams`, `--length_penalty_alpha`, `--extra_length` or a preset say otherwise), as in run.py.
+scheduler and random states are `torch.save` pickles (it reads them back with `weights_only=True`; its arguments are
+kept as JSON, `ArgumentsAsJson`; training/run.py writes safetensors and JSON only); no FSDP (refused: run.py
+shards). The validation BLEU (`predict_with_generate`; without it, the validation loss alone), the test set, the
+checkpoints and the saved folder decode the paper's way (in generation_config.json: beam 4, GNMT length penalty α 0.6,
+outputs up to source length + 50, unless `--generation_num_beams`, `--length_penalty_alpha`, `--extra_length` or a
+preset say otherwise), as in run.py.
 With `--evalb` (the parsing preset's), linearized trees are scored with EVALB's bracketing F1 as well.
 
 `--model_name_or_path` fine-tunes a vaswani_hf model folder or Hub repository instead of training a new model: its
@@ -46,8 +47,11 @@ from transformers import (
     HfArgumentParser,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
+    TrainerCallback,
     set_seed,
 )
+from transformers.trainer import TRAINING_ARGS_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -218,6 +222,17 @@ def card_deviations(args, recipe, d_model: int, num_beams: int, alpha: float | N
     return [f"recipe: {text}" for text in deviations]
 
 
+class ArgumentsAsJson(TrainerCallback):
+    """The Trainer saves its arguments in each checkpoint as a pickle of the whole object (training_args.bin), which
+    only unrestricted unpickling reads and the Trainer itself never reads: each checkpoint keeps them as JSON."""
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if state.is_world_process_zero and (folder / TRAINING_ARGS_NAME).is_file():
+            (folder / "training_args.json").write_text(args.to_json_string())
+            (folder / TRAINING_ARGS_NAME).unlink()
+
+
 def tokenize(tokenizer, pairs: list[tuple[str, str]], max_length: int) -> Dataset:
     sources, targets = zip(*pairs)
     encoded = tokenizer(list(sources), text_target=list(targets), truncation=True, max_length=max_length)
@@ -306,6 +321,7 @@ def main(argv: list[str] | None = None):
         processing_class=tokenizer,
         # without predict_with_generate the predictions are logits, not tokens: validation loss alone
         compute_metrics=make_compute_metrics(tokenizer, recipe.evalb) if training_args.predict_with_generate else None,
+        callbacks=[ArgumentsAsJson()],
     )
     result = trainer.train(resume_from_checkpoint=resumed)
     trainer.model.set_attn_implementation(config._attn_implementation)  # tested and saved with the model's own
