@@ -205,6 +205,14 @@ def test_fp16_asked_of_accelerate_launch_on_a_cpu_is_refused(monkeypatch, data):
     assert refused(monkeypatch, *TINY, *data).startswith("error: --mixed_precision fp16 needs a GPU")
 
 
+def test_run_trainer_refuses_fp16_asked_of_accelerate_launch_on_a_cpu(monkeypatch):
+    """The Trainer takes the launcher's --mixed_precision: fp16 so asked on a CPU would train float32 as --fp16."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    with pytest.raises(SystemExit, match="^error: accelerate launch --mixed_precision fp16 needs a GPU"):
+        run_trainer.parse_arguments(["--preset", "cpu-small", "--output_dir", "unused"])
+
+
 def test_run_trainer_refuses_fp16_wherever_it_would_train_on_the_cpu(monkeypatch):
     """`--use_cpu false` on a machine without a GPU trains on the CPU all the same: --fp16 is refused there too."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

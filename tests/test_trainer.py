@@ -208,24 +208,28 @@ def test_the_trainer_entry_point_without_predict_with_generate_validates_by_its_
     assert len(validations) == 2 and not any("eval_bleu" in entry for entry in validations)
 
 
-@pytest.mark.parametrize("bf16, trained_with", [("true", "eager"), ("false", "sdpa")])
+@pytest.mark.parametrize("flags, launcher, trained_with, trained_in", [
+    (["--bf16", "true"], "no", "eager", "bf16"), (["--bf16", "false"], "no", "sdpa", "no"),
+    ([], "bf16", "eager", "bf16")])  # `accelerate launch --mixed_precision bf16`, which the Trainer takes
 def test_the_trainer_entry_point_on_a_cpu_under_bf16_trains_with_eager_attention_and_saves_sdpa(
-        tmp_path, monkeypatch, bf16, trained_with):
-    """As run.py (training/step.py): under the Trainer's bfloat16 autocast on a CPU the training steps attend by the
-    eager attention, in float32 by SDPA; the test set is decoded, and the model saved, with SDPA either way."""
+        tmp_path, monkeypatch, flags, launcher, trained_with, trained_in):
+    """As run.py (training/step.py): under the Trainer's bfloat16 autocast on a CPU (--bf16, or the launcher's) the
+    training steps attend by the eager attention, in float32 by SDPA; the test set is decoded, and the model saved,
+    with SDPA either way; the card names the precision the run trained in."""
     from transformers import Trainer
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
     called = attention_in_steps(monkeypatch, Trainer, "training_step")
     decoded = []
     monkeypatch.setattr(run_trainer, "translate", lambda model, *args, **kwargs: decoded.append(
         model.config._attn_implementation) or translate(model, *args, **kwargs))
     output = tmp_path / "out"
     run_trainer.main([*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "2", "--eval_strategy", "no",
-                      "--save_steps", "2", "--bf16", bf16])
+                      "--save_steps", "2", *flags])
     assert called == {trained_with} and decoded == ["sdpa"]
     assert VaswaniForConditionalGeneration.from_pretrained(output).config._attn_implementation == "sdpa"
-    assert f'"mixed_precision": "{"bf16" if bf16 == "true" else "no"}"' in (output / "README.md").read_text()
+    assert f'"mixed_precision": "{trained_in}"' in (output / "README.md").read_text()
 
 
 def test_the_trainer_entry_point_on_a_cpu_trains_on_the_cores_it_may_use(tmp_path, monkeypatch):

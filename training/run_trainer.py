@@ -141,9 +141,11 @@ def parse_arguments(argv: list[str] | None = None):
               "this run leaves them out")
     if training_args.fsdp_plugin_args is not None:  # asked by the Trainer's --fsdp
         refuse_fsdp()
-    if training_args.fp16 and training_args.device.type == "cpu":  # Accelerate would train in float32 there
-        raise SystemExit("error: --fp16 needs a GPU (float16 autocast is not run on the CPU): leave it out (float32) "
-                         "or use --bf16 true")
+    # the Trainer's precision: --bf16 or --fp16, else what accelerate launch --mixed_precision names
+    if training_args.mixed_precision == "fp16" and training_args.device.type == "cpu":  # Accelerate: float32 there
+        asked = "--fp16" if training_args.fp16 else "accelerate launch --mixed_precision fp16"
+        raise SystemExit(f"error: {asked} needs a GPU (float16 autocast is not run on the CPU): leave it out "
+                         "(float32) or use --bf16 true")
     given = {arg.split("=")[0] for arg in argv}
     for flag in sorted(RUN_PY_ONLY.keys() & given):
         raise SystemExit(f"error: {flag} is training/run.py's ({RUN_PY_ONLY[flag]})")
@@ -263,7 +265,7 @@ def main(argv: list[str] | None = None):
     with said_once():  # checks that every process makes alike, before any work
         data_args, model_args, recipe, training_args = parse_arguments(argv)
         on_cpu = training_args.device.type == "cpu"
-        if training_args.bf16 and on_cpu and slow_bfloat16() and training_args.process_index == 0:
+        if training_args.mixed_precision == "bf16" and on_cpu and slow_bfloat16() and training_args.process_index == 0:
             print("warning: --bf16 on a CPU without bfloat16 instructions is slower than float32 (10x a step on an "
                   "AMD EPYC, family 23): leave it out to train in float32")
         check_output_place(training_args.output_dir, "--output_dir")
@@ -296,8 +298,7 @@ def main(argv: list[str] | None = None):
             tokenizer = AutoTokenizer.from_pretrained(output_dir)
     datasets = {split: tokenize(tokenizer, rows, recipe.max_source_length) for split, rows in pairs.items()}
 
-    # the precision the run trains in (on a CPU under bf16 the model trained attends eagerly: training_config)
-    precision = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "no"
+    precision = training_args.mixed_precision  # under bf16 on a CPU the model trained attends eagerly
     if start is not None:
         with one_line_errors(start):  # the dropouts in its config: from_pretrained's own keyword arguments would
             config = VaswaniConfig.from_pretrained(start, **model_args.dropouts())  # reach its generation config too
