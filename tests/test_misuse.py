@@ -202,7 +202,7 @@ def test_fp16_asked_of_accelerate_launch_on_a_cpu_is_refused(monkeypatch, data):
     """As run.py's own --mixed_precision fp16 there: Accelerate would train in float32."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
-    assert refused(monkeypatch, *TINY, *data).startswith("error: --mixed_precision fp16 needs a GPU")
+    assert refused(monkeypatch, *TINY, *data).startswith("error: accelerate launch --mixed_precision fp16 needs a GPU")
 
 
 def test_run_trainer_refuses_fp16_asked_of_accelerate_launch_on_a_cpu(monkeypatch):
@@ -221,19 +221,24 @@ def test_run_trainer_refuses_fp16_wherever_it_would_train_on_the_cpu(monkeypatch
                                      "--use_cpu", "false"])
 
 
-@pytest.mark.parametrize(("bf16", "capabilities", "warned"), [
-    ("true", {"avx2": True}, True), ("true", {"avx512_bf16": True}, False), ("false", {"avx2": True}, False)])
-def test_run_trainer_warns_of_bf16_on_a_cpu_without_bfloat16_instructions(tmp_path, monkeypatch, capsys, bf16,
-                                                                         capabilities, warned):
+@pytest.mark.parametrize(("flags", "launcher", "capabilities", "warned"), [
+    (["--bf16", "true"], "no", {"avx2": True}, "--bf16"), (["--bf16", "true"], "no", {"avx512_bf16": True}, None),
+    (["--bf16", "false"], "no", {"avx2": True}, None),
+    ([], "bf16", {"avx2": True}, "accelerate launch --mixed_precision bf16")])  # the Trainer takes the launcher's
+def test_run_trainer_warns_of_bf16_on_a_cpu_without_bfloat16_instructions(tmp_path, monkeypatch, capsys, flags,
+                                                                         launcher, capabilities, warned):
     """As run.py (the test above): said before its output folder, someone else's, is refused."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("someone else's\n")
     with pytest.raises(SystemExit, match="is not empty"):
-        run_trainer.main(["--preset", "cpu-small", "--output_dir", str(out), "--bf16", bf16])
-    assert ("warning: --bf16 on a CPU without bfloat16 instructions" in capsys.readouterr().out) == warned
+        run_trainer.main(["--preset", "cpu-small", "--output_dir", str(out), *flags])
+    printed = capsys.readouterr().out
+    assert ("on a CPU without bfloat16 instructions" in printed) == (warned is not None)
+    assert warned is None or f"warning: {warned} on a CPU without bfloat16 instructions" in printed
 
 
 def test_run_trainer_refuses_an_unknown_preset_in_one_line():

@@ -288,8 +288,10 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     if args.mixed_precision not in ("auto", "no", "fp16", "bf16"):
         raise SystemExit(f"error: --mixed_precision {args.mixed_precision}: one of auto, no, fp16, bf16")
     if chosen_precision(args.mixed_precision, gpu) == "fp16" and not gpu:
-        raise SystemExit("error: --mixed_precision fp16 needs a GPU (float16 autocast is not run on the CPU): "
-                         "use no (float32) or bf16")
+        asked = ("--mixed_precision fp16" if args.mixed_precision == "fp16" else
+                 "accelerate launch --mixed_precision fp16")
+        raise SystemExit(f"error: {asked} needs a GPU (float16 autocast is not run on the CPU): use no (float32) or "
+                         "bf16")
     if args.push_to_hub:
         check_can_push(args.hub_model_id or Path(args.output_dir).name)
     # fast_cpu keeps its plan in the cache (a resumed run's checkpoints keep its own): one it cannot write, named now

@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None):
         data_args, model_args, recipe, training_args = parse_arguments(argv)
         on_cpu = training_args.device.type == "cpu"
         if training_args.mixed_precision == "bf16" and on_cpu and slow_bfloat16() and training_args.process_index == 0:
-            print("warning: --bf16 on a CPU without bfloat16 instructions is slower than float32 (10x a step on an "
+            asked = "--bf16" if training_args.bf16 else "accelerate launch --mixed_precision bf16"
+            print(f"warning: {asked} on a CPU without bfloat16 instructions is slower than float32 (10x a step on an "
                   "AMD EPYC, family 23): leave it out to train in float32")
         check_output_place(training_args.output_dir, "--output_dir")
         output_dir = Path(training_args.output_dir)
