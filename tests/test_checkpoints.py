@@ -5,8 +5,10 @@ import argparse
 import json
 import os
 import pickle
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from accelerate import Accelerator
@@ -21,9 +23,11 @@ from training.checkpoints import (
     damage,
     leave_timeline,
     load_checkpoint,
+    load_generators,
     load_training_state,
     resolve_checkpoint,
     save_checkpoint,
+    save_generators,
     verified,
 )
 
@@ -177,6 +181,21 @@ def test_resuming_unpickles_no_object(tmp_path, accelerator):
     with pytest.raises(SafetensorError):
         load_training_state(accelerator, model, optimizer, tmp_path / "checkpoint-1")
     assert not marker.exists()
+
+
+def test_a_checkpoint_keeps_every_random_generator_a_step_may_draw_from(tmp_path):
+    """torch's, Python's and NumPy's generators (a collator or a user's callback may draw from the last two): after a
+    load each gives again what it gave after the save, Python's pending Gaussian too."""
+    torch.manual_seed(3), random.seed(3), np.random.seed(3)
+    random.gauss(0, 1), np.random.standard_normal()  # each holds the second of a pair of Gaussians
+    save_generators(tmp_path / "generators.safetensors")
+
+    def draws():
+        return torch.rand(4).tolist(), [random.random(), random.gauss(0, 1)], np.random.standard_normal(3).tolist()
+
+    first = draws()
+    load_generators(tmp_path / "generators.safetensors")
+    assert draws() == first
 
 
 def test_resuming_from_an_older_checkpoint_moves_its_successors_out_of_the_run(tmp_path, accelerator):

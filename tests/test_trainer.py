@@ -1,11 +1,15 @@
 """The model under transformers' Seq2SeqTrainer, and training/run_trainer.py, the Trainer entry point."""
 
 import json
+import shutil
+import zipfile
 
 import numpy as np
 import pytest
 import torch
+import transformers
 from forked import ROOT, accelerate_ranks, free_port, run_forked
+from safetensors.torch import load_file
 from support import attention_in_steps, save_marian_folder, tiny_model
 from torch.utils.data import SequentialSampler
 from transformers import (
@@ -340,14 +344,28 @@ def test_pairs_become_sources_and_labels_cut_to_max_source_length_with_their_end
 def test_launched_as_two_cpu_processes_the_trainer_entry_point_shares_the_epoch_between_them(tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2` on a machine without GPUs: one training process per rank,
     each taking half of every step's batches (DDP over gloo), not two copies of the whole run in one folder (the
-    Trainer alone asks Accelerate for no CPU process group). One epoch of 300 pairs, 16 a process: 10 steps, not 19."""
+    Trainer alone asks Accelerate for no CPU process group). One epoch of 300 pairs, 16 a process: 10 steps, not 19.
+    Its checkpoints keep each process's generators, and both processes resumed from step 5 end as the run did."""
     ranks = accelerate_ranks(2, "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no", port=free_port())
     output = tmp_path / "out"
     result = run_forked([*entry_flags(tmp_path), "--output_dir", output, "--num_train_epochs", "1",
-                         "--eval_steps", "10", "--save_strategy", "no"], ranks, timeout=300, script=TRAINER)
+                         "--eval_steps", "10", "--save_steps", "5"], ranks, timeout=300, script=TRAINER)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((output / "metrics.json").read_text())["train_steps"] == 10
     assert result.stdout.count("'eval_bleu'") == 1 and result.stdout.count("test: sacreBLEU") == 1  # rank 0 says
+    saved = {p.name for p in (output / "checkpoint-5").iterdir()}  # each process's generators; no pickle
+    assert {"optimizer.safetensors", "rng_state_0.safetensors", "rng_state_1.safetensors"} <= saved
+    assert not {name for name in saved if name.endswith((".pt", ".pth", ".bin"))}
+    copy = tmp_path / "resumed"  # resumed by both processes from step 5: the run never stopped
+    copy.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "checkpoint-5"):
+        (shutil.copytree if name == "checkpoint-5" else shutil.copy)(output / name, copy / name)
+    result = run_forked([*entry_flags(tmp_path), "--output_dir", copy, "--num_train_epochs", "1",
+                         "--eval_strategy", "no", "--save_steps", "5", "--resume_from_checkpoint", "latest"],
+                        ranks, timeout=300, script=TRAINER)
+    assert result.returncode == 0, result.stderr[-3000:]
+    whole, resumed = load_file(output / "model.safetensors"), load_file(copy / "model.safetensors")
+    assert all(torch.equal(resumed[name], whole[name]) for name in whole)
 
 
 @pytest.mark.parametrize("launch", [{"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, {}])
@@ -396,17 +414,62 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
     assert not (tmp_path / "new").exists()
 
 
+def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_exactly(tmp_path, monkeypatch):
+    """A checkpoint holds data alone, as run.py's: Adam's state and the random generators as safetensors, the schedule
+    and the arguments as JSON, not the Trainer's `torch.save` pickles. Resumed from its step-3 checkpoint (dropout on),
+    a run ends with the weights of the run never stopped; so does one resumed from the plain Trainer's pickled
+    checkpoint; and the embedding's tied copies, which no checkpoint holds, are not reported missing."""
+    flags = [*entry_flags(tmp_path), "--max_steps", "6", "--save_steps", "3", "--eval_strategy", "no"]
+    run_trainer.main([*flags, "--output_dir", str(tmp_path / "whole")])
+    checkpoint = tmp_path / "whole" / "checkpoint-3"
+    for file in checkpoint.iterdir():
+        assert file.suffix in (".safetensors", ".json", ".py") and not zipfile.is_zipfile(file), file.name
+    with monkeypatch.context() as patch:
+        patch.setattr(run_trainer, "DataCheckpointTrainer", Seq2SeqTrainer)  # transformers' own, which pickles
+        run_trainer.main([*flags, "--output_dir", str(tmp_path / "pickled"), "--max_steps", "3"])
+    assert {"optimizer.pt", "scheduler.pt", "rng_state.pth"} <= {p.name for p in (tmp_path / "pickled").rglob("*")}
+    warned = []
+    monkeypatch.setattr(transformers.trainer.logger, "warning", warned.append)
+    whole = load_file(tmp_path / "whole" / "model.safetensors")
+    for start in (checkpoint, tmp_path / "pickled" / "checkpoint-3"):
+        output = tmp_path / f"from-{start.parent.name}"
+        output.mkdir()
+        for name in ("tokenizer.json", "tokenizer_config.json"):  # the run's tokenizer, as a stopped run left it
+            shutil.copy(start.parent / name, output)
+        shutil.copytree(start, output / "checkpoint-3")
+        run_trainer.main([*flags, "--output_dir", str(output), "--resume_from_checkpoint", "latest"])
+        resumed = load_file(output / "model.safetensors")
+        assert all(torch.equal(resumed[name], whole[name]) for name in whole), start
+    assert not [text for text in warned if "missing keys" in text]
+
+
+def test_the_trainer_entry_points_checkpoints_keep_the_fp16_loss_scale_as_json(tmp_path):
+    """fp16 training (a GPU's) scales its loss by a factor that grows and backs off as the run goes: a checkpoint keeps
+    the scaler's state as JSON, and resuming restores it (a CPU GradScaler stands in for the GPU's)."""
+    arguments = Seq2SeqTrainingArguments(str(tmp_path), use_cpu=True, report_to="none")
+    trainer = run_trainer.DataCheckpointTrainer(model=tiny_model(seed=5), args=arguments)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=7)
+    scaler.scale(torch.ones(1))
+    scaler.update(new_scale=96.0)
+    trainer.accelerator.scaler = scaler
+    trainer._save_scaler(str(tmp_path))
+    trainer.accelerator.scaler = torch.amp.GradScaler("cpu")
+    trainer._load_scaler(str(tmp_path))
+    assert json.loads((tmp_path / "scaler.json").read_text())["scale"] == 96.0
+    assert trainer.accelerator.scaler.state_dict() == scaler.state_dict()
+
+
 def test_the_trainer_entry_points_seed_draws_the_new_models_weights(tmp_path, monkeypatch):
     """A new model's initial weights are drawn with --seed, as run.py's: the same seed gives the same start whatever
     the process drew before (torch's generator set otherwise first), another seed another start."""
     starts, embedding = [], "model.encoder.embed_tokens.weight"  # shared with the decoder's and the output's
 
-    class Recorded(Seq2SeqTrainer):
+    class Recorded(run_trainer.DataCheckpointTrainer):
         def __init__(self, model, **kwargs):
             starts.append({name: value.clone() for name, value in model.state_dict().items()})
             super().__init__(model=model, **kwargs)
 
-    monkeypatch.setattr(run_trainer, "Seq2SeqTrainer", Recorded)
+    monkeypatch.setattr(run_trainer, "DataCheckpointTrainer", Recorded)
     flags = entry_flags(tmp_path)
     at = flags.index("--validation_file")
     for drawn_before, seed in ((0, "42"), (1, "42"), (0, "7")):

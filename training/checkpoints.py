@@ -4,10 +4,10 @@ A checkpoint is a folder `checkpoint-<step>` holding the run's whole state as da
 writes it, with the tokenizer (the full weights in `model.safetensors`, gathered from every process whatever the
 layout: one process, DDP or FSDP; config, generation config, code files), so that the folder is also a model folder
 that `from_pretrained` and `vaswani-translate` load; Adam's state (`optimizer.safetensors`, its hyperparameters as
-JSON in the header), each process's random generator states (`rng_state_<rank>.safetensors`), and
-`trainer_state.json` (the step, the run's history, the learning-rate schedule). It is written under a temporary name
-and renamed into place when complete, so a kill during a save leaves the previous checkpoints untouched and never
-produces a half-written `checkpoint-<step>`.
+JSON in the header), each process's random generators (`rng_state_<rank>.safetensors`: torch's, Python's and
+NumPy's), and `trainer_state.json` (the step, the run's history, the learning-rate schedule). It is written under a
+temporary name and renamed into place when complete, so a kill during a save leaves the previous checkpoints untouched
+and never produces a half-written `checkpoint-<step>`.
 
 No kernel is chosen by timing during a run: the same command gives the same weights, however busy the machine. (On a
 CPU, the run trains and decodes with the plan `vaswani_hf.fast_cpu` measured once for the machine and kept;
@@ -22,10 +22,12 @@ skip it with one warning line.
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -171,22 +173,14 @@ def load_checkpoint(accelerator, model, optimizer, path: Path) -> dict:
 
 def save_training_state(accelerator, model, optimizer, folder: Path, tokenizer=None) -> None:
     """Every process calls this: the main one writes the model with its full weights (and the tokenizer) and Adam's
-    full state, each its RNG states."""
+    full state, each its random generators."""
     weights = full_state_dict(model)
-    adam = get_optimizer_state_dict(model, _inner(optimizer),
-                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    save_optimizer(model, optimizer, folder / OPTIMIZER_FILE, accelerator.is_main_process)
     if accelerator.is_main_process:
         unwrap(model).save_pretrained(folder, state_dict={name: t.contiguous() for name, t in weights.items()})
         if tokenizer is not None:
             save_tokenizer(tokenizer, folder)
-        # Adam's moments and step per parameter as "<parameter name>/<state name>"; its settings as JSON
-        tensors = {f"{name}/{key}": value.contiguous() for name, values in adam["state"].items()
-                   for key, value in values.items()}
-        save_file(tensors, folder / OPTIMIZER_FILE, metadata={"param_groups": json.dumps(adam["param_groups"])})
-    generators = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        generators["cuda"] = torch.cuda.get_rng_state()
-    save_file(generators, folder / f"rng_state_{accelerator.process_index}.safetensors")
+    save_generators(folder / f"rng_state_{accelerator.process_index}.safetensors")
 
 
 def load_training_state(accelerator, model, optimizer, folder: Path) -> None:
@@ -195,21 +189,59 @@ def load_training_state(accelerator, model, optimizer, folder: Path) -> None:
     for copy, source in (getattr(unwrap(model), "all_tied_weights_keys", {}) or {}).items():
         weights.setdefault(copy, weights[source])
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+    load_optimizer(model, optimizer, folder / OPTIMIZER_FILE)
+    load_generators(folder / f"rng_state_{accelerator.process_index}.safetensors")
+
+
+def save_optimizer(model, optimizer, file: Path, write: bool) -> None:
+    """Every process calls this (under FSDP each holds a shard of Adam's state); with `write`, the full state goes to
+    `file`: the moments and step of each parameter as "<parameter name>/<state name>", the settings as JSON in the
+    header."""
+    adam = get_optimizer_state_dict(model, _inner(optimizer),
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if write:
+        tensors = {f"{name}/{key}": value.contiguous() for name, values in adam["state"].items()
+                   for key, value in values.items()}
+        save_file(tensors, file, metadata={"param_groups": json.dumps(adam["param_groups"])})
+
+
+def load_optimizer(model, optimizer, file: Path) -> None:
     state = {}
-    for key, value in load_file(folder / OPTIMIZER_FILE).items():
+    for key, value in load_file(file).items():
         name, entry = key.rsplit("/", 1)
         state.setdefault(name, {})[entry] = value
-    with safe_open(str(folder / OPTIMIZER_FILE), framework="pt") as file:
-        groups = json.loads(file.metadata()["param_groups"])
+    with safe_open(str(file), framework="pt") as opened:
+        groups = json.loads(opened.metadata()["param_groups"])
     for group in groups:
         group["betas"] = tuple(group["betas"])
     if state:  # empty before the first update: nothing to restore (the learning rate is the schedule's)
         set_optimizer_state_dict(model, _inner(optimizer), {"state": state, "param_groups": groups},
                                  options=StateDictOptions(full_state_dict=True))
-    generators = load_file(folder / f"rng_state_{accelerator.process_index}.safetensors")
-    torch.set_rng_state(generators["cpu"])
-    if "cuda" in generators and torch.cuda.is_available():
-        torch.cuda.set_rng_state(generators["cuda"])
+
+
+def save_generators(file: Path) -> None:
+    """This process's random generators: torch's (the CPU's, the current GPU's), Python's and NumPy's."""
+    version, words, gauss = random.getstate()
+    _, keys, position, has_gauss, cached = np.random.get_state()
+    tensors = {"cpu": torch.get_rng_state(), "python": torch.tensor(words), "numpy": torch.tensor(keys.tolist())}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.cuda.get_rng_state()
+    save_file(tensors, file, metadata={"python": json.dumps([version, gauss]),
+                                       "numpy": json.dumps([position, has_gauss, cached])})
+
+
+def load_generators(file: Path) -> None:
+    tensors = load_file(file)
+    with safe_open(str(file), framework="pt") as opened:
+        metadata = opened.metadata() or {}
+    torch.set_rng_state(tensors["cpu"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["cuda"])
+    if "python" in tensors:  # checkpoints before 2026-12-02 kept torch's alone
+        version, gauss = json.loads(metadata["python"])
+        random.setstate((version, tuple(tensors["python"].tolist()), gauss))
+        position, has_gauss, cached = json.loads(metadata["numpy"])
+        np.random.set_state(("MT19937", np.array(tensors["numpy"].tolist(), np.uint32), position, has_gauss, cached))
 
 
 def _inner(optimizer):

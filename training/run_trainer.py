@@ -16,14 +16,13 @@ weight decay, no clipping, linear warmup over 4000 steps then inverse square roo
 lr_scale · d_model^-0.5 · warmup^-0.5, label smoothing 0.1, evaluation and test decoding with beam 4.
 
 Differences from training/run.py, by the Trainer's design: batches are counted in sentences
-(`per_device_train_batch_size`), not tokens; the Trainer's label smoothing gives every token ε/V (the paper: the gold
-token 1 - ε, the others ε/(V-1)); no checkpoint averaging; the checkpoints are the Trainer's, whose optimizer,
-scheduler and random states are `torch.save` pickles (it reads them back with `weights_only=True`; its arguments are
-kept as JSON, `ArgumentsAsJson`; training/run.py writes safetensors and JSON only); no FSDP (refused: run.py
-shards). The validation BLEU (`predict_with_generate`; without it, the validation loss alone), the test set, the
-checkpoints and the saved folder decode the paper's way (in generation_config.json: beam 4, GNMT length penalty α 0.6,
-outputs up to source length + 50, unless `--generation_num_beams`, `--length_penalty_alpha`, `--extra_length` or a
-preset say otherwise), as in run.py.
+(`per_device_train_batch_size`), not tokens; the Trainer's label smoothing gives every token ε/V (the paper: the
+gold token 1 - ε, the others ε/(V-1)); no checkpoint averaging; the checkpoints are the Trainer's, kept as data
+alone as run.py's (`DataCheckpointTrainer`: no `torch.save` pickle); no FSDP (refused: run.py shards). The
+validation BLEU (`predict_with_generate`; without it, the validation loss alone), the test set, the checkpoints and
+the saved folder decode the paper's way (in generation_config.json: beam 4, GNMT length penalty α 0.6, outputs up to
+source length + 50, unless `--generation_num_beams`, `--length_penalty_alpha`, `--extra_length` or a preset say
+otherwise), as in run.py.
 With `--evalb` (the parsing preset's), linearized trees are scored with EVALB's bracketing F1 as well.
 
 `--model_name_or_path` fine-tunes a vaswani_hf model folder or Hub repository instead of training a new model: its
@@ -33,6 +32,7 @@ model that decodes the paper's way (run.py's, this run's) keeps doing so; a conv
 published with (OPUS-MT's: transformers' beam search), with `--generation_num_beams` beams.
 """
 
+import json
 import re
 import sys
 from dataclasses import asdict, dataclass, field
@@ -47,11 +47,9 @@ from transformers import (
     HfArgumentParser,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
-    TrainerCallback,
     set_seed,
 )
 from transformers.trainer import TRAINING_ARGS_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -68,6 +66,7 @@ from training.arguments import (
     refuse_unless_alpha,
     refuse_unless_positive,
 )
+from training.checkpoints import OPTIMIZER_FILE, load_generators, load_optimizer, save_generators, save_optimizer
 from training.data import as_pairs, load_run_data
 from training.distributed import share_cores
 from training.evaluation import check_trees, reported, score, translate
@@ -96,6 +95,7 @@ RUN_PY_ONLY = {
     "--shuffle_buffer": "it orders a --streaming run",
     "--max_length": "it skips longer pairs; here pairs are truncated to --max_source_length",
 }
+SCHEDULER_FILE, SCALER_FILE = "scheduler.json", "scaler.json"
 # Recipe-file keys and their Trainer names.
 PRESET_KEYS = {"warmup_steps": "warmup_steps", "eval_steps": "eval_steps", "seed": "seed", "max_steps": "max_steps",
                "max_grad_norm": "max_grad_norm", "num_beams": "generation_num_beams",
@@ -224,15 +224,54 @@ def card_deviations(args, recipe, d_model: int, num_beams: int, alpha: float | N
     return [f"recipe: {text}" for text in deviations]
 
 
-class ArgumentsAsJson(TrainerCallback):
-    """The Trainer saves its arguments in each checkpoint as a pickle of the whole object (training_args.bin), which
-    only unrestricted unpickling reads and the Trainer itself never reads: each checkpoint keeps them as JSON."""
+class DataCheckpointTrainer(Seq2SeqTrainer):
+    """A Seq2SeqTrainer whose checkpoints hold data alone, as training/run.py's (training/checkpoints.py): Adam's state
+    and the random generators as safetensors, the schedule, the gradient scaler and the arguments as JSON, where the
+    Trainer's are `torch.save` pickles. A checkpoint the plain Trainer wrote still resumes, read as the Trainer reads
+    it (`weights_only=True`)."""
 
-    def on_save(self, args, state, control, **kwargs):
-        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        if state.is_world_process_zero and (folder / TRAINING_ARGS_NAME).is_file():
-            (folder / "training_args.json").write_text(args.to_json_string())
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        super()._save(output_dir, state_dict)
+        if self.args.should_save:  # the arguments, which the Trainer never reads back
+            folder = Path(output_dir or self.args.output_dir)
+            (folder / "training_args.json").write_text(self.args.to_json_string())
             (folder / TRAINING_ARGS_NAME).unlink()
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        save_optimizer(self.model, self.optimizer, Path(output_dir) / OPTIMIZER_FILE, self.args.should_save)
+        if self.args.should_save:
+            (Path(output_dir) / SCHEDULER_FILE).write_text(json.dumps(self.lr_scheduler.state_dict()))
+
+    def _save_scaler(self, output_dir: str) -> None:
+        if getattr(self.accelerator, "scaler", None) is not None and self.args.should_save:  # fp16's
+            (Path(output_dir) / SCALER_FILE).write_text(json.dumps(self.accelerator.scaler.state_dict()))
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)  # this process may be ahead of the main one
+        save_generators(Path(output_dir) / f"rng_state_{self.args.process_index}.safetensors")
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if checkpoint is None or not (Path(checkpoint) / OPTIMIZER_FILE).is_file():
+            return super()._load_optimizer_and_scheduler(checkpoint)  # nothing, or the plain Trainer's pickles
+        load_optimizer(self.model, self.optimizer, Path(checkpoint) / OPTIMIZER_FILE)
+        self.lr_scheduler.load_state_dict(json.loads((Path(checkpoint) / SCHEDULER_FILE).read_text()))
+
+    def _load_scaler(self, checkpoint: str | None) -> None:
+        if checkpoint is None or not (Path(checkpoint) / SCALER_FILE).is_file():
+            return super()._load_scaler(checkpoint)
+        self.accelerator.scaler.load_state_dict(json.loads((Path(checkpoint) / SCALER_FILE).read_text()))
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        file = Path(checkpoint or "") / f"rng_state_{self.args.process_index}.safetensors"
+        if checkpoint is None or not file.is_file():
+            return super()._load_rng_state(checkpoint)
+        load_generators(file)
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """The embedding's tied copies are in no checkpoint, by design: not missing (transformers #27972)."""
+        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
+        super()._issue_warnings_after_load(
+            load_result._replace(missing_keys=[key for key in load_result.missing_keys if key not in tied]))
 
 
 def tokenize(tokenizer, pairs: list[tuple[str, str]], max_length: int) -> Dataset:
@@ -314,7 +353,7 @@ def main(argv: list[str] | None = None):
                              recipe.extra_length)  # None: a converted model's, as published
     if "validation" not in datasets:
         training_args.eval_strategy = "no"
-    trainer = Seq2SeqTrainer(
+    trainer = DataCheckpointTrainer(
         model=model,
         args=training_args,
         train_dataset=datasets["train"],
@@ -323,7 +362,6 @@ def main(argv: list[str] | None = None):
         processing_class=tokenizer,
         # without predict_with_generate the predictions are logits, not tokens: validation loss alone
         compute_metrics=make_compute_metrics(tokenizer, recipe.evalb) if training_args.predict_with_generate else None,
-        callbacks=[ArgumentsAsJson()],
     )
     result = trainer.train(resume_from_checkpoint=resumed)
     trainer.model.set_attn_implementation(config._attn_implementation)  # tested and saved with the model's own
