@@ -379,6 +379,17 @@ def test_a_request_to_shard_under_the_trainer_is_a_one_line_error(monkeypatch, l
         run_trainer.parse_arguments(flags)
 
 
+@pytest.mark.parametrize("launch", [True, False])
+def test_deepspeed_under_the_trainer_entry_point_is_a_one_line_error(monkeypatch, launch):
+    """DeepSpeed's engine would write its own checkpoints (pickles) where this run writes data: refused, asked by
+    `accelerate launch --use_deepspeed` or by the Trainer's --deepspeed, before the Trainer looks for DeepSpeed (a
+    traceback where it is not installed)."""
+    if launch:
+        monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(SystemExit, match="^error: training/run_trainer.py does not run DeepSpeed, whose checkpoints "):
+        run_trainer.parse_arguments([] if launch else ["--deepspeed", "ds_config.json"])
+
+
 def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finished(tmp_path, monkeypatch):
     """`--resume_from_checkpoint latest`, as run.py takes it: the newest checkpoint-<step> holding trainer_state.json,
     the last file the Trainer writes (a run killed while saving leaves a checkpoint without it). A folder with

@@ -28,11 +28,15 @@ def fsdp_requested() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
+def deepspeed_requested() -> bool:
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
 def check_fsdp_request() -> None:
     """A one-line SystemExit for an FSDP request this run cannot honour, before any work (and before Accelerate,
     whose FSDP1 plugin fails on CPU processes with a traceback). DeepSpeed is refused: its engine would take over the
     step's backward, gradient accumulation and clipping, which the run does itself (training/step.py)."""
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+    if deepspeed_requested():
         refuse("error: DeepSpeed was asked for; training/run.py shards with FSDP2 (--use_fsdp --fsdp_version 2) or "
                "runs DDP: launch without --use_deepspeed")
     if not fsdp_requested():

@@ -18,11 +18,11 @@ lr_scale · d_model^-0.5 · warmup^-0.5, label smoothing 0.1, evaluation and tes
 Differences from training/run.py, by the Trainer's design: batches are counted in sentences
 (`per_device_train_batch_size`), not tokens; the Trainer's label smoothing gives every token ε/V (the paper: the
 gold token 1 - ε, the others ε/(V-1)); no checkpoint averaging; the checkpoints are the Trainer's, kept as data
-alone as run.py's (`DataCheckpointTrainer`: no `torch.save` pickle); no FSDP (refused: run.py shards). The
-validation BLEU (`predict_with_generate`; without it, the validation loss alone), the test set, the checkpoints and
-the saved folder decode the paper's way (in generation_config.json: beam 4, GNMT length penalty α 0.6, outputs up to
-source length + 50, unless `--generation_num_beams`, `--length_penalty_alpha`, `--extra_length` or a preset say
-otherwise), as in run.py.
+alone as run.py's (`DataCheckpointTrainer`: no `torch.save` pickle); no FSDP (refused: run.py shards), no DeepSpeed
+(refused: its checkpoints are pickles). The validation BLEU (`predict_with_generate`; without it, the validation
+loss alone), the test set, the checkpoints and the saved folder decode the paper's way (in generation_config.json:
+beam 4, GNMT length penalty α 0.6, outputs up to source length + 50, unless `--generation_num_beams`,
+`--length_penalty_alpha`, `--extra_length` or a preset say otherwise), as in run.py.
 With `--evalb` (the parsing preset's), linearized trees are scored with EVALB's bracketing F1 as well.
 
 `--model_name_or_path` fine-tunes a vaswani_hf model folder or Hub repository instead of training a new model: its
@@ -70,7 +70,7 @@ from training.checkpoints import OPTIMIZER_FILE, load_generators, load_optimizer
 from training.data import as_pairs, load_run_data
 from training.distributed import share_cores
 from training.evaluation import check_trees, reported, score, translate
-from training.fsdp_request import fsdp_requested, refuse, said_once
+from training.fsdp_request import deepspeed_requested, fsdp_requested, refuse, said_once
 from training.hub import set_run_decoding, start_decoding, write_output_folder
 from training.recipe import changed_values, search_flags, training_data
 from training.step import slow_bfloat16, training_config
@@ -121,6 +121,9 @@ class TrainerRecipeArguments:
 
 def parse_arguments(argv: list[str] | None = None):
     argv = sys.argv[1:] if argv is None else argv
+    if deepspeed_requested() or "--deepspeed" in {arg.split("=")[0] for arg in argv}:  # before the Trainer looks
+        refuse("error: training/run_trainer.py does not run DeepSpeed, whose checkpoints are pickles: train with DDP "
+               "(accelerate launch --multi_gpu), or shard with training/run.py (FSDP2)")
     parser = HfArgumentParser((DataArguments, ModelArguments, TrainerRecipeArguments, Seq2SeqTrainingArguments))
     # Without CUDA the run is on the CPU, as training/run.py's: the Trainer asked alone would run each of several
     # launched processes on its own (Accelerate forms a CPU process group only when asked for the CPU), and pin
