@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from accelerate import Accelerator
 from forked import ROOT, accelerate_ranks, free_port, run_forked
 from safetensors.torch import load_file
-from support import attention_in_steps, save_marian_folder, tiny_model
+from support import accelerate_as_in_a_new_process, attention_in_steps, run_training, save_marian_folder, tiny_model
 from torch.utils.data import SequentialSampler
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -23,6 +24,7 @@ from transformers.trainer_utils import EvalPrediction
 
 from training import run_trainer
 from training.arguments import read_preset
+from training.checkpoints import save_checkpoint
 from training.default_data import generate
 from training.evaluation import score, translate
 from training.hub import set_paper_decoding
@@ -391,14 +393,15 @@ def test_deepspeed_under_the_trainer_entry_point_is_a_one_line_error(monkeypatch
 
 
 def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finished(tmp_path, monkeypatch):
-    """`--resume_from_checkpoint latest`, as run.py takes it: the newest checkpoint-<step> holding trainer_state.json,
-    the last file the Trainer writes (a run killed while saving leaves a checkpoint without it). A folder with
+    """`--resume_from_checkpoint latest`, as run.py takes it: the newest checkpoint-<step> holding trainer_state.json
+    whole, the last file the Trainer writes (a run killed while saving leaves none, or part of one). A folder with
     nothing to resume, or a path that is no finished checkpoint, is one line before any work."""
     output, data = tmp_path / "out", entry_flags(tmp_path)
     flags = [*data, "--output_dir", str(output), "--max_steps", "15", "--save_steps", "5", "--eval_strategy", "no",
              "--generation_num_beams", "3", "--length_penalty_alpha", "1.3", "--extra_length", "2"]
     run_trainer.main(flags)
-    (output / "checkpoint-15" / "trainer_state.json").unlink()  # killed while saving its last checkpoint
+    state = output / "checkpoint-15" / "trainer_state.json"  # killed while writing its last checkpoint's last file
+    state.write_text(state.read_text()[:100])
     loaded = []
     load = Seq2SeqTrainer._load_from_checkpoint
     monkeypatch.setattr(Seq2SeqTrainer, "_load_from_checkpoint",
@@ -452,6 +455,31 @@ def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_
         resumed = load_file(output / "model.safetensors")
         assert all(torch.equal(resumed[name], whole[name]) for name in whole), start
     assert not [text for text in warned if "missing keys" in text]
+
+
+def test_each_entry_point_names_the_others_checkpoint_in_one_line_before_any_work(tmp_path):
+    """run.py's and the Trainer's checkpoints keep different states under one name, trainer_state.json: resumed by
+    the other entry point, each is named with the one that resumes it, not a traceback of the Trainer's or run.py's
+    "damaged"."""
+    flags = entry_flags(tmp_path)
+    trainer_run, run_py_run = tmp_path / "trainer", tmp_path / "run"
+    run_trainer.main([*flags, "--output_dir", str(trainer_run), "--max_steps", "2", "--save_steps", "2",
+                      "--eval_strategy", "no"])
+    with accelerate_as_in_a_new_process():
+        accelerator = Accelerator(cpu=True)
+        model = tiny_model()
+        save_checkpoint(accelerator, model, torch.optim.Adam(model.parameters()), run_py_run, 2, {}, keep=1)
+    for given in ("latest", str(trainer_run / "checkpoint-2")):
+        with pytest.raises(SystemExit) as stop:
+            run_training(*flags[:6], "--output_dir", trainer_run, "--resume_from_checkpoint", given)
+        assert stop.value.code == (f"error: --resume_from_checkpoint {given}: {trainer_run / 'checkpoint-2'} is "
+                                   "training/run_trainer.py's: resume it with training/run_trainer.py")
+    for given in ("latest", str(run_py_run / "checkpoint-2")):
+        with pytest.raises(SystemExit) as stop:
+            run_trainer.main([*flags, "--output_dir", str(run_py_run), "--resume_from_checkpoint", given])
+        assert stop.value.code == (f"error: --resume_from_checkpoint {given}: {run_py_run / 'checkpoint-2'} is "
+                                   "training/run.py's: resume it with training/run.py")
+    assert sorted(p.name for p in run_py_run.iterdir()) == ["checkpoint-2"]  # nothing done there
 
 
 def test_the_trainer_entry_points_checkpoints_keep_the_fp16_loss_scale_as_json(tmp_path):

@@ -99,6 +99,7 @@ def resolve_checkpoint(output_dir: str | Path, name: str, say=print) -> Path:
     otherwise a checkpoint folder path, which must be intact."""
     if name == "latest":
         for path in reversed(checkpoints(output_dir)):
+            refuse_other_entry_point(name, path, "training/run.py")
             reason = damage(path)
             if reason is None:
                 return path
@@ -107,10 +108,23 @@ def resolve_checkpoint(output_dir: str | Path, name: str, say=print) -> Path:
     path = Path(name)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"--resume_from_checkpoint {name}: not a complete checkpoint (no {STATE_FILE})")
+    refuse_other_entry_point(name, path, "training/run.py")
     reason = damage(path)
     if reason:
         raise FileNotFoundError(f"--resume_from_checkpoint {name}: damaged ({reason})")
     return path
+
+
+def refuse_other_entry_point(name: str, path: Path, resuming: str) -> None:
+    """A FileNotFoundError where the checkpoint at `path` was written by the other entry point than `resuming`:
+    run.py's trainer_state.json records its files, the Trainer's (training/run_trainer.py's) is its TrainerState."""
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return  # damaged: the entry point's own check says so
+    writer = "training/run.py" if "files" in state else "training/run_trainer.py" if "global_step" in state else None
+    if writer not in (None, resuming):
+        raise FileNotFoundError(f"--resume_from_checkpoint {name}: {path} is {writer}'s: resume it with {writer}")
 
 
 def leave_timeline(resumed: Path) -> list[Path]:

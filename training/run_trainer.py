@@ -66,7 +66,14 @@ from training.arguments import (
     refuse_unless_alpha,
     refuse_unless_positive,
 )
-from training.checkpoints import OPTIMIZER_FILE, load_generators, load_optimizer, save_generators, save_optimizer
+from training.checkpoints import (
+    OPTIMIZER_FILE,
+    load_generators,
+    load_optimizer,
+    refuse_other_entry_point,
+    save_generators,
+    save_optimizer,
+)
 from training.data import as_pairs, load_run_data
 from training.distributed import share_cores
 from training.evaluation import check_trees, reported, score, translate
@@ -182,18 +189,35 @@ def refuse_fsdp():
 
 def resume_point(given: str | None, output_dir: Path) -> str | None:
     """--resume_from_checkpoint: a checkpoint folder, or `latest` (as run.py takes it): the newest checkpoint-<step>
-    in --output_dir that the Trainer finished saving (trainer_state.json is the last file it writes)."""
+    in --output_dir that the Trainer finished saving; not run.py's."""
+    if given is None:
+        return None
+    path = Path(given)
     if given == "latest":
         finished = [path for path in output_dir.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", path.name)
-                    and (path / "trainer_state.json").is_file()]
+                    and finished_saving(path)]
         if not finished:
             raise SystemExit(f"error: --resume_from_checkpoint latest: {output_dir} holds no checkpoint the Trainer "
                              "finished saving")
-        return str(max(finished, key=lambda path: int(path.name.removeprefix("checkpoint-"))))
-    if given is not None and not (Path(given) / "trainer_state.json").is_file():
+        path = max(finished, key=lambda path: int(path.name.removeprefix("checkpoint-")))
+    elif not finished_saving(path):
         raise SystemExit(f"error: --resume_from_checkpoint {given} is not a checkpoint the Trainer finished saving "
-                         "(no trainer_state.json): give one, or latest")
-    return given
+                         "(no whole trainer_state.json): give one, or latest")
+    try:
+        refuse_other_entry_point(given, path, "training/run_trainer.py")
+    except FileNotFoundError as error:
+        raise SystemExit(f"error: {error}") from None
+    return str(path)
+
+
+def finished_saving(checkpoint: Path) -> bool:
+    """Whether the Trainer finished saving `checkpoint`: trainer_state.json, the last file it writes, is whole (a run
+    killed while saving leaves none, or part of one)."""
+    try:
+        json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def paper_peak(lr_scale: float, d_model: int, warmup_steps: float) -> float:
