@@ -402,6 +402,10 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
     run_trainer.main(flags)
     state = output / "checkpoint-15" / "trainer_state.json"  # killed while writing its last checkpoint's last file
     state.write_text(state.read_text()[:100])
+    with pytest.raises(SystemExit) as stop:  # another model than the checkpoint's: before any work, as run.py's
+        run_trainer.main([*flags, "--d_model", "64", "--dropout", "0.3", "--resume_from_checkpoint", "latest"])
+    assert stop.value.code == (f"error: {output / 'checkpoint-10'} holds another model: d_model 64 (the checkpoint's: "
+                               "32), dropout 0.3 (the checkpoint's: 0.1)")
     loaded = []
     load = Seq2SeqTrainer._load_from_checkpoint
     monkeypatch.setattr(Seq2SeqTrainer, "_load_from_checkpoint",
@@ -547,13 +551,14 @@ def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_
                                                                                              translation_folder):
     """--model_name_or_path: the folder's weights are where training starts (two Adam steps of 1e-9 leave every
     weight within 1e-6 of them, where a new model's would be far), its architecture and tokenizer are kept (its
-    dropout the flag's), and the
-    card names the folder it started from (no path, no Hub id in the metadata) and no other model's flags."""
+    dropout the flag's), and the card names the folder it started from (no path, no Hub id in the metadata) and no
+    other model's flags. Resumed, it is the start's model with the run's dropout (another dropout is one line)."""
     from safetensors.torch import load_file
 
     output = tmp_path / "tuned"
-    run_trainer.main([*fine_tuning_flags(tmp_path, translation_folder), "--output_dir", str(output), "--max_steps",
-                      "2", "--learning_rate", "1e-9", "--eval_strategy", "no", "--dropout", "0.25"])
+    flags = [*fine_tuning_flags(tmp_path, translation_folder), "--output_dir", str(output), "--max_steps", "2",
+             "--learning_rate", "1e-9", "--eval_strategy", "no", "--dropout", "0.25", "--save_steps", "1"]
+    run_trainer.main(flags)
     start, tuned = (load_file(folder / "model.safetensors") for folder in (translation_folder, output))
     assert start.keys() == tuned.keys()
     for name in start:
@@ -573,6 +578,11 @@ def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_
             "not from the paper's initialization") in card
     assert "base_model" not in card and str(translation_folder.parent) not in card and '"d_model"' not in card
     assert "Recipe (§5): the tokenizer of the model it was fine-tuned from, batches of 16 sentences" in card
+    with pytest.raises(SystemExit) as stop:  # resumed: the start's model, with the run's dropout
+        run_trainer.main([*flags, "--dropout", "0.3", "--resume_from_checkpoint", "latest"])
+    assert stop.value.code == (f"error: {output / 'checkpoint-2'} holds another model: dropout 0.3 (the "
+                               "checkpoint's: 0.25)")
+    run_trainer.main([*flags, "--resume_from_checkpoint", str(output / "checkpoint-1")])
 
 
 @pytest.mark.parametrize(("start", "flags", "named"), [

@@ -210,6 +210,25 @@ def resume_point(given: str | None, output_dir: Path) -> str | None:
     return str(path)
 
 
+def check_resumed_model(checkpoint: str, start: str | None, model_args: ModelArguments) -> None:
+    """The model a resumed run builds (the flags', or its start's with the dropouts given) against the one its
+    checkpoint holds (config.json), as run.py checks it: another is one line before any work (the Trainer would stop
+    as it loads the weights, after the data, or take other dropouts without a word)."""
+    if start is None:
+        built = {**asdict(model_args), "num_decoder_layers": model_args.num_decoder_layers or model_args.num_layers}
+    else:
+        built = {**checked(start)[0].to_dict(), **model_args.dropouts()}
+    try:
+        saved = json.loads((Path(checkpoint) / "config.json").read_text())
+    except (OSError, ValueError):
+        raise SystemExit(f"error: --resume_from_checkpoint {checkpoint} has no readable config.json") from None
+    names = [name for name in ModelArguments.__dataclass_fields__ if name != "vocab_size"]  # the vocabulary: its BPE's
+    changed = [f"{name} {built[name]} (the checkpoint's: {saved.get(name)})" for name in names
+               if saved.get(name) != built[name]]
+    if changed:
+        raise SystemExit(f"error: {checkpoint} holds another model: {', '.join(changed)}")
+
+
 def finished_saving(checkpoint: Path) -> bool:
     """Whether the Trainer finished saving `checkpoint`: trainer_state.json, the last file it writes, is whole (a run
     killed while saving leaves none, or part of one)."""
@@ -338,6 +357,8 @@ def main(argv: list[str] | None = None):
         check_output_place(training_args.output_dir, "--output_dir")
         output_dir = Path(training_args.output_dir)
         resumed = resume_point(training_args.resume_from_checkpoint, output_dir)
+        if resumed:
+            check_resumed_model(resumed, recipe.model_name_or_path, model_args)
         if not resumed and output_dir.is_dir() and any(output_dir.iterdir()):
             raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with "
                              "--resume_from_checkpoint latest, or choose another folder")
