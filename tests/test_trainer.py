@@ -3,6 +3,7 @@
 import json
 import shutil
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -436,7 +437,8 @@ def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_
     """A checkpoint holds data alone, as run.py's: Adam's state and the random generators as safetensors, the schedule
     and the arguments as JSON, not the Trainer's `torch.save` pickles. Resumed from its step-3 checkpoint (dropout on),
     a run ends with the weights of the run never stopped; so does one resumed from the plain Trainer's pickled
-    checkpoint; and the embedding's tied copies, which no checkpoint holds, are not reported missing."""
+    checkpoint; and the embedding's tied copies, which no checkpoint holds, are not reported missing. Resuming from
+    an older checkpoint leaves the later ones aside."""
     flags = [*entry_flags(tmp_path), "--max_steps", "6", "--save_steps", "3", "--eval_strategy", "no"]
     run_trainer.main([*flags, "--output_dir", str(tmp_path / "whole")])
     checkpoint = tmp_path / "whole" / "checkpoint-3"
@@ -459,6 +461,13 @@ def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_
         resumed = load_file(output / "model.safetensors")
         assert all(torch.equal(resumed[name], whole[name]) for name in whole), start
     assert not [text for text in warned if "missing keys" in text]
+    # Resumed from its older checkpoint (and stopped at step 4): the later one is another timeline's, kept aside as
+    # run.py keeps it, and no longer the run's latest.
+    run_trainer.main([*flags, "--output_dir", str(tmp_path / "whole"), "--resume_from_checkpoint", str(checkpoint),
+                      "--max_steps", "4"])
+    latest = Path(run_trainer.resume_point("latest", tmp_path / "whole"))
+    assert json.loads((latest / "trainer_state.json").read_text())["global_step"] <= 4
+    assert (tmp_path / "whole" / "abandoned-checkpoint-6" / "trainer_state.json").is_file()
 
 
 def test_each_entry_point_names_the_others_checkpoint_in_one_line_before_any_work(tmp_path):

@@ -68,6 +68,7 @@ from training.arguments import (
 )
 from training.checkpoints import (
     OPTIMIZER_FILE,
+    leave_timeline,
     load_generators,
     load_optimizer,
     refuse_other_entry_point,
@@ -370,6 +371,9 @@ def main(argv: list[str] | None = None):
     if on_cpu:  # as run.py: all cores the process may use, shared among the launched processes
         share_cores(training_args.world_size)
     training_args.distributed_state.wait_for_everyone()  # every process has looked before the main one writes there
+    if resumed and Path(resumed).parent.resolve() == output_dir.resolve() and training_args.process_index == 0:
+        for path in leave_timeline(Path(resumed)):  # as run.py: `latest` is this timeline's
+            print(f"{path.name}: after {Path(resumed).name}, so no longer part of this run")
     with training_args.main_process_first():  # Arrow in datasets' cache: written once, then memory-mapped by all
         data = load_run_data(data_args)
     with said_once():  # every process reads the same targets; the first, ahead, says it
