@@ -360,9 +360,7 @@ def test_launched_as_two_cpu_processes_the_trainer_entry_point_shares_the_epoch_
     assert {"optimizer.safetensors", "rng_state_0.safetensors", "rng_state_1.safetensors"} <= saved
     assert not {name for name in saved if name.endswith((".pt", ".pth", ".bin"))}
     copy = tmp_path / "resumed"  # resumed by both processes from step 5: the run never stopped
-    copy.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json", "checkpoint-5"):
-        (shutil.copytree if name == "checkpoint-5" else shutil.copy)(output / name, copy / name)
+    shutil.copytree(output / "checkpoint-5", copy / "checkpoint-5")
     result = run_forked([*entry_flags(tmp_path), "--output_dir", copy, "--num_train_epochs", "1",
                          "--eval_strategy", "no", "--save_steps", "5", "--resume_from_checkpoint", "latest"],
                         ranks, timeout=300, script=TRAINER)
@@ -453,9 +451,6 @@ def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_
     whole = load_file(tmp_path / "whole" / "model.safetensors")
     for start in (checkpoint, tmp_path / "pickled" / "checkpoint-3"):
         output = tmp_path / f"from-{start.parent.name}"
-        output.mkdir()
-        for name in ("tokenizer.json", "tokenizer_config.json"):  # the run's tokenizer, as a stopped run left it
-            shutil.copy(start.parent / name, output)
         shutil.copytree(start, output / "checkpoint-3")
         run_trainer.main([*flags, "--output_dir", str(output), "--resume_from_checkpoint", "latest"])
         resumed = load_file(output / "model.safetensors")
@@ -468,6 +463,22 @@ def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_
     latest = Path(run_trainer.resume_point("latest", tmp_path / "whole"))
     assert json.loads((latest / "trainer_state.json").read_text())["global_step"] <= 4
     assert (tmp_path / "whole" / "abandoned-checkpoint-6" / "trainer_state.json").is_file()
+
+
+def test_a_resumed_trainer_run_goes_on_with_its_checkpoints_tokenizer(tmp_path):
+    """Resumed from a checkpoint in another folder (a copy, another machine's) with other training data, the run
+    goes on with the checkpoint's tokenizer, whose ids its weights learned: not a BPE learned anew from the data."""
+    flags = entry_flags(tmp_path)
+    run_trainer.main([*flags, "--output_dir", str(tmp_path / "first"), "--max_steps", "3", "--save_steps", "3",
+                      "--eval_strategy", "no"])
+    fewer = tmp_path / "fewer.jsonl"
+    fewer.write_text("".join((tmp_path / "train.jsonl").read_text().splitlines(keepends=True)[:60]))
+    at = flags.index("--train_file") + 1
+    run_trainer.main([*flags[:at], str(fewer), *flags[at + 1:], "--output_dir", str(tmp_path / "second"),
+                      "--max_steps", "5", "--eval_strategy", "no", "--resume_from_checkpoint",
+                      str(tmp_path / "first" / "checkpoint-3")])
+    vocabularies = [AutoTokenizer.from_pretrained(tmp_path / run).get_vocab() for run in ("first", "second")]
+    assert vocabularies[0] == vocabularies[1]
 
 
 def test_each_entry_point_names_the_others_checkpoint_in_one_line_before_any_work(tmp_path):

@@ -380,8 +380,9 @@ def main(argv: list[str] | None = None):
         check_trees(data, recipe.evalb)
     pairs = {split: as_pairs(rows) for split, rows in data.items()}  # Trainer datasets: lists
     start = recipe.model_name_or_path
-    if start is not None:
-        tokenizer = AutoTokenizer.from_pretrained(start)
+    if resumed or start:  # the ids that the checkpoint's or the start's weights learned
+        with one_line_errors(resumed or start):
+            tokenizer = AutoTokenizer.from_pretrained(resumed or start)
     else:
         with training_args.main_process_first():  # the main process trains the joint BPE, the others read it
             if not (output_dir / "tokenizer.json").is_file():
