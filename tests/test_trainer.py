@@ -455,6 +455,14 @@ def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_
         run_trainer.main([*flags, "--output_dir", str(output), "--resume_from_checkpoint", "latest"])
         resumed = load_file(output / "model.safetensors")
         assert all(torch.equal(resumed[name], whole[name]) for name in whole), start
+    state = output.parent / "from-whole" / "checkpoint-3" / "trainer_state.json"  # as if its first 3 steps took 10 min
+    kept = json.loads(state.read_text())
+    kept["stateful_callbacks"]["TrainingClock"]["args"]["seconds"] = 600.0
+    state.write_text(json.dumps(kept))
+    run_trainer.main([*flags, "--output_dir", str(output.parent / "from-whole"), "--resume_from_checkpoint",
+                      str(state.parent)])
+    minutes = json.loads((output.parent / "from-whole" / "metrics.json").read_text())["train_minutes"]
+    assert 10 < minutes < 11  # the card's time: the run's, not its last session's
     assert not [text for text in warned if "missing keys" in text]
     # Resumed from its older checkpoint (and stopped at step 4): the later one is another timeline's, kept aside as
     # run.py keeps it, and no longer the run's latest.

@@ -35,6 +35,7 @@ published with (OPUS-MT's: transformers' beam search), with `--generation_num_be
 import json
 import re
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -47,9 +48,11 @@ from transformers import (
     HfArgumentParser,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
+    TrainerCallback,
     set_seed,
 )
 from transformers.trainer import TRAINING_ARGS_NAME
+from transformers.trainer_callback import ExportableState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -271,6 +274,29 @@ def card_deviations(args, recipe, d_model: int, num_beams: int, alpha: float | N
     return [f"recipe: {text}" for text in deviations]
 
 
+class TrainingClock(TrainerCallback, ExportableState):
+    """A run's training time over all its sessions, kept in each checkpoint (trainer_state.json): a resumed run's card
+    counts the time before its checkpoint too (the Trainer's train_runtime is the last session's)."""
+
+    def __init__(self, seconds: float = 0.0):
+        self.seconds, self.started = seconds, time.time()
+
+    @classmethod
+    def resumed(cls, checkpoint: str | None) -> "TrainingClock":
+        """The clock a run resumed from `checkpoint` goes on with (none: a new run's, or an older checkpoint's)."""
+        kept = json.loads((Path(checkpoint) / "trainer_state.json").read_text()) if checkpoint else {}
+        return cls(**kept.get("stateful_callbacks", {}).get(cls.__name__, {}).get("args", {}))
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = time.time()
+
+    def elapsed(self) -> float:
+        return self.seconds + time.time() - self.started
+
+    def state(self) -> dict:
+        return {"args": {"seconds": self.elapsed()}, "attributes": {}}
+
+
 class DataCheckpointTrainer(Seq2SeqTrainer):
     """A Seq2SeqTrainer whose checkpoints hold data alone, as training/run.py's (training/checkpoints.py): Adam's state
     and the random generators as safetensors, the schedule, the gradient scaler and the arguments as JSON, where the
@@ -415,10 +441,12 @@ def main(argv: list[str] | None = None):
         processing_class=tokenizer,
         # without predict_with_generate the predictions are logits, not tokens: validation loss alone
         compute_metrics=make_compute_metrics(tokenizer, recipe.evalb) if training_args.predict_with_generate else None,
+        callbacks=[clock := TrainingClock.resumed(resumed)],
     )
     result = trainer.train(resume_from_checkpoint=resumed)
+    minutes = clock.elapsed() / 60
     trainer.model.set_attn_implementation(config._attn_implementation)  # tested and saved with the model's own
-    metrics = {"train_steps": result.global_step, "train_minutes": result.metrics["train_runtime"] / 60}
+    metrics = {"train_steps": result.global_step, "train_minutes": minutes}
     if trainer.is_world_process_zero():
         if "test" in pairs:  # the paper's decoding (§6.1), as in run.py
             sources = [s for s, _ in pairs["test"]]
