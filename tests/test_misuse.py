@@ -428,6 +428,23 @@ def test_resuming_where_there_is_nothing_to_resume_is_refused_before_any_work(tm
     assert not out.exists()  # no tokenizer trained into it first
 
 
+def test_resuming_with_another_number_of_processes_is_refused_in_one_line(tmp_path, data):
+    """A checkpoint keeps each process's random generators and the step's batches are shared among the processes:
+    resumed by another number of them, the run stops in one line, said once, before any work (not a traceback as a
+    process finds no generators of its own)."""
+    out = tmp_path / "out"
+    flags = [*TINY, *data, "--output_dir", out, "--tokens_per_step", "2", "--max_tokens", "2", "--eval_steps", "0",
+             "--save_steps", "1"]
+    run_training(*flags, "--max_steps", "1")
+    ranks = accelerate_ranks(2, "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no", port=free_port())
+    result = run_forked([*flags, "--max_steps", "2", "--resume_from_checkpoint", "latest"], ranks, timeout=300,
+                        script=REPOSITORY / "training" / "run.py")
+    said = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    expected = (f"error: {out / 'checkpoint-1'} was written by 1 process, this launch has 2: resume it with 1 "
+                "(accelerate launch --num_processes 1)")
+    assert result.returncode == 1 and said == [expected], result.stderr[-2000:]
+
+
 def test_a_schedule_to_replay_that_cannot_be_is_refused_before_any_work(tmp_path, monkeypatch, data):
     out = tmp_path / "out"
     assert "--max_train_minutes too" in refused(monkeypatch, *TINY, *data, "--output_dir", str(out),

@@ -355,6 +355,11 @@ def open_output_dir(accelerator, output_dir: Path, args, model: dict) -> Path | 
     """Every process calls this. The checkpoint to resume from (`check_output_dir`), its abandoned successors moved
     aside; or None, the folder emptied first with --overwrite_output_dir."""
     resumed = check_output_dir(output_dir, args, model, accelerator.print)  # every process reads
+    if resumed and (written := len(list(resumed.glob("rng_state_*.safetensors")))) != accelerator.num_processes:
+        # each process's generators are in it, and the step's batches are shared among the processes
+        raise SystemExit(f"error: {resumed} was written by {written} process{'es' * (written > 1)}, this launch has "
+                         f"{accelerator.num_processes}: resume it with {written} (accelerate launch --num_processes "
+                         f"{written})")
     accelerator.wait_for_everyone()  # before anyone writes there
     if accelerator.is_main_process and resumed:
         for path in leave_timeline(resumed):
