@@ -1,6 +1,7 @@
 """The model under transformers' Seq2SeqTrainer, and training/run_trainer.py, the Trainer entry point."""
 
 import json
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -424,11 +425,20 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
     test = generate()["test"][:6]
     assert json.loads((output / "metrics.json").read_text())["test"] == score(
         translate(model, tokenizer, [s for s, _ in test], num_beams=3), [t for _, t in test])
+    adam = output / "checkpoint-5" / "optimizer.safetensors"  # damaged later: a full disk, a truncated copy
+    adam.write_bytes(adam.read_bytes()[:1000])
     for given, message in (("latest", f"latest: {tmp_path / 'new'} holds no checkpoint the Trainer finished saving"),
-                           (str(output), f"{output} is not a checkpoint the Trainer finished saving")):
-        with pytest.raises(SystemExit, match=f"^error: --resume_from_checkpoint {message}"):
+                           (str(output), f"{output} is not a checkpoint the Trainer finished saving"),
+                           (str(adam.parent), f"{adam.parent} cannot be resumed: {adam} is damaged: ")):
+        with pytest.raises(SystemExit, match=f"^error: --resume_from_checkpoint {re.escape(message)}"):
             run_trainer.main([*data, "--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", given])
     assert not (tmp_path / "new").exists()
+    (output / "checkpoint-15" / "scheduler.json").write_text("{")  # latest: the one before, with a warning
+    said = []
+    assert run_trainer.resume_point("latest", output, said.append) == str(output / "checkpoint-10")
+    damaged = output / "checkpoint-15" / "scheduler.json"
+    why = f"{damaged} is damaged: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+    assert said == [f"warning: checkpoint-15 cannot be resumed ({why}): trying the one before it"]
 
 
 def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_exactly(tmp_path, monkeypatch):

@@ -88,7 +88,7 @@ from training.step import slow_bfloat16, training_config
 from training.tokenizer import corpus_texts, train_joint_bpe
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.tools.export import check_output_place
-from vaswani_hf.tools.hub import check_can_push, push_or_exit
+from vaswani_hf.tools.hub import check_can_push, check_readable, push_or_exit
 from vaswani_hf.tools.loading import checked, one_line_errors
 
 PAPER_TRAINER_DEFAULTS = {
@@ -191,22 +191,29 @@ def refuse_fsdp():
            "model flags), or launch without FSDP (DDP)")
 
 
-def resume_point(given: str | None, output_dir: Path) -> str | None:
+def resume_point(given: str | None, output_dir: Path, say=print) -> str | None:
     """--resume_from_checkpoint: a checkpoint folder, or `latest` (as run.py takes it): the newest checkpoint-<step>
-    in --output_dir that the Trainer finished saving; not run.py's."""
+    in --output_dir that the Trainer finished saving and that is intact (a damaged one: a warning through `say`, and
+    the one before it); not run.py's."""
     if given is None:
         return None
     path = Path(given)
     if given == "latest":
-        finished = [path for path in output_dir.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", path.name)
-                    and finished_saving(path)]
-        if not finished:
+        finished = sorted((path for path in output_dir.glob("checkpoint-*")
+                           if re.fullmatch(r"checkpoint-\d+", path.name) and finished_saving(path)),
+                          key=lambda path: int(path.name.removeprefix("checkpoint-")))
+        for path in reversed(finished):
+            if (reason := damage(path)) is None:
+                break
+            say(f"warning: {path.name} cannot be resumed ({reason}): trying the one before it")
+        else:
             raise SystemExit(f"error: --resume_from_checkpoint latest: {output_dir} holds no checkpoint the Trainer "
-                             "finished saving")
-        path = max(finished, key=lambda path: int(path.name.removeprefix("checkpoint-")))
+                             "finished saving" + " intact" * bool(finished))
     elif not finished_saving(path):
         raise SystemExit(f"error: --resume_from_checkpoint {given} is not a checkpoint the Trainer finished saving "
                          "(no whole trainer_state.json): give one, or latest")
+    elif reason := damage(path):
+        raise SystemExit(f"error: --resume_from_checkpoint {given} cannot be resumed: {reason}")
     try:
         refuse_other_entry_point(given, path, "training/run_trainer.py")
     except FileNotFoundError as error:
@@ -231,6 +238,17 @@ def check_resumed_model(checkpoint: str, start: str | None, model_args: ModelArg
                if saved.get(name) != built[name]]
     if changed:
         raise SystemExit(f"error: {checkpoint} holds another model: {', '.join(changed)}")
+
+
+def damage(checkpoint: Path) -> str | None:
+    """Which file of the Trainer's `checkpoint` is damaged (a JSON file that does not parse, a safetensors file whose
+    header does not read or whose data is cut short: a full disk, a truncated copy), or None."""
+    for file in sorted(checkpoint.iterdir()):
+        try:
+            check_readable(file)
+        except ValueError as error:
+            return str(error)
+    return None
 
 
 def finished_saving(checkpoint: Path) -> bool:
@@ -383,7 +401,8 @@ def main(argv: list[str] | None = None):
                   "AMD EPYC, family 23): leave it out to train in float32")
         check_output_place(training_args.output_dir, "--output_dir")
         output_dir = Path(training_args.output_dir)
-        resumed = resume_point(training_args.resume_from_checkpoint, output_dir)
+        resumed = resume_point(training_args.resume_from_checkpoint, output_dir,
+                               print if training_args.process_index == 0 else lambda line: None)
         if resumed:
             check_resumed_model(resumed, recipe.model_name_or_path, model_args)
         if not resumed and output_dir.is_dir() and any(output_dir.iterdir()):
