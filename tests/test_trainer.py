@@ -24,7 +24,7 @@ from transformers import (
 )
 from transformers.trainer_utils import EvalPrediction
 
-from training import run_trainer
+from training import run_trainer, trainer_checkpoints
 from training.arguments import read_preset
 from training.checkpoints import save_checkpoint
 from training.default_data import generate
@@ -435,7 +435,7 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
     assert not (tmp_path / "new").exists()
     (output / "checkpoint-15" / "scheduler.json").write_text("{")  # latest: the one before, with a warning
     said = []
-    assert run_trainer.resume_point("latest", output, said.append) == str(output / "checkpoint-10")
+    assert trainer_checkpoints.resume_point("latest", output, said.append) == str(output / "checkpoint-10")
     damaged = output / "checkpoint-15" / "scheduler.json"
     why = f"{damaged} is damaged: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
     assert said == [f"warning: checkpoint-15 cannot be resumed ({why}): trying the one before it"]
@@ -478,7 +478,7 @@ def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_
     # run.py keeps it, and no longer the run's latest.
     run_trainer.main([*flags, "--output_dir", str(tmp_path / "whole"), "--resume_from_checkpoint", str(checkpoint),
                       "--max_steps", "4"])
-    latest = Path(run_trainer.resume_point("latest", tmp_path / "whole"))
+    latest = Path(trainer_checkpoints.resume_point("latest", tmp_path / "whole"))
     assert json.loads((latest / "trainer_state.json").read_text())["global_step"] <= 4
     assert (tmp_path / "whole" / "abandoned-checkpoint-6" / "trainer_state.json").is_file()
 
@@ -528,7 +528,7 @@ def test_the_trainer_entry_points_checkpoints_keep_the_fp16_loss_scale_as_json(t
     """fp16 training (a GPU's) scales its loss by a factor that grows and backs off as the run goes: a checkpoint keeps
     the scaler's state as JSON, and resuming restores it (a CPU GradScaler stands in for the GPU's)."""
     arguments = Seq2SeqTrainingArguments(str(tmp_path), use_cpu=True, report_to="none")
-    trainer = run_trainer.DataCheckpointTrainer(model=tiny_model(seed=5), args=arguments)
+    trainer = trainer_checkpoints.DataCheckpointTrainer(model=tiny_model(seed=5), args=arguments)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=7)
     scaler.scale(torch.ones(1))
     scaler.update(new_scale=96.0)
@@ -545,7 +545,7 @@ def test_the_trainer_entry_points_seed_draws_the_new_models_weights(tmp_path, mo
     the process drew before (torch's generator set otherwise first), another seed another start."""
     starts, embedding = [], "model.encoder.embed_tokens.weight"  # shared with the decoder's and the output's
 
-    class Recorded(run_trainer.DataCheckpointTrainer):
+    class Recorded(trainer_checkpoints.DataCheckpointTrainer):
         def __init__(self, model, **kwargs):
             starts.append({name: value.clone() for name, value in model.state_dict().items()})
             super().__init__(model=model, **kwargs)

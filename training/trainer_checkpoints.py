@@ -1,0 +1,171 @@
+"""The checkpoints of training/run_trainer.py, the Trainer's, kept as training/run.py keeps its own
+(training/checkpoints.py): data alone, no pickle (`DataCheckpointTrainer`); a stopped run resumed from the newest
+one that is whole and intact, by its own entry point, with its model, its tokenizer (in the checkpoint) and its
+clock (`TrainingClock`)."""
+
+import json
+import re
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from transformers import Seq2SeqTrainer, TrainerCallback
+from transformers.trainer import TRAINING_ARGS_NAME
+from transformers.trainer_callback import ExportableState
+
+from training.arguments import ModelArguments
+from training.checkpoints import (
+    OPTIMIZER_FILE,
+    load_generators,
+    load_optimizer,
+    refuse_other_entry_point,
+    save_generators,
+    save_optimizer,
+)
+from vaswani_hf.tools.hub import check_readable
+from vaswani_hf.tools.loading import checked
+
+SCHEDULER_FILE, SCALER_FILE = "scheduler.json", "scaler.json"
+
+
+def resume_point(given: str | None, output_dir: Path, say=print) -> str | None:
+    """--resume_from_checkpoint: a checkpoint folder, or `latest` (as run.py takes it): the newest checkpoint-<step>
+    in --output_dir that the Trainer finished saving and that is intact (a damaged one: a warning through `say`, and
+    the one before it); not run.py's."""
+    if given is None:
+        return None
+    path = Path(given)
+    if given == "latest":
+        finished = sorted((path for path in output_dir.glob("checkpoint-*")
+                           if re.fullmatch(r"checkpoint-\d+", path.name) and finished_saving(path)),
+                          key=lambda path: int(path.name.removeprefix("checkpoint-")))
+        for path in reversed(finished):
+            if (reason := damage(path)) is None:
+                break
+            say(f"warning: {path.name} cannot be resumed ({reason}): trying the one before it")
+        else:
+            raise SystemExit(f"error: --resume_from_checkpoint latest: {output_dir} holds no checkpoint the Trainer "
+                             "finished saving" + " intact" * bool(finished))
+    elif not finished_saving(path):
+        raise SystemExit(f"error: --resume_from_checkpoint {given} is not a checkpoint the Trainer finished saving "
+                         "(no whole trainer_state.json): give one, or latest")
+    elif reason := damage(path):
+        raise SystemExit(f"error: --resume_from_checkpoint {given} cannot be resumed: {reason}")
+    try:
+        refuse_other_entry_point(given, path, "training/run_trainer.py")
+    except FileNotFoundError as error:
+        raise SystemExit(f"error: {error}") from None
+    return str(path)
+
+
+def check_resumed_model(checkpoint: str, start: str | None, model_args: ModelArguments) -> None:
+    """The model a resumed run builds (the flags', or its start's with the dropouts given) against the one its
+    checkpoint holds (config.json), as run.py checks it: another is one line before any work (the Trainer would stop
+    as it loads the weights, after the data, or take other dropouts without a word)."""
+    if start is None:
+        built = {**asdict(model_args), "num_decoder_layers": model_args.num_decoder_layers or model_args.num_layers}
+    else:
+        built = {**checked(start)[0].to_dict(), **model_args.dropouts()}
+    try:
+        saved = json.loads((Path(checkpoint) / "config.json").read_text())
+    except (OSError, ValueError):
+        raise SystemExit(f"error: --resume_from_checkpoint {checkpoint} has no readable config.json") from None
+    names = [name for name in ModelArguments.__dataclass_fields__ if name != "vocab_size"]  # the vocabulary: its BPE's
+    changed = [f"{name} {built[name]} (the checkpoint's: {saved.get(name)})" for name in names
+               if saved.get(name) != built[name]]
+    if changed:
+        raise SystemExit(f"error: {checkpoint} holds another model: {', '.join(changed)}")
+
+
+def damage(checkpoint: Path) -> str | None:
+    """Which file of the Trainer's `checkpoint` is damaged (a JSON file that does not parse, a safetensors file whose
+    header does not read or whose data is cut short: a full disk, a truncated copy), or None."""
+    for file in sorted(checkpoint.iterdir()):
+        try:
+            check_readable(file)
+        except ValueError as error:
+            return str(error)
+    return None
+
+
+def finished_saving(checkpoint: Path) -> bool:
+    """Whether the Trainer finished saving `checkpoint`: trainer_state.json, the last file it writes, is whole (a run
+    killed while saving leaves none, or part of one)."""
+    try:
+        json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+class TrainingClock(TrainerCallback, ExportableState):
+    """A run's training time over all its sessions, kept in each checkpoint (trainer_state.json): a resumed run's card
+    counts the time before its checkpoint too (the Trainer's train_runtime is the last session's)."""
+
+    def __init__(self, seconds: float = 0.0):
+        self.seconds, self.started = seconds, time.time()
+
+    @classmethod
+    def resumed(cls, checkpoint: str | None) -> "TrainingClock":
+        """The clock a run resumed from `checkpoint` goes on with (none: a new run's, or an older checkpoint's)."""
+        kept = json.loads((Path(checkpoint) / "trainer_state.json").read_text()) if checkpoint else {}
+        return cls(**kept.get("stateful_callbacks", {}).get(cls.__name__, {}).get("args", {}))
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = time.time()
+
+    def elapsed(self) -> float:
+        return self.seconds + time.time() - self.started
+
+    def state(self) -> dict:
+        return {"args": {"seconds": self.elapsed()}, "attributes": {}}
+
+
+class DataCheckpointTrainer(Seq2SeqTrainer):
+    """A Seq2SeqTrainer whose checkpoints hold data alone, as training/run.py's (training/checkpoints.py): Adam's state
+    and the random generators as safetensors, the schedule, the gradient scaler and the arguments as JSON, where the
+    Trainer's are `torch.save` pickles. A checkpoint the plain Trainer wrote still resumes, read as the Trainer reads
+    it (`weights_only=True`)."""
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        super()._save(output_dir, state_dict)
+        if self.args.should_save:  # the arguments, which the Trainer never reads back
+            folder = Path(output_dir or self.args.output_dir)
+            (folder / "training_args.json").write_text(self.args.to_json_string())
+            (folder / TRAINING_ARGS_NAME).unlink()
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        save_optimizer(self.model, self.optimizer, Path(output_dir) / OPTIMIZER_FILE, self.args.should_save)
+        if self.args.should_save:
+            (Path(output_dir) / SCHEDULER_FILE).write_text(json.dumps(self.lr_scheduler.state_dict()))
+
+    def _save_scaler(self, output_dir: str) -> None:
+        if getattr(self.accelerator, "scaler", None) is not None and self.args.should_save:  # fp16's
+            (Path(output_dir) / SCALER_FILE).write_text(json.dumps(self.accelerator.scaler.state_dict()))
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)  # this process may be ahead of the main one
+        save_generators(Path(output_dir) / f"rng_state_{self.args.process_index}.safetensors")
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if checkpoint is None or not (Path(checkpoint) / OPTIMIZER_FILE).is_file():
+            return super()._load_optimizer_and_scheduler(checkpoint)  # nothing, or the plain Trainer's pickles
+        load_optimizer(self.model, self.optimizer, Path(checkpoint) / OPTIMIZER_FILE)
+        self.lr_scheduler.load_state_dict(json.loads((Path(checkpoint) / SCHEDULER_FILE).read_text()))
+
+    def _load_scaler(self, checkpoint: str | None) -> None:
+        if checkpoint is None or not (Path(checkpoint) / SCALER_FILE).is_file():
+            return super()._load_scaler(checkpoint)
+        self.accelerator.scaler.load_state_dict(json.loads((Path(checkpoint) / SCALER_FILE).read_text()))
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        file = Path(checkpoint or "") / f"rng_state_{self.args.process_index}.safetensors"
+        if checkpoint is None or not file.is_file():
+            return super()._load_rng_state(checkpoint)
+        load_generators(file)
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """The embedding's tied copies are in no checkpoint, by design: not missing (transformers #27972)."""
+        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
+        super()._issue_warnings_after_load(
+            load_result._replace(missing_keys=[key for key in load_result.missing_keys if key not in tied]))
