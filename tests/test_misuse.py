@@ -428,6 +428,21 @@ def test_resuming_where_there_is_nothing_to_resume_is_refused_before_any_work(tm
     assert not out.exists()  # no tokenizer trained into it first
 
 
+def test_resuming_a_streamed_run_without_streaming_or_the_reverse_is_refused_before_any_work(tmp_path, monkeypatch,
+                                                                                               data):
+    """A streamed run's checkpoint keeps each process's place in the stream, an epoch run's its step in the epochs:
+    resumed the other way, the run would stop in a KeyError after loading its data, or go on through other batches
+    than its own. One line names the flag to resume with."""
+    flags = [*TINY, *data, "--tokens_per_step", "2", "--max_tokens", "2", "--eval_steps", "0", "--save_steps", "1"]
+    streaming = ["--streaming", "--bpe_sample", "3"]
+    for run, first, then, said in (("epochs", [], streaming, "was not streamed: resume it without --streaming"),
+                                   ("stream", streaming, [], "was streamed: resume it with --streaming")):
+        out = tmp_path / run
+        run_training(*flags, *first, "--output_dir", out, "--max_steps", "1")
+        assert refused(monkeypatch, *flags, *then, "--output_dir", str(out), "--max_steps", "2",
+                       "--resume_from_checkpoint", "latest") == f"error: {out / 'checkpoint-1'} {said}"
+
+
 def test_resuming_with_another_number_of_processes_is_refused_in_one_line(tmp_path, data):
     """A checkpoint keeps each process's random generators and the step's batches are shared among the processes:
     resumed by another number of them, the run stops in one line, said once, before any work (not a traceback as a

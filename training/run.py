@@ -110,7 +110,7 @@ def main():
         accelerator, distributed = start_processes(args)
         model_id = ({"model_name_or_path": start, **{name: getattr(start_config, name) for name in DROPOUTS}} if start
                     else asdict(model_args))  # what a resumed run must match
-        resumed = open_output_dir(accelerator, output_dir, args, model_id)
+        resumed = open_output_dir(accelerator, output_dir, args, model_id, data_args.streaming)
     say = accelerator.print
     disable_progress_bar()  # transformers' bar for each checkpoint's weights, within the run's own
 
@@ -351,10 +351,15 @@ def start_processes(args) -> tuple[Accelerator, dict]:
     return accelerator, distributed
 
 
-def open_output_dir(accelerator, output_dir: Path, args, model: dict) -> Path | None:
-    """Every process calls this. The checkpoint to resume from (`check_output_dir`), its abandoned successors moved
-    aside; or None, the folder emptied first with --overwrite_output_dir."""
+def open_output_dir(accelerator, output_dir: Path, args, model: dict, streaming: bool) -> Path | None:
+    """Every process calls this. The checkpoint to resume from (`check_output_dir`), of a run with as many processes
+    and as `streaming`, its abandoned successors moved aside; or None, the folder emptied first with
+    --overwrite_output_dir."""
     resumed = check_output_dir(output_dir, args, model, accelerator.print)  # every process reads
+    if resumed and (was := "stream" in json.loads((resumed / STATE_FILE).read_text())) != streaming:
+        # a streamed run's place is in each process's stream, an epoch run's in its step
+        raise SystemExit(f"error: {resumed} was streamed: resume it with --streaming" if was else
+                         f"error: {resumed} was not streamed: resume it without --streaming")
     if resumed and (written := len(list(resumed.glob("rng_state_*.safetensors")))) != accelerator.num_processes:
         # each process's generators are in it, and the step's batches are shared among the processes
         raise SystemExit(f"error: {resumed} was written by {written} process{'es' * (written > 1)}, this launch has "
