@@ -485,7 +485,8 @@ def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_
 
 def test_a_resumed_trainer_run_goes_on_with_its_checkpoints_tokenizer(tmp_path):
     """Resumed from a checkpoint in another folder (a copy, another machine's) with other training data, the run
-    goes on with the checkpoint's tokenizer, whose ids its weights learned: not a BPE learned anew from the data."""
+    goes on with the checkpoint's tokenizer, whose ids its weights learned: not a BPE learned anew from the data. Its
+    output folder is the checkpoint's or an empty one."""
     flags = entry_flags(tmp_path)
     run_trainer.main([*flags, "--output_dir", str(tmp_path / "first"), "--max_steps", "3", "--save_steps", "3",
                       "--eval_strategy", "no"])
@@ -497,6 +498,11 @@ def test_a_resumed_trainer_run_goes_on_with_its_checkpoints_tokenizer(tmp_path):
                       str(tmp_path / "first" / "checkpoint-3")])
     vocabularies = [AutoTokenizer.from_pretrained(tmp_path / run).get_vocab() for run in ("first", "second")]
     assert vocabularies[0] == vocabularies[1]
+    with pytest.raises(SystemExit) as stop:  # into another run's folder: its files and this run's would mix
+        run_trainer.main([*flags, "--output_dir", str(tmp_path / "second"), "--resume_from_checkpoint",
+                          str(tmp_path / "first" / "checkpoint-3")])
+    assert stop.value.code == (f"error: --output_dir {tmp_path / 'second'} is not empty, and not the folder of "
+                               f"{tmp_path / 'first' / 'checkpoint-3'}: resume into that folder or an empty one")
 
 
 def test_each_entry_point_names_the_others_checkpoint_in_one_line_before_any_work(tmp_path):

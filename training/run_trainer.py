@@ -247,9 +247,13 @@ def main(argv: list[str] | None = None):
                                print if training_args.process_index == 0 else lambda line: None)
         if resumed:
             check_resumed_model(resumed, recipe.model_name_or_path, model_args)
-        if not resumed and output_dir.is_dir() and any(output_dir.iterdir()):
+        held = output_dir.is_dir() and any(output_dir.iterdir())
+        if not resumed and held:
             raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with "
                              "--resume_from_checkpoint latest, or choose another folder")
+        if resumed and held and Path(resumed).parent.resolve() != output_dir.resolve():  # two runs' files would mix
+            raise SystemExit(f"error: --output_dir {output_dir} is not empty, and not the folder of {resumed}: resume "
+                             "into that folder or an empty one")
         # The Trainer itself would upload the output folder at every save (logs, training_args.bin, ...): the run
         # pushes the finished model's files alone, at its end, as training/run.py and vaswani-push do.
         publish, training_args.push_to_hub = training_args.push_to_hub, False
