@@ -394,8 +394,9 @@ def test_deepspeed_under_the_trainer_entry_point_is_a_one_line_error(monkeypatch
 
 def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finished(tmp_path, monkeypatch):
     """`--resume_from_checkpoint latest`, as run.py takes it: the newest checkpoint-<step> holding trainer_state.json
-    whole, the last file the Trainer writes (a run killed while saving leaves none, or part of one). A folder with
-    nothing to resume, or a path that is no finished checkpoint, is one line before any work."""
+    whole, the last file the Trainer writes (a run killed while saving leaves none, or part of one), and intact (a
+    damaged file: a warning, and the one before). A folder with nothing to resume, a path that is no finished or no
+    intact checkpoint, or another model than the checkpoint's, is one line before any work."""
     output, data = tmp_path / "out", entry_flags(tmp_path)
     flags = [*data, "--output_dir", str(output), "--max_steps", "15", "--save_steps", "5", "--eval_strategy", "no",
              "--generation_num_beams", "3", "--length_penalty_alpha", "1.3", "--extra_length", "2"]
@@ -445,8 +446,8 @@ def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_
     """A checkpoint holds data alone, as run.py's: Adam's state and the random generators as safetensors, the schedule
     and the arguments as JSON, not the Trainer's `torch.save` pickles. Resumed from its step-3 checkpoint (dropout on),
     a run ends with the weights of the run never stopped; so does one resumed from the plain Trainer's pickled
-    checkpoint; and the embedding's tied copies, which no checkpoint holds, are not reported missing. Resuming from
-    an older checkpoint leaves the later ones aside."""
+    checkpoint; and the embedding's tied copies, which no checkpoint holds, are not reported missing. A resumed run's
+    minutes count its checkpoint's; resuming from an older checkpoint leaves the later ones aside."""
     flags = [*entry_flags(tmp_path), "--max_steps", "6", "--save_steps", "3", "--eval_strategy", "no"]
     run_trainer.main([*flags, "--output_dir", str(tmp_path / "whole")])
     checkpoint = tmp_path / "whole" / "checkpoint-3"
