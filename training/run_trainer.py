@@ -247,13 +247,12 @@ def main(argv: list[str] | None = None):
                                print if training_args.process_index == 0 else lambda line: None)
         if resumed:
             check_resumed_model(resumed, recipe.model_name_or_path, model_args)
-        held = output_dir.is_dir() and any(output_dir.iterdir())
-        if not resumed and held:
-            raise SystemExit(f"error: --output_dir {output_dir} is not empty: resume its run with "
-                             "--resume_from_checkpoint latest, or choose another folder")
-        if resumed and held and Path(resumed).parent.resolve() != output_dir.resolve():  # two runs' files would mix
+        own = resumed is not None and Path(resumed).parent.resolve() == output_dir.resolve()  # a checkpoint of it
+        if not own and output_dir.is_dir() and any(output_dir.iterdir()):  # two runs' files would mix
             raise SystemExit(f"error: --output_dir {output_dir} is not empty, and not the folder of {resumed}: resume "
-                             "into that folder or an empty one")
+                             "into that folder or an empty one" if resumed else
+                             f"error: --output_dir {output_dir} is not empty: resume its run with "
+                             "--resume_from_checkpoint latest, or choose another folder")
         # The Trainer itself would upload the output folder at every save (logs, training_args.bin, ...): the run
         # pushes the finished model's files alone, at its end, as training/run.py and vaswani-push do.
         publish, training_args.push_to_hub = training_args.push_to_hub, False
@@ -262,7 +261,7 @@ def main(argv: list[str] | None = None):
     if on_cpu:  # as run.py: all cores the process may use, shared among the launched processes
         share_cores(training_args.world_size)
     training_args.distributed_state.wait_for_everyone()  # every process has looked before the main one writes there
-    if resumed and Path(resumed).parent.resolve() == output_dir.resolve() and training_args.process_index == 0:
+    if own and training_args.process_index == 0:
         for path in leave_timeline(Path(resumed)):  # as run.py: `latest` is this timeline's
             print(f"{path.name}: after {Path(resumed).name}, so no longer part of this run")
     with training_args.main_process_first():  # Arrow in datasets' cache: written once, then memory-mapped by all
