@@ -92,8 +92,8 @@ def finished_saving(checkpoint: Path) -> bool:
     """Whether the Trainer finished saving `checkpoint`: trainer_state.json, the last file it writes, is whole (a run
     killed while saving leaves none, or part of one)."""
     try:
-        json.loads((checkpoint / "trainer_state.json").read_text())
-    except (OSError, ValueError):
+        check_readable(checkpoint / "trainer_state.json")
+    except ValueError:
         return False
     return True
 
@@ -159,10 +159,10 @@ class DataCheckpointTrainer(Seq2SeqTrainer):
         self.accelerator.scaler.load_state_dict(json.loads((Path(checkpoint) / SCALER_FILE).read_text()))
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
-        file = Path(checkpoint or "") / f"rng_state_{self.args.process_index}.safetensors"
-        if checkpoint is None or not file.is_file():
+        file = f"rng_state_{self.args.process_index}.safetensors"
+        if checkpoint is None or not (Path(checkpoint) / file).is_file():
             return super()._load_rng_state(checkpoint)
-        load_generators(file)
+        load_generators(Path(checkpoint) / file)
 
     def _issue_warnings_after_load(self, load_result) -> None:
         """The embedding's tied copies are in no checkpoint, by design: not missing (transformers #27972)."""
