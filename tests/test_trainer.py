@@ -396,11 +396,14 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
     """`--resume_from_checkpoint latest`, as run.py takes it: the newest checkpoint-<step> holding trainer_state.json
     whole, the last file the Trainer writes (a run killed while saving leaves none, or part of one), and intact (a
     damaged file: a warning, and the one before). A folder with nothing to resume, a path that is no finished or no
-    intact checkpoint, or another model than the checkpoint's, is one line before any work."""
+    intact checkpoint, or another model than the checkpoint's, is one line before any work; a BPE that learned fewer
+    tokens than --vocab_size asked (a small corpus) is the same model."""
     output, data = tmp_path / "out", entry_flags(tmp_path)
     flags = [*data, "--output_dir", str(output), "--max_steps", "15", "--save_steps", "5", "--eval_strategy", "no",
-             "--generation_num_beams", "3", "--length_penalty_alpha", "1.3", "--extra_length", "2"]
+             "--generation_num_beams", "3", "--length_penalty_alpha", "1.3", "--extra_length", "2",
+             "--vocab_size", "1000"]
     run_trainer.main(flags)
+    assert AutoModelForSeq2SeqLM.from_pretrained(output).config.vocab_size < 1000  # all that 300 pairs hold
     state = output / "checkpoint-15" / "trainer_state.json"  # killed while writing its last checkpoint's last file
     state.write_text(state.read_text()[:100])
     with pytest.raises(SystemExit) as stop:  # another model than the checkpoint's: before any work, as run.py's
@@ -435,6 +438,9 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
             run_trainer.main([*data, "--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", given])
     assert not (tmp_path / "new").exists()
     (output / "checkpoint-15" / "scheduler.json").write_text("{")  # latest: the one before, with a warning
+    shutil.copytree(output / "checkpoint-10", output / "checkpoint-20")  # killed before its trainer_state.json
+    (output / "checkpoint-20" / "trainer_state.json").unlink()
+    shutil.copytree(output / "checkpoint-10", output / "checkpoint-final")  # a copy of the user's: no step
     said = []
     assert trainer_checkpoints.resume_point("latest", output, said.append) == str(output / "checkpoint-10")
     damaged = output / "checkpoint-15" / "scheduler.json"
@@ -482,6 +488,18 @@ def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_
     latest = Path(trainer_checkpoints.resume_point("latest", tmp_path / "whole"))
     assert json.loads((latest / "trainer_state.json").read_text())["global_step"] <= 4
     assert (tmp_path / "whole" / "abandoned-checkpoint-6" / "trainer_state.json").is_file()
+
+
+def test_the_trainer_entry_points_clock_counts_training_not_its_set_up(monkeypatch):
+    """The card's minutes run from the Trainer's start of training (the clock is made before the Trainer sets up and
+    loads a checkpoint), on top of the seconds a resumed checkpoint kept."""
+    now = [1000.0]
+    monkeypatch.setattr(trainer_checkpoints.time, "time", lambda: now[0])
+    clock = trainer_checkpoints.TrainingClock(seconds=600.0)
+    now[0] += 30.0  # the Trainer's set-up
+    clock.on_train_begin(None, None, None)
+    now[0] += 45.0
+    assert clock.elapsed() == 645.0 and clock.state() == {"args": {"seconds": 645.0}, "attributes": {}}
 
 
 def test_a_resumed_trainer_run_goes_on_with_its_checkpoints_tokenizer(tmp_path):
