@@ -40,6 +40,7 @@ from training.default_data import generate
 from training.evaluation import evaluate_model
 from training.hub import set_run_decoding
 from training.step import TrainingStep
+from training.tokenizer import train_joint_bpe
 from vaswani_hf import VaswaniForConditionalGeneration
 from vaswani_hf.tools.hub import published_files
 
@@ -455,6 +456,23 @@ def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_
 
 
 @pytest.mark.xdist_group("whole_run")
+def test_a_run_resumed_with_other_training_data_goes_on_with_its_own_tokenizer(tmp_path, small_data, whole_run):
+    """Resumed with other training files (the data moved, a file changed), the run goes on with the BPE in its
+    folder, whose ids its weights learned: it learns none anew from the data given (300 other pairs, whose BPE of 300
+    entries differs)."""
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n"
+                             for en, de in generate()["train"][2000:2300]))
+    bpe = (whole_run / "tokenizer.json").read_text()
+    anew = train_joint_bpe([text for pair in generate()["train"][2000:2300] for text in pair], 300)
+    assert anew.get_vocab() != AutoTokenizer.from_pretrained(whole_run).get_vocab()  # the premise
+    run = left_after(whole_run, "checkpoint-6", tmp_path / "resumed")
+    train_here(run, *WHOLE, *small_data, "--train_file", str(other), "--resume_from_checkpoint", "latest")
+    assert (run / "tokenizer.json").read_text() == bpe
+    assert history(run)[-1]["step"] == 8
+
+
+@pytest.mark.xdist_group("whole_run")
 def test_a_reused_output_folder_is_refused_and_overwriting_starts_afresh(tmp_path, small_data, whole_run, capfd):
     flags = [*WHOLE, *small_data]
     run = tmp_path / "run"
@@ -619,6 +637,37 @@ def test_a_budgeted_run_writes_its_schedule_and_replaying_it_gives_the_same_weig
     for name in ("model.safetensors", f"checkpoint-{steps}/model.safetensors",
                  f"checkpoint-{steps}/optimizer.safetensors"):
         assert (tmp_path / "replayed" / name).read_bytes() == (tmp_path / "run" / name).read_bytes(), name
+
+
+def test_a_budgeted_run_resumed_saves_validates_and_ends_as_the_uninterrupted_one(tmp_path, small_data,
+                                                                                    monkeypatch):
+    """A 2-minute budget on the clock run.py reads, moved on 10 s at every step's end and by nothing else: 13 steps,
+    validated every 30 s (3 times), a checkpoint every 20 s over the last half (the newest 3 kept and averaged).
+    Resumed from its checkpoint of step 10, the run goes on from that checkpoint's seconds: it validates, saves and
+    ends where the run that never stopped did, with its weights. (Counted from 0 seconds, its first step would cross
+    every interval since the run's start: a checkpoint and a validation more.)"""
+    import training.run
+
+    moved = {"seconds": 0.0}
+
+    def step_ended(point):  # run.py's fault points: one at each step's end
+        if point.startswith("step-"):
+            moved["seconds"] += 10
+
+    monkeypatch.setattr(training.run, "fault_point", step_ended)
+    monkeypatch.setattr(training.run, "time", SimpleNamespace(time=lambda: moved["seconds"]))
+    flags = [*TINY, *small_data, "--dropout", "0.1", "--max_train_minutes", "2", "--max_steps", "1000",
+             "--warmup_share", "0.2", "--evaluations", "3", "--eval_max_sentences", "2", "--average_checkpoints", "3",
+             "--average_share", "0.5"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    train_here(whole, *flags)
+    schedule = json.loads((whole / "schedule.json").read_text())
+    assert schedule["steps"] == 13 and schedule["evaluations"] == [3, 6, 9]
+    assert schedule["checkpoints"] == [2, 4, 6, 8, 10, 12]
+    train_here(left_after(whole, "checkpoint-10", resumed), *flags, "--resume_from_checkpoint", "latest")
+    assert json.loads((resumed / "schedule.json").read_text()) == schedule
+    assert [p.name for p in checkpoints(resumed)] == ["checkpoint-10", "checkpoint-12", "checkpoint-13"]
+    assert_same_weights(whole, resumed, atol=0)
 
 
 def test_save_minutes_count_from_the_last_checkpoint_and_train_minutes_cover_every_step(tmp_path, small_data,
