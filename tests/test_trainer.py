@@ -291,6 +291,8 @@ def test_the_trainer_entry_points_defaults_are_the_papers_and_a_preset_sets_its_
     _, model_args, recipe, args = run_trainer.parse_arguments(["--preset", "parsing"])
     assert (model_args.num_layers, args.generation_num_beams, recipe.length_penalty_alpha, recipe.extra_length,
             recipe.evalb) == (4, 21, 0.3, 300, True)
+    _, model_args, recipe, args = run_trainer.parse_arguments(["--preset", "base"])
+    assert (model_args.vocab_size, args.max_steps, args.eval_steps) == (37000, 100000, 5000)
 
 
 def test_the_trainer_entry_points_card_names_each_recipe_value_changed_from_the_papers():
@@ -615,7 +617,8 @@ def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_
     """--model_name_or_path: the folder's weights are where training starts (two Adam steps of 1e-9 leave every
     weight within 1e-6 of them, where a new model's would be far), its architecture and tokenizer are kept (its
     dropout the flag's), and the card names the folder it started from (no path, no Hub id in the metadata) and no
-    other model's flags. Resumed, it is the start's model with the run's dropout (another dropout is one line)."""
+    other model's flags. Resumed, it is the start's model with the run's dropout (another dropout is one line). With
+    no dropout given, the start's are kept."""
     from safetensors.torch import load_file
 
     output = tmp_path / "tuned"
@@ -646,6 +649,14 @@ def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_
     assert stop.value.code == (f"error: {output / 'checkpoint-2'} holds another model: dropout 0.3 (the "
                                "checkpoint's: 0.25)")
     run_trainer.main([*flags, "--resume_from_checkpoint", str(output / "checkpoint-1")])
+    start = tmp_path / "start"  # dropouts of its own, none given: the start's kept
+    shutil.copytree(translation_folder, start)
+    config = json.loads((start / "config.json").read_text())
+    (start / "config.json").write_text(json.dumps({**config, "dropout": 0.2, "attention_dropout": 0.05}))
+    run_trainer.main([*fine_tuning_flags(tmp_path, start), "--output_dir", str(tmp_path / "kept"), "--max_steps", "1",
+                      "--eval_strategy", "no", "--save_strategy", "no"])
+    kept = json.loads((tmp_path / "kept" / "config.json").read_text())
+    assert (kept["dropout"], kept["attention_dropout"]) == (0.2, 0.05)
 
 
 @pytest.mark.parametrize(("start", "flags", "named"), [

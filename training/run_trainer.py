@@ -219,9 +219,7 @@ def make_compute_metrics(tokenizer, trees: bool):
     with the skipped sentences missed); -100 (the Trainer's padding of predictions and labels) is read as padding."""
 
     def compute_metrics(eval_prediction) -> dict:
-        predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
-        if isinstance(predictions, tuple):
-            predictions = predictions[0]
+        predictions, labels = eval_prediction.predictions, eval_prediction.label_ids  # generated ids
         predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)
         labels = np.where(labels < 0, tokenizer.pad_token_id, labels)
         hypotheses = tokenizer.batch_decode(predictions, skip_special_tokens=True)
