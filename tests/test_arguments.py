@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from training.arguments import chosen_precision, on_gpu, parse_arguments
+from training.arguments import check_arguments, chosen_precision, on_gpu, parse_arguments
 from training.tokenizer import train_joint_bpe
 from vaswani_hf import VaswaniForConditionalGeneration
 
@@ -42,6 +42,26 @@ def test_the_papers_presets_are_its_models_and_recipes(monkeypatch, preset):
     monkeypatch.setattr(sys, "argv", ["run.py", "--preset", preset])
     values = {name: getattr(args, name) for args in parse_arguments() for name in PAPER[preset] if hasattr(args, name)}
     assert values == PAPER[preset]
+
+
+def test_the_edges_of_each_range_are_accepted():
+    """The least values and shares of 0 and 1 are values, not errors; --compile no is eager, not a backend's name."""
+    edges = ["--max_steps", "1", "--max_tokens", "0", "--pad_to_multiple_of", "1", "--tokens_per_step", "1",
+             "--warmup_steps", "1", "--logging_steps", "1", "--eval_steps", "0", "--eval_max_sentences", "1",
+             "--save_steps", "0", "--save_minutes", "0", "--average_checkpoints", "1", "--evaluations", "0",
+             "--num_beams", "1", "--extra_length", "0", "--max_grad_norm", "0", "--length_penalty_alpha", "0",
+             "--dropout_epochs", "0", "1", "--compile", "no", "--no_fast_cpu"]
+    for shares in (["0"] * 4, ["1"] * 4):
+        named = [flag for name, share in zip(("label_smoothing", "warmup_share", "cooldown_share", "average_share"),
+                                             shares, strict=True) for flag in (f"--{name}", share)]
+        check_arguments(*parse_arguments([*edges, *named]), gpu=False)
+
+
+def test_fine_tuning_takes_only_the_dropouts_it_is_given_and_a_new_model_all_three():
+    """With --model_name_or_path, a dropout flag not given is the start's (None here), not the paper's default."""
+    assert parse_arguments(["--model_name_or_path", "start", "--dropout", "0.3"])[1].dropouts() == {"dropout": 0.3}
+    assert parse_arguments(["--model_name_or_path", "start"])[1].dropouts() == {}
+    assert parse_arguments([])[1].dropouts() == {"dropout": 0.1, "attention_dropout": 0.0, "activation_dropout": 0.0}
 
 
 @pytest.mark.parametrize(("launcher", "bf16_gpu", "chosen"), [

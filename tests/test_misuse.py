@@ -16,6 +16,7 @@ from support import refused_translation, run_training, save_marian_folder
 
 import training.data
 from training import run_trainer
+from training.arguments import check_arguments, parse_arguments
 from training.data import load_pairs
 from vaswani_hf.tools.text import split_lines
 from vaswani_hf.tools.translate import load, translate
@@ -54,6 +55,11 @@ def data(tmp_path):
     (["--average_checkpoints", "0"], "--average_checkpoints 0: must be at least 1"),
     (["--num_beams", "0"], "--num_beams 0: must be at least 1"),
     (["--average_share", "1.5"], "--average_share 1.5: must be between 0 and 1"),
+    (["--cooldown_share", "-0.1"], "--cooldown_share -0.1: must be between 0 and 1"),
+    (["--label_smoothing", "1.5"], "--label_smoothing 1.5: must be between 0 and 1"),
+    (["--save_steps", "-1"], "--save_steps -1: must be at least 0"),
+    (["--save_minutes", "-1"], "--save_minutes -1.0: must be at least 0"),
+    (["--evaluations", "-1"], "--evaluations -1: must be at least 0"),
     (["--hub_model_id", " "], "--hub_model_id is blank"),
     (["--bpe_sample", "0"], "--bpe_sample 0"),
     (["--average_checkpoints", "-1"], "--average_checkpoints -1"),
@@ -77,6 +83,7 @@ def data(tmp_path):
     (["--dropout_epochs", "30", "10"], "--dropout_epochs [30.0, 10.0]"),
     (["--dropout_epochs", "10"], "--dropout_epochs [10.0]"),
     (["--dropout_epochs", "10", "10"], "--dropout_epochs [10.0, 10.0]"),
+    (["--dropout_epochs", "-1", "10"], "--dropout_epochs [-1.0, 10.0]"),
     (["--position_embedding", "learned", "--max_length", "2000"], "--max_length 2000"),
     (["--position_embedding", "learned", "--max_length", "1025"], "--max_length 1025: learned positions stop at 1024"),
     (["--preset", "cpu-tiny"], "--preset cpu-tiny"),
@@ -89,6 +96,7 @@ def data(tmp_path):
     (["--compile", "inductor", "--dropout_epochs", "0", "1"], "add --compile no"),
     (["--train_file", ""], "--train_file is blank"),  # an unset variable: not the embedded data
     (["--dataset_name", " "], "--dataset_name is blank"),
+    (["--dataset_config_name", ""], "--dataset_config_name is blank"),
     (["--resume_from_checkpoint", ""], "--resume_from_checkpoint is blank"),  # not a fresh run
     (["--lenght_penalty_alpha", "1"],  # not HfArgumentParser's traceback
      "--lenght_penalty_alpha is not a flag of training/run.py (did you mean --length_penalty_alpha?); --help lists"),
@@ -99,12 +107,13 @@ def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypat
     if "fp16" in flags and torch.cuda.is_available():
         pytest.skip("fp16 is refused only where there is no GPU")
     out = tmp_path / "out"
-    assert named in refused(monkeypatch, *TINY, *data, "--output_dir", str(out), *flags)
+    assert named in refused(monkeypatch, *TINY, *data, "--output_dir", str(out), "--max_steps", "1", *flags)
     assert not out.exists()
 
 
 @pytest.mark.parametrize(("start", "flags", "named"), [
     ("trained", ["--d_model", "64"], "error: --d_model is a new model's: with --model_name_or_path, the config and"),
+    ("trained", ["--num_heads=2"], "error: --num_heads is a new model's: with --model_name_or_path, the config"),
     ("trained", ["--preset", "cpu-small"], "error: --preset is a new model's: with --model_name_or_path, the config"),
     ("trained", ["--bpe_sample", "10"], "error: --bpe_sample is a new model's: with --model_name_or_path, the"),
     ("marian", [], "holds a 'marian' model, not a vaswani_hf one"),
@@ -122,14 +131,13 @@ def test_fine_tuning_refuses_a_new_models_flags_and_a_model_it_cannot_train_in_o
         learned = {"position_embedding": "learned", "max_position_embeddings": 64}
         (folder / "config.json").write_text(json.dumps(json.loads((folder / "config.json").read_text()) | learned))
     out = tmp_path / "out"
-    assert named in refused(monkeypatch, *data, "--model_name_or_path", folder, "--output_dir", out, *flags)
+    start = ["--model_name_or_path", folder, "--output_dir", out, "--max_steps", "1"]
+    assert named in refused(monkeypatch, *data, *start, *flags)
     assert not out.exists()
 
 
 def test_a_streamed_fine_tuning_is_not_asked_for_the_bpe_sample_it_refuses(monkeypatch):
     """--streaming needs --bpe_sample for a new model's BPE; a fine-tuning run has its start's tokenizer."""
-    from training.arguments import check_arguments, parse_arguments
-
     check_arguments(*parse_arguments(["--streaming", "--model_name_or_path", "any", "--no_fast_cpu"]), gpu=False)
     with pytest.raises(SystemExit, match="^error: --streaming needs --bpe_sample N"):
         check_arguments(*parse_arguments(["--streaming", "--no_fast_cpu"]), gpu=False)
@@ -489,6 +497,8 @@ def test_a_cache_that_cannot_be_written_is_one_line_before_any_work(tmp_path, mo
     assert message.startswith(f"error: vaswani_hf cannot write its cache {tmp_path / 'file' / 'cache' / 'fast_cpu'} ")
     assert message.endswith("set VASWANI_HF_CACHE to a folder it can write, or give --no_fast_cpu")
     assert not out.exists()
+    resumed = parse_arguments([*TINY, *data, "--output_dir", str(out), "--resume_from_checkpoint", "latest"])
+    check_arguments(*resumed, gpu=False)  # a resumed run's checkpoints hold its plan: the cache is not needed
     for engine in ("torch", "ctranslate2"):
         message = refused_translation(capfd, monkeypatch, "--model", translation_folder, "--engine", engine,
                                       stdin=b"A dog runs.\n")
@@ -518,6 +528,8 @@ def test_a_push_that_could_not_happen_is_one_line_before_any_work(tmp_path, monk
     monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_vaswaniTestToken0123456789abcdef")
     assert refused(monkeypatch, *push[:-1], "my model").startswith(
         "error: --push_to_hub to 'my model': Repo id must use alphanumeric chars")
+    assert refused(monkeypatch, *TINY, *data, "--output_dir", str(tmp_path / "my run"), "--push_to_hub").startswith(
+        "error: --push_to_hub to 'my run': Repo id must use alphanumeric chars")  # the folder's name, not its path
     with pytest.raises(SystemExit, match=r"^error: --push_to_hub to 'my run': .* default: --output_dir's last folder"):
         run_trainer.main([*TINY, *data, "--output_dir", str(tmp_path / "my run"), "--push_to_hub"])
     assert not out.exists() and not (tmp_path / "my run").exists()
