@@ -444,11 +444,13 @@ def test_a_parsers_card_on_a_hub_dataset_names_its_results_parsing_with_evalbs_f
         ("Constituency parsing en", "org/wsj", metric, round(scores["test"][metric], 2),
          scores["test"][f"{metric}_signature"]) for metric in ("bleu", "chrf", "bracket_f1")}
     assert "| test | bracketing F1 (EVALB) | 91.23 | `EVALB COLLINS.prm` |" in card.text
+    assert "scored on detokenized text with sacreBLEU and as linearized trees with EVALB (COLLINS.prm):" in card.text
+    assert (card.data.language, card.data.metrics) == (["en"], ["bleu", "chrf", "bracket_f1"])
 
 
 def test_the_model_card_lists_every_deviation_and_the_averaged_checkpoints(translation_folder, tmp_path):
     """The config's own deviations (`VaswaniConfig.deviations`) come first, then the run's, one line each; the recipe
-    names how many checkpoints were averaged."""
+    names how many checkpoints were averaged, and one is no average."""
     model, tokenizer = load_local(translation_folder)
     model.config.attention_dropout = 0.2
     data = training_data(DataArguments(), {"train": generate_default_data()["train"][:10]})
@@ -459,6 +461,11 @@ def test_the_model_card_lists_every_deviation_and_the_averaged_checkpoints(trans
     assert ("its training:\n\n- dropout on the attention weights (`attention_dropout=0.2`)\n"
             "- the run's own deviation\n\n") in text
     assert "label smoothing ε_ls = 0.1; the last 2 checkpoints averaged." in " ".join(text.split())
+    write_output_folder(model, tokenizer, tmp_path / "one", {"averaged_checkpoints": ["checkpoint-30"]},
+                        data=data, length_limit=LENGTH_LIMIT, source_lang="en", target_lang="de", model_id="m",
+                        recipe={}, deviations=[], label_smoothing=0.1, batching="b")
+    one = " ".join((tmp_path / "one" / "README.md").read_text().split())
+    assert "label smoothing ε_ls = 0.1; the final weights, not averaged." in one
 
 
 BUDGET = ("a 5-minute budget (training/budget.py): warmup over 4% of the steps the machine was measured to make in "
@@ -501,13 +508,17 @@ def test_a_run_with_run_pys_defaults_is_the_papers_recipe_and_each_change_is_one
     assert recipe_deviations(RecipeArguments(**flags), DataArguments(**data)) == [f"recipe: {line}" for line in lines]
 
 
-def test_the_cards_data_is_named_by_the_flags_that_name_it():
+def test_the_cards_data_is_named_by_the_flags_that_name_it(tmp_path, monkeypatch):
     """--card_dataset names a Hub dataset's id for the card's metadata; --card_license the embedded data's license;
-    a streamed split is not counted."""
+    a streamed split is not counted; --dataset_name . is the folder it means."""
     pairs = {"train": (pair for pair in generate_default_data()["train"][:3]), "validation": [("a", "b")]}
     hub = training_data(DataArguments(dataset_name="org/news", card_dataset="org/news-clean"), pairs)
     assert hub.dataset_id == "org/news-clean" and hub.sizes == {"train": "streamed", "validation": 1}
     assert training_data(DataArguments(card_license="cc0-1.0"), {"train": [("a", "b")]}).license == "cc0-1.0"
+    (tmp_path / "corpus").mkdir()
+    monkeypatch.chdir(tmp_path / "corpus")
+    here = training_data(DataArguments(dataset_name="."), {"train": [("a", "b")]})
+    assert (here.description, here.dataset_id) == ("the local dataset folder corpus", None)
 
 
 def test_the_card_states_the_alpha_and_batch_the_run_chose_not_the_flags_that_asked_for_them(translation_folder,
@@ -893,10 +904,12 @@ def test_a_fine_tuned_models_card_names_its_start_a_hub_id_in_the_metadata_a_fol
         assert str(tmp_path / "models") not in card.content
 
 
-def test_the_card_states_the_beam_and_alpha_the_model_decodes_and_was_scored_with(translation_folder, tmp_path):
+def test_the_card_states_the_beam_alpha_and_limit_the_model_decodes_and_was_scored_with(translation_folder,
+                                                                                         tmp_path):
     """The run's beam size and chosen α reach generation_config.json, the card's decoding paragraph and its
-    Evaluation section alike."""
+    Evaluation section alike; the model's output limit (here §6.3's +300), its paragraph and its uses."""
     model, tokenizer = load_local(translation_folder)
+    model.generation_config.extra_length = 300
     data = training_data(DataArguments(), {"train": generate_default_data()["train"][:10]})
     scores = {"test": {"bleu": 31.5, "bleu_signature": "nrefs:1", "chrf": 55.0, "chrf_signature": "nrefs:1"}}
     write_output_folder(model, tokenizer, tmp_path, scores, data=data, length_limit=LENGTH_LIMIT, source_lang="en",
@@ -906,5 +919,6 @@ def test_the_card_states_the_beam_and_alpha_the_model_decodes_and_was_scored_wit
     assert (generation["num_beams"], generation["gnmt_alpha"]) == (5, 1.2)
     card = " ".join((tmp_path / "README.md").read_text().split())
     assert ("decodes as `generation_config.json` asks, the paper's way (§6.1): beam search with a beam of 5 and the "
-            "GNMT length penalty ((5 + |Y|) / 6)^α, α = 1.2, up to source length + 50 tokens.") in card
+            "GNMT length penalty ((5 + |Y|) / 6)^α, α = 1.2, up to source length + 300 tokens.") in card
+    assert "translation is at most the source's length + 300 tokens." in card
     assert "Decoded with beam 5 and the GNMT length penalty (α = 1.2), scored on detokenized text" in card
