@@ -18,15 +18,16 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 from support import CODE_FILES, LENGTH_LIMIT, refusal, refused_translation, run_hidden
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
 from training.arguments import DataArguments
 from training.default_data import generate as generate_default_data
 from training.evaluation import translate
-from training.hub import fill_template, write_output_folder
+from training.hub import decoding_text, fill_template, start_decoding, write_output_folder
 from training.recipe import training_data
 from vaswani_hf import TranslationPipeline, quantize_int8
 from vaswani_hf.tools.loading import load
+from vaswani_hf.tools.translate import papers_decoding
 from vaswani_hf.tools.visualize import attention_weights, write_pictures
 
 SOURCES = ["The small dog sees the old man.", "A woman reads a book in the garden.", "The children play."]
@@ -883,6 +884,27 @@ def test_write_pictures_draws_every_head_with_its_weights_and_tokens(translation
         with Image.open(path) as picture:
             assert all(abs(a - b) <= 1 for a, b in zip(picture.size, (width, height)))
         close(figure)
+
+
+def test_a_published_decoding_with_one_beam_or_none_set_is_named_greedy():
+    """The card's words for a converted model's decoding (α None): one beam, or none set (transformers 5 leaves
+    num_beams None, which generate() runs as one), is greedy search, not "beam search of 1 beams"."""
+    for beams in (1, None):
+        generation = GenerationConfig(num_beams=beams)
+        assert decoding_text(generation, 1, None, short=True) == "transformers' greedy search"
+        assert decoding_text(generation, 1, None).endswith("with one beam: transformers' greedy search (not the "
+                                                           "paper's beam search)")
+    assert decoding_text(GenerationConfig(num_beams=3), 3, None, short=True) == ("transformers' beam search of 3 "
+                                                                                "beams (log P / |Y|^1)")
+
+
+def test_a_start_without_a_generation_config_decodes_with_the_papers_search(translation_folder, tmp_path):
+    """A start folder without generation_config.json (model.save_pretrained of an older transformers) is one of
+    ours, whose config the tools read as the paper's decoding: a fine-tuning run may set the search's flags."""
+    shutil.copytree(translation_folder, start := tmp_path / "start")
+    (start / "generation_config.json").unlink()
+    config = AutoModelForSeq2SeqLM.from_pretrained(start).config
+    assert papers_decoding(start_decoding(str(start), config, ["length_penalty_alpha"]))
 
 
 def test_a_fine_tuned_models_card_names_its_start_a_hub_id_in_the_metadata_a_folder_without_its_path(

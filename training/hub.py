@@ -192,6 +192,9 @@ def decoding_text(generation, num_beams: int, alpha: float | None, short: bool =
                 f"the paper's way (§6.1): beam search with a beam of {num_beams} and the GNMT length penalty "
                 f"((5 + |Y|) / 6)^α, α = {alpha}, up to source length + {extra_length_of(generation)} tokens")
     beams = generation.num_beams or 1
+    if beams == 1:
+        return ("transformers' greedy search" if short else "as the model it was fine-tuned from was published, with "
+                "one beam: transformers' greedy search (not the paper's beam search)")
     penalty = f"log P / |Y|^{1.0 if generation.length_penalty is None else generation.length_penalty:g}"
     return (f"transformers' beam search of {beams} beams ({penalty})" if short else
             f"as the model it was fine-tuned from was published: transformers' beam search with {beams} beams, "
