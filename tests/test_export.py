@@ -569,6 +569,22 @@ def test_the_ctranslate2_engine_refuses_in_one_line(translation_folder, cli, mon
         'error: --engine ctranslate2 needs ctranslate2: pip install ctranslate2 (or pip install "vaswani_hf[export]")')
 
 
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_the_ctranslate2_engines_auto_device_is_a_gpu_where_ctranslate2_counts_one(translation_folder, monkeypatch,
+                                                                                    gpus):
+    """vaswani-translate --engine ctranslate2 without --device: CTranslate2's CUDA build on a GPU it finds, else the
+    CPU (the engine stood in for: it would convert the model)."""
+    import ctranslate2
+
+    from vaswani_hf.tools import ctranslate2_engine
+    from vaswani_hf.tools.translate import load_engine
+
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: gpus)
+    monkeypatch.setattr(ctranslate2_engine, "CTranslate2Engine", lambda *args: args)
+    (*_, device, int8), _ = load_engine(str(translation_folder), "ctranslate2")
+    assert (device, int8) == ("cuda" if gpus else "cpu", False)
+
+
 @pytest.mark.parametrize("engine", ["ctranslate2", "onnx"])
 def test_export_refusals_are_one_line(translation_folder, tmp_path, engine):
     marian = tmp_path / "marian"

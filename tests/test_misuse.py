@@ -18,6 +18,7 @@ import training.data
 from training import run_trainer
 from training.arguments import check_arguments, parse_arguments
 from training.data import load_pairs
+from vaswani_hf.tools.loading import is_local
 from vaswani_hf.tools.text import split_lines
 from vaswani_hf.tools.translate import load, translate
 
@@ -589,6 +590,15 @@ def test_a_byte_order_mark_before_the_first_line_is_not_translated(translation_f
     assert marked == cli("--model", translation_folder, "--num_beams", "1", stdin=b"A dog runs.\n")[1]
 
 
+def test_a_name_or_owner_and_name_is_a_hub_id_and_anything_else_a_path(tmp_path, monkeypatch):
+    """What the tools send to the Hub: "name" and "owner/name" that are not folders here; a path is local, one that
+    starts as a path does, has a folder above it here, or has more parts than a Hub id."""
+    (tmp_path / "org").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert not is_local("t5-small") and not is_local("Helsinki-NLP/opus-mt-en-de")
+    assert all(map(is_local, ["org", "org/name", "./name", "~/name", "/name", "a/b/c"]))
+
+
 @pytest.mark.parametrize("case", ["latin-1 stdin", "latin-1 file", "missing input", "device cuda",
                                   "device cuda:2 of 2", "device mps", "device bogus", "output is a folder",
                                   "mistyped relative path", "home path", "deep path",
@@ -666,7 +676,7 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
             (tmp_path / "checkpoint-9" / name).write_text("{}")
         args = ["--model", tmp_path / "checkpoint-9"]
     if case in ("blank input", "blank output", "blank model"):
-        args += [f"--{case.split()[1]}", ""]
+        args += [f"--{case.split()[1]}", " " * (case == "blank model")]  # an unset variable, or a space
     if case == "damaged generation_config.json":  # transformers would decode greedily, not with the folder's beams
         shutil.copytree(translation_folder, tmp_path / "damaged")
         text = (tmp_path / "damaged" / "generation_config.json").read_text()
