@@ -64,17 +64,21 @@ def test_bracketing_scores_are_evalbs_with_collins_parameters():
 
 
 def test_a_treebank_tree_becomes_its_sentence_and_tensor2tensors_linearization(tmp_path, capsys):
-    """Traces and the constituents they alone fill are dropped, function tags cut, the root left out, whichever way
-    the file writes it; a file holds several trees, over several lines."""
-    tree = "(S (NP-SBJ-1 (DT The) (NN dog)) (VP (VBZ barks) (S (NP-SBJ (-NONE- *-1)))) (. .))"
+    """Traces and the constituents they alone fill are dropped, function tags and gapping indices cut, the root left
+    out, whichever way the file writes it; a file holds several trees, over several lines; a tree of traces alone is
+    no pair, and counted."""
+    tree = "(S (NP-SBJ-1 (DT The) (NN dog)) (VP=2 (VBZ barks) (S (NP-SBJ (-NONE- *-1)))) (. .))"
     expected = ("The dog barks .", "S NP DT NN /NP VP VBZ /VP . /S")
     for written in (tree, f"(TOP {tree})", f"( {tree} )", f"(ROOT {tree})"):
         assert [treebank.linearized(found) for found in treebank.trees(written)] == [expected]
     (tmp_path / "wsj_0001.mrg").write_text(f"( {tree.replace(' (VP', chr(10) + '    (VP')} )\n\n(TOP {tree})\n")
+    (tmp_path / "wsj_0002.mrg").write_text("( (S (NP-SBJ (-NONE- *)) (VP (-NONE- *?*))) )\n")
     treebank.main([str(tmp_path / "wsj_0001.mrg")])
     printed = capsys.readouterr()
     rows = [json.loads(line)["translation"] for line in printed.out.splitlines()]
-    assert rows == [{"en": expected[0], "tree": expected[1]}] * 2 and "2 trees from 1 file" in printed.err
+    assert rows == [{"en": expected[0], "tree": expected[1]}] * 2 and printed.err == "2 trees from 1 file\n"
+    treebank.main([str(tmp_path / "wsj_0001.mrg"), str(tmp_path / "wsj_0002.mrg")])
+    assert capsys.readouterr().err == "2 trees from 2 files; 1 without words left out\n"
 
 
 def test_decoded_trees_take_their_sentences_words_in_the_treebanks_brackets(tmp_path, capsys):
@@ -94,6 +98,11 @@ def test_decoded_trees_take_their_sentences_words_in_the_treebanks_brackets(tmp_
     assert written[7] == "(TOP (S (NP (PRP He)) (VP (. left)) (. .)))"  # sentence 8: the same 3 words
     assert treebank.bracketed("Up", "S ADVP RB /ADVP /S", {"S", "ADVP"}) == "(TOP (S (ADVP (RB Up))))"  # a unary
     assert treebank.bracketed("He left .", "S NP PRP /NP VP VBD /VP /S", constituent_labels(parsed)) == "(TOP)"
+    # a trace takes no word; a constituent closed over no word is left out
+    assert treebank.bracketed("Dogs bark", "S NP NNS /NP VP VBP -NONE- /VP /S", {"S", "NP", "VP"}) == (
+        "(TOP (S (NP (NNS Dogs)) (VP (VBP bark) (-NONE- *))))")
+    assert treebank.bracketed("Dogs bark", "S NP NNS /NP VP /VP VP VBP /VP /S", {"S", "NP", "VP"}) == (
+        "(TOP (S (NP (NNS Dogs)) (VP (VBP bark))))")
 
 
 @pytest.mark.parametrize(("text", "said"), [
