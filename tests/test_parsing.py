@@ -173,6 +173,27 @@ def test_evalb_on_targets_that_are_not_trees_is_refused_before_the_tokenizer(tmp
     assert not (tmp_path / "run" / "tokenizer.json").exists()
 
 
+def test_evalb_takes_splits_whose_first_targets_close_a_constituent_and_checks_the_test_split_too():
+    """check_trees looks at the first 100 targets of each split: a tree of one tag (no /X) first is still trees."""
+    from datasets import Dataset
+
+    def split(*targets):
+        return Dataset.from_dict({"source": ["w"] * len(targets), "target": list(targets)})
+
+    trees = split("NN", "S NP NN /NP /S")
+    evaluation.check_trees({"validation": trees, "test": trees}, evalb=True)
+    evaluation.check_trees({"validation": split("Ein Hund.")}, evalb=False)
+    with pytest.raises(SystemExit, match="^error: --evalb: the test targets are not linearized trees"):
+        evaluation.check_trees({"validation": trees, "test": split("Ein Hund.", "Eine Katze.")}, evalb=True)
+
+
+def test_a_parsers_scores_as_the_run_prints_them():
+    """EVALB's F1 of the scored sentences, the skipped count and the F1 with the skipped ones' constituents missed."""
+    scores = {"bracket_f1": 93.98, "skipped": 1, "bracket_f1_all": 90.7, "bleu": 80.0, "chrf": 85.0}
+    assert evaluation.reported(scores) == ("EVALB F1 94.0 (1 skipped; 90.7 with their constituents missed)  "
+                                           "sacreBLEU 80.0  chrF 85.0")
+
+
 def test_a_constituent_that_no_reference_has_is_read_as_one():
     """A label the output closes is a constituent even where no reference has it (a rare one, FRAG here): a wrong
     bracket, not a word, which would have EVALB skip the sentence."""
@@ -192,8 +213,11 @@ def test_a_parsers_alpha_is_chosen_by_f1_with_the_skipped_sentences_missed(trans
     pairs = {"validation": [(f"The dog sees cat {i}.", gold) for i in range(4)]}
     args = SimpleNamespace(alpha_candidates=[0.3, 0.6], length_penalty_alpha=0.3, num_beams=4, max_tokens=400,
                            evalb=True)
+    said = []
     metrics, alpha = evaluation.final_evaluation(tiny_model(vocab_size=len(tokenizer)), tokenizer, pairs,
-                                                 encode(tokenizer, pairs["validation"]), args, print)
+                                                 encode(tokenizer, pairs["validation"]), args, said.append)
+    assert said[0] == "GNMT α by validation F1, skipped sentences missed: 0.3: 66.67, 0.6: 85.71 -> 0.6"
+    assert said[1].startswith("validation: EVALB F1 85.7 (0 skipped; 85.7 with their constituents missed)  sacreBLEU")
     assert score(decoded[0.3], [gold] * 4, trees=True)["bracket_f1"] == 100
     assert alpha == 0.6 and metrics["alpha_search"] == {0.3: pytest.approx(200 / 3), 0.6: pytest.approx(600 / 7)}
     assert metrics["validation"]["bracket_f1"] == pytest.approx(600 / 7)

@@ -274,8 +274,28 @@ def test_alpha_is_chosen_among_the_candidates_even_one_that_is_not_the_default(t
 
     best = max(candidates, key=lambda alpha: bleu("validation", alpha))
     assert alpha == best and args.length_penalty_alpha == 1.4  # returned, the flags untouched
+    assert ("alpha_search" in metrics) == (len(candidates) > 1)  # no search of one
+    assert not model.training  # the validation loss gave the model its mode back
     assert metrics["validation"]["bleu"] == bleu("validation", best)
     assert metrics["test"]["bleu"] == bleu("test", best)
+
+
+def test_a_diverged_validation_loss_reports_a_capped_perplexity_not_an_overflow(translation_folder, monkeypatch):
+    """A run whose loss blew up (above 709, where exp overflows a float) still validates: its perplexity is e^50."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from training import evaluation
+
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    monkeypatch.setattr(evaluation, "validation_loss", lambda *args: 1000.0)
+    monkeypatch.setattr(evaluation, "translate", lambda model, tokenizer, sources, **kwargs: list(sources))
+    args = SimpleNamespace(max_tokens=400, eval_max_sentences=2, num_beams=4, length_penalty_alpha=0.6, evalb=False)
+    pairs = [("Ein Hund läuft über die Wiese.",) * 2, ("Eine Katze schläft auf dem Dach.",) * 2, ("Ungelesen.", "-")]
+    metrics = evaluation.evaluate_model(torch.nn.Linear(1, 1), tokenizer, pairs, ([], []), args)
+    assert (metrics["loss"], metrics["perplexity"]) == (1000.0, math.exp(50))
+    assert metrics["bleu"] == pytest.approx(100)  # the first --eval_max_sentences pairs alone
 
 
 def test_the_final_evaluation_reports_the_best_alphas_scores_and_the_unsmoothed_validation_loss(translation_folder,

@@ -69,11 +69,11 @@ def choose_alpha(model, tokenizer, pairs, args) -> dict[float, dict]:
             for alpha in args.alpha_candidates or [args.length_penalty_alpha]}
 
 
-def evaluate_model(model, tokenizer, pairs, encoded, args, sentences=None) -> dict:
-    """Validation loss on every pair; BLEU and chrF (with --evalb, EVALB's scores too) on the first `sentences`
-    (--eval_max_sentences)."""
+def evaluate_model(model, tokenizer, pairs, encoded, args) -> dict:
+    """Validation loss on every pair; BLEU and chrF (with --evalb, EVALB's scores too) on the first
+    --eval_max_sentences."""
     loss = validation_loss(model, *encoded, tokenizer.pad_token_id, args.max_tokens, next(model.parameters()).device)
-    subset = pairs[: sentences or args.eval_max_sentences]
+    subset = pairs[: args.eval_max_sentences]
     predictions = translate(model, tokenizer, [s for s, _ in subset], num_beams=args.num_beams,
                             alpha=args.length_penalty_alpha)
     metrics = score(predictions, [t for _, t in subset], args.evalb)
