@@ -18,6 +18,7 @@ import training.data
 from training import run_trainer
 from training.arguments import check_arguments, parse_arguments
 from training.data import load_pairs
+from training.fsdp_request import UNSUPPORTED, check_fsdp_request
 from vaswani_hf.tools.loading import is_local
 from vaswani_hf.tools.text import split_lines
 from vaswani_hf.tools.translate import load, translate
@@ -205,6 +206,31 @@ def test_deepspeed_asked_of_accelerate_launch_is_refused(tmp_path, data):
         "error: DeepSpeed was asked for; training/run.py shards with FSDP2 (--use_fsdp --fsdp_version 2) or runs DDP: "
         "launch without --use_deepspeed")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("environment", "said"), [
+    ({"ACCELERATE_USE_DEEPSPEED": "True"}, "error: DeepSpeed was asked for"),
+    ({}, "error: FSDP version 1 was asked for"),  # Accelerate's default version
+    ({"FSDP_VERSION": "2"}, "error: FSDP with one process shards nothing"),  # one process unless WORLD_SIZE says
+    ({"FSDP_VERSION": "2", "WORLD_SIZE": "2", "FSDP_ACTIVATION_CHECKPOINTING": "True"},
+     "error: FSDP activation checkpointing (FSDP_ACTIVATION_CHECKPOINTING) is not supported by training/run.py"),
+    ({"FSDP_VERSION": "2", "WORLD_SIZE": "2", "FSDP_OFFLOAD_PARAMS": "True"}, "error: FSDP parameter offloading"),
+    ({"FSDP_VERSION": "2", "WORLD_SIZE": "2", "FSDP_OFFLOAD_PARAMS": "false"}, None),
+])
+def test_each_launch_request_run_py_cannot_honour_is_named(monkeypatch, environment, said):
+    """What `accelerate launch --use_fsdp` (ACCELERATE_USE_FSDP, true in any case) and its FSDP settings ask, read
+    from the environment as the launcher and `accelerate config` write it."""
+    for variable in ("ACCELERATE_USE_DEEPSPEED", "FSDP_VERSION", "WORLD_SIZE", "RANK", *UNSUPPORTED):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "TRUE")
+    for variable, value in environment.items():
+        monkeypatch.setenv(variable, value)
+    if said is None:
+        check_fsdp_request()
+    else:
+        with pytest.raises(SystemExit) as stop:
+            check_fsdp_request()
+        assert stop.value.code.startswith(said)
 
 
 def test_fp16_asked_of_accelerate_launch_on_a_cpu_is_refused(monkeypatch, data):
