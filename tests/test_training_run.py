@@ -747,6 +747,19 @@ def test_without_cpu_affinity_a_runs_processes_share_every_core(tmp_path, monkey
     assert threads == [affinity, os.cpu_count()]
 
 
+def test_a_runs_cpu_processes_each_thread_over_their_share_of_the_cores(monkeypatch):
+    """16 usable cores: one process threads over 16, two over 8 each, three over 5, more processes than cores over 1
+    (the test workers' single cores cannot show it in a run)."""
+    import training.distributed
+
+    threads = []
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    monkeypatch.setattr(training.distributed, "usable_cores", lambda: 16)
+    for processes in (1, 2, 3, 32):
+        training.distributed.share_cores(processes)
+    assert threads == [16, 8, 5, 1]
+
+
 def test_a_training_step_builds_no_decoding_cache(monkeypatch):
     """run.py's step computes its own loss, without labels: it must still ask for no cache, which would copy each
     layer's keys and values (and, on an H100, launch some 50 kernels a step for nothing)."""
