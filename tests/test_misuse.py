@@ -288,6 +288,7 @@ def test_run_trainer_refuses_an_unknown_preset_in_one_line():
     (["--vocab_size", "3"], "error: --vocab_size 3: must be at least 8"),
     (["--max_source_length", "0"], "error: --max_source_length 0: must be at least 1"),
     (["--extra_length", "-1"], "error: --extra_length -1: must be at least 0"),
+    (["--generation_num_beams", "0"], "error: --generation_num_beams 0: must be at least 1"),  # not the paper's 4
     (["--length_penalty_alpha", "inf"], "error: --length_penalty_alpha inf: must be finite and at least 0"),
     (["--lr_scale", "-1"], "error: --lr_scale -1.0: must be positive and finite"),
     (["--warmup_steps", "0"], "error: --warmup_steps 0: the §5.3 peak learning rate needs at least 1 step"),

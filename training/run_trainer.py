@@ -150,7 +150,8 @@ def parse_arguments(argv: list[str] | None = None):
         raise SystemExit(f"error: {flag} is training/run.py's ({RUN_PY_ONLY[flag]})")
     check_model_arguments(data_args, model_args)  # our flags, before any work, as run.py checks them
     d_model = model_args.d_model
-    refuse_below({"max_source_length": (recipe.max_source_length, 1), "extra_length": (recipe.extra_length, 0)})
+    refuse_below({"max_source_length": (recipe.max_source_length, 1), "extra_length": (recipe.extra_length, 0),
+                  "generation_num_beams": (training_args.generation_num_beams, 1)})
     refuse_unless_alpha(recipe.length_penalty_alpha)
     if recipe.model_name_or_path is not None:  # fine-tuning: the model's own architecture and tokenizer
         refuse_new_model_flags(argv, recipe.model_name_or_path)
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None):
         config = model_args.config(tokenizer)
         set_seed(training_args.seed)  # the weights drawn from --seed, as run.py's (the Trainer seeds after they are)
         model = VaswaniForConditionalGeneration(training_config(config, training_args.device, precision))
-    num_beams = training_args.generation_num_beams or 4
+    num_beams = training_args.generation_num_beams
     alpha = set_run_decoding(model.generation_config, num_beams, recipe.length_penalty_alpha,
                              recipe.extra_length)  # None: a converted model's, as published
     if "validation" not in datasets:
