@@ -186,7 +186,7 @@ def card_metadata(data: TrainingData, scores: dict[str, dict], source_lang: str,
 
 def decoding_text(generation, num_beams: int, alpha: float | None, short: bool = False) -> str:
     """How the saved model decodes, for the card: the paper's search (GNMT's α), or, with `alpha=None`, transformers'
-    beam search as the generation config asks (a converted model's, fine-tuned)."""
+    beam search as the generation config asks, greedy with one beam (a converted model's, fine-tuned)."""
     if alpha is not None:
         return (f"beam {num_beams} and the GNMT length penalty (α = {alpha})" if short else
                 f"the paper's way (§6.1): beam search with a beam of {num_beams} and the GNMT length penalty "
