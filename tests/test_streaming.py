@@ -5,6 +5,8 @@ import itertools
 import json
 from collections import Counter
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from datasets import Dataset
 
@@ -23,9 +25,10 @@ def stream(shards: int):
     return rows.to_iterable_dataset(num_shards=shards)
 
 
-def reader(shards: int, rank: int, world: int, buffer_pairs: int = 1000) -> StreamedBatches:
-    return StreamedBatches(stream(shards), WordEncoder(TOKENIZER), rank, world, max_tokens=200,
-                           max_length=MAX_LENGTH, buffer_pairs=buffer_pairs, seed=5, accumulation=2)
+def reader(shards: int, rank: int, world: int, buffer_pairs: int = 1000, seed: int = 5,
+           encoder=None) -> StreamedBatches:
+    return StreamedBatches(stream(shards), encoder or WordEncoder(TOKENIZER), rank, world, max_tokens=200,
+                           max_length=MAX_LENGTH, buffer_pairs=buffer_pairs, seed=seed, accumulation=2)
 
 
 def tokenized() -> list[tuple]:
@@ -36,13 +39,22 @@ def by_epoch(batches: StreamedBatches, epochs: int) -> list[list[tuple]]:
     """The batches of the process's first `epochs` passes over its part of the stream, each pair a tuple of ids,
     after checking each batch's size."""
     seen = [[] for _ in range(epochs)]
-    while True:
-        sources, targets = batches.next_batch()
-        epoch = batches.position()["epoch"]
-        if epoch == epochs:
-            return seen
+    for sources, targets, position in taken(batches, epochs):
         assert len(sources) * max(max(len(s), len(t)) for s, t in zip(sources, targets)) <= 200
-        seen[epoch].append([(tuple(map(int, s)), tuple(map(int, t))) for s, t in zip(sources, targets)])
+        seen[position["epoch"]].append([(tuple(map(int, s)), tuple(map(int, t))) for s, t in zip(sources, targets)])
+    return seen
+
+
+def taken(batches: StreamedBatches, epochs: int = 1) -> list[tuple]:
+    """The process's batches (sources, targets, position after the batch) until its epoch `epochs` begins. An epoch
+    gives fewer batches than PAIRS has pairs: a reader that never ends one fails here instead of hanging the suite."""
+    seen = []
+    for _ in range(epochs * len(PAIRS) + 1):
+        sources, targets = batches.next_batch()
+        if batches.position()["epoch"] == epochs:
+            return seen
+        seen.append((sources, targets, batches.position()))
+    raise AssertionError(f"{epochs} epochs gave more batches than {epochs} x {len(PAIRS)} pairs")
 
 
 def pairs_of(batches: list[list[tuple]]) -> Counter:
@@ -136,11 +148,9 @@ def test_a_step_takes_the_accumulated_batches_in_turn_and_a_buffer_holds_whole_r
         [list(map(list, side)) for side in second.next_batch()] for _ in range(2)]
     kept = [max(len(s), len(t)) <= MAX_LENGTH for s, t in tokenized()]
     for world, buffer_pairs, part, step in ((1, 50, kept, 50), (2, 1200, kept[::2], 2000)):
-        batches, in_buffer = reader(1, 0, world, buffer_pairs=buffer_pairs), Counter()
-        while batches.position()["epoch"] == 0:
-            sources, _ = batches.next_batch()
-            in_buffer[batches.position()["buffer"]] += len(sources)
-        in_buffer[batches.position()["buffer"]] -= len(sources)  # (the next epoch's first batch)
+        in_buffer = Counter()
+        for sources, _, position in taken(reader(1, 0, world, buffer_pairs=buffer_pairs)):
+            in_buffer[position["buffer"]] += len(sources)
         expected = [sum(part[i:i + step]) for i in range(0, len(part), step)]
         assert [in_buffer[buffer] for buffer in sorted(in_buffer)] == expected
 
@@ -164,9 +174,32 @@ def test_each_buffer_of_an_epoch_takes_its_batches_in_its_own_order():
     batches = StreamedBatches(rows.to_iterable_dataset(), WordEncoder(TOKENIZER), 0, 1, max_tokens=200,
                               max_length=MAX_LENGTH, buffer_pairs=100, seed=5, accumulation=1)
     buffers = [[] for _ in range(3)]
-    while batches.position()["epoch"] == 0:
-        sources, targets = batches.next_batch()
-        buffers[batches.position()["buffer"]].append((len(sources), max(map(len, sources + targets))))
-    buffers[0].pop()  # (the next epoch's first batch)
+    for sources, targets, position in taken(batches):
+        buffers[position["buffer"]].append((len(sources), max(map(len, sources + targets))))
     assert len(buffers[0]) >= 6 and all(sorted(b) == sorted(buffers[0]) for b in buffers)
     assert len({tuple(b) for b in buffers}) == 3
+
+
+def test_the_seed_decides_the_order_of_the_batches():
+    """--seed: the same seed takes the batches in the same order; another seed takes the same pairs in another."""
+    def first_epoch(seed):
+        return [[list(map(int, s)) for s in sources] for sources, _, _ in taken(reader(1, 0, 1, seed=seed))]
+
+    five, six = first_epoch(5), first_epoch(6)
+    assert five == first_epoch(5) and five != six
+    assert Counter(tuple(s) for batch in five for s in batch) == Counter(tuple(s) for batch in six for s in batch)
+
+
+def test_ids_past_32767_reach_the_batches_as_encoded():
+    """The paper's shared vocabulary holds about 37,000 tokens: the tokenizer's ids moved up by 36,700 come out of the
+    stream as they went in."""
+    words, shift = WordEncoder(TOKENIZER), 36_700
+
+    class Shifted:
+        def encode_column(self, column, target=False):
+            ids = words.encode_column(column, target=target)
+            return pa.ListArray.from_arrays(ids.offsets, pc.add(ids.values, pa.scalar(shift, pa.int32())))
+
+    expected = Counter((tuple(i + shift for i in s), tuple(i + shift for i in t)) for s, t in tokenized()
+                       if max(len(s), len(t)) <= MAX_LENGTH)
+    assert pairs_of(by_epoch(reader(1, 0, 1, encoder=Shifted()), 1)[0]) == expected

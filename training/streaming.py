@@ -34,7 +34,7 @@ class StreamedBatches:
         self.max_tokens, self.max_length, self.seed, self.accumulation = max_tokens, max_length, seed, accumulation
         self.start = {"epoch": 0, "buffer": 0, "stream": None}  # where the current buffer begins
         self.next, self.batches, self.reader = 0, None, None
-        self.kept = None  # pairs kept (not over max_length) in this epoch; None: the epoch was not read from its start
+        self.kept = 0  # pairs kept (not over max_length) in the buffers of this epoch read (resumed: from its own)
 
     def position(self) -> dict:
         """JSON: the stream's state where the current buffer began, and the number of its batches taken."""
@@ -68,7 +68,7 @@ class StreamedBatches:
                 if self.start["stream"] is not None:
                     self.rows.load_state_dict(self.start["stream"])
                 self.reader = self.rows.iter(batch_size=self.read)
-                self.kept = 0 if self.start["stream"] is None else None
+                self.kept = 0
             reads = [read for _, read in zip(range(self.reads), self.reader)]
             if reads:
                 break
@@ -81,7 +81,7 @@ class StreamedBatches:
         pairs = [(np.asarray(s, dtype=np.int32), np.asarray(t, dtype=np.int32)) for read in reads
                  for s, t in zip(read["source_ids"], read["target_ids"])]
         kept = [pair for pair in pairs if max(len(pair[0]), len(pair[1])) <= self.max_length]
-        self.kept = None if self.kept is None else self.kept + len(kept)
+        self.kept += len(kept)
         self.sources, self.targets = [s for s, _ in kept], [t for _, t in kept]
         self.batches = token_batches([len(s) for s in self.sources], [len(t) for t in self.targets], self.max_tokens,
                                      self.seed, self.start["epoch"] * 1_000_003 + self.start["buffer"])
