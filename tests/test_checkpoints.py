@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 from safetensors import SafetensorError
+from safetensors.torch import save_file
 from support import accelerate_as_in_a_new_process, tiny_model
 
 import vaswani_hf
@@ -81,6 +83,8 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, 
 def test_resuming_from_nothing_is_a_one_line_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no intact checkpoint"):
         resolve_checkpoint(tmp_path, "latest")
+    with pytest.raises(FileNotFoundError, match="no intact checkpoint"):
+        resolve_checkpoint(tmp_path / "never-made", "latest")
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         resolve_checkpoint(tmp_path, str(tmp_path / "checkpoint-9"))
 
@@ -124,6 +128,9 @@ def test_latest_falls_back_to_the_newest_intact_checkpoint_with_one_warning(tmp_
     assert [p.name for p in verified(checkpoints(tmp_path), said.append, only=("model.safetensors",))] == [
         "checkpoint-2", "checkpoint-4"]
     assert len(said) == 1 and said[0].startswith("warning: checkpoint-6 is damaged")
+    (tmp_path / "checkpoint-4" / "notes.txt").write_text("a file beside the weights is no reason to leave them out")
+    assert [p.name for p in verified(checkpoints(tmp_path), said.append, only=("model.safetensors",))] == [
+        "checkpoint-2", "checkpoint-4"]
     # The run's end, with the weights of every checkpoint damaged: nothing to average, said in one line.
     for step in (2, 4):
         truncate(tmp_path / f"checkpoint-{step}" / "model.safetensors")
@@ -133,11 +140,39 @@ def test_latest_falls_back_to_the_newest_intact_checkpoint_with_one_warning(tmp_
 
 
 def test_a_missing_file_or_state_is_damage(tmp_path, accelerator):
-    saved_run(tmp_path, accelerator, [1, 2])
+    """A state that is not JSON, or JSON without the files it lists, is damage: resuming says so, and does not call
+    the folder the Trainer's (whose trainer_state.json has no files either)."""
+    saved_run(tmp_path, accelerator, [1, 2, 3])
     (tmp_path / "checkpoint-2" / "model.safetensors").unlink()
     assert damage(tmp_path / "checkpoint-2") == "model.safetensors is missing"
-    (tmp_path / "checkpoint-1" / "trainer_state.json").write_text("{ not json")
-    assert "trainer_state.json" in damage(tmp_path / "checkpoint-1")
+    for step, state in ((1, "{ not json"), (3, json.dumps({"step": 3})), (3, "[3]")):
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
+        assert damage(tmp_path / f"checkpoint-{step}") == "trainer_state.json is missing or unreadable"
+        with pytest.raises(FileNotFoundError, match=rf"^--resume_from_checkpoint \S+checkpoint-{step}: damaged "
+                                                    r"\(trainer_state.json is missing or unreadable\)$"):
+            resolve_checkpoint(tmp_path, str(tmp_path / f"checkpoint-{step}"))
+
+
+def test_only_folders_named_checkpoint_and_a_step_holding_a_state_are_checkpoints_and_ordered_by_step(
+        tmp_path, accelerator):
+    """checkpoint-10 is newer than checkpoint-9; a copy named checkpoint-9-old, or a checkpoint-11 that holds no
+    trainer_state.json (not written by a save), is none, and a save of step 11 replaces that folder."""
+    model, optimizer = saved_run(tmp_path, accelerator, [9, 10])
+    shutil.copytree(tmp_path / "checkpoint-9", tmp_path / "checkpoint-9-old")
+    (tmp_path / "checkpoint-11").mkdir()
+    (tmp_path / "checkpoint-11" / "model.safetensors").write_bytes(b"half")
+    assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-9", "checkpoint-10"]
+    assert resolve_checkpoint(tmp_path, "latest").name == "checkpoint-10"
+    save_checkpoint(accelerator, model, optimizer, tmp_path, 11, {"history": []}, keep=2)
+    assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-10", "checkpoint-11"]
+    assert damage(tmp_path / "checkpoint-11") is None
+
+
+def test_a_file_the_run_did_not_write_is_damage_in_a_subfolder_too(tmp_path, accelerator):
+    saved_run(tmp_path, accelerator, [1])
+    (tmp_path / "checkpoint-1" / "extra").mkdir()
+    (tmp_path / "checkpoint-1" / "extra" / "payload.bin").write_bytes(b"planted")
+    assert damage(tmp_path / "checkpoint-1") == "holds extra/payload.bin, which the run did not write"
 
 
 def test_a_save_removes_every_incomplete_checkpoint_and_records_every_file(tmp_path, accelerator):
@@ -148,6 +183,22 @@ def test_a_save_removes_every_incomplete_checkpoint_and_records_every_file(tmp_p
     recorded = json.loads((tmp_path / "checkpoint-5" / "trainer_state.json").read_text())["files"]
     written = (p.name for p in (tmp_path / "checkpoint-5").iterdir() if p.name != "trainer_state.json")
     assert sorted(recorded) == sorted(written)
+
+
+def test_every_file_and_folder_of_a_checkpoint_reaches_the_disk_before_the_rename_and_the_rename_after(
+        tmp_path, accelerator, monkeypatch):
+    """What a power cut cannot take: each file of the checkpoint and its folder are fsynced before the folder is
+    renamed into place, and the output folder (which holds the rename) after."""
+    synced, renamed = [], []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda *pair: renamed.append((len(synced), *map(str, pair))) or replace(*pair))
+    saved_run(tmp_path, accelerator, [1])
+    final, temporary = tmp_path / "checkpoint-1", tmp_path / ".incomplete-checkpoint-1"
+    [(at, source)] = [(at, source) for at, source, target in renamed if target == str(final)]
+    assert source == str(temporary)
+    assert {str(temporary / p.relative_to(final)) for p in final.rglob("*")} | {source} <= set(synced[:at])
+    assert str(tmp_path) in synced[at:]
 
 
 def test_resuming_unpickles_no_object(tmp_path, accelerator):
@@ -196,6 +247,11 @@ def test_a_checkpoint_keeps_every_random_generator_a_step_may_draw_from(tmp_path
     first = draws()
     load_generators(tmp_path / "generators.safetensors")
     assert draws() == first
+    # A checkpoint written before 2026-12-02 kept torch's generator alone: it loads, and leaves the others as they are.
+    save_file({"cpu": torch.get_rng_state()}, tmp_path / "torch_only.safetensors")
+    after = random.getstate(), np.random.get_state()[1].tolist()
+    load_generators(tmp_path / "torch_only.safetensors")
+    assert (random.getstate(), np.random.get_state()[1].tolist()) == after
 
 
 def test_resuming_from_an_older_checkpoint_moves_its_successors_out_of_the_run(tmp_path, accelerator):
@@ -206,6 +262,32 @@ def test_resuming_from_an_older_checkpoint_moves_its_successors_out_of_the_run(t
     save_checkpoint(accelerator, model, optimizer, tmp_path, 3, {"history": []}, keep=2)  # one timeline
     assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
     assert (tmp_path / "abandoned-checkpoint-6" / "model.safetensors").is_file()  # kept, not deleted
+    saved_run(tmp_path, accelerator, [4])  # the run reaches step 4 again, and is resumed from step 2 again
+    assert [p.name for p in leave_timeline(tmp_path / "checkpoint-2")] == ["abandoned-checkpoint-3",
+                                                                           "abandoned-checkpoint-4"]
+    assert json.loads((tmp_path / "abandoned-checkpoint-4" / "trainer_state.json").read_text())["history"] == [
+        0, 1, 2, 3]  # the newer step 4 (saved_run's history), in place of the older one
+
+
+def test_adams_settings_and_moments_come_back_as_saved(tmp_path, accelerator):
+    """The paper's β2 = 0.98 and ε = 1e-9, and the moments after a step, restored into an Adam made with torch's
+    defaults."""
+    model = tiny_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-4, betas=(0.9, 0.98), eps=1e-9)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(input_ids=torch.tensor([[5, 6, 2]]), labels=torch.tensor([[7, 2]])).loss.backward()
+    optimizer.step()
+    save_checkpoint(accelerator, model, optimizer, tmp_path, 1, {"history": []}, keep=1)
+    fresh = tiny_model()
+    fresh, defaults = accelerator.prepare(fresh, torch.optim.Adam(fresh.parameters()))
+    load_checkpoint(accelerator, fresh, defaults, tmp_path / "checkpoint-1")
+    settings = ("lr", "betas", "eps", "weight_decay", "amsgrad")
+    assert [{k: g[k] for k in settings} for g in defaults.param_groups] == [
+        {k: g[k] for k in settings} for g in optimizer.param_groups]
+    assert defaults.param_groups[0]["betas"] == (0.9, 0.98)
+    for saved, loaded in zip(optimizer.param_groups[0]["params"], defaults.param_groups[0]["params"]):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(optimizer.state[saved][key], defaults.state[loaded][key])
 
 
 def test_a_resumed_run_computes_with_its_checkpoints_plan_and_a_new_run_with_the_kept_one(tmp_path, accelerator,

@@ -226,11 +226,11 @@ def load_optimizer(model, optimizer, file: Path) -> None:
         state.setdefault(name, {})[entry] = value
     with safe_open(str(file), framework="pt") as opened:
         groups = json.loads(opened.metadata()["param_groups"])
-    for group in groups:
-        group["betas"] = tuple(group["betas"])
     if state:  # empty before the first update: nothing to restore (the learning rate is the schedule's)
         set_optimizer_state_dict(model, _inner(optimizer), {"state": state, "param_groups": groups},
                                  options=StateDictOptions(full_state_dict=True))
+    for group in _inner(optimizer).param_groups:  # torch's loader hands the betas back as a list; Adam made a tuple
+        group["betas"] = tuple(group["betas"])
 
 
 def save_generators(file: Path) -> None:
