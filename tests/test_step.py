@@ -268,3 +268,23 @@ def test_mixed_precision_keeps_the_logits_dtype_and_trains_as_accelerates_float3
     assert torch.equal(*losses)
     for (name, parameter), other in zip(ours.named_parameters(), accelerates.parameters()):
         assert torch.equal(parameter.grad, other.grad), name
+
+
+def test_mixed_precision_keeps_the_logits_dtype_of_a_forward_set_on_the_model_as_a_function():
+    """A forward that is the model's own attribute, not a method (Accelerate then wraps it as a plain function): kept
+    as a plain function, it still returns bfloat16 logits."""
+    import functools
+
+    from accelerate import Accelerator
+    from support import accelerate_as_in_a_new_process, tiny_model
+
+    from training.distributed import keep_output_dtype
+
+    model = tiny_model()
+    model.forward = functools.partial(type(model).forward, model)
+    source = torch.tensor([[5, 6, 2]])
+    with accelerate_as_in_a_new_process():
+        model = Accelerator(cpu=True, mixed_precision="bf16").prepare(model)
+        assert model(input_ids=source, decoder_input_ids=source).logits.dtype == torch.float32  # Accelerate's copy
+        keep_output_dtype(model)
+        assert model(input_ids=source, decoder_input_ids=source).logits.dtype == torch.bfloat16

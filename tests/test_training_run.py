@@ -364,6 +364,98 @@ def test_a_sharded_models_whole_copy_for_evaluation_is_its_weights_saved_as_tran
         assert rank == {"units": True, "same": True, "eval": True, "names": True, "random state": True}
 
 
+def test_only_the_last_backward_of_a_step_reduces_gradients_over_the_processes(tmp_path):
+    """training/distributed.py's gradient_sync on 2 processes (gloo), each with its own batch: under DDP a backward
+    outside the step's last leaves each process its own gradients, and the last makes them equal (the sum of both
+    kept); under FSDP the first leaves the sharded gradients unset (accumulated unsharded, not yet reduced)."""
+    script = tmp_path / "sync.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys
+        from types import SimpleNamespace
+        import torch
+        sys.path.insert(0, sys.argv[1])
+        from support import tiny_model
+        from training.distributed import gradient_sync, shard
+
+        torch.distributed.init_process_group("gloo")
+        rank = torch.distributed.get_rank()
+        accelerator = SimpleNamespace(mixed_precision="no", device=torch.device("cpu"),
+                                      no_sync=lambda model: model.no_sync())
+
+        def backward(model, sync):
+            with gradient_sync(accelerator, model, sync):
+                source = torch.tensor([[5 + rank, 6 + 2 * rank, 2]])
+                model(input_ids=source, decoder_input_ids=source, use_cache=False).logits.sum().backward()
+
+        def everywhere(tensor):
+            gathered = [torch.empty_like(tensor) for _ in range(2)]
+            torch.distributed.all_gather(gathered, tensor)
+            return gathered
+
+        ddp = torch.nn.parallel.DistributedDataParallel(tiny_model(seed=1).train())
+        weight = ddp.module.model.encoder.layers[0].fc1.weight
+        backward(ddp, sync=False)
+        first = weight.grad.clone()
+        local = not torch.equal(*everywhere(weight.grad))
+        backward(ddp, sync=True)
+        reduced = torch.equal(*everywhere(weight.grad))
+        kept = torch.equal(*everywhere(weight.grad - first)) is False
+        fsdp = shard(tiny_model(seed=1).train(), accelerator)
+        backward(fsdp, sync=False)
+        unset = all(parameter.grad is None for parameter in fsdp.parameters())
+        backward(fsdp, sync=True)
+        set_ = all(parameter.grad is not None for parameter in fsdp.parameters())
+        print(json.dumps({"local": local, "reduced": reduced, "kept": kept, "unset": unset, "set": set_}))
+        torch.distributed.destroy_process_group()
+        """))
+    port = str(free_port())
+    ranks = [{"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+              "MASTER_PORT": port} for rank in range(2)]
+    result = run_forked([Path(__file__).parent], ranks, timeout=300, script=script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in map(json.loads, result.stdout.splitlines()):
+        assert rank == {"local": True, "reduced": True, "kept": True, "unset": True, "set": True}
+
+
+def test_sharding_makes_a_unit_of_each_layer_then_the_root_in_the_runs_precision_and_says_so(monkeypatch):
+    """training/distributed.shard without processes (fully_shard recorded): every encoder and decoder layer, then the
+    root, on the run's device; under bf16 or fp16 the parameters compute in that type and the gradients are reduced
+    in float32; FSDP_RESHARD_AFTER_FORWARD=false keeps them gathered after the forward. `describe` says the same."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from training import distributed
+
+    calls = []
+    monkeypatch.setattr(distributed, "fully_shard", lambda module, **options: calls.append((module, options)))
+    for precision, compute, reduce in (("no", None, None), ("bf16", torch.bfloat16, torch.float32),
+                                       ("fp16", torch.float16, torch.float32)):
+        for variable, reshard in ((None, True), ("False", False), ("true", True)):
+            if variable is None:
+                monkeypatch.delenv("FSDP_RESHARD_AFTER_FORWARD", raising=False)
+            else:
+                monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", variable)
+            calls.clear()
+            model = tiny_model()
+            assert distributed.shard(model, SimpleNamespace(mixed_precision=precision, device=torch.device("meta")))
+            assert [module for module, _ in calls] == [*model.model.encoder.layers, *model.model.decoder.layers, model]
+            policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=reduce)
+            assert all(options == {"reshard_after_forward": reshard, "mp_policy": policy} for _, options in calls)
+            assert {parameter.device.type for parameter in model.parameters()} == {"meta"}
+    monkeypatch.setattr(distributed, "fsdp_requested", lambda: True)
+    monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "false")
+    assert distributed.describe(SimpleNamespace(num_processes=4)) == {
+        "parallelism": "FSDP2", "processes": 4, "backend": "none", "reshard_after_forward": False,
+        "sharding": "torch fully_shard, a unit per encoder and decoder layer and the root (with the shared "
+                    "embedding): parameters, gradients and Adam states split 4 ways"}
+    monkeypatch.setattr(distributed, "fsdp_requested", lambda: False)
+    assert distributed.describe(SimpleNamespace(num_processes=3)) == {
+        "parallelism": "DDP", "processes": 3, "backend": "none",
+        "sharding": "none: every process holds the whole model"}
+    model = tiny_model()
+    assert distributed.whole_model(SimpleNamespace(is_main_process=True), model, None) is model  # validated as it is
+    assert distributed.whole_model(SimpleNamespace(is_main_process=False), model, None) is None  # by the main alone
+
+
 def test_every_process_of_a_run_reads_the_main_process_clock(tmp_path):
     """The schedules decide by run.py's clock when a budget ends and a checkpoint is due, in every process of a
     distributed run: each must read the main process's time, or one would stop (or save, a collective step) while

@@ -41,7 +41,7 @@ from vaswani_hf.speed.kernels import usable_cores
 
 def shard(model: torch.nn.Module, accelerator) -> torch.nn.Module:
     """fully_shard each encoder and decoder layer, then the root (module docstring); in place."""
-    reshard = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower() != "false"
+    reshard = reshard_after_forward()
     low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision)
     policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None)
     model.to(accelerator.device)
@@ -83,11 +83,17 @@ def describe(accelerator) -> dict:
         return {"parallelism": "FSDP2", "processes": processes, "backend": _backend(),
                 "sharding": "torch fully_shard, a unit per encoder and decoder layer and the root (with the shared "
                             f"embedding): parameters, gradients and Adam states split {processes} ways",
-                "reshard_after_forward": os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower() != "false"}
+                "reshard_after_forward": reshard_after_forward()}
     if processes > 1:
         return {"parallelism": "DDP", "processes": processes, "backend": _backend(),
                 "sharding": "none: every process holds the whole model"}
     return {"parallelism": "none", "processes": 1, "sharding": "none"}
+
+
+def reshard_after_forward() -> bool:
+    """Accelerate's FSDP_RESHARD_AFTER_FORWARD (default true): false keeps each unit's gathered parameters from the
+    forward to the backward, in more memory and one gathering fewer."""
+    return os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower() != "false"
 
 
 def share_cores(processes: int) -> None:
@@ -149,6 +155,5 @@ def whole_model(accelerator, model, build):
         return None
     with torch.random.fork_rng(devices=[]):  # building initializes weights: the run's dropout draws stay its own
         copy = build()
-    copy.load_state_dict(weights, strict=False)
-    copy.tie_weights()
+    copy.load_state_dict(weights, strict=False)  # (the tied copies, left out, are the built model's one matrix)
     return copy.to(accelerator.device).eval()
