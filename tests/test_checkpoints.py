@@ -139,6 +139,25 @@ def test_latest_falls_back_to_the_newest_intact_checkpoint_with_one_warning(tmp_
     assert stop.value.code == f"error: every checkpoint in {tmp_path} is damaged: nothing to average"
 
 
+def test_the_final_model_averages_the_last_intact_checkpoints_and_refuses_weights_that_do_not_fit(tmp_path,
+                                                                                                    accelerator):
+    """§6.1's average of the last 2, checkpoint-6's weights damaged: checkpoint-2's and -4's (weights 3), not -4's
+    alone; a model of another depth than the checkpoints' is refused, one with fewer layers and one with more."""
+    from support import tiny_config
+
+    saved_run(tmp_path, accelerator, [2, 4, 6])
+    truncate(tmp_path / "checkpoint-6" / "model.safetensors")
+    said = []
+    final, averaged = averaged_model(tmp_path, tiny_config(), 2, said.append)
+    assert [p.name for p in averaged] == ["checkpoint-2", "checkpoint-4"] and len(said) == 1
+    assert all(torch.all(parameter == 3) for parameter in final.parameters())
+    assert final.lm_head.weight is final.model.encoder.embed_tokens.weight  # §3.4's one matrix
+    layers = tiny_config().num_layers
+    for other, what in ((layers + 1, "missing"), (layers - 1, "unexpected")):
+        with pytest.raises(RuntimeError, match=rf"^averaged checkpoints do not fit the model: .*{what} \['model"):
+            averaged_model(tmp_path, tiny_config(num_layers=other), 2, said.append)
+
+
 def test_a_missing_file_or_state_is_damage(tmp_path, accelerator):
     """A state that is not JSON, or JSON without the files it lists, is damage: resuming says so, and does not call
     the folder the Trainer's (whose trainer_state.json has no files either)."""

@@ -374,6 +374,10 @@ def test_the_processes_read_the_ids_of_their_share_of_each_steps_batches_leaving
                 [[pairs[kept[i]][side] for i in batch] for side in (0, 1)] for batch in mine]
             read.update(kept[i] for batch in mine for i in batch if epoch == 0)
     assert {0, 250, 500} <= read
+    with pytest.raises(ValueError, match=r"^the training data makes \d+ batch\(es\) of at most 40 tokens \(\d+ of 600 "
+                                         r"pairs over --max_length 9 left out\), fewer than the 2000 of one optimizer "
+                                         r"step: lower --tokens_per_step or raise --max_length$"):
+        EpochBatches(train, 9, 40, seed=2, accumulation=500, rank=0, world=4)  # a step: 500 batches on 4 processes
 
 
 def test_the_word_cached_encoder_gives_the_tokenizers_ids_on_any_text():

@@ -210,6 +210,19 @@ def test_averaged_checkpoints_are_the_element_wise_mean(tmp_path):
     torch.testing.assert_close(averaged["w"], torch.stack([c["w"] for c in checkpoints]).mean(0))
     torch.testing.assert_close(averaged["b"], torch.stack([c["b"] for c in checkpoints]).mean(0))
     assert averaged["step"].item() == 0  # not floating point: the first checkpoint's
+    with pytest.raises(ValueError, match="^average_checkpoints needs at least one checkpoint$"):
+        average_checkpoints([])
+
+
+def test_averaging_sums_in_float64_whatever_the_checkpoints_dtype(tmp_path):
+    """2^24, 1 and 1 in float32: a float32 sum loses both ones (2^24 + 1 rounds to 2^24); their mean is 5,592,406,
+    which float32 holds exactly."""
+    files = []
+    for k, value in enumerate((2.0**24, 1.0, 1.0)):
+        files.append(tmp_path / f"{k}.safetensors")
+        save_file({"w": torch.full((2,), value)}, str(files[-1]))
+    averaged = average_checkpoints(files)["w"]
+    assert averaged.dtype == torch.float32 and averaged.tolist() == [5_592_406.0] * 2
 
 
 def test_averaging_streams_and_names_the_checkpoint_that_does_not_fit(tmp_path, monkeypatch):

@@ -53,5 +53,4 @@ def averaged_model(output_dir: Path, config, count: int, say) -> tuple[VaswaniFo
     missing, unexpected = final.load_state_dict(averaged_weights, strict=False)
     if unexpected or set(missing) - set(final.all_tied_weights_keys):  # only tied copies may be absent
         raise RuntimeError(f"averaged checkpoints do not fit the model: missing {missing}, unexpected {unexpected}")
-    final.tie_weights()
     return final, averaged
