@@ -76,6 +76,13 @@ def test_smoothed_loss_at_epsilon_zero_is_plain_nll(loss):
     torch.testing.assert_close(smoothed, expected)
     torch.testing.assert_close(nll, expected)
     assert count == 8
+    padded_with_0 = labels.where(labels != -100, 0)  # padding marked by another id: torch's ignore_index alike
+    smoothed, nll, count = loss(logits, padded_with_0, epsilon=0.0, ignore_index=0)
+    expected = torch.nn.functional.cross_entropy(logits.view(-1, 11), padded_with_0.view(-1), ignore_index=0,
+                                                 reduction="sum")
+    torch.testing.assert_close(smoothed, expected)
+    torch.testing.assert_close(nll, expected)
+    assert count == 8
 
 
 @BOTH_LOSSES
