@@ -3,6 +3,7 @@ step that reads nothing from the device."""
 
 import contextlib
 import math
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -66,21 +67,32 @@ def test_widths_padded_to_a_multiple_give_the_same_loss_and_gradients():
         torch.testing.assert_close(gradients_bucketed[name], gradient, msg=name)
 
 
-def test_a_step_of_several_batches_divides_its_smoothed_loss_sum_by_all_its_target_tokens():
+@pytest.mark.parametrize("epsilon", [0.1, 0.25])
+def test_a_step_of_several_batches_divides_its_smoothed_loss_sum_by_all_its_target_tokens(epsilon, monkeypatch):
     """§5.1, §5.4: an optimizer step is a set of pairs, however it is cut into batches. Over two batches of 2 and 8
     target tokens, the step's loss and gradients are those of the formula written out: the cross-entropy against the
-    smoothed distribution (gold 1 - ε, every other token ε / (V - 1)), summed over the 10 tokens, divided by 10."""
+    smoothed distribution (gold 1 - ε, every other token ε / (V - 1)), summed over the 10 tokens, divided by 10. The
+    gradients are reduced over processes after the step's last batch alone."""
     from accelerate import Accelerator
     from support import accelerate_as_in_a_new_process, tiny_model
 
+    import training.step
     from training.batching import collate
     from training.step import TrainingStep
 
-    model, epsilon = tiny_model(), 0.1
+    synced, gradient_sync = [], training.step.gradient_sync
+
+    def recorded(accelerator, model, sync):
+        synced.append(sync)
+        return gradient_sync(accelerator, model, sync)
+
+    monkeypatch.setattr(training.step, "gradient_sync", recorded)
+    model = tiny_model()
     batches = [collate(pairs, SOURCES, TARGETS, 0, "cpu") for pairs in ([2], [0, 1])]
     assert [int(batch["labels"].ne(-100).sum()) for batch in batches] == [2, 8]
     with accelerate_as_in_a_new_process():
         loss, _ = TrainingStep(Accelerator(cpu=True), model, epsilon)(batches, 10)
+    assert synced == [False, True]
     gradients = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
     model.zero_grad(set_to_none=True)
 
@@ -228,6 +240,35 @@ def test_a_compiled_step_is_traced_once_its_loss_with_the_vocabulary_as_a_consta
     rows, length, vocabulary = logits
     assert isinstance(rows, torch.SymInt) and isinstance(length, torch.SymInt)
     assert type(vocabulary) is int and vocabulary == tiny_model().config.vocab_size
+
+
+def test_a_cpu_run_under_bf16_alone_trains_a_copy_of_its_config_with_eager_attention():
+    """training_config: on a CPU under bfloat16 autocast, a copy with transformers' eager attention (the run's other
+    models keep the config's); on a GPU, or without bf16, the config itself."""
+    from support import tiny_config
+
+    from training.step import training_config
+
+    config = tiny_config()
+    eager = training_config(config, torch.device("cpu"), "bf16")
+    assert eager._attn_implementation == "eager" and config._attn_implementation != "eager"
+    assert eager.to_dict() | {"_attn_implementation": None} == config.to_dict() | {"_attn_implementation": None}
+    for device, precision in (("cuda", "bf16"), ("cpu", "no"), ("cpu", "fp16")):
+        assert training_config(config, torch.device(device), precision) is config
+
+
+def test_deterministic_kernels_turn_on_torchs_inductors_and_cublass_determinism(monkeypatch):
+    from torch._inductor import config as inductor_config
+
+    from training.step import deterministic_kernels
+
+    asked = []
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", asked.append)
+    monkeypatch.setattr(inductor_config, "deterministic", False)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    deterministic_kernels()
+    assert asked == [True] and inductor_config.deterministic is True
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
 
 
 def test_compile_auto_is_inductor_on_a_gpu_and_eager_on_a_cpu():
