@@ -37,6 +37,8 @@ def test_the_optimizer_is_adam_098_1e9_and_its_first_update_uses_step_1():
         optimizer.step()
         scheduler.step()
     assert rates == pytest.approx([inverse_sqrt_lr(k, 512, 4000) for k in (1, 2, 3)], rel=1e-12)
+    halved, _ = paper_optimizer(model, d_model=512, warmup_steps=4000, scale=0.5)  # --lr_scale 0.5
+    assert halved.param_groups[0]["lr"] == pytest.approx(0.5 * 512**-0.5 * 4000**-1.5, rel=1e-12)
 
 
 def test_the_fused_optimizer_takes_the_steps_of_torchs_default_adam():
