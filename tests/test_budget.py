@@ -40,6 +40,7 @@ def test_warmup_and_cooldown_are_shares_of_the_expected_run(expected_steps):
     cooldown = (expected_steps - late) / (expected_steps - start)
     assert rates[late - 1] == pytest.approx(PEAK * math.sqrt(warmup / late) * cooldown)
     assert rates[-1] == 0.0
+    assert budget_lr(expected_steps + 5, expected_steps, PEAK, 0.1, 0.3) == 0.0  # past the end: 0, not below
 
 
 @pytest.mark.parametrize("warmup_share", [0.0, 0.0001])
@@ -73,6 +74,8 @@ def test_before_two_steps_the_warmup_is_warmup_steps_long_and_max_steps_caps_the
     assert budget.learning_rate(1) == pytest.approx(PEAK / 400)
     capped = make_budget(max_steps=250)
     assert capped.estimate(50, 60, 10) == 250
+    late = make_budget(minutes=1)
+    assert late.estimate(50, 75, 10) == 50  # past the budget: the steps done, not fewer
 
 
 def test_checkpoints_span_the_last_share_and_evaluations_are_spread_over_the_budget():
@@ -89,6 +92,11 @@ def test_checkpoints_span_the_last_share_and_evaluations_are_spread_over_the_bud
 def test_a_share_outside_0_1_is_refused_naming_the_flag(name, value):
     with pytest.raises(ValueError, match=f"--{name} {value}: a share of the run, between 0 and 1"):
         make_budget(**{name: value})
+
+
+def test_a_budget_of_no_time_is_refused():
+    with pytest.raises(ValueError, match=r"^--max_train_minutes 0.0: must be positive$"):
+        make_budget(minutes=0)
 
 
 def test_the_optimizer_follows_the_budget_and_without_one_the_paper():

@@ -505,6 +505,10 @@ def test_a_schedule_to_replay_that_cannot_be_is_refused_before_any_work(tmp_path
     (tmp_path / "schedule.json").write_text(json.dumps({"steps": 3, "expected_steps": [9.0], "checkpoints": [],
                                                         "evaluations": []}))
     assert "do not agree" in refused(monkeypatch, *budgeted, str(tmp_path / "schedule.json"))
+    for listed in ("checkpoints", "evaluations"):  # steps, not a number of them
+        (tmp_path / "schedule.json").write_text(json.dumps({"steps": 1, "expected_steps": [9.0], "checkpoints": [],
+                                                            "evaluations": [], listed: 1}))
+        assert "do not agree" in refused(monkeypatch, *budgeted, str(tmp_path / "schedule.json"))
     assert not out.exists()
 
 
