@@ -59,6 +59,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def torch_ranks(world: int = 2) -> list[dict]:
+    """The environment that torch.distributed's default start (env://) reads in each of `world` processes here."""
+    port = str(free_port())
+    return [{"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": port} for rank in range(world)]
+
+
 def start_server() -> None:
     """The fork server, started with the shared environment (once; later calls find it running)."""
     with pytest.MonkeyPatch.context() as patch:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from forked import free_port, run_forked
+from forked import run_forked, torch_ranks
 from support import BOS, EOS, PAD, random_ids, tiny_model
 from transformers import AttentionInterface, EncoderDecoderCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -462,10 +462,7 @@ def test_with_synced_gpus_every_process_steps_the_model_until_all_are_done(tmp_p
         print(json.dumps({"alone": steps_alone, "synced": len(calls), "same": torch.equal(synced, alone)}))
         torch.distributed.destroy_process_group()
         """))
-    port = str(free_port())
-    ranks = [{"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-              "MASTER_PORT": port} for rank in range(2)]
-    result = run_forked([Path(__file__).parent], ranks, timeout=300, script=script)
+    result = run_forked([Path(__file__).parent], torch_ranks(), timeout=300, script=script)
     assert result.returncode == 0, result.stderr[-3000:]
     found = [json.loads(line) for line in result.stdout.splitlines()]
     alone = [rank["alone"] for rank in found]

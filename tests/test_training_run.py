@@ -19,7 +19,7 @@ import pytest
 import torch
 from accelerate.commands.config.config_args import ClusterConfig
 from accelerate.utils import DistributedType
-from forked import accelerate_ranks, free_port, run_forked
+from forked import accelerate_ranks, free_port, run_forked, torch_ranks
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from support import (
@@ -355,10 +355,7 @@ def test_a_sharded_models_whole_copy_for_evaluation_is_its_weights_saved_as_tran
                           "random state": torch.equal(state, torch.get_rng_state())}))
         torch.distributed.destroy_process_group()
         """))
-    port = str(free_port())
-    ranks = [{"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-              "MASTER_PORT": port} for rank in range(2)]
-    result = run_forked([Path(__file__).parent, str(tmp_path / "plain")], ranks, timeout=300, script=script)
+    result = run_forked([Path(__file__).parent, str(tmp_path / "plain")], torch_ranks(), timeout=300, script=script)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in map(json.loads, result.stdout.splitlines()):
         assert rank == {"units": True, "same": True, "eval": True, "names": True, "random state": True}
@@ -408,10 +405,7 @@ def test_only_the_last_backward_of_a_step_reduces_gradients_over_the_processes(t
         print(json.dumps({"local": local, "reduced": reduced, "kept": kept, "unset": unset, "set": set_}))
         torch.distributed.destroy_process_group()
         """))
-    port = str(free_port())
-    ranks = [{"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-              "MASTER_PORT": port} for rank in range(2)]
-    result = run_forked([Path(__file__).parent], ranks, timeout=300, script=script)
+    result = run_forked([Path(__file__).parent], torch_ranks(), timeout=300, script=script)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in map(json.loads, result.stdout.splitlines()):
         assert rank == {"local": True, "reduced": True, "kept": True, "unset": True, "set": True}
