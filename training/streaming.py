@@ -34,7 +34,9 @@ class StreamedBatches:
         self.max_tokens, self.max_length, self.seed, self.accumulation = max_tokens, max_length, seed, accumulation
         self.start = {"epoch": 0, "buffer": 0, "stream": None}  # where the current buffer begins
         self.next, self.batches, self.reader = 0, None, None
-        self.kept = 0  # pairs kept (not over max_length) in the buffers of this epoch read (resumed: from its own)
+        # Pairs kept (not over max_length) in the buffers of this epoch read so far. A resumed reader counts from its
+        # buffer, which held batches: 0 at the end of an epoch still means an epoch without one.
+        self.kept = 0
 
     def position(self) -> dict:
         """JSON: the stream's state where the current buffer began, and the number of its batches taken."""
