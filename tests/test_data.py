@@ -7,6 +7,7 @@ import itertools
 import json
 import lzma
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from datasets import Dataset, DatasetDict
 from transformers import AutoTokenizer
 
 from training.batching import padding_fraction, token_batches
-from training.data import as_pairs, load_pairs
+from training.data import DataError, as_pairs, load_pairs, load_run_data, load_splits
 from training.default_data import generate
 from training.tokenizer import train_joint_bpe
 
@@ -95,6 +96,17 @@ def test_json_lines_and_aligned_text_load_the_same_pairs(tmp_path):
     assert load_pairs("en", "de", files={"train": str(tmp_path / "train.json")})["train"] == rows
 
 
+def test_a_runs_splits_are_read_each_from_its_own_flag(tmp_path):
+    rows = {split: [(f"{i} {split} .", f"{i} {split} ..") for i in range(size)]
+            for size, split in enumerate(("train", "validation", "test"), 2)}
+    for split, pairs in rows.items():
+        (tmp_path / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n" for en, de in pairs))
+    flags = SimpleNamespace(source_lang="en", target_lang="de", dataset_name=None, dataset_config_name=None,
+                            streaming=False, **{f"{split}_file": str(tmp_path / f"{split}.jsonl") for split in rows})
+    assert {split: as_pairs(dataset) for split, dataset in load_run_data(flags).items()} == rows
+
+
 def test_a_column_per_language_loads_as_the_translation_column_and_other_columns_are_one_line_errors(tmp_path):
     """JSON lines {"en": ..., "de": ...} (the layout of bentrevett/multi30k on the Hub) give the pairs that
     {"translation": {...}} gives; a translation column without the languages asked for, or neither layout, is a
@@ -102,7 +114,8 @@ def test_a_column_per_language_loads_as_the_translation_column_and_other_columns
     rows = [("A dog .", "Ein Hund ."), ("Two cats .", "Zwei Katzen .")]
     layouts = {"columns": [{"id": i, "en": en, "de": de} for i, (en, de) in enumerate(rows)],
                "other languages": [{"translation": {"en": en, "fr": de}} for en, de in rows],
-               "no languages": [{"text": en, "label": de} for en, de in rows]}
+               "no languages": [{"text": en, "label": de} for en, de in rows],
+               "no target column": [{"en": en, "fr": de} for en, de in rows]}
     for name, lines in layouts.items():
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     read = lambda name, languages=("en", "de"): load_pairs(*languages, files={"train": f"{tmp_path}/{name}.jsonl"})
@@ -114,14 +127,14 @@ def test_a_column_per_language_loads_as_the_translation_column_and_other_columns
         read("other languages", ("de", "fr"))  # the source side missing
     with pytest.raises(ValueError, match=r"^no 'translation' column and no 'en'/'de' columns in \['text', 'label'\]$"):
         read("no languages")
+    with pytest.raises(ValueError, match=r"^no 'translation' column and no 'en'/'de' columns in \['en', 'fr'\]$"):
+        read("no target column")
 
 
-def test_json_lines_that_do_not_parse_or_hold_no_text_are_one_line_errors_naming_the_line(tmp_path):
+def test_json_lines_that_do_not_parse_or_hold_no_text_are_one_line_errors_naming_the_line(tmp_path, caplog):
     """A line that is not JSON is named by its number in the file (pyarrow's own error counts objects within a
-    block); a pair whose text is missing, null or a number, or a null pair, is named by its number, read whole or
-    streamed."""
-    from training.data import DataError, load_splits
-
+    block, and datasets' log line of it is not shown); a pair whose text is missing, null or a number, or a null
+    pair, is named by its number, read whole or streamed."""
     good = json.dumps({"translation": {"en": "A dog .", "de": "Ein Hund ."}})
     (tmp_path / "cut.jsonl").write_text(f"{good}\n\n{good}\n{good[:30]}\n{good}\n")  # cut short on line 4
     (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress((tmp_path / "cut.jsonl").read_bytes()))
@@ -130,6 +143,7 @@ def test_json_lines_that_do_not_parse_or_hold_no_text_are_one_line_errors_naming
                                      ("cut.jsonl", True, "JSON parse error")):
         with pytest.raises(DataError, match=f"^--train_file {tmp_path}/{name}: {message}"):
             load_splits("en", "de", files={"train": str(tmp_path / name)}, streaming=streaming)
+    assert not caplog.records  # (datasets logs "Failed to load JSON" at the error level)
     layouts = {"null": [{"translation": {"en": "A dog .", "de": "Ein Hund ."}}, {"translation": {"en": "Two ."}}],
                "number": [{"en": "A dog .", "de": "Ein Hund ."}, {"en": "Two .", "de": 2}],
                "no pair": [{"translation": {"en": "A dog .", "de": "Ein Hund ."}}, {"translation": None}]}
@@ -158,10 +172,6 @@ def dataset_folder(folder, splits: dict[str, list[tuple[str, str]]]) -> str:
 def test_a_dataset_repository_gives_its_train_valid_and_test_splits_and_an_empty_one_stops_the_run(tmp_path):
     """--dataset_name (a Hub repository; here a folder laid out as one): its "valid" split read as validation, a
     split of another name left out, whole or streamed; an empty split stops the run in one line."""
-    from types import SimpleNamespace
-
-    from training.data import load_run_data
-
     rows = [(f"{n} dogs .", f"{n} Hunde .") for n in range(4)]
     name = dataset_folder(tmp_path / "repository", {"train": rows, "valid": rows[:2], "extra": rows[:1]})
     for streaming in (False, True):
@@ -244,7 +254,6 @@ def test_aligned_text_is_read_a_table_at_a_time_with_lines_counted_across_tables
     only (U+2028, form feed and a lone "\\r" stay inside a line; "\\r\\n" ends one), and a misaligned or
     non-UTF-8 line is reported with the counts and the line number of the whole file."""
     from training import data as data_module
-
     monkeypatch.setattr(data_module, "RECORD_BATCH", 2)
     english = ["One.", "Two\u2028halves.", "", "Three\fand\rmore.", "Last"]
     german = ["Eins.", "Zwei.", "", "Drei.", "Letzte"]
@@ -259,6 +268,18 @@ def test_aligned_text_is_read_a_table_at_a_time_with_lines_counted_across_tables
     (tmp_path / "u.de").write_bytes("Eins.\nZwei.\n\nCaf\u00e9.\nLetzte".encode("latin-1"))
     with pytest.raises(ValueError, match="u.de is not UTF-8 text: byte 0xe9 on line 4"):
         load_pairs("en", "de", files={"train": str(tmp_path / "u")})
+
+
+def test_aligned_text_is_cached_in_arrow_record_batches_of_record_batch_rows(tmp_path):
+    """Each record batch's header maps a page or more into every process that opens the file: RECORD_BATCH rows a
+    batch, not datasets' default of 1,000, as in training/tokens.py."""
+    from training.tokens import RECORD_BATCH
+
+    lines = "".join(f"{n}\n" for n in range(RECORD_BATCH + 1))
+    (tmp_path / "t.en").write_text(lines)
+    (tmp_path / "t.de").write_text(lines)
+    train = load_splits("en", "de", files={"train": str(tmp_path / "t")})["train"]
+    assert [len(batch) for batch in train.data.to_batches()] == [RECORD_BATCH, 1]
 
 
 def test_joint_bpe_round_trips_through_auto_tokenizer(tmp_path):
@@ -386,7 +407,6 @@ def test_the_word_cached_encoder_gives_the_tokenizers_ids_on_any_text():
     full-width letters, ligatures, special tokens' strings, text NFKC changes into spaces or special tokens), with
     a cache small enough to be emptied along the way."""
     import random
-    from types import SimpleNamespace
 
     from tokenizers import Tokenizer
 
@@ -414,8 +434,6 @@ def test_the_training_tokens_are_built_once_read_memory_mapped_and_rebuilt_for_o
                                                                                          parallel_from):
     """training/tokens.py: the ids and lengths are the tokenizer's own; a second call (a resumed run, or another
     process) reuses the folder; other pairs or another tokenizer rebuild it, with a line that says so."""
-    from types import SimpleNamespace
-
     from training import tokens as tokens_module
     from training.tokens import token_dataset
 
@@ -452,10 +470,7 @@ def test_the_embedded_data_gives_todays_tokenizer_and_lengths_through_datasets(t
     """The pipeline on datasets (Arrow files read a thousand pairs at a time) gives what the lists gave: the same
     joint BPE, the same token lengths, so the same batches for the same seed (the batching test above); a BPE
     sample trains on that many pairs."""
-    from types import SimpleNamespace
-
     from training.batching import encode
-    from training.data import load_splits
     from training.tokenizer import corpus_texts
     from training.tokens import token_dataset
 

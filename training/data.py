@@ -126,10 +126,10 @@ def _pair_columns(batch: dict, indices: list[int], source_lang: str, target_lang
 
 def _columns(rows, source_lang: str, target_lang: str, label: str):
     try:
-        first = next(iter(rows.take(1)), None)  # a stream's columns may be known only from its first row
+        first = next(iter(rows.take(1)), None)  # a stream of JSON or CSV knows its columns once a row is read
     except pa.ArrowInvalid as error:  # a stream of JSON lines: its first block does not parse
         raise DataError(f"{label}: {error}") from None
-    columns = rows.column_names or list(first or [])
+    columns = rows.column_names or []
     if "translation" in columns:
         languages = (rows.features or {}).get("translation")
         languages = getattr(languages, "languages", None) or (sorted(first["translation"]) if first else [])
