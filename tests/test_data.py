@@ -410,7 +410,7 @@ def test_the_word_cached_encoder_gives_the_tokenizers_ids_on_any_text():
 
     from tokenizers import Tokenizer
 
-    from training.tokens import WordEncoder
+    from training.tokens import TokenizerEncoder, WordEncoder, pair_encoder
 
     pairs = generate()["train"][:2000]
     tokenizer = train_joint_bpe((side for pair in pairs for side in pair), 300)
@@ -422,22 +422,32 @@ def test_the_word_cached_encoder_gives_the_tokenizers_ids_on_any_text():
               "\U0001d400", "e", "The", "Hund", "x\u0301y", "\u212b", "\u2460", "."]
     rng = random.Random(0)
     texts += ["".join(rng.choices(pieces, k=rng.randint(0, 12))) for _ in range(3000)] + ["", " ", "\u2581"]
-    assert encoder(texts) == tokenizer(texts)["input_ids"]
-    without_eos = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-    without_eos.post_processor = None
+    expected = tokenizer(texts)["input_ids"]
+    assert encoder(texts) == expected and isinstance(pair_encoder(tokenizer), WordEncoder)
+    tokenizer.backend_tokenizer.enable_truncation(4)  # as a tokenizer.json saved with a limit may ask
+    tokenizer.backend_tokenizer.enable_padding(length=64)
+    assert WordEncoder(tokenizer)(texts) == expected
+    without_eos = SimpleNamespace(backend_tokenizer=Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()))
+    without_eos.backend_tokenizer.post_processor = None
     with pytest.raises(ValueError, match="joint BPE"):
-        WordEncoder(SimpleNamespace(backend_tokenizer=without_eos))
+        WordEncoder(without_eos)
+    assert isinstance(pair_encoder(without_eos), TokenizerEncoder)  # a tokenizer of another pipeline: its own calls
 
 
-@pytest.mark.parametrize("parallel_from", [10**9, 1])  # in the main process, and over worker processes
+@pytest.mark.parametrize("parallel_from", [10**9, 200])  # in the main process; 300 pairs over worker processes
 def test_the_training_tokens_are_built_once_read_memory_mapped_and_rebuilt_for_other_data(tmp_path, monkeypatch,
-                                                                                         parallel_from):
-    """training/tokens.py: the ids and lengths are the tokenizer's own; a second call (a resumed run, or another
-    process) reuses the folder; other pairs or another tokenizer rebuild it, with a line that says so."""
+                                                                                         capfd, parallel_from):
+    """training/tokens.py: the ids and lengths are the tokenizer's own, in files of RECORD_BATCH-row record batches
+    (one file a worker), built without a progress bar, whatever a killed build left; a second call (a resumed run,
+    or another process) reuses the folder; other pairs or another tokenizer rebuild it, with a line that says so."""
+    import os
+
     from training import tokens as tokens_module
     from training.tokens import token_dataset
 
     monkeypatch.setattr(tokens_module, "PARALLEL_FROM", parallel_from)
+    (tmp_path / "tokens.partial").mkdir()  # a killed build's
+    (tmp_path / "tokens.partial" / "tokens_00007_of_00008.arrow").write_bytes(b"cut short")
 
     pairs = generate()["train"][:300]
     tokenizer = train_joint_bpe((side for pair in pairs for side in pair), 200)
@@ -453,17 +463,35 @@ def test_the_training_tokens_are_built_once_read_memory_mapped_and_rebuilt_for_o
         assert row["target_ids"] == tokenizer(target)["input_ids"]
         assert (row["source_length"], row["target_length"]) == (len(row["source_ids"]), len(row["target_ids"]))
     assert len(tokens) == len(pairs) and len(said) == 1  # "300 training pairs tokenized into ..."
+    files = len(list((tmp_path / "tokens").glob("*.arrow")))
+    assert files == (os.cpu_count() if parallel_from <= len(pairs) else 1) == len(tokens.data.to_batches())
+    assert capfd.readouterr().err == ""
     built = (tmp_path / "tokens" / "fingerprint.json").stat().st_mtime_ns
     other_process = SimpleNamespace(is_main_process=False, wait_for_everyone=lambda: None)
     assert token_dataset(other_process, rows, None, tmp_path, said.append)["source_ids"] == tokens["source_ids"]
     token_dataset(main, rows, tokenizer, tmp_path, said.append)  # resumed: the same pairs and tokenizer
     assert (tmp_path / "tokens" / "fingerprint.json").stat().st_mtime_ns == built and len(said) == 1
-    fewer = token_dataset(main, rows.select(range(100)), tokenizer, tmp_path, said.append)
+    fewer = token_dataset(main, rows.select(range(100)), tokenizer, tmp_path, said.append)  # in the main process
     assert len(fewer) == 100 and "tokenized from other pairs or by another tokenizer" in said[1]
     other = train_joint_bpe((side for pair in pairs for side in pair), 120)
     other.save_pretrained(tmp_path)
     again = token_dataset(main, rows.select(range(100)), other, tmp_path, said.append)
     assert "tokenizing again" in said[3] and again[0]["source_ids"] == other(pairs[0][0])["input_ids"]
+
+
+def test_the_tokens_are_built_again_when_any_file_of_the_tokenizer_changes(tmp_path):
+    """A converted model's tokenizer is several files (a SentencePiece model a side, a vocabulary): each is read."""
+    from training.tokens import fingerprint
+
+    rows = Dataset.from_dict({"source": ["A dog ."], "target": ["Ein Hund ."]})
+    tokenizer = SimpleNamespace(vocab_files_names={"source_spm": "source.spm", "target_spm": "target.spm",
+                                                   "vocab": "vocab.json"})
+    seen = set()
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        for content in (b"1", b"2"):
+            (tmp_path / name).write_bytes(content)
+            seen.add(fingerprint(rows, tokenizer, tmp_path)["tokenizer"])
+    assert len(seen) == 6
 
 
 def test_the_embedded_data_gives_todays_tokenizer_and_lengths_through_datasets(tmp_path):
