@@ -149,6 +149,8 @@ def test_the_papers_schedule_counts_steps_and_minutes_between_checkpoints():
     assert asked(Steps(args, state, 3, 0.1, True), lambda step: 25.0 * step) == (
         12, "--max_steps 12", [5, 10], [3, 4, 7, 8, 11, 12])  # multiples of 4, and > 60 s after the last checkpoint
     assert asked(Steps(args, {"elapsed_seconds": 0.0}, 3, 0.1, False), lambda step: 0.0)[2] == []  # no validation set
+    bar = Steps(args, state, 3, 0.1, True).progress(5, 125.0, disable=True)  # resumed after step 5
+    assert (bar.n, bar.total) == (5, 12)
 
 
 def test_the_papers_checkpoints_come_every_10_minutes_unless_save_steps_or_save_minutes_say_otherwise():
@@ -186,6 +188,14 @@ def test_a_budget_leaves_the_first_step_out_of_its_estimate_and_stops_at_the_fir
     assert evaluated == [50, 100, 150, 200]
 
 
+def test_a_budget_ends_at_max_steps_if_they_come_first_and_saves_as_save_minutes_say():
+    """--max_steps bounds a budgeted run too; --save_minutes (or --save_steps) replaces the budget's checkpoints."""
+    args, state = schedule_args(max_train_minutes=25, max_steps=300, save_minutes=1)
+    budget = make_budget(minutes=25, evaluations=0)
+    step, ended, _, saved = asked(Budgeted(args, state, 3, 0.1, True, budget), lambda step: 2.0 * step)
+    assert (step, ended) == (300, "--max_steps 300") and saved[:3] == [31, 62, 93]  # > 60 s after the last
+
+
 def test_a_resumed_run_counts_its_save_minutes_from_where_it_stopped():
     """Resumed at 600 s (its last checkpoint), --save_minutes 1 saves once 60 s have passed since, not at once."""
     args, _ = schedule_args(save_minutes=1)
@@ -211,8 +221,21 @@ def test_a_budget_resumed_after_its_end_shows_a_full_bar_without_a_warning(recwa
 
 def test_a_replayed_schedule_follows_its_record_and_not_the_clock():
     record = {"steps": 6, "expected_steps": [40, 40, 30, 30, 20, 20, 20], "checkpoints": [2, 6], "evaluations": [3]}
-    args, state = schedule_args(dropout_epochs=[1, 2])
+    args, state = schedule_args(dropout_epochs=[1, 3])
     schedule = Replayed(args, state, 10, 0.1, True, make_budget(minutes=1e-6), record)
     assert asked(schedule, lambda step: 1e9 * step) == (6, "the replayed schedule", [3], [2, 6])
-    assert schedule.expected == 20 and schedule.dropout() == pytest.approx(0.1)  # 2 expected epochs of 10 steps
-    assert schedule.written(6) == {**record, "expected_steps": record["expected_steps"][:6], "warmup_steps": 2}
+    assert schedule.expected == 20 and schedule.dropout() == pytest.approx(0.05)  # 2 expected epochs of 10 steps
+    written = schedule.written(6)  # schedule.json, its keys in order
+    assert written == {**record, "expected_steps": record["expected_steps"][:6], "warmup_steps": 2}
+    assert list(written) == sorted(written)
+
+
+def test_a_progress_bar_refreshes_every_second_on_a_terminal_and_every_30_seconds_in_a_log(monkeypatch):
+    import sys
+
+    from training.schedules import shown
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert shown(False) == {"disable": False, "mininterval": 1}
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    assert shown(True) == {"disable": True, "mininterval": 30}
