@@ -8,6 +8,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import vaswani_hf
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
+from vaswani_hf.configuration_vaswani import PAPER_ARCHITECTURE
 
 
 def count_parameters(config: VaswaniConfig) -> int:
@@ -92,6 +93,9 @@ def test_base_with_37000_vocabulary_has_63_1_million_parameters():
         ({"d_ff": -3}, "d_ff"),
         ({"d_k": 0}, "d_k"),
         ({"vocab_size": 0}, "vocab_size"),
+        ({"num_layers": True}, "num_layers"),
+        ({"d_ff": 2048.0}, "d_ff"),
+        ({"vocab_size": 10, "bos_token_id": 10}, "bos_token_id"),
         ({"vocab_size": 10, "decoder_start_token_id": 10}, "decoder_start_token_id"),
         ({"vocab_size": 10, "eos_token_id": 10}, "eos_token_id=10 is outside the vocabulary"),
         ({"vocab_size": 10, "eos_token_id": [2, 10]}, "eos_token_id=[2, 10] is outside the vocabulary"),
@@ -120,6 +124,27 @@ def test_explicit_d_k_d_v_allow_any_head_count():
     assert (c.d_k, c.d_v) == (64, 32)
 
 
+def test_an_odd_d_model_is_refused_by_the_sinusoids_alone():
+    assert VaswaniConfig(d_model=15, num_heads=3, position_embedding="learned").d_k == 5
+
+
+def test_the_decoders_view_has_the_decoders_depth_and_leaves_the_config_as_it_was():
+    """transformers sizes the decoding cache from `get_text_config(decoder=True)`."""
+    config = VaswaniConfig(num_layers=2, num_decoder_layers=3)
+    assert config.get_text_config(decoder=True).num_layers == 3
+    assert config.get_text_config(encoder=True).num_layers == 2 == config.num_layers
+    assert config.get_text_config() is config.get_text_config(decoder=True, encoder=True) is config
+    assert config.num_layers == 2
+
+
+def test_each_config_holds_its_own_pipeline_entry():
+    from vaswani_hf.pipeline_vaswani import CUSTOM_PIPELINES
+
+    VaswaniConfig().custom_pipelines["translation"]["pt"].append("AutoModel")
+    assert VaswaniConfig().custom_pipelines == CUSTOM_PIPELINES
+    assert CUSTOM_PIPELINES["translation"]["pt"] == ["AutoModelForSeq2SeqLM"]
+
+
 def test_config_round_trips_through_json(tmp_path):
     original = VaswaniConfig.big(vocab_size=1000, normalize_before=True)
     original.save_pretrained(tmp_path)
@@ -128,6 +153,8 @@ def test_config_round_trips_through_json(tmp_path):
     loaded = AutoConfig.from_pretrained(tmp_path)
     assert isinstance(loaded, VaswaniConfig)
     assert loaded.to_diff_dict() | {"_name_or_path": ""} == original.to_diff_dict() | {"_name_or_path": ""}
+    assert loaded.deviations() == original.deviations() == [PAPER_ARCHITECTURE["normalize_before"][1] +
+                                                            " (`normalize_before=True`)"]
 
 
 def test_registration_is_idempotent():
@@ -142,8 +169,6 @@ def test_registration_is_idempotent():
 def test_the_papers_configs_have_no_deviations_and_each_option_names_itself():
     """The one list of deviations (PAPER_ARCHITECTURE), as the model cards print it: none for base and big, one line
     per option changed, naming it and its value; every architecture option that is not the paper's is in it."""
-    from vaswani_hf.configuration_vaswani import PAPER_ARCHITECTURE
-
     assert VaswaniConfig().deviations() == [] == VaswaniConfig.big().deviations()
     changed = {"normalize_before": True, "tie_word_embeddings": False, "position_embedding": "learned",
                "scale_embedding": False, "attention_dropout": 0.1, "activation_dropout": 0.1,

@@ -337,3 +337,14 @@ def test_resizing_the_vocabulary_keeps_marians_output_bias_and_gives_new_tokens_
     model.resize_token_embeddings(50)
     assert torch.equal(model.final_logits_bias, bias[:, :50])
     assert model(input_ids=random_ids(1, 4, 50), decoder_input_ids=random_ids(1, 3, 50)).logits.shape[-1] == 50
+
+
+def test_a_forward_returns_its_decoding_cache_by_default_and_not_when_the_config_says_no():
+    """As Marian's: `config.use_cache` decides whether a forward without labels returns the cache."""
+    from transformers import EncoderDecoderCache
+
+    model = tiny_model().eval()
+    inputs = {"input_ids": random_ids(2, 5), "decoder_input_ids": decoder_inputs(2, 4)}
+    assert isinstance(model(**inputs).cache, EncoderDecoderCache)
+    model.config.use_cache = False
+    assert model(**inputs).cache is None
