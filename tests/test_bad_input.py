@@ -113,6 +113,9 @@ def test_the_papers_search_needs_one_eos_id(eos):
     ({"min_new_tokens": 1.5}, "min_new_tokens must be a whole number of at least 0, got 1.5"),
     ({"max_new_tokens": 2.5}, "max_new_tokens (max_length counts the decoder start token) must be a whole number"),
     ({"max_length": 1}, "the decoder start token) must be a whole number of at least 1, got 0"),
+    ({"num_return_sequences": True}, "num_return_sequences must be a whole number of at least 1, got True"),
+    ({"extra_length": -1}, "generate(): extra_length must be a whole number of at least 0, got -1"),
+    ({"gnmt_alpha": None, "extra_length": 5}, "generate(): extra_length limits the paper's decoding (gnmt_alpha)"),
 ])
 def test_the_papers_search_refuses_settings_it_cannot_honour_in_one_line(model, settings, message):
     """An α that is not a finite number >= 0 (the early stop assumes lp grows with length; NaN decoded nothing but
@@ -120,6 +123,16 @@ def test_the_papers_search_refuses_settings_it_cannot_honour_in_one_line(model, 
     (padding alone for max_new_tokens=2.5, one sequence for num_return_sequences=0) or a traceback."""
     one_line_error(lambda: model.generate(random_ids(2, 4), **{"num_beams": 4, "gnmt_alpha": 0.6, **settings}),
                    message)
+
+
+def test_the_search_itself_refuses_a_negative_extra_length_and_a_saved_0_means_0():
+    from types import SimpleNamespace
+
+    from vaswani_hf.gnmt import extra_length_of, gnmt_beam_search
+
+    one_line_error(lambda: gnmt_beam_search(tiny_model(), random_ids(1, 4), extra_length=-1),
+                   "extra_length must be a whole number of at least 0, got -1")
+    assert extra_length_of(SimpleNamespace(extra_length=0)) == 0 and extra_length_of(SimpleNamespace()) == 50
 
 
 def test_generate_reads_the_ids_values_once_per_sequence_start_not_at_every_step(model, monkeypatch):
