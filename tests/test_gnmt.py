@@ -247,3 +247,34 @@ def test_the_search_decodes_with_every_attention_kernel(trained_model, kernel):
     found, scores = gnmt_beam_search(model, source, num_beams=4, output_scores=True)
     assert torch.equal(found, expected)
     torch.testing.assert_close(scores, expected_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_a_generation_config_given_to_generate_is_completed_by_the_models_own():
+    """As transformers merges them: the model's saved gnmt_alpha and num_beams fill what the given config leaves
+    unset, so the call decodes with the paper's search."""
+    from transformers import GenerationConfig
+
+    model, source = tiny_model(), random_ids(2, 5)
+    model.generation_config.update(num_beams=4, gnmt_alpha=0.6, allow_custom_entries=True)
+    given = model.generate(source, generation_config=GenerationConfig(max_new_tokens=6), output_scores=True,
+                           return_dict_in_generate=True)
+    expected, scores = gnmt_beam_search(model, source, num_beams=4, alpha=0.6, max_new_tokens=6, output_scores=True)
+    assert torch.equal(given.sequences, expected) and torch.equal(given.sequences_scores, scores)
+
+
+def test_a_saved_setting_the_search_does_not_take_is_refused_and_a_saved_min_new_tokens_0_is_honoured():
+    model, source = tiny_model(add_final_logits_bias=True), random_ids(1, 5)
+    model.final_logits_bias[..., EOS] = 100.0  # EOS first, always
+    model.generation_config.update(num_beams=4, gnmt_alpha=0.6, min_new_tokens=0, allow_custom_entries=True)
+    assert model.generate(source).tolist() == [[BOS, EOS]]
+    model.generation_config.repetition_penalty = 1.2
+    with pytest.raises(ValueError, match="does not take repetition_penalty"):
+        model.generate(source)
+
+
+def test_one_beam_of_the_papers_decoding_runs_to_the_longest_unpadded_source_plus_extra_length():
+    model = tiny_model(add_final_logits_bias=True)
+    model.final_logits_bias[..., 7] = 100.0  # never EOS: every output runs to its limit
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]])
+    output = model.generate(random_ids(2, 6), attention_mask=mask, num_beams=1, gnmt_alpha=0.6, extra_length=1)
+    assert output.shape == (2, 1 + 3 + 1)
