@@ -201,9 +201,10 @@ class VaswaniConfig(PretrainedConfig):
 
     def get_text_config(self, decoder=None, encoder=None) -> "VaswaniConfig":
         """The decoder's view (`decoder=True`, used by transformers to size the KV cache) has
-        `num_decoder_layers` layers. (transformers hands an encoder-decoder's one-sided view back as a copy.)"""
+        `num_decoder_layers` layers. transformers 5.24-5.25 hand it back as a copy; another version might not."""
         text_config = super().get_text_config(decoder=decoder, encoder=encoder)
         if decoder and not encoder:
+            text_config = copy.copy(text_config) if text_config is self else text_config
             text_config.num_layers = self.num_decoder_layers
         return text_config
 
