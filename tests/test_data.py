@@ -293,6 +293,26 @@ def test_joint_bpe_round_trips_through_auto_tokenizer(tmp_path):
     ids = loaded(sentence)["input_ids"]
     assert ids[-1] == loaded.eos_token_id and ids == tokenizer(sentence)["input_ids"]
     assert loaded.decode(ids, skip_special_tokens=True) == sentence
+    assert loaded("Heute \u263a")["input_ids"][-2] == loaded.unk_token_id == 3  # a character no pair holds
+
+
+def test_only_the_joint_bpes_pipeline_takes_the_word_cached_encoder():
+    """is_joint_bpe: NFKC, Metaspace, BPE without dropout, </s> appended; any other part, or no </s>, is not it."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    from training.tokenizer import is_joint_bpe
+
+    pairs = generate()["train"][:300]
+    joint = train_joint_bpe((side for pair in pairs for side in pair), 120).backend_tokenizer
+    assert is_joint_bpe(joint)
+    spec = json.loads(joint.to_str())
+    changed = {"dropout": {**spec, "model": {**spec["model"], "dropout": 0.1}},
+               "pre_tokenizer": {**spec, "pre_tokenizer": json.loads(pre_tokenizers.Whitespace().__getstate__())}}
+    for name, other in changed.items():
+        assert not is_joint_bpe(Tokenizer.from_str(json.dumps(other))), name
+    no_eos = Tokenizer(models.BPE(vocab={"a": 0, "<unk>": 1}, merges=[], unk_token="<unk>"))
+    no_eos.normalizer, no_eos.pre_tokenizer = normalizers.NFKC(), pre_tokenizers.Metaspace()
+    assert not is_joint_bpe(no_eos)
 
 
 def test_token_batches_respect_the_budget_cover_every_pair_and_depend_only_on_seed_and_epoch():
@@ -518,3 +538,6 @@ def test_the_embedded_data_gives_todays_tokenizer_and_lengths_through_datasets(t
     sample = list(corpus_texts(rows, sample=50, seed=1))
     assert len(sample) == 100 and sample != list(itertools.islice(corpus_texts(rows), 100))
     assert set(sample[::2]) <= {source for source, _ in pairs}
+    assert list(corpus_texts(rows, sample=50, seed=2)) != sample  # the seed draws the sample
+    stream = rows.to_iterable_dataset()
+    assert list(corpus_texts(stream, sample=3)) == list(itertools.islice(corpus_texts(rows), 6))  # a stream's first
