@@ -254,6 +254,7 @@ def test_aligned_text_is_read_a_table_at_a_time_with_lines_counted_across_tables
     only (U+2028, form feed and a lone "\\r" stay inside a line; "\\r\\n" ends one), and a misaligned or
     non-UTF-8 line is reported with the counts and the line number of the whole file."""
     from training import data as data_module
+
     monkeypatch.setattr(data_module, "RECORD_BATCH", 2)
     english = ["One.", "Two\u2028halves.", "", "Three\fand\rmore.", "Last"]
     german = ["Eins.", "Zwei.", "", "Drei.", "Letzte"]
@@ -499,8 +500,9 @@ def test_the_training_tokens_are_built_once_read_memory_mapped_and_rebuilt_for_o
     assert "tokenizing again" in said[3] and again[0]["source_ids"] == other(pairs[0][0])["input_ids"]
 
 
-def test_the_tokens_are_built_again_when_any_file_of_the_tokenizer_changes(tmp_path):
-    """A converted model's tokenizer is several files (a SentencePiece model a side, a vocabulary): each is read."""
+def test_the_tokens_fingerprint_reads_every_file_of_the_tokenizer(tmp_path):
+    """A converted model's tokenizer is several files (a SentencePiece model a side, a vocabulary): a change to any
+    of them changes the fingerprint, which rebuilds the tokens (the test above)."""
     from training.tokens import fingerprint
 
     rows = Dataset.from_dict({"source": ["A dog ."], "target": ["Ein Hund ."]})
