@@ -5,7 +5,8 @@ import itertools
 
 import pytest
 import torch
-from support import BOS, EOS, PAD, random_ids, tiny_model
+from support import BOS, EOS, PAD, random_ids, tiny_config, tiny_model
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from vaswani_hf.gnmt import gnmt_beam_search, gnmt_length_penalty
 
@@ -80,11 +81,11 @@ def test_the_n_best_are_the_brute_force_n_best_with_their_scores(alpha, max_leng
 
 
 @torch.no_grad()
-def textbook_beam_search(model, source, num_beams, alpha, max_length, min_new_tokens):
+def textbook_beam_search(model, source, num_beams, alpha, max_length, min_new_tokens, n=1):
     """tensor2tensor's search for one source, written plainly: each alive hypothesis teacher-forced anew (no cache),
     the 2K best candidates of a step taken, those ending (EOS, or the length limit) scored log P / lp(|Y|), the K
-    best others kept alive. The best that ended by EOS wins, else the best cut one. It runs to the limit: log P only
-    falls and lp only grows up to lp(limit), so stopping early, as the search does, cannot change the winner."""
+    best others kept alive. The n best that ended by EOS win, then the best cut ones. It runs to the limit: log P
+    only falls and lp only grows up to lp(limit), so stopping early, as the search does, cannot change the winners."""
     alive, ended = [([], 0.0)], []  # (hypothesis, log P); (by EOS, penalized score, hypothesis)
     for step in range(1, max_length + 1):
         hypotheses = torch.tensor([[BOS, *hypothesis] for hypothesis, _ in alive])
@@ -99,7 +100,7 @@ def textbook_beam_search(model, source, num_beams, alpha, max_length, min_new_to
         ended += [(hypothesis[-1] == EOS, log_p / gnmt_length_penalty(step, alpha), hypothesis)
                   for (hypothesis, log_p), end in zip(candidates, ends, strict=True) if end]
         alive = [candidate for candidate, end in zip(candidates, ends, strict=True) if not end][:num_beams]
-    return max(ended)[2]
+    return [hypothesis for *_, hypothesis in sorted(ended, reverse=True)[:n]]
 
 
 @pytest.mark.parametrize("alpha", [0.6, 2.0])  # 2.0: lengths reward enough to punish an early stop
@@ -113,9 +114,52 @@ def test_a_narrow_beam_keeps_what_tensor2tensors_keeps(num_beams, alpha):
         model = sharpened_model(seed, vocab)
         sources = torch.randint(3, vocab, (4, 5), generator=torch.Generator().manual_seed(seed))
         found = gnmt_beam_search(model, sources, num_beams=num_beams, alpha=alpha, max_new_tokens=max_length)
-        expected = [textbook_beam_search(model, source[None], num_beams, alpha, max_length, min_new_tokens=1)
+        expected = [textbook_beam_search(model, source[None], num_beams, alpha, max_length, min_new_tokens=1)[0]
                     for source in sources]
         assert hypotheses(found) == expected, (seed, alpha)
+
+
+class ChainModel(torch.nn.Module):
+    """A model whose next token depends on the last one alone, the source ignored: after the start token, EOS with
+    probability `eos_first` or the chain A B C EOS, each of its tokens nearly certain once it began (the rest on
+    other tokens), so a search meets exactly the hypotheses one can write down. `steps` counts its decoding steps."""
+
+    A, B, C = 3, 4, 5
+
+    def __init__(self, eos_first: float):
+        super().__init__()
+        self.config = tiny_config(vocab_size=6)
+        probabilities = torch.full((6, 6), 1e-4)
+        probabilities[BOS, [PAD, BOS]] = 0.0
+        probabilities[BOS, [EOS, self.A, self.B, self.C]] = torch.tensor([eos_first, 0.95 - eos_first, 0.025, 0.025])
+        probabilities[[self.A, self.B, self.C], [self.B, self.C, EOS]] = 1.0
+        self.log_probs, self.steps = (probabilities / probabilities.sum(-1, keepdim=True)).log(), 0
+
+    def get_encoder(self):
+        return lambda input_ids, attention_mask: BaseModelOutput(last_hidden_state=torch.zeros(*input_ids.shape, 1))
+
+    def forward(self, decoder_input_ids, **inputs):
+        self.steps += 1
+        return Seq2SeqLMOutput(logits=self.log_probs[decoder_input_ids])
+
+
+CHAIN = [ChainModel.A, ChainModel.B, ChainModel.C, EOS]
+
+
+# A B C EOS wins, which only the bound lp(limit) keeps looking for (its log P over lp(1) is below EOS's); EOS wins and
+# A B C EOS is second, sought only while the second slot can improve; EOS alone.
+@pytest.mark.parametrize(("eos_first", "winners", "steps"), [(0.5, [CHAIN], 4), (0.7, [[EOS], CHAIN], 4),
+                                                             (0.7, [[EOS]], 1)])
+def test_the_search_stops_once_no_alive_hypothesis_can_win_and_not_before(eos_first, winners, steps):
+    """§6.1: "terminate early when possible". A source's search stops once its n-th best finished hypothesis scores
+    at least what the best alive one still can: its log P (which only falls) over lp(limit) (lp only grows), not over
+    lp of the step it is at; and not later: the chain's outcome is settled after `steps` steps of its limit's 6."""
+    model, source, n = ChainModel(eos_first), torch.tensor([[3, 4]]), len(winners)
+    assert textbook_beam_search(model, source, num_beams=2, alpha=0.6, max_length=6, min_new_tokens=0, n=n) == winners
+    model.steps = 0
+    found = gnmt_beam_search(model, source, num_beams=2, alpha=0.6, max_new_tokens=6, min_new_tokens=0,
+                             num_return_sequences=n)
+    assert hypotheses(found) == winners and model.steps == steps
 
 
 def test_the_best_of_the_n_best_is_the_single_best(trained_model):
