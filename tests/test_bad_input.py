@@ -59,6 +59,12 @@ def test_a_mask_whose_shape_does_not_match_the_ids(model):
                    "decoder_attention_mask", "(1, 3)")
     one_line_error(lambda: model(input_ids=random_ids(2, 5), decoder_input_ids=target().repeat(3, 1)),
                    "decoder has 3 rows", "encoder output 2")
+    one_line_error(lambda: model.get_encoder()(input_ids=random_ids(2, 5), attention_mask=torch.ones(2, 4)),
+                   "attention_mask", "(2, 4)", "(2, 5)")
+    encoded = model.get_encoder()(input_ids=random_ids(2, 5))  # generate() encodes once, then passes this
+    one_line_error(lambda: model(encoder_outputs=encoded, attention_mask=torch.ones(2, 4),
+                                 decoder_input_ids=target().repeat(2, 1)),
+                   "attention_mask", "(2, 4)", "(2, 5)")
 
 
 def test_empty_sequences(model):
@@ -67,6 +73,8 @@ def test_empty_sequences(model):
     one_line_error(lambda: model(input_ids=random_ids(1, 4), decoder_input_ids=torch.zeros(1, 0, dtype=torch.long)),
                    "decoder_input_ids", "empty")
     one_line_error(lambda: model.generate(torch.zeros(1, 0, dtype=torch.long)), "empty")
+    one_line_error(lambda: model(inputs_embeds=torch.zeros(1, 0, 24), decoder_input_ids=target()),
+                   "inputs_embeds must have shape (batch, length >= 1, d_model=24), got (1, 0, 24)")
     one_line_error(lambda: model.generate(torch.zeros(0, 3, dtype=torch.long), gnmt_alpha=0.6, num_beams=4),
                    "input_ids is empty (shape (0, 3))")
 

@@ -18,8 +18,8 @@ def decoder_inputs(batch: int, length: int, seed: int = 7) -> torch.Tensor:
 def test_sinusoids_follow_the_formula_and_have_no_length_limit():
     positions = torch.arange(0, 40)
     torch.testing.assert_close(sinusoidal_position_encoding(positions, 24), formula_position_encoding(40, 24))
-    far = sinusoidal_position_encoding(torch.tensor([5000]), 16)[0]
-    expected = torch.tensor([(math.sin, math.cos)[j % 2](5000 / 10000 ** (2 * (j // 2) / 16)) for j in range(16)])
+    far = sinusoidal_position_encoding(torch.tensor([5001]), 16)[0]  # past float16's and bfloat16's whole numbers
+    expected = torch.tensor([(math.sin, math.cos)[j % 2](5001 / 10000 ** (2 * (j // 2) / 16)) for j in range(16)])
     torch.testing.assert_close(far, expected, atol=1e-4, rtol=0)
 
 
@@ -67,6 +67,17 @@ def test_a_model_adds_the_table_its_config_names_and_decodes_the_same_with_its_c
     assert torch.equal(cached, uncached)
 
 
+@pytest.mark.parametrize(("scale", "factor"), [(True, 24**0.5), (False, 1.0)])
+def test_the_embeddings_are_scaled_by_sqrt_d_model_unless_the_config_says_not(scale, factor):
+    """§3.4: "In the embedding layers, we multiply those weights by sqrt(d_model)"; `scale_embedding=False` (a
+    deviation) adds the positions to the rows as they are."""
+    model, seen, source = tiny_model(scale_embedding=scale), [], random_ids(2, 7)
+    model.model.encoder.layers[0].register_forward_pre_hook(lambda layer, args: seen.append(args[0]))
+    model.model.encoder(input_ids=source)
+    expected = model.model.encoder.embed_tokens(source) * factor + formula_position_encoding(7, 24)
+    torch.testing.assert_close(seen[0], expected)
+
+
 def test_learned_positions_are_weights_with_a_limit():
     model = tiny_model(position_embedding="learned", max_position_embeddings=12)
     assert model.model.encoder.embed_positions.weight.shape == (12, 24)
@@ -74,6 +85,10 @@ def test_learned_positions_are_weights_with_a_limit():
     model(input_ids=random_ids(1, 12), decoder_input_ids=decoder_inputs(1, 12))
     with pytest.raises(ValueError, match="max_position_embeddings=12"):
         model(input_ids=random_ids(1, 13), decoder_input_ids=decoder_inputs(1, 2))
+    # Decoding with a cache: the 13th position is refused though the step feeds one token.
+    cache = model(input_ids=random_ids(1, 4), decoder_input_ids=decoder_inputs(1, 12)).cache
+    with pytest.raises(ValueError, match="Sequence of 13 positions is longer than the max_position_embeddings=12"):
+        model(input_ids=random_ids(1, 4), decoder_input_ids=torch.tensor([[5]]), cache=cache)
 
 
 @torch.no_grad()
@@ -255,6 +270,63 @@ def test_labels_give_the_mean_cross_entropy_over_non_pad_tokens(model):
     torch.testing.assert_close(model(input_ids=source, labels=labels, num_items_in_batch=14).loss, by_hand * 7 / 14)
     loss = model(input_ids=source, labels=labels, num_items_in_batch=torch.tensor(7)).loss
     torch.testing.assert_close(loss, by_hand)
+
+
+def test_a_batch_whose_labels_are_all_padding_has_loss_0():
+    """As the Trainer can meet at the end of a dataset cut into batches: no token to learn from, no NaN."""
+    model = tiny_model().train()
+    loss = model(input_ids=random_ids(2, 6), labels=torch.tensor([[PAD, -100, -100], [-100, PAD, PAD]])).loss
+    assert loss.item() == 0.0
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_the_loss_of_bfloat16_logits_is_float32s():
+    """Under bf16 autocast (training/run.py on a GPU) the cross-entropy is summed over the logits taken to float32,
+    not in bfloat16, whose 8-bit mantissa loses a sum over thousands of tokens."""
+    model, source, labels = tiny_model().to(torch.bfloat16), random_ids(4, 6), random_ids(4, 30, seed=3)
+    out = model(input_ids=source, labels=labels)
+    expected = nn.functional.cross_entropy(out.logits.float().flatten(0, 1), labels.flatten())
+    assert out.loss.dtype == torch.float32
+    torch.testing.assert_close(out.loss, expected, atol=1e-6, rtol=0)
+
+
+def test_labels_train_on_decoder_inputs_embeds_and_return_no_cache(model):
+    """With labels the forward is a training step, as Marian's: the loss, no decoding cache; and decoder inputs given
+    as embeddings are used as they are, not replaced by the shifted labels."""
+    source, labels = random_ids(2, 6), random_ids(2, 4, seed=3)
+    by_ids = model(input_ids=source, labels=labels)
+    assert by_ids.cache is None
+    embeds = model.model.decoder.embed_tokens(model.prepare_decoder_input_ids_from_labels(labels))
+    by_embeds = model(input_ids=source, decoder_inputs_embeds=embeds, labels=labels)
+    torch.testing.assert_close(by_embeds.loss, by_ids.loss)
+
+
+@torch.no_grad()
+def test_encoder_outputs_given_as_a_tuple_are_returned_whole(model):
+    """`encoder_outputs` as transformers passes them with return_dict=False: (last_hidden_state, hidden_states,
+    attentions); the output carries all three, as when the model encodes."""
+    source, target = random_ids(2, 6), decoder_inputs(2, 4)
+    encoded = model.get_encoder()(input_ids=source, output_hidden_states=True, output_attentions=True)
+    out = model(encoder_outputs=tuple(encoded.values()), decoder_input_ids=target)
+    assert out.encoder_hidden_states is encoded.hidden_states and out.encoder_attentions is encoded.attentions
+    torch.testing.assert_close(out.logits, model(input_ids=source, decoder_input_ids=target).logits)
+
+
+@torch.no_grad()
+def test_the_decoder_alone_decodes_with_a_plain_cache_as_without(model):
+    """A decoder stack called with a `DynamicCache` (not an encoder-decoder one): its self-attention caches the
+    steps, and each step's output is the whole sequence's at that position."""
+    from transformers import DynamicCache
+
+    decoder, target = model.model.decoder, decoder_inputs(2, 5)
+    memory = model.get_encoder()(input_ids=random_ids(2, 6)).last_hidden_state
+    whole = decoder(input_ids=target, encoder_hidden_states=memory, use_cache=False).last_hidden_state
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    for step in range(5):
+        out = decoder(input_ids=target[:, step : step + 1], encoder_hidden_states=memory, cache=cache, use_cache=True)
+        torch.testing.assert_close(out.last_hidden_state[:, 0], whole[:, step], atol=1e-5, rtol=0)
+    assert cache.get_seq_length() == 5
 
 
 def test_shift_tokens_right():

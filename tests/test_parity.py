@@ -93,10 +93,12 @@ def torch_transformer_logits(reference: nn.Transformer, model, source, source_ma
     return hidden @ embedding.T
 
 
-@pytest.mark.parametrize("normalize_before", [False, True], ids=["post-LN (paper)", "pre-LN (option)"])
+@pytest.mark.parametrize(("normalize_before", "layer_norm_eps"), [(False, 1e-6), (True, 1e-6), (False, 0.5)],
+                         ids=["post-LN (paper)", "pre-LN (option)", "post-LN, LayerNorm epsilon 0.5"])
 @torch.no_grad()
-def test_logits_match_torch_nn_transformer(normalize_before):
-    model = tiny_model(seed=3, num_decoder_layers=2, normalize_before=normalize_before)
+def test_logits_match_torch_nn_transformer(normalize_before, layer_norm_eps):
+    """With the LayerNorms' epsilon far from the default too, so that each LayerNorm must take the config's."""
+    model = tiny_model(seed=3, num_decoder_layers=2, normalize_before=normalize_before, layer_norm_eps=layer_norm_eps)
     source, source_mask, target = padded_batch()
     expected = torch_transformer_logits(torch_transformer(model).eval(), model, source, source_mask, target)
     for implementation in ("eager", "sdpa"):

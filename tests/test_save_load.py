@@ -45,6 +45,21 @@ def test_untied_and_learned_position_variants_round_trip(tmp_path):
     assert_same_model(loaded, model)
 
 
+def test_a_checkpoint_without_marians_output_bias_loads_it_as_zeros(tmp_path):
+    """A model of `add_final_logits_bias` loaded from weights that lack the bias (Marian's, 0 until trained): the
+    missing bias is initialized to 0, not left as memory happened to hold it."""
+    from safetensors.torch import save_file
+
+    model = tiny_model(seed=3, add_final_logits_bias=True)
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["final_logits_bias"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert torch.equal(loaded.final_logits_bias, torch.zeros(1, 53))
+    assert_same_model(loaded, model)
+
+
 def test_the_saved_folder_is_hub_ready(tmp_path):
     tiny_model().save_pretrained(tmp_path)
     names = {p.name for p in tmp_path.iterdir()}
