@@ -16,6 +16,7 @@ def one_line_error(call, *fragments):
     assert "\n" not in message, message
     for fragment in fragments:
         assert fragment in message, message
+    return message
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,9 @@ def target():
 def test_source_ids_outside_the_vocabulary(model):
     one_line_error(lambda: model(input_ids=torch.tensor([[5, 53]]), decoder_input_ids=target()),
                    "input_ids", "[0, 53)", "53")
-    one_line_error(lambda: model(input_ids=torch.tensor([[5, -1]]), decoder_input_ids=target()), "input_ids", "-1")
+    negative = one_line_error(lambda: model(input_ids=torch.tensor([[5, -1]]), decoder_input_ids=target()),
+                              "input_ids", "-1")
+    assert "labels" not in negative  # the -100 hint is for -100 alone
 
 
 def test_decoder_ids_outside_the_vocabulary_and_minus_100_mixups(model):

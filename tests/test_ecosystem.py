@@ -72,6 +72,11 @@ def test_the_pipeline_passes_generation_arguments(translation_folder):
         assert translated == model_translation(model, tokenizer, SOURCES[1], **arguments)
     three = translator(SOURCES[1], num_beams=3, num_return_sequences=3)
     assert len(three) == 3
+    # a list of sources: a list of each one's three, and no flattening
+    assert translator(SOURCES[1:], num_beams=3, num_return_sequences=3) == [
+        three, translator(SOURCES[2], num_beams=3, num_return_sequences=3)]
+    with_tokens = translator(SOURCES[1], num_beams=1, skip_special_tokens=False)[0]["translation_text"]
+    assert with_tokens.endswith(tokenizer.eos_token)
     short = translator(SOURCES[1], num_beams=1, max_new_tokens=2)[0]["translation_text"]
     assert len(tokenizer(short, add_special_tokens=False)["input_ids"]) <= 2
 
@@ -94,6 +99,15 @@ def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_fold
     assert encoded == [[truncated]]
     expected = model.generate(torch.tensor([truncated]), num_beams=1, max_new_tokens=3)
     assert result[0]["translation_text"] == tokenizer.decode(expected[0], skip_special_tokens=True)
+    # one token over the limit is truncated too; without max_input_length the limit is the model's positions
+    encoded.clear()
+    hook = model.get_encoder().register_forward_pre_hook(
+        lambda module, args, kwargs: encoded.append(len(kwargs["input_ids"][0])), with_kwargs=True)
+    translator(long_text, max_input_length=len(full) - 1)
+    model.config.max_position_embeddings = 64
+    translator(long_text)
+    hook.remove()
+    assert encoded == [len(full) - 1, 64]
     with pytest.raises(TypeError, match="a string or a list of strings, got int$"):
         translator(42)
     with pytest.raises(TypeError, match="a string or a list of strings, got a list holding NoneType$"):

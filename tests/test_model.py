@@ -127,6 +127,17 @@ def test_masked_source_padding_changes_nothing(model, implementation):
 
 
 @torch.no_grad()
+@torch.no_grad()
+def test_a_4d_mask_is_taken_as_built(model):
+    """transformers' custom masks: a (batch, 1, query, key) boolean mask reaches the attention as given (the 2D
+    mask's shape check does not refuse it) and masks as the 2D one it was made from."""
+    source, mask = random_ids(2, 5), torch.ones(2, 5, dtype=torch.long)
+    mask[1, 3:] = 0
+    built = mask[:, None, None, :].bool().expand(2, 1, 5, 5)
+    torch.testing.assert_close(model.get_encoder()(input_ids=source, attention_mask=built).last_hidden_state,
+                               model.get_encoder()(input_ids=source, attention_mask=mask).last_hidden_state)
+
+
 def test_eager_and_sdpa_give_the_same_outputs(model):
     """With and without masks: without one, SDPA must not fall back to a causal encoder or cross attention."""
     source, target = random_ids(3, 7), decoder_inputs(3, 5)
