@@ -127,7 +127,6 @@ def test_masked_source_padding_changes_nothing(model, implementation):
 
 
 @torch.no_grad()
-@torch.no_grad()
 def test_a_4d_mask_is_taken_as_built(model):
     """transformers' custom masks: a (batch, 1, query, key) boolean mask reaches the attention as given (the 2D
     mask's shape check does not refuse it) and masks as the 2D one it was made from."""
@@ -138,6 +137,7 @@ def test_a_4d_mask_is_taken_as_built(model):
                                model.get_encoder()(input_ids=source, attention_mask=mask).last_hidden_state)
 
 
+@torch.no_grad()
 def test_eager_and_sdpa_give_the_same_outputs(model):
     """With and without masks: without one, SDPA must not fall back to a causal encoder or cross attention."""
     source, target = random_ids(3, 7), decoder_inputs(3, 5)
@@ -294,7 +294,7 @@ def test_a_batch_whose_labels_are_all_padding_has_loss_0():
 
 def test_the_loss_of_bfloat16_logits_is_float32s():
     """Under bf16 autocast (training/run.py on a GPU) the cross-entropy is summed over the logits taken to float32,
-    not in bfloat16, whose 8-bit mantissa loses a sum over thousands of tokens."""
+    not in bfloat16, whose 8 significant bits lose a sum over thousands of tokens."""
     model, source, labels = tiny_model().to(torch.bfloat16), random_ids(4, 6), random_ids(4, 30, seed=3)
     out = model(input_ids=source, labels=labels)
     expected = nn.functional.cross_entropy(out.logits.float().flatten(0, 1), labels.flatten())
