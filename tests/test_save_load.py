@@ -6,7 +6,7 @@ import json
 import sys
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from support import CODE_FILES, random_ids, run_hidden, tiny_model
 from transformers import AutoModel, AutoModelForSeq2SeqLM
 
@@ -48,8 +48,6 @@ def test_untied_and_learned_position_variants_round_trip(tmp_path):
 def test_a_checkpoint_without_marians_output_bias_loads_it_as_zeros(tmp_path):
     """A model of `add_final_logits_bias` loaded from weights that lack the bias (Marian's, 0 until trained): the
     missing bias is initialized to 0, not left as memory happened to hold it."""
-    from safetensors.torch import save_file
-
     model = tiny_model(seed=3, add_final_logits_bias=True)
     model.save_pretrained(tmp_path)
     weights = load_file(tmp_path / "model.safetensors")
