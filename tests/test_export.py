@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from ctranslate2.converters import TransformersConverter
+from ctranslate2.specs.model_spec import Variable, visit_spec
 from support import refusal, save_marian_folder, tiny_model
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -22,8 +23,8 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from training.default_data import generate
 from vaswani_hf import quantize_int8
 from vaswani_hf.exports.onnx_runtime import OnnxSeq2Seq
+from vaswani_hf.exports.to_ctranslate2 import VaswaniConverter, seven_bits
 from vaswani_hf.exports.to_ctranslate2 import export as export_ctranslate2
-from vaswani_hf.exports.to_ctranslate2 import seven_bits
 from vaswani_hf.gnmt import gnmt_beam_search
 from vaswani_hf.speed import fast_cpu as fast_cpu_module
 from vaswani_hf.speed.fast_cpu import ROUNDS
@@ -182,22 +183,47 @@ def test_the_command_lines_int8_export_holds_a_byte_for_each_layer_weight(traine
 
 
 def test_int8_weights_keep_to_7_bits_and_a_row_of_zeros_stays_zero():
-    """A fresh model's padding embedding is a row of zeros: its scale must stay finite (63 / 0 is not)."""
-    weight = np.array([[0.5, -0.3, 0.1], [0.0, 0.0, 0.0], [-2e-30, 0.6e-30, 0.0]], dtype=np.float32)
+    """A fresh model's padding embedding is a row of zeros: its scale must stay finite (63 / 0 is not), 1 as in
+    CTranslate2's own quantization; so must a row of float32's subnormals (63 / 1e-40 overflows)."""
+    weight = np.array([[0.5, -0.3, 0.1], [0.0, 0.0, 0.0], [-2e-30, 0.6e-30, 0.0], [1e-40, 0.0, 0.0]],
+                      dtype=np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # numpy warns on an overflowing scale and on casting NaN to int8
         quantized, scale = seven_bits(weight)
-    assert np.isfinite(scale).all() and scale.dtype == np.float32
+    assert np.isfinite(scale).all() and scale.dtype == np.float32 and scale[1] == 1
     assert quantized.tolist()[:2] == [[63, -38, 13], [0, 0, 0]]  # round(w · 63 / max |w|)
     assert np.abs(quantized[2]).max() == 63  # a tiny row keeps its shape
     assert (np.abs(quantized / scale[:, None] - weight) <= 0.5 / scale[:, None]).all()  # half a step at most
 
 
+@pytest.mark.parametrize("quantization", ["int8", "int8_float32", "int8_float16", "int8_bfloat16"])
+def test_every_int8_export_keeps_its_weights_to_7_bits(trained, quantization):
+    """CTranslate2's four int8 types quantize the same weights to 8 bits; ours keep each to 7 (to_ctranslate2.py)."""
+    model, tokenizer = trained
+    spec = VaswaniConverter(model, tokenizer)._load()
+    spec.validate()  # as CTranslate2's Converter.convert: the weights as its variables, then quantized
+    spec.optimize(quantization)
+    peaks = []
+
+    def peak(_, name, value):
+        if name.endswith("/weight") and isinstance(value, Variable) and value.dtype == "int8":
+            peaks.append(np.abs(value.numpy().astype(np.int16)).max())
+
+    visit_spec(spec, peak)
+    assert len(peaks) >= 6 * model.config.num_layers and max(peaks) == 63, peaks
+
+
 def test_exporting_leaves_the_model_untouched(trained, tmp_path):
-    """CTranslate2 quantizes the arrays it is given in place; the export gives it a copy."""
+    """CTranslate2 quantizes the arrays it is given in place; the export gives it a copy, and leaves the model's
+    mode as it was."""
     model, tokenizer = trained
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    export_ctranslate2(model, tokenizer, tmp_path / "ct2", quantization="int8")
+    model.train()
+    try:
+        export_ctranslate2(model, tokenizer, tmp_path / "ct2", quantization="int8")
+        assert model.training
+    finally:
+        model.eval()
     assert all(torch.equal(tensor, before[name]) for name, tensor in model.state_dict().items())
 
 
@@ -608,15 +634,20 @@ def test_export_refusals_are_one_line(translation_folder, tmp_path, engine):
     assert not any((tmp_path / "taken").iterdir())
 
 
-def test_a_model_ctranslate2_cannot_hold_is_refused_in_one_line(translation_folder, tmp_path):
-    """Table 3's row (B) shape, keys narrower than values: CTranslate2 has one head width."""
-    folder = tmp_path / "row-b"
+@pytest.mark.parametrize(("fewer_rows", "d_k", "message"), [
+    (0, 4, "CTranslate2 has one head width; this model has d_k=4, d_v=8"),  # Table 3's row (B): keys narrower
+    (3, 8, "the tokenizer has {tokens} tokens but the model's vocabulary {rows}"),  # CTranslate2's drops the rest
+])
+def test_a_model_ctranslate2_cannot_hold_is_refused_in_one_line(translation_folder, tmp_path, fewer_rows, d_k,
+                                                                 message):
+    folder = tmp_path / "model"
     tokenizer = AutoTokenizer.from_pretrained(translation_folder)
-    tiny_model(vocab_size=len(tokenizer), d_k=4).save_pretrained(folder)
+    rows = len(tokenizer) - fewer_rows
+    tiny_model(vocab_size=rows, d_k=d_k).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     with pytest.raises(SystemExit) as error:
         export_main(["ctranslate2", str(folder), str(tmp_path / "out")])
-    assert error.value.code == "error: CTranslate2 has one head width; this model has d_k=4, d_v=8"
+    assert error.value.code == "error: " + message.format(tokens=len(tokenizer), rows=rows)
     assert not (tmp_path / "out").exists()
 
 
@@ -657,6 +688,28 @@ def onnx_model(translation_folder, tmp_path_factory):
     folder = tmp_path_factory.mktemp("onnx") / "model"
     export_main(["onnx", str(translation_folder), str(folder)])
     return OnnxSeq2Seq(folder, threads=torch.get_num_threads())  # as many as torch has, not one per core
+
+
+def test_onnx_runtime_runs_each_graph_on_the_threads_asked_for(onnx_model):
+    sessions = OnnxSeq2Seq(onnx_model.folder, threads=1).sessions.values()
+    assert [session.get_session_options().intra_op_num_threads for session in sessions] == [1, 1, 1]
+
+
+def test_the_onnx_export_traces_a_float32_sdpa_copy_and_leaves_the_model_as_it_was(translation_folder, tmp_path,
+                                                                                    monkeypatch):
+    """torch's exporter (stubbed: the module it is given) sees float32 and SDPA attention; the model given stays
+    bfloat16, eager and in training."""
+    from vaswani_hf.exports import to_onnx
+
+    traced = []
+    monkeypatch.setattr(torch.onnx, "export", lambda module, *args, **kwargs: traced.append(module.model))
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    model = tiny_model(vocab_size=len(tokenizer)).to(torch.bfloat16).train()
+    model.set_attn_implementation("eager")
+    to_onnx.export(model, tokenizer, tmp_path / "onnx")
+    assert [(graph.dtype, graph.config._attn_implementation, graph.training) for graph in traced] == [
+        (torch.float32, "sdpa", False)] * 3
+    assert (model.dtype, model.config._attn_implementation, model.training) == (torch.bfloat16, "eager", True)
 
 
 def padded_sources(tokenizer):
@@ -700,14 +753,20 @@ def test_onnx_greedy_loop_equals_generate_with_one_beam(trained, onnx_model):
     assert torch.equal(found[:, : expected.shape[1]], expected) and (found[:, expected.shape[1] :] == 0).all()
 
 
-def test_onnx_greedy_like_generate_ends_no_output_before_its_first_token(trained, onnx_model, monkeypatch):
+@pytest.mark.parametrize("papers", [True, False])
+def test_onnx_greedy_like_generate_ends_no_output_before_its_first_token(trained, onnx_model, monkeypatch, papers):
     """A bias of +30 for EOS, in the torch model and added to each ONNX step's logits: EOS is every step's most
     probable token, and the paper's decoding with one beam, as generate() runs it, ends each output after one token
-    (gnmt.py's min_new_tokens=1), not before."""
+    (gnmt.py's min_new_tokens=1), not before; a folder without the paper's decoding (`gnmt_alpha`: a converted
+    model's) ends each at once, as transformers' greedy search does."""
     model, tokenizer = trained
     biased = type(model)(AutoConfig.for_model(**{**model.config.to_dict(), "add_final_logits_bias": True})).eval()
     biased.load_state_dict(model.state_dict(), strict=False)
-    biased.generation_config = model.generation_config  # the paper's decoding, as the folder's
+    biased.generation_config = copy.deepcopy(model.generation_config)  # the paper's decoding, as the folder's
+    if not papers:
+        del biased.generation_config.gnmt_alpha
+        biased.generation_config.max_new_tokens = 5  # transformers warns at its default limit
+        monkeypatch.setattr(onnx_model, "generation_config", biased.generation_config)
     biased.final_logits_bias[0, tokenizer.eos_token_id] = 30.0
     step = type(onnx_model).__call__
 
@@ -720,7 +779,7 @@ def test_onnx_greedy_like_generate_ends_no_output_before_its_first_token(trained
     inputs = padded_sources(tokenizer)
     with torch.no_grad():
         expected = biased.generate(**inputs, num_beams=1)
-    assert expected.shape[1] == 3  # the start token, one token, EOS
+    assert expected.shape[1] == (3 if papers else 2)  # the start token, one token if the paper's, EOS
     assert torch.equal(onnx_model.greedy(inputs["input_ids"], inputs["attention_mask"]), expected)
 
 

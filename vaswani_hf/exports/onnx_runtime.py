@@ -67,7 +67,6 @@ class OnnxSeq2Seq:
                 keys, values, cross_keys, cross_values = (torch.from_numpy(a) for a in present[4 * i : 4 * i + 4])
                 own.update(keys, values, i)
                 cross.update(cross_keys, cross_values, i)
-                cache.is_updated[i] = True
         else:
             feeds = {"input_ids": decoder_input_ids.numpy(), "encoder_attention_mask": mask}
             for i in range(self.layers):

@@ -76,12 +76,10 @@ class VaswaniLoader(BartLoader):
         config.layer_norm_epsilon = model.config.layer_norm_eps
 
     def get_vocabulary(self, model, tokenizer):
-        tokens = super().get_vocabulary(model, tokenizer)
-        if len(tokens) != model.config.vocab_size:
-            raise ValueError(
-                f"the tokenizer has {len(tokens)} tokens but the model's vocabulary {model.config.vocab_size}"
-            )
-        return tokens
+        tokens = len(tokenizer.get_vocab())  # BART's loader would drop those past the model's vocabulary
+        if tokens != model.config.vocab_size:
+            raise ValueError(f"the tokenizer has {tokens} tokens but the model's vocabulary {model.config.vocab_size}")
+        return super().get_vocabulary(model, tokenizer)
 
     def set_common_layers(self, spec, stack):
         """Embedding × sqrt(d_model) + positions, and the final LayerNorm of a pre-LN stack."""
@@ -136,12 +134,11 @@ class VaswaniConverter(Converter):
         self.model, self.tokenizer = model, tokenizer
 
     def _load(self):
-        with torch.no_grad():  # a copy: CTranslate2's quantization writes into the arrays it is given
-            return VaswaniLoader()(copy.deepcopy(self.model), self.tokenizer)
+        return VaswaniLoader()(copy.deepcopy(self.model), self.tokenizer)  # a copy: CTranslate2 quantizes in place
 
 
 def export(model, tokenizer, output_dir: str, quantization: str | None = None) -> str:
     """Write `model` as a CTranslate2 model folder (`model.bin`, the vocabulary) with the tokenizer beside it."""
-    VaswaniConverter(model.eval(), tokenizer).convert(str(output_dir), quantization=quantization)
+    VaswaniConverter(model, tokenizer).convert(str(output_dir), quantization=quantization)
     tokenizer.save_pretrained(output_dir)
     return str(output_dir)

@@ -73,7 +73,7 @@ def layer_names(prefix: str, layers: int, kinds: tuple[str, ...]) -> list[str]:
 def export(model, tokenizer, output_dir) -> str:
     """Write the three graphs, the config, the generation config and the tokenizer to `output_dir`."""
     output_dir = Path(output_dir)
-    model = copy.deepcopy(model).float().eval()
+    model = copy.deepcopy(model).float()  # in eval mode with each graph's module, below
     model.set_attn_implementation("sdpa")
     config = model.config
     layers, heads = config.num_decoder_layers, config.num_heads
