@@ -744,11 +744,17 @@ def test_onnx_decoding_steps_with_the_cache_give_torchs_logits(trained, onnx_mod
     assert theirs.get_seq_length() == 6
 
 
-def test_onnx_greedy_loop_equals_generate_with_one_beam(trained, onnx_model):
+@pytest.mark.parametrize("start", ["bos", "pad"])
+def test_onnx_greedy_loop_equals_generate_with_one_beam(trained, onnx_model, monkeypatch, start):
+    """From the config's decoder start token: BOS, as ours are trained, or PAD, as Marian's start."""
     model, tokenizer = trained
     inputs = padded_sources(tokenizer)
+    start_id = getattr(tokenizer, f"{start}_token_id")
+    for config in (model.config, model.generation_config, onnx_model.config):
+        monkeypatch.setattr(config, "decoder_start_token_id", start_id)
     with torch.no_grad():
         expected = model.generate(**inputs, num_beams=1)
+    assert (expected[:, 0] == start_id).all()
     found = onnx_model.greedy(inputs["input_ids"], inputs["attention_mask"])
     assert torch.equal(found[:, : expected.shape[1]], expected) and (found[:, expected.shape[1] :] == 0).all()
 
