@@ -317,6 +317,8 @@ def test_what_cannot_be_converted_is_one_line_before_anything_is_written(marian_
         "separate source and target vocabularies": (edited_copy(source, tmp_path / "separate",
                                                                 share_encoder_decoder_embeddings=False), out),
         "encoder_ffn_dim != decoder_ffn_dim": (edited_copy(source, tmp_path / "ffn", decoder_ffn_dim=32), out),
+        "encoder_attention_heads != decoder_attention_heads": (edited_copy(source, tmp_path / "heads",
+                                                                           decoder_attention_heads=2), out),
         "activation_function='tanh'": (edited_copy(source, tmp_path / "tanh", activation_function="tanh"), out),
         "normalize_before=True": (edited_copy(source, tmp_path / "pre-ln", normalize_before=True), out),
     }
@@ -556,6 +558,12 @@ def test_a_fairseq_folder_that_cannot_be_converted_is_one_line_before_anything_i
                                                                        embedding: s["model"][embedding][1:]}}},
         "do not fit the model its config describes (missing: model.encoder.layers.1.fc1.weight)": {"checkpoint":
             lambda s: {**s, "model": {k: v for k, v in s["model"].items() if k != "encoder.layers.1.fc1.weight"}}},
+        "(missing: model.encoder.layers.1.fc1.bias, model.encoder.layers.1.fc1.weight, model.encoder.layers.1.fc2.bias"
+        ", ...; not ours: model.encoder.extra; of another shape: model.decoder.layers.0.fc1.weight)": {"checkpoint":
+            lambda s: {**s, "model": {**{k: v for k, v in s["model"].items() if ".layers.1." not in k
+                                         or not k.startswith("encoder.")},
+                                      "encoder.extra": torch.zeros(1),
+                                      "decoder.layers.0.fc1.weight": s["model"]["decoder.layers.0.fc1.weight"][1:]}}},
         "has encoder_learned_pos, which vaswani_hf does not compute": {"checkpoint": lambda s: {
             **s, "args": argparse.Namespace(**{**vars(s["args"]), "encoder_learned_pos": True})}},
         "has activation_fn='tanh', which vaswani_hf does not compute": {"checkpoint": lambda s: {
@@ -571,6 +579,13 @@ def test_a_fairseq_folder_that_cannot_be_converted_is_one_line_before_anything_i
     damaged = edited_release(fairseq_release, tmp_path / "damaged")
     (damaged / "model.pt").write_bytes((fairseq_release / "model.pt").read_bytes()[:1000])
     assert "not a readable torch checkpoint" in refusal(capfd, convert.main, "fairseq", damaged, out)
+    with torch.serialization.safe_globals([argparse.Namespace]):  # as fairseq saved before torch 1.6, cut short
+        state = torch.load(fairseq_release / "model.pt", weights_only=True, map_location="cpu")
+    legacy = io.BytesIO()
+    torch.save(state, legacy, _use_new_zipfile_serialization=False)
+    (damaged / "model.pt").write_bytes(legacy.getvalue()[:100])
+    assert "not a readable torch checkpoint (it ends too soon)" in refusal(capfd, convert.main, "fairseq", damaged,
+                                                                            out)
 
 
 def test_fairseqs_dictionary_lines_with_the_overwrite_flag_are_words(tmp_path):

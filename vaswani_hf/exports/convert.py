@@ -165,8 +165,9 @@ def read_checkpoint(path: Path) -> dict:
         what = f"it holds {found.group(1)}" if found else detail[0] if detail else "it holds something else"
         raise ValueError(f"{path} is refused: {what} (only tensors, builtins, argparse.Namespace and fairseq's meters "
                          "are read from its pickle)") from None
-    except (RuntimeError, EOFError) as error:
-        raise ValueError(f"{path} is not a readable torch checkpoint ({str(error).strip().splitlines()[0]})") from None
+    except (RuntimeError, EOFError) as error:  # a legacy (pre-zip) checkpoint cut short: an EOFError saying nothing
+        reason = (str(error).strip().splitlines() or ["it ends too soon"])[0]
+        raise ValueError(f"{path} is not a readable torch checkpoint ({reason})") from None
     keys = sorted(state) if isinstance(state, dict) else type(state).__name__
     if "model" not in keys or not isinstance(state.get("args"), argparse.Namespace):
         raise ValueError(f"{path} is not a fairseq checkpoint with its training arguments (it holds {keys})")
