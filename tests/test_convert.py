@@ -103,6 +103,28 @@ def test_a_converted_marian_model_gives_marians_logits_and_translations(marian_p
         assert torch.equal(ours.generate(**inputs, **options), marian.generate(**inputs, **options)), options
 
 
+@pytest.mark.parametrize("option", ["scale_embedding", "tie_word_embeddings"])
+def test_a_marian_model_without_scaled_or_tied_embeddings_converts_to_its_logits(marian_pair, tmp_path, option):
+    """OPUS-MT's models scale their embeddings and tie the output projection to them; a Marian model that does
+    not converts to what it computes."""
+    source = marian_pair[0]
+    folder = edited_copy(source, tmp_path / "source", **{option: False})
+    marian = MarianMTModel.from_pretrained(folder).eval()
+    if option == "tie_word_embeddings":
+        with torch.no_grad():
+            marian.lm_head.weight.normal_(std=0.3)  # its own matrix, drawn as write_marian draws
+    marian.save_pretrained(folder)
+    convert.main(["marian", str(folder), str(tmp_path / "converted")])
+    ours = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "converted").eval()
+    assert getattr(ours.config, option) is False
+    inputs = batch(source, SENTENCES[:8])
+    decoder_inputs = batch(source, SENTENCES[8:16])["input_ids"]
+    with torch.no_grad():
+        expected = marian(**inputs, decoder_input_ids=decoder_inputs).logits
+        found = ours(**inputs, decoder_input_ids=decoder_inputs).logits
+    torch.testing.assert_close(found, expected, atol=1e-5, rtol=0)
+
+
 def test_marians_silu_is_converted_as_swish():
     """transformers' Marian configs may name swish by its other name, SiLU: the same function, not refused."""
     from transformers.activations import ACT2FN
@@ -488,7 +510,7 @@ def test_a_converted_fairseq_checkpoint_gives_fairseqs_logits_translations_and_i
     decoder_inputs = torch.cat([torch.full((8, 1), 2), targets[:, :-1]], dim=1)  # </s> starts, as in fairseq
     with torch.no_grad():  # FSMT, given a cache, would decode the last of the decoder inputs alone
         expected = fsmt(**inputs, decoder_input_ids=decoder_inputs, use_cache=False).logits
-        found = ours(**inputs, decoder_input_ids=decoder_inputs).logits
+        found = ours(**inputs, labels=targets).logits  # shifted from the config's start token, as fine-tuning does
     torch.testing.assert_close(found, expected, atol=1e-5, rtol=0)
     inputs = tokenizer(SENTENCES[:24], return_tensors="pt", padding=True)
     for options in ({"num_beams": 1}, {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True}):
@@ -568,6 +590,9 @@ def test_a_fairseq_folder_that_cannot_be_converted_is_one_line_before_anything_i
             **s, "args": argparse.Namespace(**{**vars(s["args"]), "encoder_learned_pos": True})}},
         "has activation_fn='tanh', which vaswani_hf does not compute": {"checkpoint": lambda s: {
             **s, "args": argparse.Namespace(**{**vars(s["args"]), "activation_fn": "tanh"})}},
+        "has encoder_normalize_before != decoder_normalize_before, layernorm_embedding, which": {
+            "checkpoint": lambda s: {**s, "args": argparse.Namespace(**{
+                **vars(s["args"]), "decoder_normalize_before": True, "layernorm_embedding": True})}},
         "dict.de.txt, line 1: not \"word count\" ('Hund')": {"dictionary": lambda text: "Hund\n" + text},
         "dict.de.txt, line 1: not \"word count\" ('Hund viele')": {"dictionary": lambda text: "Hund viele\n" + text},
     }
@@ -586,6 +611,15 @@ def test_a_fairseq_folder_that_cannot_be_converted_is_one_line_before_anything_i
     (damaged / "model.pt").write_bytes(legacy.getvalue()[:100])
     assert "not a readable torch checkpoint (it ends too soon)" in refusal(capfd, convert.main, "fairseq", damaged,
                                                                             out)
+
+
+def test_fairseqs_pre_ln_and_unscaled_embeddings_are_the_configs():
+    """`--encoder-normalize-before` (and the decoder's): LayerNorm before each sublayer; `--no-scale-embedding`: the
+    embeddings not multiplied by sqrt(d_model)."""
+    sizes = {f"{side}_{name}": value for side in ("encoder", "decoder") for name, value in (
+        ("embed_dim", 16), ("ffn_embed_dim", 24), ("attention_heads", 4), ("layers", 1), ("normalize_before", True))}
+    config = convert.fairseq_config(argparse.Namespace(**sizes, no_scale_embedding=True), 10)
+    assert (config.normalize_before, config.scale_embedding) == (True, False)
 
 
 def test_fairseqs_dictionary_lines_with_the_overwrite_flag_are_words(tmp_path):
