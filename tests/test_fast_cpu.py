@@ -4,9 +4,11 @@ what the plain path gives and training the plain model's weights (bit for bit wh
 packed weights are used only while valid; the plain
 model never touches them; the attention kernel the user names is the one that runs; freed memory kept for reuse."""
 
+import collections
 import copy
 import functools
 import json
+import shutil
 import subprocess
 import sys
 
@@ -17,6 +19,7 @@ from transformers import AutoConfig
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from vaswani_hf import fast_cpu, modeling_vaswani, quantize_int8
+from vaswani_hf.speed import kernels
 from vaswani_hf.speed.decoding import PLAIN
 from vaswani_hf.speed.kernels import PACKING, PackedLinear, fingerprint
 
@@ -215,8 +218,10 @@ def steady(*seconds: float) -> list[list[float]]:
 @pytest.mark.parametrize(("rounds", "expected"), [
     (steady(1.0, 0.98), 0),  # 2% is within the measurement's noise: plain stays
     (steady(1.0, 0.96), 1),
+    (steady(1.0, 0.97), 1),  # exactly 3%
     (steady(1.0, 1.0, 0.95), 2),  # packing on top of shared rows pays against the plain way, which stayed chosen
     (steady(1.0, 0.9, 0.89), 1),  # packing adds 1% to shared rows: not taken
+    ([[1.0] * 5, [0.8] + [0.9] * 4, [0.85] * 5], 1),  # typically faster than the one chosen, slower than its best
     (steady(1.0, 1.2, 1.1), 0),  # slower: never taken
     ([[1.0] * 5, [0.5] + [1.0] * 4], 0),  # one lucky round: best by half, the same by the median
     ([[0.8] + [1.0] * 4, [0.9] * 5], 0),  # faster by the median, slower than the plain way's best
@@ -238,10 +243,19 @@ def test_the_rounds_alternate_their_turn_after_a_warm_up():
     assert rounds[0][:2] == [4.0, 9.0] and rounds[2][:2] == [6.0, 7.0]  # each timer's own seconds
 
 
-def test_the_plan_is_what_the_measured_calls_were_fastest_with(monkeypatch):
+@pytest.mark.parametrize("training", [False, True])
+def test_the_plan_is_what_the_measured_calls_were_fastest_with(monkeypatch, training):
     """measured_plan times each candidate of CANDIDATES on whole generate() calls (faked here: in greedy decoding the
     lean step pays and packing on top of it does not; in beam search shared rows pay, the lean step on top of them too
-    little, and packing on top of both does) and takes what `chosen` says."""
+    little, and packing on top of both does; every other round 1% slower), on sources of words (no special token),
+    decoding in eval mode and training in train mode whatever the model's mode, and takes what `chosen` says, keeping
+    each candidate's best seconds."""
+    calls = collections.Counter()
+
+    def seconds(*key) -> float:  # every candidate 1% slower in its warm-up and every other round after it
+        calls[key] += 1
+        return cost[key] * (1.01 if calls[key] % 2 else 1.0)
+
     cost = {("greedy", False, False, False): 1.0, ("greedy", False, True, False): 0.9,
             ("greedy", False, True, True): 1.5, ("beam", False, False, False): 4.0, ("beam", True, False, False): 3.0,
             ("beam", True, True, False): 2.95, ("beam", True, True, True): 2.0, ("training", False): 3.0,
@@ -251,26 +265,78 @@ def test_the_plan_is_what_the_measured_calls_were_fastest_with(monkeypatch):
     def generate_seconds(model, plan, **inputs):
         mode = "beam" if inputs["generation_config"].num_beams > 1 else "greedy"
         assert plan == {**PLAIN, mode: plan[mode]} and model.fast_cpu_plan == PLAIN  # one mode's candidate
-        assert not model.training
+        assert not model.training and inputs["input_ids"].min() > 3  # 0-3: pad, start, end, unknown
         timed.append(mode)
-        return cost[mode, plan[mode].get("shared", False), plan[mode]["lean"], plan[mode]["packed"]]
+        return seconds(mode, plan[mode].get("shared", False), plan[mode]["lean"], plan[mode]["packed"])
 
     def training_seconds(model, source, target, plan):
         assert plan == {**PLAIN, "training": plan["training"]} and model.training
+        assert source.min() > 3 and target.min() > 3
         timed.append("training")
-        return cost["training", plan["training"]["onednn"]]
+        return seconds("training", plan["training"]["onednn"])
 
     monkeypatch.setattr(fast_cpu_module, "generate_seconds", generate_seconds)
     monkeypatch.setattr(fast_cpu_module, "training_seconds", training_seconds)
-    model = fast_cpu(tiny_model(seed=3), PLAIN).eval()
-    plan, seconds = fast_cpu_module.measured_plan(model)
+    model = fast_cpu(tiny_model(seed=3), PLAIN).train(training)
+    plan, kept = fast_cpu_module.measured_plan(model)
     assert plan == {"greedy": {"lean": True, "packed": False}, "beam": {"shared": True, "lean": True, "packed": True},
                     "training": {"onednn": True}}
-    assert [entry["seconds"] for entry in seconds["beam"]] == [4.0, 3.0, 2.95, 2.0]
+    assert [entry["seconds"] for entry in kept["beam"]] == [4.0, 3.0, 2.95, 2.0]
     rounds = 1 + fast_cpu_module.ROUNDS  # a warm-up, then the rounds
     assert timed.count("greedy") == 3 * rounds and timed.count("beam") == 4 * rounds
     assert timed.count("training") == 2 * rounds
-    assert model.fast_cpu_plan == PLAIN and not model.training  # left as found
+    assert model.fast_cpu_plan == PLAIN and model.training == training  # left as found
+
+
+def test_a_torch_without_onednn_times_no_candidate_that_packs_or_trains_in_it(monkeypatch):
+    monkeypatch.setattr(fast_cpu_module, "ONEDNN", False)
+    assert fast_cpu_module.candidates(tiny_model()) == {
+        "greedy": [{"lean": False, "packed": False}, {"lean": True, "packed": False}],
+        "beam": [{"shared": False, "lean": False, "packed": False}, {"shared": True, "lean": False, "packed": False},
+                 {"shared": True, "lean": True, "packed": False}],
+        "training": [{"onednn": False}]}
+
+
+def test_a_probe_cut_short_leaves_the_model_plain_and_in_its_mode(monkeypatch):
+    """Interrupted (Ctrl-C, an error) while a packing candidate is timed, the model computes as the plain one."""
+    real = fast_cpu_module.generate_seconds
+
+    def generate_seconds(model, plan, **inputs):
+        seconds = real(model, plan, **inputs)
+        if plan["greedy"]["packed"]:
+            raise KeyboardInterrupt
+        return seconds
+
+    monkeypatch.setattr(fast_cpu_module, "generate_seconds", generate_seconds)
+    model = fast_cpu(tiny_model(seed=3), PLAIN).train()
+    with pytest.raises(KeyboardInterrupt):
+        fast_cpu_module.measured_plan(model, ("greedy",))
+    assert model.fast_cpu_plan == PLAIN and model.training
+    assert {type(module) for module in model.modules() if isinstance(module, torch.nn.Linear)} == {torch.nn.Linear}
+
+
+@pytest.mark.parametrize("gnmt_alpha", [None, 0.6])
+def test_the_decoding_probes_make_every_token_even_of_a_model_that_ends_every_sentence_at_once(monkeypatch,
+                                                                                               gnmt_alpha):
+    """The probe times `new_tokens` steps of every sequence, whatever the model's sentences would be, in the search
+    its generation config names (a trained model's: the paper's, with `gnmt_alpha`)."""
+    monkeypatch.setattr(fast_cpu_module, "PROBE", {**fast_cpu_module.PROBE, "sources": 2, "new_tokens": 5})
+    model = fast_cpu(tiny_model(seed=3, add_final_logits_bias=True), PLAIN)
+    model.generation_config.gnmt_alpha = gnmt_alpha
+    model.final_logits_bias[0, model.config.eos_token_id] = 1e4  # the end of the sentence, whatever came before
+    assert model.generate(random_ids(2, 6, seed=1), max_new_tokens=5).shape[1] < 1 + 5  # the start, < 5 tokens
+    real, lengths = model.generate, []
+    model.generate = lambda **inputs: lengths.append(real(**inputs).shape[1])
+    fast_cpu_module.measured_plan(model, ("greedy", "beam"))
+    assert len(lengths) == 7 * (1 + fast_cpu_module.ROUNDS) and set(lengths) == {1 + 5}
+
+
+def test_a_model_with_frozen_parameters_is_timed_training_the_others(plans):
+    """Fine-tuning with the embeddings frozen: the training probe takes the gradients of the parameters that train."""
+    model = tiny_model(seed=1)
+    model.get_input_embeddings().weight.requires_grad_(False)
+    fast_cpu(model)
+    assert plans and "training" in plans[0][1]
 
 
 def test_the_probe_packs_each_weight_once_as_a_translation_does(monkeypatch):
@@ -311,14 +377,18 @@ def test_measuring_the_plan_leaves_the_weights_gradients_and_random_state_as_fou
 
 
 def test_a_model_with_fewer_learned_positions_than_the_probe_is_timed_on_a_probe_cut_to_them(plans, tmp_path):
-    """Greedy, beam and training probes of a model with 4 learned positions: sources, new tokens and training pairs
-    of 4 tokens (its positions stop there), kept as the facts the plan was measured under."""
-    fast_cpu(tiny_model(seed=1, position_embedding="learned", max_position_embeddings=4))
+    """Greedy, beam and training probes of a model with 3 learned positions: sources, new tokens and training pairs
+    of 3 tokens (its positions stop there), kept as the facts the plan was measured under. Sinusoids have no last
+    position: with them, the whole probe."""
     quarter = fast_cpu_module.PROBE  # (the `plans` fixture's)
-    assert quarter["source_length"] > 4 and quarter["pair_length"] > 4
-    cut = {**quarter, "source_length": 4, "new_tokens": 4, "pair_length": 4}
-    assert {mode: entry["probe"] for mode, entry in kept_by_mode(tmp_path).items()} == dict.fromkeys(
-        ("greedy", "beam", "training"), cut)
+    assert min(quarter["source_length"], quarter["new_tokens"], quarter["pair_length"]) > 3
+    fast_cpu(tiny_model(seed=1, max_position_embeddings=3))
+    modes = ("greedy", "beam", "training")
+    assert {mode: entry["probe"] for mode, entry in kept_by_mode(tmp_path).items()} == dict.fromkeys(modes, quarter)
+    shutil.rmtree(tmp_path / "cache")
+    fast_cpu(tiny_model(seed=1, position_embedding="learned", max_position_embeddings=3))
+    cut = {**quarter, "source_length": 3, "new_tokens": 3, "pair_length": 3}
+    assert {mode: entry["probe"] for mode, entry in kept_by_mode(tmp_path).items()} == dict.fromkeys(modes, cut)
 
 
 def test_the_plan_is_measured_once_and_read_back_for_the_same_machine_and_sizes(plans, monkeypatch, tmp_path):
@@ -339,12 +409,13 @@ def test_the_plan_is_measured_once_and_read_back_for_the_same_machine_and_sizes(
         again = fast_cpu(tiny_model(seed=2))  # other weights, the same sizes: read back, silently
     assert len(plans) == 1 and again.fast_cpu_plan == first.fast_cpu_plan and said.out == ""
     fast_cpu(tiny_model(seed=1, d_model=48))  # other sizes
+    fast_cpu(tiny_model(seed=1, num_decoder_layers=2))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another thread count
     fast_cpu(tiny_model(seed=1))
-    assert len(plans) == 3
+    assert len(plans) == 4
     monkeypatch.setattr(fast_cpu_module, "ROUNDS", 3)  # a plan chosen by another rule (best of three, before)
     fast_cpu(tiny_model(seed=1))
-    assert len(plans) == 4
+    assert len(plans) == 5
 
 
 def test_vaswani_translate_plans_decoding_alone_and_reads_a_training_runs_choices(plans, tmp_path,
@@ -473,8 +544,11 @@ def test_beams_share_their_source_row_only_where_the_plan_says(shared):
 
 # --- whatever the plan, the model computes the same --------------------------------------------------------------
 
-def test_a_model_whose_plan_trains_as_torch_does_trains_as_the_plain_one_bit_for_bit():
+def test_a_model_whose_plan_trains_as_torch_does_trains_as_the_plain_one_bit_for_bit(monkeypatch):
+    """In torch's products, though it packs for decoding (oneDNN's can give the same bits at these sizes)."""
     source, labels = random_ids(4, 9, seed=1), random_ids(4, 6, seed=2)
+    real, products = kernels.onednn_product, []
+    monkeypatch.setattr(kernels, "onednn_product", lambda *args: products.append(args) or real(*args))
     gradients = []
     for transform in (lambda m: m, lambda m: fast_cpu(m, {**EVERYTHING, "training": {"onednn": False}})):
         model = transform(tiny_model(seed=4)).train()
@@ -482,7 +556,7 @@ def test_a_model_whose_plan_trains_as_torch_does_trains_as_the_plain_one_bit_for
         with PACKING.block():
             model(input_ids=source, labels=labels).loss.backward()
         gradients.append({name: parameter.grad for name, parameter in model.named_parameters()})
-    assert gradients[1].keys() == gradients[0].keys()
+    assert gradients[1].keys() == gradients[0].keys() and products == []
     assert all(torch.equal(gradients[1][name], gradients[0][name]) for name in gradients[0])
 
 

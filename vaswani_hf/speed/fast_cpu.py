@@ -158,11 +158,12 @@ def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) 
                     model.train()
                     timer = functools.partial(training_seconds, model, *pairs.to(device))
                 else:
-                    model.eval()
+                    model.eval()  # exactly new_tokens tokens a sequence: no end of sentence before, no early stopping
                     timer = functools.partial(generate_seconds, model, input_ids=source, generation_config=(
-                        GenerationConfig(  # exactly new_tokens a sequence: no end of sentence, no early stopping
+                        GenerationConfig(
                             num_beams=4 if mode == "beam" else 1, do_sample=False, early_stopping=False,
-                            max_new_tokens=sizes["new_tokens"], eos_token_id=None, pad_token_id=config.pad_token_id,
+                            max_new_tokens=sizes["new_tokens"], min_new_tokens=sizes["new_tokens"],
+                            pad_token_id=config.pad_token_id,
                             bos_token_id=config.bos_token_id, decoder_start_token_id=config.decoder_start_token_id)))
                 rounds = round_seconds([functools.partial(timer, {**PLAIN, mode: candidate}) for candidate in listed])
                 plan[mode] = listed[chosen(rounds)]
@@ -177,8 +178,7 @@ def generate_seconds(model: nn.Module, plan: dict, **inputs) -> float:
     """Seconds of one `generate(**inputs)` call under `plan`."""
     use_plan(model, plan)
     start = time.perf_counter()
-    with torch.no_grad():
-        model.generate(**inputs)
+    model.generate(**inputs)  # (transformers' generate() computes no gradients)
     return time.perf_counter() - start
 
 
