@@ -411,14 +411,17 @@ def moses(text: str, lang: str = "en") -> str:
     return MosesTokenizer(lang=lang).tokenize(normalized, aggressive_dash_splits=True, return_str=True, escape=True)
 
 
-def write_fairseq(folder, fused: bool, old_names: bool, share_all: bool = True, activation: str = "relu"):
+def write_fairseq(folder, fused: bool, old_names: bool, share_all: bool = True, activation: str = "relu",
+                  pre_ln: bool = False, scale_embedding: bool = True):
     """The folder, and the FSMT model its weights come from. `fused`: attention projections stored as one
     `in_proj_weight` (fairseq before 2020); `old_names`: LayerNorms as `layer_norms.N` and no stored output
     projection (shared with the target embedding), as the 2018 releases of Ott et al. hold them; `share_all`: the
-    source embedding is that matrix too (--share_all_embeddings)."""
+    source embedding is that matrix too (--share_all_embeddings); `scale_embedding` False: --no-scale-embedding.
+    `pre_ln`: --encoder-normalize-before and --decoder-normalize-before, from M2M100 (fairseq's pre-LN Transformer,
+    the LayerNorm after each stack included) in place of FSMT."""
     from subword_nmt.apply_bpe import BPE
     from subword_nmt.learn_bpe import learn_bpe
-    from transformers import FSMTConfig, FSMTForConditionalGeneration
+    from transformers import FSMTConfig, FSMTForConditionalGeneration, M2M100Config, M2M100ForConditionalGeneration
 
     folder.mkdir(parents=True)
     pairs = generate()["train"][:2000]
@@ -433,19 +436,28 @@ def write_fairseq(folder, fused: bool, old_names: bool, share_all: bool = True, 
         (folder / f"dict.{lang}.txt").write_text(dictionary, encoding="utf-8")
     size = len(counts) + 4
     torch.manual_seed(0)
-    fsmt = FSMTForConditionalGeneration(FSMTConfig(
-        langs=["en", "de"], src_vocab_size=size, tgt_vocab_size=size, d_model=16, encoder_layers=2, decoder_layers=3,
-        encoder_ffn_dim=24, decoder_ffn_dim=24, encoder_attention_heads=4, decoder_attention_heads=4,
-        max_position_embeddings=128, init_std=0.3, forced_eos_token_id=None, tie_word_embeddings=share_all,
-        activation_function=activation)).eval()  # tied, FSMT shares one matrix among all three
+    sizes = {"d_model": 16, "encoder_layers": 2, "decoder_layers": 3, "encoder_ffn_dim": 24, "decoder_ffn_dim": 24,
+             "encoder_attention_heads": 4, "decoder_attention_heads": 4, "max_position_embeddings": 128,
+             "init_std": 0.3, "activation_function": activation, "scale_embedding": scale_embedding}
+    if pre_ln:  # M2M100 shares its embeddings among all three
+        assert share_all
+        fsmt = M2M100ForConditionalGeneration(M2M100Config(
+            vocab_size=size, **sizes, dropout=0.0, bos_token_id=0, pad_token_id=1, eos_token_id=2,
+            decoder_start_token_id=2)).eval()
+    else:  # tied, FSMT shares one matrix among all three
+        fsmt = FSMTForConditionalGeneration(FSMTConfig(
+            langs=["en", "de"], src_vocab_size=size, tgt_vocab_size=size, **sizes, forced_eos_token_id=None,
+            tie_word_embeddings=share_all)).eval()
     if not share_all:  # --share_decoder_input_output_embed alone
         with torch.no_grad():
             fsmt.model.decoder.output_projection.weight.copy_(fsmt.model.decoder.embed_tokens.weight)
     encoder, decoder = fsmt.model.encoder.embed_tokens.weight, fsmt.model.decoder.embed_tokens.weight
     assert torch.equal(encoder, decoder) == share_all
     draw_gains_and_biases(fsmt)
-    weights = {name.removeprefix("model."): tensor.clone() for name, tensor in fsmt.state_dict().items()
-               if ".embed_positions." not in name}
+    names = {"lm_head.weight": "decoder.output_projection.weight"}  # M2M100's; it keeps `shared` besides
+    weights = {names.get(name, name.removeprefix("model.")): tensor.clone()
+               for name, tensor in fsmt.state_dict().items()
+               if ".embed_positions." not in name and name != "model.shared.weight"}
     weights |= {"encoder.version": torch.tensor([3.0]), "decoder.version": torch.tensor([3.0]),
                 "encoder.embed_positions._float_tensor": torch.tensor([]),
                 "decoder.embed_positions._float_tensor": torch.tensor([])}
@@ -464,11 +476,12 @@ def write_fairseq(folder, fused: bool, old_names: bool, share_all: bool = True, 
         arch="transformer_vaswani_wmt_en_de_big", task="translation", source_lang="en", target_lang="de",
         encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=24, decoder_ffn_embed_dim=24,
         encoder_attention_heads=4, decoder_attention_heads=4, encoder_layers=2, decoder_layers=3,
-        encoder_normalize_before=False, decoder_normalize_before=False, encoder_learned_pos=False,
+        encoder_normalize_before=pre_ln, decoder_normalize_before=pre_ln, encoder_learned_pos=False,
         decoder_learned_pos=False, share_all_embeddings=share_all, share_decoder_input_output_embed=True,
         activation_fn=activation, dropout=0.3, attention_dropout=0.1, relu_dropout=0.2, max_source_positions=128,
         max_target_positions=128,
-        adaptive_softmax_cutoff=None, label_smoothing=0.1, lr=[0.001], optimizer="adam")
+        adaptive_softmax_cutoff=None, label_smoothing=0.1, lr=[0.001], optimizer="adam",
+        no_scale_embedding=not scale_embedding)
     torch.save({"args": args, "model": weights, "extra_state": {"epoch": 7, "val_loss": 3.91},
                 "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
                                        "optimizer_name": "FairseqAdam", "num_updates": 1000}],
@@ -490,11 +503,12 @@ def fairseq_ids(folder, sentences: list[str]) -> list[list[int]]:
 @pytest.mark.parametrize("layout", [
     {"fused": True, "old_names": True}, {"fused": False, "old_names": False},
     {"fused": True, "old_names": True, "share_all": False, "activation": "gelu"},
-], ids=["2018 layout", "split layout", "2018 layout, own source embedding, GELU"])
+    {"fused": True, "old_names": False, "pre_ln": True, "scale_embedding": False},
+], ids=["2018 layout", "split layout", "2018 layout, own source embedding, GELU", "pre-LN, unscaled embeddings"])
 def test_a_converted_fairseq_checkpoint_gives_fairseqs_logits_translations_and_ids(tmp_path, layout):
-    """Against FSMT with the same weights: logits within 1e-5 over a padded batch, greedy and beam-4 outputs token
-    for token; the tokenizer's ids are fairseq's pipeline's (Moses + subword-nmt + dictionary) on 300 sentences; the
-    dropouts and length limit of its training arguments."""
+    """Against FSMT (M2M100 for pre-LN) with the same weights: logits within 1e-5 over a padded batch, greedy and
+    beam-4 outputs token for token; the tokenizer's ids are fairseq's pipeline's (Moses + subword-nmt + dictionary)
+    on 300 sentences; the dropouts and length limit of its training arguments."""
     fsmt = write_fairseq(tmp_path / "release", **layout)
     convert.main(["fairseq", str(tmp_path / "release"), str(tmp_path / "converted")])
     ours = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "converted").eval()
@@ -611,15 +625,6 @@ def test_a_fairseq_folder_that_cannot_be_converted_is_one_line_before_anything_i
     (damaged / "model.pt").write_bytes(legacy.getvalue()[:100])
     assert "not a readable torch checkpoint (it ends too soon)" in refusal(capfd, convert.main, "fairseq", damaged,
                                                                             out)
-
-
-def test_fairseqs_pre_ln_and_unscaled_embeddings_are_the_configs():
-    """`--encoder-normalize-before` (and the decoder's): LayerNorm before each sublayer; `--no-scale-embedding`: the
-    embeddings not multiplied by sqrt(d_model)."""
-    sizes = {f"{side}_{name}": value for side in ("encoder", "decoder") for name, value in (
-        ("embed_dim", 16), ("ffn_embed_dim", 24), ("attention_heads", 4), ("layers", 1), ("normalize_before", True))}
-    config = convert.fairseq_config(argparse.Namespace(**sizes, no_scale_embedding=True), 10)
-    assert (config.normalize_before, config.scale_embedding) == (True, False)
 
 
 def test_fairseqs_dictionary_lines_with_the_overwrite_flag_are_words(tmp_path):
