@@ -62,20 +62,22 @@ def kept_by_mode(tmp_path, int8: bool = False) -> dict:
 
 # --- packed layers -----------------------------------------------------------------------------------------------
 
-def test_training_products_are_torchs_even_in_a_packing_block():
+@pytest.mark.parametrize("frozen_input", [False, True])
+def test_training_products_are_torchs_even_in_a_packing_block(frozen_input):
     """With gradient, unless the plan trains in oneDNN, a transformed layer is `nn.Linear`: torch's own backward (its
-    autograd node), the same outputs and gradients bit for bit, nothing packed."""
+    autograd node), the same outputs and gradients bit for bit, nothing packed; its weight's gradient too where its
+    input needs none (the first layer after frozen embeddings)."""
     torch.manual_seed(0)
     plain = torch.nn.Linear(24, 40)
     layer = PackedLinear(24, 40)
     layer.load_state_dict(plain.state_dict())
-    x = torch.randn(7, 5, 24).transpose(0, 1).requires_grad_()  # (5, 7, 24), not contiguous
+    x = torch.randn(7, 5, 24).transpose(0, 1).requires_grad_(not frozen_input)  # (5, 7, 24), not contiguous
     outputs = []
     for module in (plain, layer):
         with PACKING.block():
             y = module(x)
         y.backward(torch.ones_like(y))
-        outputs.append((y, x.grad.clone(), module.weight.grad, module.bias.grad))
+        outputs.append((y, torch.zeros(1) if frozen_input else x.grad.clone(), module.weight.grad, module.bias.grad))
         x.grad = None
     assert len(PACKING.packed) == 0
     assert type(outputs[1][0].grad_fn) is type(outputs[0][0].grad_fn)  # at these sizes oneDNN's results are equal
@@ -143,13 +145,14 @@ def test_a_packed_layer_computes_the_formula_inside_a_block_and_is_nn_linear_out
     torch.testing.assert_close(inside.double(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_under_autocast_a_packed_layer_is_nn_linear_even_in_a_block():
-    """bfloat16 autocast (a CPU run's --bf16) computes the product in bfloat16, as torch's layer does; a block's
-    float32 oneDNN product would be another result."""
+@pytest.mark.parametrize("bfloat16", ["autocast", "weights"])
+def test_in_bfloat16_a_packed_layer_is_nn_linear_even_in_a_block(bfloat16):
+    """bfloat16 autocast (a CPU run's --bf16), or a model cast to bfloat16, computes the product in bfloat16 as
+    torch's layer does; a block's oneDNN product would be another result."""
     torch.manual_seed(0)
-    layer = PackedLinear(24, 40).eval()
-    x = torch.randn(4, 1, 24)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    layer = PackedLinear(24, 40).eval().to(torch.bfloat16 if bfloat16 == "weights" else torch.float32)
+    x = torch.randn(4, 1, 24, dtype=layer.weight.dtype)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bfloat16 == "autocast"):
         expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
         with PACKING.block():
             inside = layer(x)
@@ -472,14 +475,27 @@ def test_every_plan_an_int8_copy_may_take_decodes_as_the_plain_copy_bit_for_bit(
         assert all(torch.equal(ours, own) for ours, own in zip(found.scores, plain.scores, strict=True)), candidate
 
 
-def test_a_damaged_choice_is_measured_again_alone(plans, tmp_path):
+@pytest.mark.parametrize("damage", [lambda text: text[:20], lambda text: json.dumps(
+    {key: value for key, value in json.loads(text).items() if key != "choice"})], ids=["cut short", "no choice"])
+def test_a_damaged_choice_is_measured_again_alone(plans, tmp_path, damage):
     fast_cpu(tiny_model(seed=1))
     (kept,) = [path for path in (tmp_path / "cache" / "fast_cpu").glob("*.json")
                if json.loads(path.read_text())["mode"] == "beam"]
-    kept.write_text(kept.read_text()[:20])
+    kept.write_text(damage(kept.read_text()))
     model = fast_cpu(tiny_model(seed=1))
     assert [modes for _, modes in plans] == [("greedy", "beam", "training"), ("beam",)]
     assert json.loads(kept.read_text())["choice"] == model.fast_cpu_plan["beam"]
+
+
+def test_choices_kept_are_read_back_from_a_cache_that_cannot_be_written(plans, monkeypatch):
+    """A cache filled once and shared read-only (a cluster's): what it holds needs no writing, no lock."""
+    first = fast_cpu(tiny_model(seed=1))
+
+    def refused(folder):
+        raise kernels.CacheNotWritable(f"cannot write {folder}")
+
+    monkeypatch.setattr(kernels, "writable", refused)
+    assert fast_cpu(tiny_model(seed=2)).fast_cpu_plan == first.fast_cpu_plan and len(plans) == 1
 
 
 def test_processes_that_need_the_same_choice_at_once_measure_it_once(tmp_path):
@@ -796,6 +812,16 @@ def test_packed_weights_are_kept_between_calls_in_eval_mode_and_never_go_stale()
     fast = decode(model, source)
     plain = decode(plain_twin(model), source)
     torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
+
+
+def test_a_packed_weight_is_checked_once_a_call_not_at_every_step(monkeypatch):
+    """Its fingerprint is taken at a call's first step; the steps after it multiply by the copy at once."""
+    model, source = fast_cpu(tiny_model(seed=6), EVERYTHING).eval(), random_ids(3, 8, seed=4)
+    decode(model, source)
+    real, taken = kernels.fingerprint, []
+    monkeypatch.setattr(kernels, "fingerprint", lambda weight: taken.append(weight) or real(weight))
+    steps = decode(model, source, num_beams=4, min_new_tokens=10).scores  # 10 steps, each through every layer
+    assert len(steps) == 10 and len(taken) == sum(isinstance(m, PackedLinear) for m in model.modules())
 
 
 def test_a_fused_adam_step_between_two_calls_in_eval_mode_is_seen():

@@ -204,7 +204,6 @@ class OneDNNLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(input, weight)
-        ctx.has_bias = bias is not None
         return onednn_product(input, weight, bias)
 
     @staticmethod
@@ -220,7 +219,7 @@ class OneDNNLinear(torch.autograd.Function):
                 grad_weight = onednn_product(rows.t(), grad_output.t()).t().contiguous()
             else:
                 grad_weight = onednn_product(grad_output.t(), rows.t())
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if ctx.needs_input_grad[2]:  # (False without a bias)
             grad_bias = grad_output.sum(0)
         return grad_input, grad_weight, grad_bias
 
