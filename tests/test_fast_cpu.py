@@ -539,16 +539,25 @@ def encoder_rows(model, source, num_beams):
     return set(rows)
 
 
-@pytest.mark.parametrize("mode", ["greedy", "beam"])
+@pytest.mark.parametrize("given", ["argument", "generation config"])
+@pytest.mark.parametrize(("mode", "num_beams"), [("greedy", 1), ("beam", 2), ("beam", 4)])
 @pytest.mark.parametrize("packed", [False, True])
-def test_generate_takes_the_mechanisms_its_plan_names_for_the_mode(mode, packed):
+def test_generate_takes_the_mechanisms_its_plan_names_for_the_mode(mode, num_beams, packed, given):
+    """The mode is the call's: its num_beams, as an argument or in the generation config it passes."""
+    from transformers import GenerationConfig
+
     plan = {**PLAIN, mode: {**PLAIN[mode], "packed": packed}}
     model, source = fast_cpu(tiny_model(seed=6), plan).eval(), random_ids(3, 8, seed=4)
-    model.generate(source, num_beams=4 if mode == "beam" else 1, max_new_tokens=3)
+
+    def generate(beams):
+        if given == "argument":
+            return model.generate(source, num_beams=beams, max_new_tokens=3)
+        return model.generate(source, generation_config=GenerationConfig(num_beams=beams, max_new_tokens=3))
+
+    generate(num_beams)
     assert (model.lm_head in PACKING.packed) == packed
-    other = "greedy" if mode == "beam" else "beam"
     PACKING.packed.clear()
-    model.generate(source, num_beams=4 if other == "beam" else 1, max_new_tokens=3)
+    generate(1 if mode == "beam" else 4)
     assert model.lm_head not in PACKING.packed  # the other mode's plan is plain
 
 
@@ -610,6 +619,44 @@ def test_a_cache_that_generate_returns_or_takes_has_transformers_layout_and_the_
     torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("call", ["source by position, cache=", "input_ids=, past_key_values="])
+def test_a_cache_given_to_generate_holds_a_row_a_source_while_the_call_runs(call):
+    """Beams that share their source: a cache given in transformers' layout (a row per sequence), filled by an earlier
+    call or fresh, holds one cross-attention row a source during the call, under either name of the call's inputs."""
+    import warnings
+
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    source = random_ids(3, 8, seed=3)
+    model = fast_cpu(tiny_model(seed=5), {**PLAIN, "beam": {"shared": True, "packed": False}}).eval()
+    first = model.generate(source, num_beams=4, max_new_tokens=4, return_dict_in_generate=True)
+    rows = []
+    model.model.decoder.layers[0].encoder_attn.register_forward_pre_hook(lambda module, args, kwargs: rows.append(
+        kwargs["cache"].cross_attention_cache.layers[0].keys.shape[0] if kwargs["cache"].is_updated.get(0) else None),
+        with_kwargs=True)
+    fresh = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
+    for cache, sequences in ((copy.deepcopy(first.cache), first.sequences), (fresh, None)):
+        rows.clear()
+        inputs = ((source,), {"cache": cache}) if call.startswith("source") else (
+            (), {"input_ids": source, "past_key_values": cache})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # past_key_values: transformers' name before `cache`
+            model.generate(*inputs[0], **inputs[1], decoder_input_ids=sequences, num_beams=4, max_new_tokens=3)
+        assert len(rows) == 3 and set(rows[1:]) == {3} and rows[0] == (3 if sequences is not None else None)
+
+
+def test_beam_search_with_a_self_attention_cache_alone_finds_the_plain_models_beams():
+    """A DynamicCache given to generate() (no cross-attention cache: the keys of the source computed at every step) is
+    reordered with the beams as the plain model's."""
+    from transformers.cache_utils import DynamicCache
+
+    source = random_ids(3, 8, seed=3)
+    found = [model.generate(source, num_beams=4, max_new_tokens=6, cache=DynamicCache(config=model.config))
+             for model in (tiny_model(seed=5), fast_cpu(tiny_model(seed=5), {**PLAIN, "beam": {"shared": True,
+                                                                                          "packed": False}}))]
+    assert torch.equal(found[1], found[0])
+
+
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_beams_that_share_their_source_attend_as_the_plain_model_at_several_positions_at_once(attention):
     """A forward of four beams a source over five target positions (a call's first step after a given cache has
@@ -650,9 +697,11 @@ def padded_source():
 @pytest.mark.parametrize(("shared", "packed"), [(False, False), (True, False), (True, True)])
 def test_the_lean_step_decodes_as_the_decoders_own_forward_bit_for_bit(normalize_before, num_beams, shared, packed):
     """The same plan without the lean step is the reference: the same sequences and every step's scores, bit for bit,
-    post-LN and pre-LN, padded sources, greedy and beam 4, beams sharing their source or not, packed or not."""
+    post-LN and pre-LN, padded sources, greedy and beam 4, beams sharing their source or not, packed or not; values
+    of another width than keys (d_v 12, d_k 8)."""
     source, mask = padded_source()
-    outputs = [decode(fast_cpu(tiny_model(seed=5, normalize_before=normalize_before), with_lean(lean, shared, packed)),
+    outputs = [decode(fast_cpu(tiny_model(seed=5, normalize_before=normalize_before, d_v=12),
+                               with_lean(lean, shared, packed)),
                       source, attention_mask=mask, num_beams=num_beams) for lean in (False, True)]
     assert torch.equal(outputs[1].sequences, outputs[0].sequences)
     assert all(torch.equal(lean, own) for lean, own in zip(outputs[1].scores, outputs[0].scores, strict=True))
@@ -749,7 +798,32 @@ def test_inside_a_lean_block_the_decoders_own_checks_speak():
         with pytest.raises(ValueError, match=r"^attention_mask has shape \(3, 5\) but the source needs \(3, 6\)"):
             decoder(input_ids=random_ids(3, 1, seed=2), encoder_hidden_states=encoded,
                     encoder_attention_mask=torch.ones(3, 5), cache=cache)
+        with pytest.raises(ValueError, match=r"^Give exactly one of decoder_input_ids and the matching inputs_embeds"):
+            decoder(input_ids=random_ids(3, 1, seed=2), inputs_embeds=torch.zeros(3, 1, model.config.d_model),
+                    encoder_hidden_states=encoded, cache=cache)
     assert "forward" not in vars(decoder)
+
+
+def test_inside_a_lean_block_a_decoder_whose_config_records_attentions_records_them():
+    """`output_attentions` in the model's config, not in the call: the decoder's own forward records them."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    from vaswani_hf.speed.lean import lean_block
+
+    steps = []
+    for model in (tiny_model(seed=2, output_attentions=True),
+                  fast_cpu(tiny_model(seed=2, output_attentions=True), with_lean(True, shared=False))):
+        decoder, source = model.get_decoder(), random_ids(3, 6, seed=1)
+        encoded = model.get_encoder()(source).last_hidden_state
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        with torch.no_grad(), lean_block(decoder):
+            for seed in (2, 3):  # the second step: the cross-attention cache filled
+                step = decoder(input_ids=random_ids(3, 1, seed=seed), encoder_hidden_states=encoded, cache=cache)
+        steps.append(step)
+    assert steps[1].attentions is not None and steps[1].cross_attentions is not None
+    for ours, theirs in zip(steps[1].attentions + steps[1].cross_attentions,
+                            steps[0].attentions + steps[0].cross_attentions, strict=True):
+        assert torch.equal(ours, theirs)
 
 
 def test_a_plan_kept_before_the_lean_step_is_taken_with_it_off():

@@ -46,9 +46,10 @@ def lean_block(decoder: nn.Module) -> Iterator[None]:
 
 
 def applies(decoder, input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, cache, inputs_embeds,
-            use_cache, kwargs) -> bool:
-    """Whether this call of the decoder is a decoding step that `lean_forward` computes (module docstring)."""
-    if decoder.training or decoder.config._attn_implementation != "sdpa" or use_cache is False:
+            kwargs) -> bool:
+    """Whether this call of the decoder is a decoding step that `lean_forward` computes (module docstring). Whatever
+    `use_cache` says, the decoder's own forward updates a given cache, as this one does."""
+    if decoder.training or decoder.config._attn_implementation != "sdpa":
         return False
     if ALL_ATTENTION_FUNCTIONS["sdpa"] is not sdpa_attention_forward:  # another kernel registered under the name
         return False
@@ -67,7 +68,7 @@ def lean_forward(self, input_ids=None, attention_mask=None, encoder_hidden_state
                  cache=None, inputs_embeds=None, use_cache=None, **kwargs):
     """The decoder's forward: a decoding step computed here where it `applies`, else the decoder's own."""
     if not applies(self, input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, cache,
-                   inputs_embeds, use_cache, kwargs):
+                   inputs_embeds, kwargs):
         return type(self).forward(
             self, input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask, cache=cache, inputs_embeds=inputs_embeds,
