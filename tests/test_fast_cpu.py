@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -496,6 +497,35 @@ def test_choices_kept_are_read_back_from_a_cache_that_cannot_be_written(plans, m
 
     monkeypatch.setattr(kernels, "writable", refused)
     assert fast_cpu(tiny_model(seed=2)).fast_cpu_plan == first.fast_cpu_plan and len(plans) == 1
+
+
+@pytest.mark.parametrize(("cpuinfo", "expected"), [
+    ("processor\t: 0\ncpu family\t: 25\nmodel\t: 1\nmodel name\t: AMD EPYC 7B13\n\nprocessor\t: 1\nmodel name\t: B\n",
+     "AMD EPYC 7B13 (family 25, model 1)"),
+    ("processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\n", "{processor}")], ids=["x86", "Arm"])
+def test_the_cpu_that_choices_are_kept_under_is_its_first_processors_model_name_family_and_model(
+        tmp_path, monkeypatch, cpuinfo, expected):
+    import platform
+
+    (tmp_path / "cpuinfo").write_text(cpuinfo)
+    monkeypatch.setattr(kernels, "Path", lambda path: tmp_path / "cpuinfo" if path == "/proc/cpuinfo" else Path(path))
+    monkeypatch.setattr(platform, "processor", lambda: "aarch64")
+    assert kernels.cpu_name() == expected.format(processor="aarch64")
+
+
+def test_a_cache_folder_a_file_cannot_be_written_in_is_one_line_naming_it(tmp_path, monkeypatch):
+    """The folder is there (made by another user, read-only): a file written in it is the test."""
+    import errno
+    import tempfile
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refused)
+    with pytest.raises(kernels.CacheNotWritable) as refusal:
+        kernels.writable(tmp_path)
+    assert str(refusal.value) == (f"vaswani_hf cannot write its cache {tmp_path} (Permission denied): set "
+                                  "VASWANI_HF_CACHE to a folder it can write")
 
 
 def test_processes_that_need_the_same_choice_at_once_measure_it_once(tmp_path):
