@@ -6,6 +6,7 @@ import io
 import json
 import os
 import pty
+import re
 import select
 import shutil
 import sys
@@ -216,7 +217,7 @@ def test_vaswani_push_publishes_the_model_and_nothing_of_its_training(translatio
         shards = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
         expected = PUBLISHED - {"model.safetensors"} | shards | {"model.safetensors.index.json"}
     for training_file in ("checkpoint-4/model.safetensors", "checkpoint-4/optimizer.safetensors", "schedule.json",
-                          "runs/events.out.tfevents.1", "metrics.json"):
+                          "runs/events.out.tfevents.1", "metrics.json", "optimizer.safetensors"):
         (folder / training_file).parent.mkdir(parents=True, exist_ok=True)
         (folder / training_file).write_bytes(b"training")
     calls = []
@@ -633,6 +634,7 @@ def test_token_batches_hold_at_most_max_tokens_sorted_by_length():
     assert flat == sorted(lengths)
     assert all(len(batch) * max(lengths[i] for i in batch) <= 16 or len(batch) == 1 for batch in batches)
     assert [[lengths[i] for i in batch] for batch in batches] == [[1, 3, 3], [5, 7], [8], [12], [40]]
+    assert token_batches([4, 4, 4, 4], max_tokens=16) == [[0, 1, 2, 3]]  # exactly max_tokens
 
 
 @pytest.mark.parametrize("terminal", [False, True], ids=["pipe, windows of 2", "terminal"])
@@ -695,22 +697,27 @@ def test_progress_goes_to_stderr_with_lines_and_tokens_per_second(translation_fo
     (tmp_path / "in.txt").write_text("\n".join(MANY))
     result = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt")
     assert result.returncode == 0 and result.stdout == ""
-    assert f"{len(MANY)}/{len(MANY)}" in result.stderr and "lines" in result.stderr and "tokens/s" in result.stderr
+    assert f"{len(MANY)}/{len(MANY)}" in result.stderr and "lines" in result.stderr
+    assert int(re.findall(r"(\d+) tokens/s", result.stderr)[-1]) > 0
     assert len((tmp_path / "out.txt").read_text().split("\n")) == len(MANY) + 1
 
 
 def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_folder, capfd, monkeypatch, cli):
+    """Two sources in one batch, a line of spaces (blank: empty translations scored 0), a window after it; the
+    tokens counted (of each best hypothesis, EOS included) are the search's."""
     from vaswani_hf.gnmt import gnmt_beam_search
+    from vaswani_hf.tools.translate import translations
 
     model, tokenizer = load_local(translation_folder)
-    lines = [SOURCES[0], "", SOURCES[2]]
-    result = cli("--model", translation_folder, "--nbest", "3", "--quiet", "--window", "2",
+    lines = [SOURCES[0], SOURCES[1], " \t", SOURCES[2]]
+    result = cli("--model", translation_folder, "--nbest", "3", "--quiet", "--window", "3",
                  stdin="\n".join(lines) + "\n")
     assert result.returncode == 0, result.stderr
     rows = [line.split(" ||| ") for line in result.stdout.splitlines()]
-    assert [int(index) for index, _, _ in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # the input's line, across windows
-    assert [text for _, text, _ in rows[3:6]] == ["", "", ""]
-    for index in (0, 2):
+    assert [int(index) for index, _, _ in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]  # the input's, across windows
+    assert [(text, float(score)) for _, text, score in rows[6:9]] == [("", 0.0)] * 3
+    found = {found.index: found for found in translations(model, tokenizer, lines[:2], nbest=3)}  # one batch
+    for index in (0, 1, 3):
         inputs = tokenizer(lines[index], return_tensors="pt")
         sequences, scores = gnmt_beam_search(model, inputs["input_ids"], num_beams=4, alpha=0.6,
                                              num_return_sequences=3, output_scores=True)
@@ -718,8 +725,19 @@ def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_fold
         assert [text for _, text, _ in ours] == tokenizer.batch_decode(sequences, skip_special_tokens=True)
         assert [float(score) for _, _, score in ours] == pytest.approx(scores.tolist(), abs=1e-4)
         assert ours[0][1] == translate(model, tokenizer, [lines[index]])[0]
+        if index < 2:
+            best = sequences[0, 1:]  # after the start token
+            assert found[index].tokens == int(best.ne(tokenizer.pad_token_id).sum())
     assert refused_translation(capfd, monkeypatch, "--model", translation_folder, "--nbest", "5",
                                stdin=b"A dog.\n") == "error: --nbest 5 is more than the beam size 4"
+
+
+def test_translating_with_a_training_model_decodes_without_dropout_and_leaves_it_training(translation_folder):
+    """training/run.py scores BLEU between steps: the search runs in eval mode, and the run goes on training."""
+    model = AutoModelForSeq2SeqLM.from_pretrained(translation_folder, dropout=0.5)
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    expected = translate(model.eval(), tokenizer, SOURCES[:4])
+    assert translate(model.train(), tokenizer, SOURCES[:4]) == expected and model.training
 
 
 def test_a_translation_holding_a_newline_is_still_one_output_line():
@@ -749,6 +767,21 @@ def test_a_converted_models_greedy_translations_are_scored_by_the_log_probabilit
             log_probs = model(**inputs, decoder_input_ids=sequence[None, :-1]).logits[0].log_softmax(-1)
         assert text == tokenizer.decode(sequence, skip_special_tokens=True)
         assert score == pytest.approx(log_probs.gather(-1, sequence[1:, None]).sum().item(), abs=1e-4)
+
+
+def test_a_converted_models_beams_are_scored_as_generate_ranks_them(translation_folder):
+    """With 4 beams, each hypothesis and its score are transformers' beam search's (`sequences_scores`: log P over
+    |Y|^length_penalty), not a sum of its steps' scores."""
+    from vaswani_hf.tools.translate import translations
+
+    model, tokenizer = load_local(translation_folder)
+    del model.generation_config.gnmt_alpha
+    model.generation_config.num_beams = 4
+    for index, hypotheses, _ in translations(model, tokenizer, SOURCES[:4], nbest=2):
+        found = model.generate(**tokenizer(SOURCES[index], return_tensors="pt"), num_return_sequences=2,
+                               output_scores=True, return_dict_in_generate=True)
+        assert [text for text, _ in hypotheses] == tokenizer.batch_decode(found.sequences, skip_special_tokens=True)
+        assert [score for _, score in hypotheses] == pytest.approx(found.sequences_scores.tolist(), abs=1e-5)
 
 
 @pytest.mark.parametrize("problem", ["missing", "empty", "broken config", "no weights"])

@@ -636,7 +636,8 @@ def test_a_name_or_owner_and_name_is_a_hub_id_and_anything_else_a_path(tmp_path,
                                   "marian folder", "no padding token", "no tokenizer", "a run not ended",
                                   "no beams", "no tokens", "alpha not a number", "alpha infinite", "a checkpoint",
                                   "damaged generation_config.json", "blank input", "blank output", "blank model",
-                                  "extra length negative", "extra length of a published decoding"])
+                                  "extra length negative", "extra length of a published decoding",
+                                  "input is a folder", "output in a missing folder", "ctranslate2 on mps"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
     """In this process (support.refused_translation); the command itself in the tests below."""
     args, stdin = ["--model", translation_folder], b"A dog runs.\n"
@@ -707,7 +708,13 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
             (tmp_path / "checkpoint-9" / name).write_text("{}")
         args = ["--model", tmp_path / "checkpoint-9"]
     if case in ("blank input", "blank output", "blank model"):
-        args += [f"--{case.split()[1]}", " " * (case == "blank model")]  # an unset variable, or a space
+        args += [f"--{case.split()[1]}", " " * (case != "blank output")]  # a space, or an unset variable
+    if case == "input is a folder":
+        args += ["--input", tmp_path]
+    if case == "output in a missing folder":
+        args += ["--output", tmp_path / "missing" / "out.txt"]
+    if case == "ctranslate2 on mps":
+        args += ["--engine", "ctranslate2", "--device", "mps"]
     if case == "damaged generation_config.json":  # transformers would decode greedily, not with the folder's beams
         shutil.copytree(translation_folder, tmp_path / "damaged")
         text = (tmp_path / "damaged" / "generation_config.json").read_text()
@@ -716,6 +723,9 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
     expected = {"latin-1 stdin": "standard input is not UTF-8 text: byte 0xe9 on line 1",
                 "latin-1 file": "in.txt is not UTF-8 text: byte 0xe9 on line 2",
                 "missing input": f"--input {tmp_path / 'no-such.txt'}: no such file",
+                "input is a folder": f"--input {tmp_path}: no such file",
+                "output in a missing folder": f"--output {tmp_path / 'missing' / 'out.txt'}: not a file in an "
+                "existing folder", "ctranslate2 on mps": "error: --device mps: CTranslate2 runs on cpu or cuda",
                 "device cuda": "error: --device cuda: this machine has no CUDA GPU that torch can use",
                 "device cuda:2 of 2": "error: --device cuda:2: torch can use cuda:0 to cuda:1 here",
                 "device mps": "error: --device mps: this machine has no mps device that torch can use",
@@ -811,6 +821,30 @@ def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, 
     finally:
         torch.set_num_threads(threads)
     assert translations[1] == translations[0]
+
+
+def test_a_source_is_refused_past_the_last_position_by_its_line_in_the_input(translation_folder):
+    """A window's lines are numbered from the window's first; a source of exactly as many tokens as positions fits."""
+    import types
+
+    from transformers import AutoTokenizer
+
+    from vaswani_hf.tools.translate import check_lengths
+
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    fits = len(tokenizer("A dog runs.")["input_ids"])
+    engine = types.SimpleNamespace(positions=fits, name="torch")
+    check_lengths(engine, tokenizer, ["A dog runs.", "A dog."], first_line=5)
+    with pytest.raises(SystemExit, match=rf"^error: line 6 has \d+ tokens; this model's positions stop at {fits} "):
+        check_lengths(engine, tokenizer, ["A dog runs.", "A dog runs. A dog runs."], first_line=5)
+
+
+def test_sinusoids_refuse_no_source_for_its_length():
+    from vaswani_hf import VaswaniConfig
+    from vaswani_hf.tools.loading import learned_positions
+
+    assert learned_positions(VaswaniConfig(max_position_embeddings=8)) is None
+    assert learned_positions(VaswaniConfig(max_position_embeddings=8, position_embedding="learned")) == 8
 
 
 def test_a_folder_without_tokenizer_config_translates_as_the_complete_one(translation_folder, tmp_path, cli):
