@@ -816,8 +816,18 @@ def test_attention_weights_are_distributions_and_the_decoder_is_masked(translati
     assert torch.all(weights.decoder[:, above_diagonal] == 0)
     assert weights.target_tokens[0] == tokenizer.bos_token
     assert model.config._attn_implementation == "sdpa"  # the eager switch for the weights is undone
-    with pytest.raises(ValueError, match="layer 7 does not exist"):
-        attention_weights(model, tokenizer, SOURCES[0], "Hallo.", layer=7)
+    for layer in (7, -3):  # the tiny model's stacks: 2 encoder layers, 3 decoder layers
+        with pytest.raises(ValueError, match=f"layer {layer} does not exist: the model has 2 layers"):
+            attention_weights(model, tokenizer, SOURCES[0], "Hallo.", layer=layer)
+
+
+def test_attention_weights_of_a_training_model_are_without_dropout_and_it_goes_on_training(translation_folder):
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(translation_folder, dropout=0.5, attention_dropout=0.5)
+    expected = attention_weights(model.eval(), tokenizer, SOURCES[0], "Hallo.", layer=0)
+    found = attention_weights(model.train(), tokenizer, SOURCES[0], "Hallo.", layer=0)
+    assert model.training
+    assert all(torch.equal(getattr(found, name), getattr(expected, name)) for name in ("encoder", "decoder", "cross"))
 
 
 @pytest.mark.parametrize("layer", [0, -1])
@@ -853,6 +863,29 @@ def test_attention_weights_are_the_layers_softmax_of_scaled_query_key_products(t
         if name == "decoder":
             scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
         torch.testing.assert_close(getattr(weights, name), scores.softmax(-1).detach(), atol=1e-6, rtol=0)
+
+
+def test_the_layers_drawn_of_a_deeper_encoder_are_those_both_stacks_have(translation_folder, tmp_path):
+    """3 encoder layers, 2 decoder layers: --layer -1 is layer 1 of each, and layer 2 does not exist."""
+    from transformers.utils.logging import enable_progress_bar
+
+    from vaswani_hf import VaswaniForConditionalGeneration
+    from vaswani_hf.tools.visualize import main
+
+    model, tokenizer = load_local(translation_folder)
+    deeper = VaswaniForConditionalGeneration(model.config.__class__(**{
+        **model.config.to_diff_dict(), "num_layers": 3, "num_decoder_layers": 2})).eval()
+    deeper.save_pretrained(tmp_path / "deeper")
+    tokenizer.save_pretrained(tmp_path / "deeper")
+    try:
+        main([str(tmp_path / "deeper"), "--source", SOURCES[0], "--target", "Hallo.", "--output_dir",
+              str(tmp_path / "pictures")])
+    finally:
+        enable_progress_bar()
+    assert sorted(path.name for path in (tmp_path / "pictures").iterdir()) == [
+        "cross_attention_layer1.png", "decoder_self_attention_layer1.png", "encoder_self_attention_layer1.png"]
+    with pytest.raises(ValueError, match="layer 2 does not exist: the model has 2 layers"):
+        attention_weights(deeper, tokenizer, SOURCES[0], "Hallo.", layer=2)
 
 
 def test_the_visualize_command_writes_one_picture_per_attention(translation_folder, tmp_path, capfd):

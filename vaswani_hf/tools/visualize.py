@@ -36,20 +36,21 @@ class AttentionWeights:
 @torch.no_grad()
 def attention_weights(model, tokenizer, source: str, target: str | None = None, layer: int = -1) -> AttentionWeights:
     """The attention weights of `layer` (negative: from the top) for one sentence pair, teacher-forced: the decoder
-    reads the start token and the target tokens. Without `target`, the model's translation of `source` is used."""
-    model.eval()
+    reads the start token and the target tokens. Without `target`, the model's translation of `source` is used. The
+    model computes in eval mode (no dropout) and is left in its own."""
     device = next(model.parameters()).device
     inputs = tokenizer([source], return_tensors="pt").to(device)
     if target is None:
         target = translate(model, tokenizer, [source])[0]
     labels = tokenizer([target], return_tensors="pt")["input_ids"].to(device)
     decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
-    implementation = model.config._attn_implementation
+    implementation, training = model.config._attn_implementation, model.training
     model.set_attn_implementation("eager")  # the fused kernels do not return the weights
     try:
-        outputs = model(**inputs, decoder_input_ids=decoder_input_ids, output_attentions=True, use_cache=False)
+        outputs = model.eval()(**inputs, decoder_input_ids=decoder_input_ids, output_attentions=True, use_cache=False)
     finally:
         model.set_attn_implementation(implementation)
+        model.train(training)
     num_layers = min(len(outputs.encoder_attentions), len(outputs.decoder_attentions))
     if not -num_layers <= layer < num_layers:
         raise ValueError(f"layer {layer} does not exist: the model has {num_layers} layers (0..{num_layers - 1})")
