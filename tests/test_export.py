@@ -478,6 +478,15 @@ def test_ctranslates_workers_are_measured_once_per_export_and_taken_only_when_th
         torch.set_num_threads(threads)
 
 
+def test_a_workers_probe_is_one_greedy_translation_of_its_tokens_in_a_batch_for_each_part():
+    from vaswani_hf.tools.ctranslate2_engine import probe_seconds
+
+    calls = []
+    translator = type("Translator", (), {"translate_batch": lambda self, sources, **options: calls.append(options)})()
+    assert probe_seconds(translator, [["a"]] * 16, 3, 12) >= 0
+    assert calls == [{"beam_size": 1, "min_decoding_length": 12, "max_decoding_length": 12, "max_batch_size": 6}]
+
+
 def test_the_engine_measures_workers_only_on_a_cpu_with_threads_to_share_and_leaves_torchs_count(
         translation_folder, trained, tmp_path, monkeypatch):
     """On a CPU with two threads the workers are measured (`kept_workers`) and torch keeps its two threads though
