@@ -158,7 +158,8 @@ def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) 
                     model.train()
                     timer = functools.partial(training_seconds, model, *pairs.to(device))
                 else:
-                    model.eval()  # exactly new_tokens tokens a sequence: no end of sentence before, no early stopping
+                    model.eval()
+                    # exactly new_tokens tokens a sequence: no end of sentence before them, no early stopping
                     timer = functools.partial(generate_seconds, model, input_ids=source, generation_config=(
                         GenerationConfig(
                             num_beams=4 if mode == "beam" else 1, do_sample=False, early_stopping=False,
