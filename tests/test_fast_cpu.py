@@ -19,8 +19,8 @@ from support import random_ids, tiny_model
 from transformers import AutoConfig
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from vaswani_hf import fast_cpu, modeling_vaswani, quantize_int8
-from vaswani_hf.speed import kernels
+from vaswani_hf import fast_cpu, keep_freed_memory, modeling_vaswani, quantize_int8
+from vaswani_hf.speed import allocator, kernels
 from vaswani_hf.speed.decoding import PLAIN
 from vaswani_hf.speed.kernels import PACKING, PackedLinear, fingerprint
 
@@ -1025,3 +1025,23 @@ def test_keep_freed_memory_lets_a_freed_block_be_reused_without_faulting_its_pag
     assert applied == "True"  # Linux with glibc, as the machines that run these tests
     assert int(default) > 1000 and all(int(faults) * 100 < int(default) for faults in kept[4:]), (default, kept)
     assert int(default_at_top) > 1000 and int(at_top) * 100 < int(default_at_top), (default_at_top, at_top)
+
+
+@pytest.mark.parametrize("platform, glibc", [("linux", True), ("linux", False), ("darwin", True), ("win32", True)])
+def test_keep_freed_memory_sets_glibcs_two_thresholds_and_nothing_on_another_c_library(monkeypatch, platform, glibc):
+    """mallopt(M_MMAP_THRESHOLD = -3, 1 GiB) and mallopt(M_TRIM_THRESHOLD = -1, 1 GiB), as glibc's malloc.h numbers
+    them, on Linux with glibc only: another C library (musl) may number them otherwise; Windows has no CDLL(None)."""
+    calls = []
+
+    class Libc:
+        def mallopt(self, parameter, value):
+            calls.append((parameter, value))
+            return 1
+
+    if glibc:
+        Libc.gnu_get_libc_version = lambda self: b"2.39"
+    monkeypatch.setattr(allocator.sys, "platform", platform)
+    monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: Libc())
+    applies = platform == "linux" and glibc
+    assert keep_freed_memory() is applies
+    assert sorted(calls) == ([(-3, 1 << 30), (-1, 1 << 30)] if applies else [])

@@ -3,6 +3,7 @@ logits close to the float32 model's, and the translator's --int8 flag."""
 
 import copy
 
+import pytest
 import torch
 from support import random_ids, tiny_model
 from torch import nn
@@ -87,3 +88,31 @@ def test_the_int8_layers_compute_with_8_bit_activations_and_err_less_than_torchs
             assert (layer(x).double() - expected).abs().max() < 1e-5 * expected.abs().max(), levels
         ours_error, torchs_error = ((layer(x) - reference).norm() / reference.norm() for layer in (ours, torchs))
     assert ours_error < torchs_error, (ours_error, torchs_error)
+
+
+def test_each_output_channel_gets_its_own_scale():
+    """Per-channel weights, as the module docstring says: an output whose weights are a thousandth of another's keeps
+    its precision (with one scale for the whole matrix, its weights would all round to zero)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 2, bias=False)
+    with torch.no_grad():
+        linear.weight[0] *= 1e-3
+    layer = quantize_int8(nn.Sequential(linear))[0]
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        small, expected = layer(x)[:, 0], linear(x)[:, 0]
+    assert (small - expected).norm() < 0.02 * expected.norm(), (small, expected)
+
+
+def test_a_model_off_the_cpu_is_refused_with_what_to_do():
+    with pytest.raises(ValueError, match=r"runs on the CPU: move the model there first \(model.cpu\(\)\)"):
+        quantize_int8(tiny_model().to("meta"))
+
+
+def test_a_torch_that_cannot_tell_vnni_gets_torchs_7_bit_activations(monkeypatch):
+    """Without torch's VNNI probe, full-range activations are not assumed: on a CPU without VNNI they saturate."""
+    assert full_range_activations() == torch.cpu._is_vnni_supported()
+    monkeypatch.delattr(torch.cpu, "_is_vnni_supported")
+    assert full_range_activations() is False
+    layers = [layer for layer in quantize_int8(tiny_model()).modules() if isinstance(layer, DynamicQuantizedLinear)]
+    assert layers and all(type(layer) is DynamicQuantizedLinear for layer in layers)

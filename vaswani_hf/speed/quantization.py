@@ -29,9 +29,7 @@ class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
     for CPUs with VNNI, whose int8 products accumulate in 32 bits."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(input, self._packed_params._packed_params, reduce_range=False).to(
-            input.dtype
-        )
+        return torch.ops.quantized.linear_dynamic(input, self._packed_params._packed_params, reduce_range=False)
 
 
 def full_range_activations() -> bool:
