@@ -2,6 +2,7 @@
 (but the compiler and the memory trials), before one is at hand."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from support import accelerate_as_in_a_new_process, commands_run_here
-from utilisation import main, marian, summary
+from utilisation import EOS, main, marian, summary, token_file, wmt_like_pairs
 
 from vaswani_hf import VaswaniConfig
 
@@ -100,21 +101,54 @@ def test_three_processes_figures_are_their_medians_and_the_recipe_hours_and_targ
     assert found["recipe_hours"] == pytest.approx(300_000 * 0.7 / 3600) and found["processes"] == runs
     assert found["targets"] == {"mfu": {"target": 0.3, "met": True}, "over_marian": {"target": 2.0, "met": True}}
     assert summary("big", [{**run, "mfu": run["mfu"] - 0.05} for run in runs])["targets"]["mfu"]["met"] is False
+    assert summary("big", [{**run, "mfu": 0.3} for run in runs])["targets"]["mfu"]["met"] is True  # at least 30%
     assert summary("base", runs)["recipe_hours"] == pytest.approx(100_000 * 0.7 / 3600)  # base: 100,000 steps
 
 
-def test_marians_tokens_per_second_count_the_steps_after_its_warmup(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("warmup", "expected"), [(2, (8 + 12) / 20), (0, (6 + 8 + 12) / 30)])
+def test_marian_trains_as_ours_and_its_tokens_per_second_count_the_steps_after_its_warmup(tmp_path, monkeypatch,
+                                                                                           warmup, expected):
     """Seq2SeqTrainer's steps timed at their ends (a clock here that reads 10 s more at each): with 2 warm-up steps
-    of 4, the last 2 steps' target tokens over the 20 s from the warm-up's end."""
+    of 4, the last 2 steps' target tokens over the 20 s from the warm-up's end; with none, the first step's end
+    starts the clock. Each step's 2 batches are fed in order, accumulated into one step, with label smoothing 0.1."""
+    import transformers
     import utilisation
 
     ends = iter(range(10, 1000, 10))
     monkeypatch.setattr(utilisation, "time", SimpleNamespace(perf_counter=lambda: float(next(ends))))
+    trainers, fed = [], []
+
+    class Seen(transformers.Seq2SeqTrainer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            trainers.append(self)
+            self.model.register_forward_pre_hook(lambda module, args, inputs: fed.append(inputs["input_ids"].tolist()),
+                                                 with_kwargs=True)
+
+    monkeypatch.setattr(transformers, "Seq2SeqTrainer", Seen)
     config = VaswaniConfig(vocab_size=40, d_model=16, d_ff=32, num_heads=2, num_layers=1, pad_token_id=0,
                            bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
-    steps = [[([[5, 6, 7, 2]], [[8] * length + [2]])] for length in (1, 2, 3, 5)]  # 2, 3, 4 and 6 target tokens
-    found = marian("tiny", config, steps, 1, 2, utilisation.torch.device("cpu"), tmp_path, 1)
-    assert found == {"target_tokens_per_second": (4 + 6) / 20, "seconds_per_step": 10}
+    steps = [[([[5] * length + [2]], [[8] * length + [2]]), ([[6, 2]], [[9] * length + [2]])]
+             for length in (1, 2, 3, 5)]
+    found = marian("tiny", config, steps, 2, warmup, utilisation.torch.device("cpu"), tmp_path, 1)
+    assert found == {"target_tokens_per_second": expected, "seconds_per_step": 10}  # steps of 4, 6, 8, 12 tokens
+    assert fed == [sources for step in steps for sources, _ in step]
+    assert trainers[0].args.gradient_accumulation_steps == 2 and trainers[0].args.label_smoothing_factor == 0.1
+
+
+def test_the_pairs_are_as_long_as_wmt14s_and_their_ids_ordinary_tokens_ending_in_eos(tmp_path):
+    """Lengths log-normal: exp(3.1 + 0.62^2 / 2) = 26.9 source tokens on average, a tail cut at 256 and reaching it,
+    targets exp(0.08 + 0.2^2 / 2) = 1.105 times as long on average; in the token file each row of random ids of
+    its length, none a special token (0-3), ending in </s>."""
+    source, target = wmt_like_pairs(400_000, 37000)
+    assert source.mean() == pytest.approx(math.exp(3.1 + 0.62**2 / 2), rel=0.01)
+    assert source.min() >= 1 and target.min() >= 1 and source.max() == target.max() == 256
+    assert (target / source).mean() == pytest.approx(math.exp(0.08 + 0.2**2 / 2), rel=0.01)
+    rows = token_file(tmp_path, source[:50], target[:50], 40)
+    for side, lengths in (("source", source[:50]), ("target", target[:50])):
+        assert list(rows[f"{side}_length"]) == list(lengths)
+        for ids, length in zip(rows[f"{side}_ids"], lengths, strict=True):
+            assert len(ids) == length and ids[-1] == EOS and all(4 <= id < 40 for id in ids[:-1])
 
 
 def test_the_benchmarks_scratch_folders_are_removed_when_their_process_ends():
