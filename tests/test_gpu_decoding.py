@@ -4,6 +4,7 @@ the same batches to the same length (each asserts its output's length), before a
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_decoding
 from gpu_decoding import main, mapped_files
+from speed import EOS, PAD
+
+from vaswani_hf import VaswaniForConditionalGeneration
 
 
 def test_every_engine_decodes_the_sources_at_tiny_sizes_on_a_cpu(tmp_path, capsys):
@@ -32,6 +36,53 @@ def test_every_engine_decodes_the_sources_at_tiny_sizes_on_a_cpu(tmp_path, capsy
     if torch.version.cuda is None:  # torch's CPU build and CTranslate2 on a CPU load no cuBLAS; a CUDA build does
         assert report["cublas"] == []
     assert all(Path(file).name.startswith("libcublas") for file in report["cublas"])
+
+
+def test_each_engine_writes_11_tenths_of_the_longest_source_with_4_beams_from_the_same_sources(tmp_path,
+                                                                                               monkeypatch):
+    """The work each engine is given: 1.1 x its batch's longest source in new tokens, exactly (min = max), beam 4;
+    ours and transformers' from the same padded sources, rows of ordinary ids ending in </s>; the static engine with
+    transformers' static cache. The 12 sources are one batch, decoded twice (warm-up, then timed)."""
+    searches, generations = [], []
+    search, generate = gpu_decoding.gnmt_beam_search, VaswaniForConditionalGeneration.generate
+
+    def searched(model, ids, mask, beams, alpha, **kwargs):
+        searches.append((ids, beams, alpha, kwargs))
+        return search(model, ids, mask, beams, alpha, **kwargs)
+
+    def generated(self, **kwargs):
+        generations.append((kwargs["input_ids"], kwargs["generation_config"]))
+        return generate(self, **kwargs)
+
+    monkeypatch.setattr(gpu_decoding, "gnmt_beam_search", searched)
+    monkeypatch.setattr(VaswaniForConditionalGeneration, "generate", generated)
+    main(["--tiny", "--sentences", "12", "--output_dir", str(tmp_path / "out")])
+    ids, beams, alpha, kwargs = searches[0]
+    lengths = ids.ne(PAD).sum(1)
+    n = round(1.1 * int(lengths.max()))
+    assert len(searches) == 2 and len(ids) == 12 and (beams, alpha, kwargs) == (
+        4, 0.6, {"max_new_tokens": n, "min_new_tokens": n})
+    assert all(row[length - 1] == EOS and bool((row[:length - 1] >= 4).all()) for row, length in zip(ids, lengths))
+    assert json.loads((tmp_path / "out" / "decoding.json").read_text())["new_tokens"] == 12 * n
+    assert len(generations) == 4
+    for (input_ids, config), static in zip(generations, (False, False, True, True), strict=True):
+        assert torch.equal(input_ids, ids) and (config.num_beams, config.min_new_tokens, config.max_new_tokens) == (
+            4, n, n)
+        assert config.cache_implementation == ("static" if static else None)
+
+
+def test_ctranslate2_is_given_the_sources_without_their_eos_and_the_same_new_tokens():
+    """CTranslate2 appends </s> to a source itself; it writes 1.1 x the longest source (5 ids with </s>: 6 tokens)."""
+    seen = {}
+
+    class Translator:
+        def translate_batch(self, tokens, **options):
+            seen.update(tokens=tokens, **options)
+            return [SimpleNamespace(hypotheses=[["7"] * options["max_decoding_length"]]) for _ in tokens]
+
+    gpu_decoding.ct2(Translator(), [[5, 6, 2], [7, 8, 9, 10, 2]])
+    assert seen == {"tokens": [["5", "6"], ["7", "8", "9", "10"]], "beam_size": 4, "min_decoding_length": 6,
+                    "max_decoding_length": 6, "length_penalty": 0.6}
 
 
 def test_the_rate_leaves_the_warm_up_batch_out_and_times_every_batch_once(monkeypatch):
