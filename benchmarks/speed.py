@@ -40,7 +40,7 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
-from transformers import GenerationConfig, MarianConfig, MarianMTModel
+from transformers import MarianConfig, MarianMTModel
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, fast_cpu, keep_freed_memory, quantize_int8
 from vaswani_hf.speed.kernels import cache_root, cpu_name
@@ -116,13 +116,15 @@ def paper_adam(model: nn.Module) -> torch.optim.Optimizer:
 
 @torch.no_grad()
 def generate(model: nn.Module, source: torch.Tensor, num_beams: int, new_tokens: int = NEW_TOKENS) -> None:
-    """Exactly `new_tokens` tokens: a generation config without EOS. (`min_new_tokens` would add a logits processor
-    whose torch.where over beams x vocabulary costs about a fifth of a base-size int8 beam-4 call, in both models.)"""
-    config = GenerationConfig(num_beams=num_beams, do_sample=False, max_new_tokens=new_tokens,
-                              early_stopping=num_beams > 1,  # beam search's flag: greedy would warn of it
-                              length_penalty=1.0, eos_token_id=None, pad_token_id=PAD, bos_token_id=BOS,
-                              decoder_start_token_id=BOS)
-    output = model.generate(input_ids=source, attention_mask=torch.ones_like(source), generation_config=config)
+    """Exactly `new_tokens` tokens: no end of sentence. (`min_new_tokens` would add a logits processor whose
+    torch.where over beams x vocabulary costs about a fifth of a base-size int8 beam-4 call, in both models.) The
+    settings are arguments of generate(), not a GenerationConfig: generate() fills a config's None (eos_token_id
+    among them) from the model's generation config, but takes an argument's as given."""
+    output = model.generate(input_ids=source, attention_mask=torch.ones_like(source), num_beams=num_beams,
+                            do_sample=False, max_new_tokens=new_tokens,
+                            early_stopping=num_beams > 1,  # beam search's flag: greedy would warn of it
+                            length_penalty=1.0, eos_token_id=None, pad_token_id=PAD, bos_token_id=BOS,
+                            decoder_start_token_id=BOS)
     assert output.shape[1] == new_tokens + 1, output.shape
 
 
