@@ -29,7 +29,7 @@ from training.recipe import training_data
 from vaswani_hf import TranslationPipeline, quantize_int8
 from vaswani_hf.tools.loading import load
 from vaswani_hf.tools.translate import papers_decoding
-from vaswani_hf.tools.visualize import attention_weights, write_pictures
+from vaswani_hf.tools.visualize import attention_weights, plot_heads, write_pictures
 
 SOURCES = ["The small dog sees the old man.", "A woman reads a book in the garden.", "The children play."]
 TOKEN = "hf_vaswaniTestToken0123456789abcdef"
@@ -954,7 +954,7 @@ def test_write_pictures_draws_every_head_with_its_weights_and_tokens(translation
     expected = [(weights.encoder, source, source), (weights.decoder, target, target), (weights.cross, target, source)]
     for figure, path, (tensor, queries, keys) in zip(figures, paths, expected, strict=True):
         drawn = [axis for axis in figure.axes if axis.images]
-        assert len(drawn) == model.config.num_heads
+        assert len(drawn) == len(figure.axes) == model.config.num_heads <= 4  # one row of at most 4, no blank panel
         for head, axis in enumerate(drawn):
             assert axis.get_title() == f"head {head + 1}"
             assert torch.equal(torch.as_tensor(axis.images[0].get_array()), tensor[head])
@@ -964,6 +964,24 @@ def test_write_pictures_draws_every_head_with_its_weights_and_tokens(translation
         with Image.open(path) as picture:
             assert all(abs(a - b) <= 1 for a, b in zip(picture.size, (width, height)))
         close(figure)
+
+
+def test_more_heads_than_four_wrap_into_rows_of_four_every_head_drawn(tmp_path, monkeypatch):
+    """6 heads (the paper's base has 8): two rows of four panels, heads 1-6 drawn in order, the two left over blank."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", lambda figure: figures.append(figure))
+    weights = torch.rand(6, 2, 3)
+    plot_heads(weights, ["a", "b"], ["x", "y", "z"], "six heads", tmp_path / "six.png")
+    (figure,) = figures
+    drawn = [axis for axis in figure.axes if axis.images]
+    assert len(figure.axes) == 8 and [axis.get_title() for axis in drawn] == [f"head {h}" for h in range(1, 7)]
+    assert all(torch.equal(torch.as_tensor(axis.images[0].get_array()), weights[h]) for h, axis in enumerate(drawn))
+    assert [axis.axison for axis in figure.axes] == [True] * 6 + [False] * 2
+    assert {round(axis.get_position().y0, 2) for axis in figure.axes[:4]} != {
+        round(axis.get_position().y0, 2) for axis in figure.axes[4:]}  # two rows
+    plt.close(figure)
 
 
 def test_a_published_decoding_with_one_beam_or_none_set_is_named_greedy():
