@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,13 +25,21 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
     here the process's command (`utilisation.py ... --one tiny --output_dir FOLDER`) runs in this process, main()
     with its arguments. FlopCounterMode's count without attention's kernels (which torch 2.15 counts on a CPU too,
     2.13 not) must equal 6 x the weights each padded source and target token passes through, widths rounded up to 8
-    (the benchmark's independent estimate)."""
+    (the benchmark's independent estimate). The host's seconds reading and padding a step are the timed steps' alone:
+    the two warm-up steps' batches here take half a second each to read, the timed steps' a few milliseconds."""
     import utilisation
+
+    class SlowToWarm(utilisation.EpochBatches):
+        def step(self, step):
+            if step < 2:
+                time.sleep(0.5)
+            return super().step(step)
 
     commands = commands_run_here(monkeypatch, utilisation)
     monkeypatch.setattr(utilisation, "device_name", lambda device: "NVIDIA H200")  # its peak: MFU's formula runs
+    monkeypatch.setattr(utilisation, "EpochBatches", SlowToWarm)
     with accelerate_as_in_a_new_process():
-        assert main(["--tiny", "--warmup", "1", "--steps", "2", "--pad_to_multiple_of", "8", "--output_dir",
+        assert main(["--tiny", "--warmup", "2", "--steps", "2", "--pad_to_multiple_of", "8", "--output_dir",
                      str(tmp_path / "out")]) == 0
     folder = str(tmp_path / "out" / "tiny-1")  # one process for the one size
     assert [command[-4:] for command in commands] == [["--one", "tiny", "--output_dir", folder]]
@@ -48,6 +57,7 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
     assert tiny["mfu"] == pytest.approx(tiny["flops_per_step"] / seconds / 989e12)  # the H200's dense bf16 peak
     assert tiny["host_waits_per_step"] is None  # no GPU: no waits to count
     assert tiny["host_issue_seconds_per_step"] is None  # nor steps handed to a GPU
+    assert tiny["host_data_seconds_per_step"] < 0.25
     assert tiny["recipe_hours"] == pytest.approx(100_000 * tiny["seconds_per_step"] / 3600)
     host = tiny["profile"]["top_host"]  # where a step's host time goes: the operators of most self time, in order
     assert len(host) == 8 and any(call["call"].startswith("aten::") for call in host)
