@@ -162,3 +162,30 @@ def test_ours_are_decoded_once_from_the_saved_model_as_vaswani_translate_decodes
     monkeypatch.setattr(translate, "load", None)  # nothing loaded to decode again
     monkeypatch.setattr(sys, "argv", ["multi30k.py", "--data", str(data), "--score_only", str(out)])
     multi30k.main()
+
+
+def test_the_rarest_quarter_breaks_a_tie_of_rarest_words_by_the_next_rarest():
+    """Sentences 0 and 1 each hold a word seen once; sentence 1's other word is the rarer (2 against 5): it is the
+    quarter (one of four), though the first in order would be 0."""
+    training = ["a", "b", "y", "y", "c", "c", "c", "d", "d", "d"] + ["x"] * 5 + ["z"] * 6 + ["w"] * 7
+    assert multi30k.rarest_quarter(["a x", "b y", "c z", "d w"], training) == [1]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--minutes", "0"], "a training budget must be positive, not 0"),
+    (["--no_test"], "--no_test: the peer's script always decodes test2016; add --skip_peer"),
+    (["--output_dir", "{existing}"], "--output_dir {existing} exists: name a new one"),
+])
+def test_a_wrong_request_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys, flags, message):
+    data = tmp_path / "data"
+    multi30k_folder(data, 10)
+    (tmp_path / "earlier").mkdir()
+    flags = [flag.format(existing=tmp_path / "earlier") for flag in flags]
+    started = []
+    monkeypatch.setattr(multi30k, "run", lambda command, log: started.append(command))
+    monkeypatch.setattr(sys, "argv", ["multi30k.py", "--data", str(data), "--output_dir", str(tmp_path / "out"),
+                                      *flags])
+    with pytest.raises(SystemExit) as raised:
+        multi30k.main()
+    assert message.format(existing=tmp_path / "earlier") in str(raised.value) + capsys.readouterr().err
+    assert started == [] and not (tmp_path / "out").exists()
