@@ -1,8 +1,11 @@
 """benchmarks/alpha_choice.py: corpus BLEU from per-sentence statistics against sacreBLEU's own corpus score; the split
 halves: α chosen on one half scored on the other (against sacreBLEU on the same split), and on hypotheses whose better
-α is known (the references themselves)."""
+α is known (the references themselves); the command's report on a run decoded by a stand-in of known quality, and its
+refusals before any decoding."""
 
+import json
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -12,6 +15,7 @@ from sacrebleu.metrics import BLEU
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
+import alpha_choice
 from alpha_choice import corpus_bleu, sentence_statistics, split_halves
 
 REFERENCES = [
@@ -65,3 +69,58 @@ def test_alpha_chosen_on_one_half_is_scored_on_the_other():
     assert result["halves_agree"] == 0.0
     expected = (bleu(choices[0], halves[1]) + bleu(choices[1], halves[0])) / 2
     assert result["held_out_bleu"]["chosen"] == pytest.approx(expected, abs=0.006)  # reported to 2 decimals
+
+
+def run_main(monkeypatch, capsys, arguments: list[str], calls: list) -> list[dict]:
+    """alpha_choice.py's main() on `arguments`, decoding by a stand-in of known quality: α 1.4 writes the references
+    themselves, any other α drops half their words. `calls` fills with its calls' keyword arguments; the printed
+    rows come back."""
+    def translate(model, tokenizer, sources, **kwargs):
+        calls.append(kwargs)
+        return list(REFERENCES[: len(sources)]) if kwargs["alpha"] == 1.4 else degraded(0.5, 0)[: len(sources)]
+
+    monkeypatch.setattr(alpha_choice, "translate", translate)
+    monkeypatch.setattr(sys, "argv", ["alpha_choice.py", *arguments])
+    alpha_choice.main()
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+
+
+def text_files(tmp_path, lines: int) -> list[str]:
+    (tmp_path / "v.en").write_text("".join(f"source {i}\n" for i in range(len(REFERENCES))))
+    (tmp_path / "v.de").write_text("".join(line + "\n" for line in REFERENCES[:lines]))
+    return ["--source", str(tmp_path / "v.en"), "--reference", str(tmp_path / "v.de")]
+
+
+def test_each_run_decodes_its_candidates_with_4_beams_and_reports_them_against_the_best(translation_folder, tmp_path,
+                                                                                        monkeypatch, capsys):
+    """A run's own α candidates (its metrics.json) when --alphas is not given; BLEU, the length ratio (hypothesis over
+    reference words, as sacreBLEU counts them) and each α's p-value against the best, the best left out."""
+    run = tmp_path / "run"
+    shutil.copytree(translation_folder, run)
+    (run / "metrics.json").write_text(json.dumps({"alpha_search": [0.6, 1.4]}))
+    calls = []
+    (row,) = run_main(monkeypatch, capsys, [str(run), "--splits", "5", *text_files(tmp_path, 32)], calls)
+    assert [(call["alpha"], call["num_beams"]) for call in calls] == [(0.6, 4), (1.4, 4)]
+    worse = BLEU().corpus_score(degraded(0.5, 0), [REFERENCES])
+    assert row["bleu"] == {"0.6": round(worse.score, 2), "1.4": 100.0}
+    assert row["length_ratio"] == {"0.6": round(worse.sys_len / worse.ref_len, 3), "1.4": 1.0}
+    assert list(row["p_against_best"]) == ["0.6"] and row["p_against_best"]["0.6"] < 0.05
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["--alphas", "0.6,-1"], "α must be at least 0, not 0.6,-1"),
+    (["--splits", "0"], "must be at least 1, not 0"),
+    (["{empty}"], "{empty}: not a training/run.py output folder (no config.json)"),
+    (["--lines", "31"], "has 32 lines but"),
+])
+def test_a_wrong_request_is_one_line_before_any_decoding(translation_folder, tmp_path, monkeypatch, capsys,
+                                                         arguments, message):
+    (tmp_path / "empty").mkdir()
+    lines = int(arguments[1]) if arguments[0] == "--lines" else 32
+    run = [str(tmp_path / "empty")] if arguments == ["{empty}"] else [str(translation_folder)]
+    options = arguments if arguments[0] in ("--alphas", "--splits") else []
+    calls = []
+    with pytest.raises(SystemExit) as raised:
+        run_main(monkeypatch, capsys, [*run, "--alphas", "1.4", *options, *text_files(tmp_path, lines)], calls)
+    assert message.format(empty=tmp_path / "empty") in str(raised.value) + capsys.readouterr().err
+    assert calls == []
