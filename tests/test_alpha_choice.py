@@ -107,20 +107,18 @@ def test_each_run_decodes_its_candidates_with_4_beams_and_reports_them_against_t
     assert list(row["p_against_best"]) == ["0.6"] and row["p_against_best"]["0.6"] < 0.05
 
 
-@pytest.mark.parametrize(("arguments", "message"), [
-    (["--alphas", "0.6,-1"], "α must be at least 0, not 0.6,-1"),
-    (["--splits", "0"], "must be at least 1, not 0"),
-    (["{empty}"], "{empty}: not a training/run.py output folder (no config.json)"),
-    (["--lines", "31"], "has 32 lines but"),
+@pytest.mark.parametrize(("empty", "options", "lines", "message"), [
+    (False, ["--alphas", "0.6,-1"], 32, "α must be at least 0, not 0.6,-1"),
+    (False, ["--splits", "0"], 32, "must be at least 1, not 0"),
+    (True, [], 32, "{empty}: not a training/run.py output folder (no config.json)"),
+    (False, [], 31, "has 32 lines but"),
 ])
-def test_a_wrong_request_is_one_line_before_any_decoding(translation_folder, tmp_path, monkeypatch, capsys,
-                                                         arguments, message):
+def test_a_wrong_request_is_one_line_before_any_decoding(translation_folder, tmp_path, monkeypatch, capsys, empty,
+                                                         options, lines, message):
     (tmp_path / "empty").mkdir()
-    lines = int(arguments[1]) if arguments[0] == "--lines" else 32
-    run = [str(tmp_path / "empty")] if arguments == ["{empty}"] else [str(translation_folder)]
-    options = arguments if arguments[0] in ("--alphas", "--splits") else []
+    run = tmp_path / "empty" if empty else translation_folder
     calls = []
     with pytest.raises(SystemExit) as raised:
-        run_main(monkeypatch, capsys, [*run, "--alphas", "1.4", *options, *text_files(tmp_path, lines)], calls)
+        run_main(monkeypatch, capsys, [str(run), "--alphas", "1.4", *options, *text_files(tmp_path, lines)], calls)
     assert message.format(empty=tmp_path / "empty") in str(raised.value) + capsys.readouterr().err
     assert calls == []
