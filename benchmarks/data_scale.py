@@ -6,17 +6,19 @@
 Writes synthetic aligned corpora (two made-up languages of a million words built from syllables, drawn by Zipf's law
 with exponent 1.2, so that about 9% of running words lie beyond the 10,000 most frequent, as in news text; sentence
 lengths log-normal like WMT's, median 20 words), then for each size and number of processes runs `training/run.py` as a
-user would (`accelerate launch`, a 3+3-layer model of d_model 256 given as flags, `--bpe_sample 100000`) twice: cold (a
-new output folder and an empty datasets cache) and warm (the same run resumed from its checkpoint). For each it reports
-the peak resident memory (and the private part of it) of every training process and of the tokenizing workers, the
-seconds from the launch until the run's first checkpoint is written (its first optimizer step done, then a checkpoint
-of a few MB), and the token cache's size on disk; beside them, the run's tokenization speed against `tokenizer(texts)`
-(what every process did before the cache) on 100,000 pairs of the same corpus with the same tokenizer. The slopes from
-the two largest sizes project to 4.5M and 36M pairs. Writes `data_scale.json` and `data_scale.md` in --work_dir.
+user would (`accelerate launch`, a 3+3-layer model of d_model 256 given as flags, `--bpe_sample 100000`,
+`--no_fast_cpu`: fast_cpu's one-time timing of the CPU would fall in the first launch alone) twice: cold (a new output
+folder and an empty datasets cache) and warm (the same run resumed from its checkpoint). For each it reports the peak
+resident memory (and the private part of it) of every training process and of the tokenizing workers, the seconds from
+the launch until the run's first checkpoint is written (its first optimizer step done, then a checkpoint of a few MB),
+and the token cache's size on disk; beside them, the run's tokenization speed against `tokenizer(texts)` (what every
+process did before the cache) on 100,000 pairs of the same corpus with the same tokenizer. The slopes from the two
+largest sizes project to 4.5M and 36M pairs. Writes `data_scale.json` and `data_scale.md` in --work_dir.
 """
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -65,15 +67,15 @@ def write_corpus(prefix: Path, pairs: int, seed: int = 0, chunk: int = 100_000) 
     with contextlib.ExitStack() as stack:
         files = {lang: stack.enter_context(open(prefix.with_suffix(f".{lang}.partial"), "w", encoding="utf-8"))
                  for lang in LANGUAGES}
-        for start in range(0, pairs, chunk):
-            n = min(chunk, pairs - start)
-            source_lengths = np.clip(np.round(rng.lognormal(np.log(20), 0.6, n)), 1, 120).astype(int)
+        for start in range(0, pairs, chunk):  # whole chunks drawn, the lines wanted written: the same at any size
+            source_lengths = np.clip(np.round(rng.lognormal(np.log(20), 0.6, chunk)), 1, 120).astype(int)
             lengths = {"en": source_lengths,
-                       "de": np.clip(np.round(source_lengths * rng.lognormal(0, 0.15, n)), 1, 140).astype(int)}
+                       "de": np.clip(np.round(source_lengths * rng.lognormal(0, 0.15, chunk)), 1, 140).astype(int)}
             for lang in LANGUAGES:
                 drawn = words[lang][np.searchsorted(zipf, rng.random(lengths[lang].sum()))]
                 ends = np.cumsum(lengths[lang])
-                files[lang].writelines(" ".join(drawn[a:b]) + " .\n" for a, b in zip(ends - lengths[lang], ends))
+                lines = (" ".join(drawn[a:b]) + " .\n" for a, b in zip(ends - lengths[lang], ends))
+                files[lang].writelines(itertools.islice(lines, pairs - start))
     for lang in LANGUAGES:
         os.replace(prefix.with_suffix(f".{lang}.partial"), prefix.with_suffix(f".{lang}"))
 
@@ -170,7 +172,8 @@ def measure(prefix: Path, pairs: int, world: int, work: Path) -> dict:
     shutil.rmtree(output_dir, ignore_errors=True)
     shutil.rmtree(cache, ignore_errors=True)
     env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    flags = ["--train_file", str(prefix), "--output_dir", str(output_dir), *MODEL, "--save_steps", "1"]
+    flags = ["--train_file", str(prefix), "--output_dir", str(output_dir), *MODEL, "--save_steps", "1",
+             "--no_fast_cpu"]
     cold = launch([*flags, "--max_steps", "2"], world, output_dir, env, 1)
     warm = launch([*flags, "--max_steps", "3", "--resume_from_checkpoint", "latest"], world, output_dir, env, 2)
     tokens = output_dir / "tokens"
@@ -203,18 +206,18 @@ def project(rows: list[dict], target: int) -> dict:
 
 
 def table(rows: list[dict], projections: dict) -> str:
+    def cold_warm(row, key):  # each training process's figure
+        return " / ".join(", ".join(str(value) for value in row[launch][key]) for launch in ("cold", "warm"))
+
     lines = [("| pairs | processes | peak memory per process, cold / warm (MB) | of it private, cold / warm (MB) | "
               "tokenizing workers (MB) | first step, cold / warm (s) | tokenization, pairs/s (tokenizer(texts)) | "
               "token cache + text cache (MB) |"), "|---:|---:|---|---|---:|---|---|---|"]
     for r in rows:
         old = f" ({r['old_pairs_per_second']:,})" if "old_pairs_per_second" in r else ""
-        speed = r["cold"]["tokenized_pairs_per_second"]
-        lines.append(f"| {r['pairs']:,} | {r['processes']} | {r['cold']['rank_peak_mb']} / "
-                     f"{r['warm']['rank_peak_mb']} "
-                     f"| {r['cold']['rank_private_mb']} / {r['warm']['rank_private_mb']} "
-                     f"| {r['cold']['worker_peak_mb'] or '-'} | {r['cold']['seconds_to_first_step']} / "
-                     f"{r['warm']['seconds_to_first_step']} | {speed:,}{old} | "
-                     f"{r['cache_mb']} + {r['text_cache_mb']} |")
+        lines.append(f"| {r['pairs']:,} | {r['processes']} | {cold_warm(r, 'rank_peak_mb')} | "
+                     f"{cold_warm(r, 'rank_private_mb')} | {r['cold']['worker_peak_mb'] or '-'} | "
+                     f"{r['cold']['seconds_to_first_step']} / {r['warm']['seconds_to_first_step']} | "
+                     f"{r['cold']['tokenized_pairs_per_second']:,}{old} | {r['cache_mb']} + {r['text_cache_mb']} |")
     for name, size in projections.items():
         for world, p in size.items():
             lines.append(f"| {name}, projected | {world} | {p['rank_peak_mb']} | {p['rank_private_mb']} | | "
