@@ -16,6 +16,7 @@ top operators, and dropout's masks drawn four ways at the step's shapes (median 
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,7 @@ from vaswani_hf.tools.text import read_lines
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 SKIPPED = 5  # steps left out of each timing: the allocator and caches settle
+CPU_MAX_TOKENS = 4096  # training/run.py's batches on a CPU where --max_tokens is not given (batch_tokens)
 
 
 def loss(model, batch, smoothed=label_smoothed_nll):
@@ -83,6 +85,17 @@ def dropout_ways(p: float) -> dict:
     }
 
 
+def step_batches(preset: dict, ids, pad_token_id: int, steps: int) -> list[list[dict]]:
+    """The batches of each of `steps` optimizer steps as training/run.py makes them on one CPU process: batches of the
+    preset's --max_tokens (none given: the CPU's default), as many a step as reach its tokens_per_step, the epoch's
+    batches over again where a step needs more than it holds."""
+    max_tokens = preset.get("max_tokens") or CPU_MAX_TOKENS
+    accumulation = max(1, math.ceil(preset["tokens_per_step"] / max_tokens))
+    batches = token_batches([len(s) for s in ids[0]], [len(t) for t in ids[1]], max_tokens, 0, 0)
+    return [[collate(batches[i % len(batches)], *ids, pad_token_id, "cpu") for i in range(start, start + accumulation)]
+            for start in range(0, accumulation * steps, accumulation)]
+
+
 def step_count(text: str) -> int:
     value = int(text)
     if value <= SKIPPED:
@@ -112,17 +125,15 @@ def main():
     sources, targets = read_lines(args.data / "train.en"), read_lines(args.data / "train.de")
     tokenizer = train_joint_bpe(sources + targets, preset["vocab_size"])
     ids = encode(tokenizer, list(zip(sources, targets)))
-    batches = token_batches([len(s) for s in ids[0]], [len(t) for t in ids[1]], preset["max_tokens"], 0, 0)
-    accumulation = max(1, preset["tokens_per_step"] // preset["max_tokens"])
-    per_step = [[collate(b, *ids, tokenizer.pad_token_id, "cpu") for b in batches[i: i + accumulation]]
-                for i in range(0, accumulation * args.steps, accumulation)]
+    per_step = step_batches(preset, ids, tokenizer.pad_token_id, args.steps)
     if args.dropout is not None:
         preset["dropout"] = args.dropout
     model_fields = {field.name for field in dataclasses.fields(ModelArguments)}  # the model's part of the preset
     config = ModelArguments(**{k: v for k, v in preset.items() if k in model_fields}).config(tokenizer)
     clip = preset.get("max_grad_norm", 0.0)
-    print(f"{cpu_name()}, {torch.get_num_threads()} threads; {args.preset}: {accumulation} batch(es) of <= "
-          f"{preset['max_tokens']} tokens a step, P_drop {config.dropout:g}, gradients clipped at {clip or 'none'}")
+    print(f"{cpu_name()}, {torch.get_num_threads()} threads; {args.preset}: {len(per_step[0])} batch(es) of <= "
+          f"{preset.get('max_tokens') or CPU_MAX_TOKENS} tokens a step, P_drop {config.dropout:g}, gradients clipped "
+          f"at {clip or 'none'}")
 
     def model():
         torch.manual_seed(0)
