@@ -38,8 +38,9 @@ def main():
     if len(sources) != len(references):
         raise SystemExit(f"error: {len(sources)} sources but {len(references)} references")
     model, tokenizer = load(args.model, "cpu")
+    alpha = getattr(model.generation_config, "gnmt_alpha", None)
     print(f"{cpu_name()}, {args.threads} threads; {len(sources)} sentences, beam {model.generation_config.num_beams}, "
-          f"GNMT α {getattr(model.generation_config, 'gnmt_alpha', 0.6)}")
+          + (f"GNMT α {alpha}" if alpha is not None else "transformers' beam search"))
     print("| model | sacreBLEU | chrF | sentences/s |")
     print("|---|---:|---:|---:|")
     int8, _ = load(args.model, "cpu", int8=True)  # as `vaswani-translate --int8` decodes
