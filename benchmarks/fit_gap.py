@@ -1,11 +1,12 @@
 """How far a finished Multi30k model fits its training data beyond what it generalizes: per-token and per-sentence
 NLL (no smoothing) on a sample of the training pairs and on the whole validation set, for our run and the peer's.
 
-    python benchmarks/fit_gap.py RUN_DIR [--peer PEER_DIR] [--sample 1014]
+    python benchmarks/fit_gap.py RUN_DIR [--peer PEER_DIR] [--sample 1014] [--data DIR]
 
-RUN_DIR is a `training/run.py` output folder; PEER_DIR is the folder `../shared/baselines/train_marian.py` wrote
-(`benchmarks/multi30k.py` leaves both in its --output_dir: `ours`, `marian`). Per-token NLLs of different
-vocabularies do not compare; per-sentence NLLs (nats a sentence) do. Validation only, never test2016.
+RUN_DIR is a `training/run.py` output folder; PEER_DIR is the folder `benchmarks/marian_baseline.py` wrote
+(`benchmarks/multi30k.py` leaves both in its --output_dir: `ours`, `marian`). DIR holds train and valid, each as
+NAME.en + NAME.de (default: Multi30k). Per-token NLLs of different vocabularies do not compare; per-sentence NLLs
+(nats a sentence) do. Validation only, never test2016.
 """
 
 import argparse
@@ -30,8 +31,8 @@ from vaswani_hf.tools.text import read_lines
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 
 
-def pairs(split: str) -> list[tuple[str, str]]:
-    return list(zip(read_lines(DATA / f"{split}.en"), read_lines(DATA / f"{split}.de"), strict=True))
+def pairs(data: Path, split: str) -> list[tuple[str, str]]:
+    return list(zip(read_lines(data / f"{split}.en"), read_lines(data / f"{split}.de"), strict=True))
 
 
 def nll(model, tokenizer, sentence_pairs) -> dict:
@@ -47,12 +48,13 @@ def main():
     parser.add_argument("--peer", type=Path)
     parser.add_argument("--sample", type=int, default=1014,
                         help="Training pairs drawn (seed 0); 1,014 = validation's size.")
+    parser.add_argument("--data", type=Path, default=DATA)
     args = parser.parse_args()
     for folder, needed in [(args.run_dir, "config.json"), (args.peer, "model/config.json"), (args.peer, "tokenizer")]:
         if folder is not None and not (folder / needed).exists():
             raise SystemExit(f"error: {folder / needed} not found: is {folder} a finished run's folder?")
-    train = random.Random(0).sample(pairs("train"), args.sample)
-    valid = pairs("valid")
+    train = random.Random(0).sample(pairs(args.data, "train"), args.sample)
+    valid = pairs(args.data, "valid")
     models = {"ours": (VaswaniForConditionalGeneration.from_pretrained(args.run_dir),
                        AutoTokenizer.from_pretrained(args.run_dir))}
     if args.peer:

@@ -11,7 +11,7 @@ heads, d_ff 1024, one embedding matrix for source, target and the output, dropou
 grouped by length; stopped at the first step after the budget. Then the teacher-forced NLL of valid and test2016,
 and their translations with transformers' beam search (beam 4, its length penalty 0.6, at most source length + 50)
 and greedy test2016, scored by sacreBLEU and chrF. OUT/results.json keeps it all; OUT/SPLIT_beamN.hyp.de the
-translations.
+translations; OUT/model and OUT/tokenizer the trained model (for `benchmarks/fit_gap.py --peer OUT`).
 """
 
 import argparse
@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer.remove_callback(PrinterCallback)  # Budget prints each log line, with its time
     trainer.train()
     model.eval()
+    model.save_pretrained(args.out / "model")
+    tokenizer.save_pretrained(args.out / "tokenizer")
 
     steps = trainer.state.global_step
     results = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "vocabulary": len(tokenizer),

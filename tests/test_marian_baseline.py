@@ -79,6 +79,13 @@ def test_the_peer_trains_for_its_budget_and_writes_what_the_comparison_reads(tmp
             total, count = total + loss.item() * len(labels), count + len(labels)
     assert results["eval"]["valid_nll"] == pytest.approx(total / count, rel=1e-4)
 
+    # The trained model and its tokenizer, saved as benchmarks/fit_gap.py --peer reads them.
+    saved = marian_baseline.MarianMTModel.from_pretrained(out / "model").state_dict()
+    assert saved.keys() == model.state_dict().keys()
+    assert all(torch.equal(saved[name], weight) for name, weight in model.state_dict().items())
+    reloaded = marian_baseline.PreTrainedTokenizerFast.from_pretrained(out / "tokenizer")
+    assert reloaded.get_vocab() == tokenizer.get_vocab()
+
 
 def test_the_budget_stops_training_at_the_first_step_that_ends_after_it(monkeypatch):
     clock = [100.0]
