@@ -25,11 +25,11 @@ sys.path.insert(0, str(ROOT))
 from multi30k import bleu, length_quartiles, rarest_quarter
 from transformers import AutoTokenizer
 
-from training.averaging import average_checkpoints
+from training.averaging import averaged_model
 from training.batching import encode
-from training.checkpoints import WEIGHTS_FILE, checkpoints
+from training.checkpoints import checkpoints
 from training.evaluation import translate, validation_loss
-from vaswani_hf import VaswaniForConditionalGeneration
+from vaswani_hf import VaswaniConfig
 from vaswani_hf.speed.kernels import cpu_name
 from vaswani_hf.tools.text import read_lines
 
@@ -54,21 +54,20 @@ def main():
         raise SystemExit(f"{args.run_dir}: {len(found)} checkpoints, fewer than the window {max(args.windows)}")
     sources, references = read_lines(args.source), read_lines(args.reference)
     tokenizer = AutoTokenizer.from_pretrained(args.run_dir)
-    model = VaswaniForConditionalGeneration.from_pretrained(args.run_dir).eval()
+    config = VaswaniConfig.from_pretrained(args.run_dir)
     encoded = encode(tokenizer, list(zip(sources, references, strict=True)))
     sets = {"all": range(len(sources)), "long": length_quartiles(sources)[3],
             "rare": rarest_quarter(sources, read_lines(args.training_source))}
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads; {args.run_dir}: {len(found)} checkpoints")
     for window in args.windows:
         start = time.perf_counter()
-        model.load_state_dict(average_checkpoints([path / WEIGHTS_FILE for path in found[-window:]]), strict=False)
-        model.tie_weights()
+        model, averaged = averaged_model(args.run_dir, config, window, print)  # as the run averages its last ones
         nll = validation_loss(model, *encoded, tokenizer.pad_token_id, 2048, "cpu")
         scores = {}
         for alpha in args.alphas:
             hypotheses = translate(model, tokenizer, sources, num_beams=4, alpha=alpha)
             scores[str(alpha)] = {name: round(bleu(hypotheses, references, rows), 2) for name, rows in sets.items()}
-        print(json.dumps({"last": window, "from": found[-window].name, "nll": round(nll, 4), "bleu": scores,
+        print(json.dumps({"last": window, "from": averaged[0].name, "nll": round(nll, 4), "bleu": scores,
                           "seconds": round(time.perf_counter() - start)}), flush=True)
 
 
