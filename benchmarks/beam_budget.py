@@ -29,13 +29,19 @@ from vaswani_hf import fast_cpu, keep_freed_memory
 from vaswani_hf.speed.kernels import cpu_name
 
 
-def decoder_products_ms(model, beams: int, repeats: int) -> float:
-    """32 steps of our decoder's linear products on 16 x `beams` rows, back to back."""
-    rows = GENERATE_BATCH * beams
-    layers = [layer for decoder_layer in model.model.decoder.layers for layer in (
+def step_layers(model) -> list:
+    """The linear layers a decoder step runs: every one of the decoder's but the source's keys and values (computed
+    once a call, then cached), and the output projection."""
+    return [layer for decoder_layer in model.model.decoder.layers for layer in (
         decoder_layer.self_attn.q_proj, decoder_layer.self_attn.k_proj, decoder_layer.self_attn.v_proj,
         decoder_layer.self_attn.out_proj, decoder_layer.encoder_attn.q_proj, decoder_layer.encoder_attn.out_proj,
         decoder_layer.fc1, decoder_layer.fc2)] + [model.lm_head]
+
+
+def decoder_products_ms(model, beams: int, repeats: int) -> float:
+    """32 steps of our decoder's linear products on 16 x `beams` rows, back to back."""
+    rows = GENERATE_BATCH * beams
+    layers = step_layers(model)
     inputs = [torch.randn(rows, 1, layer.in_features) for layer in layers]
 
     def steps():
