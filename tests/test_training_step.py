@@ -42,3 +42,12 @@ def test_each_step_holds_the_batches_of_a_run_of_the_preset_on_a_cpu(preset):
     order = [i - 3 for batch in batches for i in batch["input_ids"][:, 0].tolist()]
     assert len(order) > PAIRS and sorted(order[:PAIRS]) == list(range(PAIRS))  # each pair once an epoch
     assert order[PAIRS:] == order[:len(order) - PAIRS]  # then the epoch again
+
+
+@pytest.mark.parametrize("way", list(training_step.dropout_ways(0.3)))
+def test_each_way_of_drawing_dropout_masks_drops_p_and_scales_what_it_keeps(way):
+    torch.manual_seed(0)
+    dropped = training_step.dropout_ways(0.3)[way](torch.ones(200, 500))
+    kept = dropped != 0
+    assert kept.float().mean().item() == pytest.approx(0.7, abs=0.005)  # 100,000 draws: a standard error of 0.0014
+    assert torch.allclose(dropped[kept], torch.tensor(1 / 0.7))
