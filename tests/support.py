@@ -77,6 +77,19 @@ def draw_gains_and_biases(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def summed_nll(model, tokenizer, pairs) -> tuple[float, int]:
+    """The model's cross-entropy summed over the target tokens of (source, target) `pairs`, one sentence at a time
+    (no padding to leave out), and the number of those tokens: the reference for the NLLs the benchmarks report."""
+    total = tokens = 0
+    with torch.no_grad():
+        for source, target in pairs:
+            labels = torch.tensor([tokenizer(text_target=target)["input_ids"]])
+            logits = model(input_ids=torch.tensor([tokenizer(source)["input_ids"]]), labels=labels).logits
+            total += torch.nn.functional.cross_entropy(logits[0], labels[0], reduction="sum").item()
+            tokens += labels.shape[1]
+    return total, tokens
+
+
 def random_ids(batch: int, length: int, vocab: int = 53, seed: int = 0) -> torch.Tensor:
     """Token ids that avoid the special tokens 0..3."""
     generator = torch.Generator().manual_seed(seed)

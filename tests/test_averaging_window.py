@@ -10,7 +10,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 from sacrebleu.metrics import BLEU
-from support import accelerate_as_in_a_new_process, multi30k_folder
+from support import accelerate_as_in_a_new_process, multi30k_folder, summed_nll
 from transformers import AutoTokenizer
 
 from training.checkpoints import save_checkpoint
@@ -43,17 +43,6 @@ def run(translation_folder, tmp_path):
     return folder, weights
 
 
-def own_nll(model, tokenizer, sources, references) -> float:
-    total = tokens = 0
-    with torch.no_grad():
-        for source, target in zip(sources, references, strict=True):
-            labels = torch.tensor([tokenizer(text_target=target)["input_ids"]])
-            logits = model(input_ids=torch.tensor([tokenizer(source)["input_ids"]]), labels=labels).logits
-            total += torch.nn.functional.cross_entropy(logits[0], labels[0], reduction="sum").item()
-            tokens += labels.shape[1]
-    return total / tokens
-
-
 def test_each_window_scores_the_mean_of_the_last_checkpoints(run, tmp_path, monkeypatch, capsys):
     folder, weights = run
     data = tmp_path / "data"
@@ -69,7 +58,8 @@ def test_each_window_scores_the_mean_of_the_last_checkpoints(run, tmp_path, monk
     for row, last in zip(rows, (weights[1:], weights[2:]), strict=True):
         model = VaswaniForConditionalGeneration.from_pretrained(folder).eval()
         model.load_state_dict({name: sum(w[name] for w in last) / len(last) for name in last[0]})
-        assert row["nll"] == pytest.approx(own_nll(model, tokenizer, sources, references), abs=1e-4)
+        total, tokens = summed_nll(model, tokenizer, zip(sources, references, strict=True))
+        assert row["nll"] == pytest.approx(total / tokens, abs=1e-4)
         hypotheses = translate(model, tokenizer, sources, num_beams=4, alpha=0.6)
         assert row["bleu"]["0.6"]["all"] == round(BLEU().corpus_score(hypotheses, [references]).score, 2)
 

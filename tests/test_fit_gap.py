@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from support import multi30k_folder
+from support import multi30k_folder, summed_nll
 from transformers import AutoTokenizer, MarianMTModel, PreTrainedTokenizerFast
 
 from vaswani_hf import VaswaniForConditionalGeneration
@@ -25,13 +25,7 @@ def split(data, name: str) -> list[tuple[str, str]]:
 
 
 def own_nll(model, tokenizer, pairs) -> dict:
-    total = tokens = 0
-    with torch.no_grad():
-        for source, target in pairs:
-            labels = torch.tensor([tokenizer(text_target=target)["input_ids"]])
-            logits = model(input_ids=torch.tensor([tokenizer(source)["input_ids"]]), labels=labels).logits
-            total += torch.nn.functional.cross_entropy(logits[0], labels[0], reduction="sum").item()
-            tokens += labels.shape[1]
+    total, tokens = summed_nll(model, tokenizer, pairs)
     return {"per_token": total / tokens, "per_sentence": total / len(pairs)}
 
 
