@@ -43,6 +43,15 @@ started=$SECONDS
 out=${OUT:-/tmp/gpu-session}
 work=/tmp/gpu-session-parts
 rm -rf "$work" && mkdir -p "$out" "$work"
+parts="${*:-training}"  # each argument one part or several
+for name in $parts; do  # every name checked before anything runs
+    case $name in
+        speed | base | wrapper | big | training | eager | cudnn | decoding | deterministic) ;;
+        *) echo "error: unknown part $name: speed, base, wrapper, big, training, eager, cudnn, decoding," \
+                "deterministic"
+           exit 1 ;;
+    esac
+done
 tiny=${GPU_SESSION_TINY:+--tiny}
 if [ -z "$tiny" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -83,31 +92,26 @@ utilisation() {  # NAME SECONDS_NEEDED FLAGS...: benchmarks/utilisation.py into 
     run "$name" "$needed" python3 benchmarks/utilisation.py --output_dir "$work/$name" "$@"
 }
 
-for part in "${@:-training}"; do
-    for name in $part; do
-        case $name in
-            speed) sizes=${tiny:+--sizes small --repeats 1}
-                   PYTHONPATH=".:${PYTHONPATH:-}" timeout $((${GPU_SESSION_SECONDS:-580} - 10)) \
-                       taskset -c 0,1 python3 benchmarks/speed.py ${sizes:---sizes small base} >"$out/speed.log" 2>&1 &
-                   [ "$(nproc)" -gt 2 ] && pin="taskset -c 2-$(($(nproc) - 1))" ;;
-            base) utilisation base 240 --sizes base --processes 3 ;;
-            big) utilisation big 200 --sizes big --processes 1 ;;
-            wrapper) TORCHINDUCTOR_CPP_WRAPPER=1 utilisation wrapper 200 --sizes base --processes 1 --skip_marian \
-                         --compile inductor ;;
-            eager) utilisation eager 60 --sizes base --processes 1 --compile no ;;
-            cudnn) utilisation cudnn 60 --sizes base --processes 1 --compile no --cudnn_attention ;;
-            decoding) run decoding 100 env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-                          python3 benchmarks/gpu_decoding.py --output_dir "$work/decoding" ;;
-            training) run training 450 env TORCH_LOGS=recompiles python3 benchmarks/gpu_check.py \
-                          --parts training remote --output_dir "$work/training" ;;
-            deterministic) utilisation deterministic-step 150 --sizes base --processes 1 --skip_marian --deterministic
-                           run deterministic 450 python3 benchmarks/gpu_check.py --parts training --deterministic \
-                               --output_dir "$work/deterministic" ;;
-            *) echo "error: unknown part $name: speed, base, wrapper, big, training, eager, cudnn, decoding," \
-                    "deterministic"
-               exit 1 ;;
-        esac
-    done
+for name in $parts; do
+    case $name in
+        speed) sizes=${tiny:+--sizes small --repeats 1}
+               PYTHONPATH=".:${PYTHONPATH:-}" timeout $((${GPU_SESSION_SECONDS:-580} - 10)) \
+                   taskset -c 0,1 python3 benchmarks/speed.py ${sizes:---sizes small base} >"$out/speed.log" 2>&1 &
+               [ "$(nproc)" -gt 2 ] && pin="taskset -c 2-$(($(nproc) - 1))" ;;
+        base) utilisation base 240 --sizes base --processes 3 ;;
+        big) utilisation big 200 --sizes big --processes 1 ;;
+        wrapper) TORCHINDUCTOR_CPP_WRAPPER=1 utilisation wrapper 200 --sizes base --processes 1 --skip_marian \
+                     --compile inductor ;;
+        eager) utilisation eager 60 --sizes base --processes 1 --compile no ;;
+        cudnn) utilisation cudnn 60 --sizes base --processes 1 --compile no --cudnn_attention ;;
+        decoding) run decoding 100 env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+                      python3 benchmarks/gpu_decoding.py --output_dir "$work/decoding" ;;
+        training) run training 450 env TORCH_LOGS=recompiles python3 benchmarks/gpu_check.py \
+                      --parts training remote --output_dir "$work/training" ;;
+        deterministic) utilisation deterministic-step 150 --sizes base --processes 1 --skip_marian --deterministic
+                       run deterministic 450 python3 benchmarks/gpu_check.py --parts training --deterministic \
+                           --output_dir "$work/deterministic" ;;
+    esac
 done
 wait
 tar czf "$out/gpu_session.tgz" -C "$work" --exclude '*.arrow' --exclude '*.safetensors' --exclude '*.bin' \

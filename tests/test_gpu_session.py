@@ -1,0 +1,104 @@
+"""benchmarks/gpu_session.sh, the one prepared call of a scarce GPU machine: each part starts the benchmark its header
+names, with flags that benchmark's own parser takes; a part the call has no time left for is skipped; an unknown
+part is refused before anything runs; every part's log comes back in one archive. The benchmarks are stand-ins here
+(a `python3` that records its command line): they run at tiny sizes in their own tests."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import gpu_check
+import gpu_decoding
+import speed
+import utilisation
+
+STAND_IN = f"""#!{sys.executable}
+import json, os, sys
+if sys.argv[1] == "-c":  # the script's own look-up of cuBLAS: none here
+    sys.exit(0)
+with open(os.environ["RECORD"], "a") as record:
+    record.write(json.dumps({{"argv": sys.argv[1:], "wrapper": os.environ.get("TORCHINDUCTOR_CPP_WRAPPER"),
+                             "logs": os.environ.get("TORCH_LOGS")}}) + "\\n")
+print("ran", *sys.argv[1:])
+"""
+
+
+def session(tmp_path, *parts, seconds=580) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    bin_dir, record = tmp_path / "bin", tmp_path / "record.jsonl"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python3").write_text(STAND_IN)
+    (bin_dir / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record),
+           "OUT": str(tmp_path / "out"), "GPU_SESSION_TINY": "1", "GPU_SESSION_SECONDS": str(seconds)}
+    result = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), *parts], env=env, check=False,
+                            capture_output=True, text=True, timeout=60)
+    return result, [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+
+
+def parsed(monkeypatch, script: str, argv: list[str]) -> argparse.Namespace:
+    """The command line as the script's own parser reads it (its main() stopped there)."""
+
+    class Parsed(Exception):
+        pass
+
+    parse = argparse.ArgumentParser.parse_args
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args",
+                        lambda self, args=None, namespace=None: (_ for _ in ()).throw(Parsed(parse(self, args))))
+    module = {"speed": speed, "utilisation": utilisation, "gpu_check": gpu_check, "gpu_decoding": gpu_decoding}[script]
+    monkeypatch.setattr(sys, "argv", [script, *argv])
+    with pytest.raises(Parsed) as stopped:
+        module.main(*([] if script == "speed" else [argv]))
+    monkeypatch.undo()
+    return stopped.value.args[0]
+
+
+def test_each_part_runs_its_benchmark_with_flags_the_benchmark_takes(tmp_path, monkeypatch):
+    parts = ["speed", "base", "wrapper", "big", "training", "eager", "cudnn", "decoding", "deterministic"]
+    result, commands = session(tmp_path, " ".join(parts[:4]), *parts[4:])  # a part may be one word or several
+    assert result.returncode == 0, result.stderr
+    runs = {}
+    for command in commands:
+        script = Path(command["argv"][0]).stem
+        args = parsed(monkeypatch, script, command["argv"][1:])
+        name = Path(args.output_dir).name if script != "speed" else "speed"
+        runs[name] = (script, args, command)
+    assert sorted(runs) == sorted(["speed", "base", "wrapper", "big", "training", "eager", "cudnn", "decoding",
+                                   "deterministic-step", "deterministic"])
+    assert runs["speed"][1].sizes == ["small"] and runs["speed"][1].repeats == 1  # the dry run's sizes
+    settings = {name: (args.sizes, args.processes, args.compile, args.cudnn_attention, args.skip_marian,
+                       args.deterministic) for name, (script, args, _) in runs.items() if script == "utilisation"}
+    assert settings == {"base": (["base"], 3, "auto", False, False, False),
+                        "wrapper": (["base"], 1, "inductor", False, True, False),
+                        "big": (["big"], 1, "auto", False, False, False),
+                        "eager": (["base"], 1, "no", False, False, False),
+                        "cudnn": (["base"], 1, "no", True, False, False),
+                        "deterministic-step": (["base"], 1, "auto", False, True, True)}
+    assert all(args.tiny for name, (_, args, _) in runs.items() if name != "speed")
+    assert [name for name, (_, _, command) in runs.items() if command["wrapper"] == "1"] == ["wrapper"]
+    assert runs["training"][1].parts == ["training", "remote"] and runs["training"][2]["logs"] == "recompiles"
+    assert runs["deterministic"][1].parts == ["training"] and runs["deterministic"][1].deterministic
+    with tarfile.open(tmp_path / "out" / "gpu_session.tgz") as archive:
+        logs = {Path(name).name for name in archive.getnames()}
+    assert {f"{name}.log" for name in runs if name != "speed"} <= logs
+    assert (tmp_path / "out" / "speed.log").read_text().startswith("ran ")
+
+
+def test_a_part_without_the_time_it_needs_is_skipped(tmp_path):
+    result, commands = session(tmp_path, "eager", "base", "cudnn", seconds=100)  # base needs 240 s
+    assert result.returncode == 0 and "gpu_session: base skipped" in result.stdout
+    output_dirs = [command["argv"][command["argv"].index("--output_dir") + 1] for command in commands]
+    assert [Path(folder).name for folder in output_dirs] == ["eager", "cudnn"]
+
+
+def test_an_unknown_part_is_refused_before_anything_runs(tmp_path):
+    result, commands = session(tmp_path, "eager", "decoding basee")
+    assert result.returncode == 1 and commands == []
+    assert result.stdout.startswith("error: unknown part basee: speed, base, ")
