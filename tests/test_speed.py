@@ -1,5 +1,6 @@
-"""benchmarks/speed.py's decoding, which times ours beside MarianMTModel: each call writes exactly the tokens it is
-timed on, whatever the model would end the sentence with."""
+"""benchmarks/speed.py, which times ours beside MarianMTModel: each decoding call writes exactly the tokens it is
+timed on, whatever the model would end the sentence with, and each figure of its table is its own engine's tokens
+over its own call's seconds."""
 
 import sys
 from collections import Counter
