@@ -17,8 +17,6 @@ import training_step
 from training import run
 
 PRESETS = Path(run.__file__).parent / "presets"
-
-
 PAIRS = 300
 
 
