@@ -50,13 +50,15 @@ def parsed(monkeypatch, script: str, argv: list[str]) -> argparse.Namespace:
         pass
 
     parse = argparse.ArgumentParser.parse_args
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args",
-                        lambda self, args=None, namespace=None: (_ for _ in ()).throw(Parsed(parse(self, args))))
+
+    def stop_after_parsing(self, args=None, namespace=None):
+        raise Parsed(parse(self, args))
+
     module = {"speed": speed, "utilisation": utilisation, "gpu_check": gpu_check, "gpu_decoding": gpu_decoding}[script]
-    monkeypatch.setattr(sys, "argv", [script, *argv])
-    with pytest.raises(Parsed) as stopped:
+    with monkeypatch.context() as patch, pytest.raises(Parsed) as stopped:
+        patch.setattr(argparse.ArgumentParser, "parse_args", stop_after_parsing)
+        patch.setattr(sys, "argv", [script, *argv])
         module.main(*([] if script == "speed" else [argv]))
-    monkeypatch.undo()
     return stopped.value.args[0]
 
 
