@@ -704,6 +704,13 @@ def test_onnx_runtime_runs_each_graph_on_the_threads_asked_for(onnx_model):
     assert [session.get_session_options().intra_op_num_threads for session in sessions] == [1, 1, 1]
 
 
+def test_onnx_runtime_workers_sleep_between_runs_not_spin(onnx_model):
+    """The decoding loop's own work between two runs needs the cores that spinning workers would hold."""
+    spinning = [session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+                for session in onnx_model.sessions.values()]
+    assert spinning == ["0", "0", "0"]
+
+
 def test_the_onnx_export_traces_a_float32_sdpa_copy_and_leaves_the_model_as_it_was(translation_folder, tmp_path,
                                                                                     monkeypatch):
     """torch's exporter (stubbed: the module it is given) sees float32 and SDPA attention; the model given stays

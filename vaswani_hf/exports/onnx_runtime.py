@@ -31,6 +31,9 @@ class OnnxSeq2Seq:
     def __init__(self, folder, providers: list[str] | None = None, threads: int | None = None):
         folder = Path(folder)
         options = onnxruntime.SessionOptions()
+        # Between two runs the decoding loop works in torch on the same cores (the next token, the beams' order):
+        # ONNX Runtime's workers, spinning there by default, would take them from it (benchmarks/README.md).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if threads:
             options.intra_op_num_threads = threads
         providers = providers or ["CPUExecutionProvider"]
