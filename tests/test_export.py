@@ -848,6 +848,23 @@ def test_onnx_greedy_runs_as_long_as_generate_without_eos(trained, onnx_model, m
     assert torch.equal(onnx_model.greedy(inputs["input_ids"], inputs["attention_mask"]), expected)
 
 
+def test_onnx_translate_decodes_batches_within_max_tokens_and_answers_in_order(onnx_model, monkeypatch):
+    """Each batch holds at most `max_tokens` source tokens, padding included (a longer source alone); every source is
+    decoded once and its translation comes back at its own place (a stand-in search that echoes its sources)."""
+    from vaswani_hf.exports import onnx_runtime
+
+    shapes = []
+    monkeypatch.setattr(onnx_runtime, "gnmt_beam_search", lambda model, ids, mask, beams, alpha, extra: shapes.append(
+        (tuple(ids.shape), int(mask.sum()))) or ids)
+    sources = ["A dog runs.", "", "A small dog likes a book and the big cat.", "A cat.", "dog " * 12, "The book."]
+    tokenizer = onnx_model.tokenizer
+    lengths = [len(ids) for ids in tokenizer([s for s in sources if s.strip()])["input_ids"]]
+    found = onnx_model.translate(sources, max_tokens=20)
+    assert found == [tokenizer.decode(tokenizer(s)["input_ids"], skip_special_tokens=True) for s in sources]
+    assert len(shapes) > 1 and sum(tokens for _, tokens in shapes) == sum(lengths)
+    assert all(rows * width <= 20 or rows == 1 for (rows, width), _ in shapes)
+
+
 def test_onnx_translate_decodes_as_the_folders_generation_config_says(onnx_model, monkeypatch):
     """The folder's beam size, GNMT α and `extra_length`, else the paper's 4, 0.6 and 50; a call's own; one beam: the
     greedy loop."""

@@ -23,6 +23,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from ..gnmt import extra_length_of, gnmt_beam_search
+from ..tools.translate import MAX_TOKENS, token_batches
 
 
 class OnnxSeq2Seq:
@@ -107,19 +108,23 @@ class OnnxSeq2Seq:
                 break
         return tokens
 
-    def translate(self, sources: list[str], num_beams: int | None = None, alpha: float | None = None) -> list[str]:
-        """Translations of `sources` in one batch: greedy for `num_beams=1`, else the paper's beam search with the
+    def translate(self, sources: list[str], num_beams: int | None = None, alpha: float | None = None,
+                  max_tokens: int = MAX_TOKENS) -> list[str]:
+        """Translations of `sources`, in order, decoded in batches of at most `max_tokens` source tokens (padding
+        included; vaswani-translate's `token_batches`): greedy for `num_beams=1`, else the paper's beam search with the
         folder's beam size and GNMT α (else 4 and 0.6); a blank source's is "", as vaswani-translate's."""
         num_beams = num_beams or self.generation_config.num_beams or 4
         alpha = alpha if alpha is not None else getattr(self.generation_config, "gnmt_alpha", 0.6)
-        texts = [source for source in sources if source.strip()]
-        if not texts:
-            return [""] * len(sources)
-        inputs = self.tokenizer(texts, padding=True, return_tensors="pt")
-        if num_beams == 1:
-            output = self.greedy(inputs["input_ids"], inputs["attention_mask"])
-        else:
-            output = gnmt_beam_search(self, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha,
-                                      extra_length_of(self.generation_config))
-        translations = iter(self.tokenizer.batch_decode(output, skip_special_tokens=True))
-        return [next(translations) if source.strip() else "" for source in sources]
+        indices = [i for i, source in enumerate(sources) if source.strip()]
+        encoded = self.tokenizer([sources[i] for i in indices])["input_ids"] if indices else []
+        translations = [""] * len(sources)
+        for batch in token_batches([len(ids) for ids in encoded], max_tokens):
+            inputs = self.tokenizer.pad({"input_ids": [encoded[j] for j in batch]}, return_tensors="pt")
+            if num_beams == 1:
+                output = self.greedy(inputs["input_ids"], inputs["attention_mask"])
+            else:
+                output = gnmt_beam_search(self, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha,
+                                          extra_length_of(self.generation_config))
+            for j, text in zip(batch, self.tokenizer.batch_decode(output, skip_special_tokens=True)):
+                translations[indices[j]] = text
+        return translations
