@@ -865,6 +865,25 @@ def test_onnx_translate_decodes_batches_within_max_tokens_and_answers_in_order(o
     assert all(rows * width <= 20 or rows == 1 for (rows, width), _ in shapes)
 
 
+def test_onnx_translate_stops_at_learned_positions_as_torch_and_refuses_a_longer_source(translation_folder, tmp_path):
+    """Table 3's learned positions (12 here): each output stops at the last one, as the paper's search stops the
+    torch model's (random weights seldom end a sentence sooner), greedy and beam 4; a source of more tokens than
+    positions is refused in one line before anything is decoded."""
+    from vaswani_hf.exports.to_onnx import export
+
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    model = tiny_model(seed=3, vocab_size=len(tokenizer), position_embedding="learned", max_position_embeddings=12)
+    export(model, tokenizer, tmp_path / "onnx")
+    engine = OnnxSeq2Seq(tmp_path / "onnx", threads=torch.get_num_threads())
+    sources = [source for source, _ in PAIRS[:3]]
+    for beams in (1, 4):
+        found = engine.translate(sources, num_beams=beams)
+        assert found == translate(model, tokenizer, sources, num_beams=beams)
+        assert max(len(tokenizer(text)["input_ids"]) for text in found) >= 8  # outputs ran to the limit
+    with pytest.raises(ValueError, match="has 13 tokens; this model's positions stop at 12"):
+        engine.translate(["A dog runs.", " ".join(["dog"] * 12)])
+
+
 def test_onnx_translate_decodes_as_the_folders_generation_config_says(onnx_model, monkeypatch):
     """The folder's beam size, GNMT α and `extra_length`, else the paper's 4, 0.6 and 50; a call's own; one beam: the
     greedy loop."""

@@ -22,7 +22,8 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from ..gnmt import extra_length_of, gnmt_beam_search
+from ..gnmt import extra_length_of, gnmt_beam_search, output_limits
+from ..tools.loading import learned_positions
 from ..tools.translate import MAX_TOKENS, token_batches
 
 
@@ -88,11 +89,13 @@ class OnnxSeq2Seq:
 
     def greedy(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int | None = None):
         """The most probable token at each step until EOS, at most `max_new_tokens` (default: the longest source
-        + the generation config's `extra_length`, else 50, as `generate()`); (B, T) ids from the start token, PAD
-        after EOS. Where the folder's generation config asks for the paper's decoding (`gnmt_alpha`), the first token
-        is not EOS, as `generate()` and the paper's search decode it (gnmt.py)."""
+        + the generation config's `extra_length`, else 50, as `generate()`; never past learned positions, as the
+        paper's search); (B, T) ids from the start token, PAD after EOS. Where the folder's generation config asks for
+        the paper's decoding (`gnmt_alpha`), the first token is not EOS, as `generate()` and the paper's search decode
+        it (gnmt.py)."""
         config = self.config
-        limit = max_new_tokens or int(attention_mask.sum(-1).max()) + extra_length_of(self.generation_config)
+        extra_length = extra_length_of(self.generation_config)
+        limit = int(output_limits(config, attention_mask, max_new_tokens, extra_length).max())
         hidden, cache = self.get_encoder()(input_ids, attention_mask), self.new_cache()
         tokens = torch.full((input_ids.shape[0], 1), config.decoder_start_token_id)
         ended = torch.zeros(input_ids.shape[0], dtype=torch.bool)
@@ -112,11 +115,15 @@ class OnnxSeq2Seq:
                   max_tokens: int = MAX_TOKENS) -> list[str]:
         """Translations of `sources`, in order, decoded in batches of at most `max_tokens` source tokens (padding
         included; vaswani-translate's `token_batches`): greedy for `num_beams=1`, else the paper's beam search with the
-        folder's beam size and GNMT α (else 4 and 0.6); a blank source's is "", as vaswani-translate's."""
+        folder's beam size and GNMT α (else 4 and 0.6); a blank source's is "", as vaswani-translate's. A source
+        longer than the model's learned positions is refused before any is decoded."""
         num_beams = num_beams or self.generation_config.num_beams or 4
         alpha = alpha if alpha is not None else getattr(self.generation_config, "gnmt_alpha", 0.6)
         indices = [i for i, source in enumerate(sources) if source.strip()]
         encoded = self.tokenizer([sources[i] for i in indices])["input_ids"] if indices else []
+        positions, longest = learned_positions(self.config), max(map(len, encoded), default=0)
+        if positions is not None and longest > positions:
+            raise ValueError(f"a source has {longest} tokens; this model's positions stop at {positions}")
         translations = [""] * len(sources)
         for batch in token_batches([len(ids) for ids in encoded], max_tokens):
             inputs = self.tokenizer.pad({"input_ids": [encoded[j] for j in batch]}, return_tensors="pt")
