@@ -876,10 +876,10 @@ def test_onnx_translate_stops_at_learned_positions_as_torch_and_refuses_a_longer
     export(model, tokenizer, tmp_path / "onnx")
     engine = OnnxSeq2Seq(tmp_path / "onnx", threads=torch.get_num_threads())
     sources = [source for source, _ in PAIRS[:3]]
+    inputs = tokenizer(sources, padding=True, return_tensors="pt")
+    assert engine.greedy(inputs["input_ids"], inputs["attention_mask"]).shape[1] == 1 + 12  # the start, 12 positions
     for beams in (1, 4):
-        found = engine.translate(sources, num_beams=beams)
-        assert found == translate(model, tokenizer, sources, num_beams=beams)
-        assert max(len(tokenizer(text)["input_ids"]) for text in found) >= 8  # outputs ran to the limit
+        assert engine.translate(sources, num_beams=beams) == translate(model, tokenizer, sources, num_beams=beams)
     with pytest.raises(ValueError, match="has 13 tokens; this model's positions stop at 12"):
         engine.translate(["A dog runs.", " ".join(["dog"] * 12)])
 
