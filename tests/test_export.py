@@ -29,7 +29,7 @@ from vaswani_hf.gnmt import gnmt_beam_search
 from vaswani_hf.speed import fast_cpu as fast_cpu_module
 from vaswani_hf.speed.fast_cpu import ROUNDS
 from vaswani_hf.tools.export import main as export_main
-from vaswani_hf.tools.translate import translate
+from vaswani_hf.tools.translate import translate, translations
 
 PAIRS = generate()["test"][:40]
 # One worker exports once for all of these (pyproject.toml's -n), minutes of work: scheduled early (conftest.py).
@@ -815,10 +815,10 @@ def test_the_papers_beam_search_runs_on_onnx_runtime_as_on_torch(trained, onnx_m
     assert onnx_model.translate(["", " "]) == ["", ""]
 
 
-def test_onnx_greedy_runs_as_long_as_generate_without_eos(trained, onnx_model, monkeypatch):
-    """A bias of -30 against EOS, in the torch model and added to each ONNX step's logits: no output ends, and each
-    runs as far as generate(num_beams=1) runs it, the longest source of the batch + 50 tokens, or `max_new_tokens`;
-    + 9 where the generation config's `extra_length` says 9."""
+@pytest.fixture
+def without_eos(trained, onnx_model, monkeypatch):
+    """The trained model with a bias of -30 against EOS, and the same added to each ONNX step's logits: no output
+    ends before its limit."""
     model, tokenizer = trained
     biased = type(model)(AutoConfig.for_model(**{**model.config.to_dict(), "add_final_logits_bias": True})).eval()
     biased.load_state_dict(model.state_dict(), strict=False)
@@ -832,6 +832,14 @@ def test_onnx_greedy_runs_as_long_as_generate_without_eos(trained, onnx_model, m
         return output
 
     monkeypatch.setattr(type(onnx_model), "__call__", against_eos)
+    return biased
+
+
+def test_onnx_greedy_runs_as_long_as_generate_without_eos(trained, onnx_model, without_eos, monkeypatch):
+    """No output ends (`without_eos`), and each runs as far as generate(num_beams=1) runs it, the longest source of
+    the batch + 50 tokens, or `max_new_tokens`; + 9 where the generation config's `extra_length` says 9."""
+    model, tokenizer = trained
+    biased = without_eos
     inputs = tokenizer(["A dog.", "dog " * 30], padding=True, return_tensors="pt")
     for limit in ({}, {"max_new_tokens": 7}):
         with torch.no_grad():
@@ -848,13 +856,23 @@ def test_onnx_greedy_runs_as_long_as_generate_without_eos(trained, onnx_model, m
     assert torch.equal(onnx_model.greedy(inputs["input_ids"], inputs["attention_mask"]), expected)
 
 
+def test_onnx_beam_search_runs_as_long_as_torchs_without_eos(trained, onnx_model, without_eos):
+    """`translate` with 4 beams: no output ends (`without_eos`), and each runs to its own source's length + 50
+    tokens, as the paper's search runs it on the torch model (vaswani-translate's)."""
+    _, tokenizer = trained
+    sources = ["A dog.", "dog " * 30]
+    expected = sorted(translations(without_eos, tokenizer, sources, num_beams=4))
+    assert [found.tokens for found in expected] == [len(ids) + 50 for ids in tokenizer(sources)["input_ids"]]
+    assert onnx_model.translate(sources, num_beams=4) == [found.hypotheses[0][0] for found in expected]
+
+
 def test_onnx_translate_decodes_batches_within_max_tokens_and_answers_in_order(onnx_model, monkeypatch):
     """Each batch holds at most `max_tokens` source tokens, padding included (a longer source alone); every source is
     decoded once and its translation comes back at its own place (a stand-in search that echoes its sources)."""
     from vaswani_hf.exports import onnx_runtime
 
     shapes = []
-    monkeypatch.setattr(onnx_runtime, "gnmt_beam_search", lambda model, ids, mask, beams, alpha, extra: shapes.append(
+    monkeypatch.setattr(onnx_runtime, "gnmt_beam_search", lambda model, ids, mask, beams, alpha, **_: shapes.append(
         (tuple(ids.shape), int(mask.sum()))) or ids)
     sources = ["A dog runs.", "", "A small dog likes a book and the big cat.", "A cat.", "dog " * 12, "The book."]
     tokenizer = onnx_model.tokenizer
@@ -892,8 +910,8 @@ def test_onnx_translate_decodes_as_the_folders_generation_config_says(onnx_model
     from vaswani_hf.exports import onnx_runtime
 
     calls = []
-    monkeypatch.setattr(onnx_runtime, "gnmt_beam_search", lambda model, ids, mask, beams, alpha, extra: calls.append(
-        (beams, alpha, extra)) or ids)
+    monkeypatch.setattr(onnx_runtime, "gnmt_beam_search", lambda model, ids, mask, beams, alpha, *, extra_length:
+                        calls.append((beams, alpha, extra_length)) or ids)
     monkeypatch.setattr(onnx_model, "greedy", lambda ids, mask: calls.append("greedy") or ids)
     paper = {"num_beams": 3, "gnmt_alpha": 1.2}
     for config, call in ((GenerationConfig(**paper), {}), (GenerationConfig(), {}),

@@ -62,6 +62,7 @@ def gnmt_beam_search(
     attention_mask: torch.Tensor | None = None,
     num_beams: int = 4,
     alpha: float = 0.6,
+    *,
     max_new_tokens: int | None = None,
     extra_length: int = EXTRA_OUTPUT_LENGTH,
     min_new_tokens: int = 1,
@@ -299,7 +300,7 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         if max_new_tokens is None and "max_length" in saved | given:
             max_new_tokens = config.max_length - 1  # the decoder start token counts in max_length
         sequences, scores = gnmt_beam_search(
-            model, source, mask, config.num_beams, alpha, max_new_tokens, extra_length,
+            model, source, mask, config.num_beams, alpha, max_new_tokens=max_new_tokens, extra_length=extra_length,
             min_new_tokens=1 if config.min_new_tokens is None else config.min_new_tokens,
             num_return_sequences=1 if config.num_return_sequences is None else config.num_return_sequences,
             output_scores=True, synced_gpus=synced_gpus)

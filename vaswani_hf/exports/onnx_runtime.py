@@ -131,7 +131,7 @@ class OnnxSeq2Seq:
                 output = self.greedy(inputs["input_ids"], inputs["attention_mask"])
             else:
                 output = gnmt_beam_search(self, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha,
-                                          extra_length_of(self.generation_config))
+                                          extra_length=extra_length_of(self.generation_config))
             for j, text in zip(batch, self.tokenizer.batch_decode(output, skip_special_tokens=True)):
                 translations[indices[j]] = text
         return translations
