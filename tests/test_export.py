@@ -17,7 +17,7 @@ import torch
 from ctranslate2.converters import TransformersConverter
 from ctranslate2.specs.model_spec import Variable, visit_spec
 from support import refusal, save_marian_folder, tiny_model
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from training.default_data import generate
@@ -902,11 +902,35 @@ def test_onnx_translate_stops_at_learned_positions_as_torch_and_refuses_a_longer
         engine.translate(["A dog runs.", " ".join(["dog"] * 12)])
 
 
+def test_onnx_export_of_a_model_beyond_the_papers_defaults_decodes_as_torch(translation_folder, tmp_path):
+    """Every option a converted model or Table 3 may set at once (fairseq's position table with its offset, Marian's
+    logits bias, pre-LN, GELU, heads of d_k 4 and d_v 6 < d_model / h, unscaled and untied embeddings, another
+    LayerNorm epsilon; 2 encoder and 3 decoder layers): the graphs encode, and greedy and beam 4 decode, as torch."""
+    from vaswani_hf.exports.to_onnx import export
+
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    model = tiny_model(seed=5, vocab_size=len(tokenizer), position_encoding_layout="halves",
+                       position_encoding_frequencies="fairseq", position_offset=2, add_final_logits_bias=True,
+                       normalize_before=True, activation_function="gelu", d_k=4, d_v=6, scale_embedding=False,
+                       tie_word_embeddings=False, layer_norm_eps=0.1)
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, 1.0)
+    model.generation_config = GenerationConfig.from_pretrained(translation_folder)  # the paper's decoding, a run's
+    export(model, tokenizer, tmp_path / "onnx")
+    engine = OnnxSeq2Seq(tmp_path / "onnx", threads=torch.get_num_threads())
+    inputs = padded_sources(tokenizer)
+    with torch.no_grad():
+        expected = model.get_encoder()(**inputs).last_hidden_state
+        greedy = model.generate(**inputs, num_beams=1)
+    torch.testing.assert_close(engine.get_encoder()(**inputs).last_hidden_state, expected, atol=1e-4, rtol=0)
+    assert torch.equal(engine.greedy(inputs["input_ids"], inputs["attention_mask"]), greedy)
+    sources = [source for source, _ in PAIRS[:4]]
+    assert engine.translate(sources) == translate(model, tokenizer, sources)
+
+
 def test_onnx_translate_decodes_as_the_folders_generation_config_says(onnx_model, monkeypatch):
     """The folder's beam size, GNMT α and `extra_length`, else the paper's 4, 0.6 and 50; a call's own; one beam: the
     greedy loop."""
-    from transformers import GenerationConfig
-
     from vaswani_hf.exports import onnx_runtime
 
     calls = []
