@@ -82,6 +82,23 @@ def test_the_pipeline_passes_generation_arguments(translation_folder):
     assert len(tokenizer(short, add_special_tokens=False)["input_ids"]) <= 2
 
 
+def test_the_pipeline_returns_token_ids_as_transformers_4s_did(translation_folder):
+    """`return_tensors=True`: each sequence's ids as `generate()` returns them, in place of the text; with
+    `return_text=True` both; a blank source's: none."""
+    model, tokenizer = load_local(translation_folder)
+    translator = TranslationPipeline(model=model, tokenizer=tokenizer)
+    expected = model.generate(**tokenizer(SOURCES[:1], return_tensors="pt"), num_beams=3, num_return_sequences=2)
+    found = translator(SOURCES[0], num_beams=3, num_return_sequences=2, return_tensors=True)
+    assert [list(record) for record in found] == [["translation_token_ids"]] * 2
+    assert torch.equal(torch.stack([record["translation_token_ids"] for record in found]), expected)
+    (both,) = translator(SOURCES[0], return_tensors=True, return_text=True)
+    assert both["translation_text"] == translator(SOURCES[0])[0]["translation_text"]
+    assert both["translation_text"] == tokenizer.decode(both["translation_token_ids"], skip_special_tokens=True)
+    assert translator(SOURCES[0], return_tensors=False) == translator(SOURCES[0])
+    (blank,) = translator(" ", return_tensors=True, return_text=True)
+    assert blank["translation_token_ids"].numel() == 0 and blank["translation_text"] == ""
+
+
 def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_folder):
     """A source over `max_input_length` tokens reaches the encoder as its first tokens and </s>, `max_input_length`
     in all, and its translation is that of the truncated source; what is not text is a TypeError; no text, no

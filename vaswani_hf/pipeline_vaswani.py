@@ -30,8 +30,10 @@ class TranslationPipeline(Pipeline):
     (default: the model's `max_position_embeddings`) are truncated with a warning instead of failing.
 
     A single string gives a list with one dict per returned sequence; a list of strings gives one such result per
-    string (flattened to one dict each when one sequence is returned, as in transformers 4). A blank string
-    translates to "", as a blank line does in `vaswani-translate`.
+    string (flattened to one dict each when one sequence is returned, as in transformers 4). `return_tensors=True`
+    gives each sequence's ids as `generate()` returns them (`translation_token_ids`) in place of its text, and with
+    `return_text=True` both, as transformers 4's pipeline did. A blank string translates to "" (no ids), as a blank
+    line does in `vaswani-translate`.
     """
 
     _pipeline_calls_generate = True
@@ -41,12 +43,13 @@ class TranslationPipeline(Pipeline):
     _load_feature_extractor = False
     _load_video_processor = False
 
-    def _sanitize_parameters(self, max_input_length=None, skip_special_tokens=None,
-                             clean_up_tokenization_spaces=None, **generate_kwargs):
+    def _sanitize_parameters(self, max_input_length=None, return_tensors=None, return_text=None,
+                             skip_special_tokens=None, clean_up_tokenization_spaces=None, **generate_kwargs):
         preprocess_params = {} if max_input_length is None else {"max_input_length": max_input_length}
         postprocess_params = {
             key: value
-            for key, value in (("skip_special_tokens", skip_special_tokens),
+            for key, value in (("return_tensors", return_tensors), ("return_text", return_text),
+                               ("skip_special_tokens", skip_special_tokens),
                                ("clean_up_tokenization_spaces", clean_up_tokenization_spaces))
             if value is not None
         }
@@ -84,9 +87,15 @@ class TranslationPipeline(Pipeline):
         output_ids = output_ids.reshape(batch_size, -1, output_ids.shape[-1])  # (B, sequences, L)
         return {"output_ids": output_ids, "blank": blank}
 
-    def postprocess(self, model_outputs: dict, skip_special_tokens: bool = True,
-                    clean_up_tokenization_spaces: bool = False) -> list[dict]:
+    def postprocess(self, model_outputs: dict, return_tensors: bool = False, return_text: bool | None = None,
+                    skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool = False) -> list[dict]:
         output_ids: torch.Tensor = model_outputs["output_ids"][0]  # (sequences, L)
-        texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=skip_special_tokens,
-                                            clean_up_tokenization_spaces=clean_up_tokenization_spaces)
-        return [{"translation_text": "" if model_outputs["blank"] else text} for text in texts]
+        if model_outputs["blank"]:
+            output_ids = output_ids[:, :0]
+        records = [{"translation_token_ids": ids} if return_tensors else {} for ids in output_ids]
+        if return_text or (return_text is None and not return_tensors):
+            texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=skip_special_tokens,
+                                                clean_up_tokenization_spaces=clean_up_tokenization_spaces)
+            for record, text in zip(records, texts):
+                record["translation_text"] = text
+        return records
