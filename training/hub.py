@@ -206,11 +206,17 @@ def evaluation_text(scores: dict[str, dict], decoding: str, trees: bool = False)
     parser's, `trees`, scored by EVALB too)."""
     if not scores:
         return "No validation or test set was given to this run: it was not evaluated."
-    rows = [f"| {split} | {name} | {split_scores[metric]:.2f} | `{split_scores[f'{metric}_signature']}` |"
+    rows = [f"| {split} | {name} | {split_scores[metric]:.2f} | `{cell(split_scores[f'{metric}_signature'])}` |"
             for split, split_scores in scores.items() for metric, name in METRICS if metric in split_scores]
     evalb = " and as linearized trees with EVALB (COLLINS.prm)" * trees
     return "\n".join([f"Decoded with {decoding}, scored on detokenized text with sacreBLEU{evalb}:", "",
                       "| split | metric | value | signature |", "|---|---|---|---|", *rows])
+
+
+def cell(text: str) -> str:
+    """`text` in a markdown table's cell: a signature's pipes escaped, which would split the cell (GitHub's and the
+    Hub's tables split at every unescaped pipe, inside code spans too)."""
+    return text.replace("|", "\\|")
 
 
 def fill_template(text: str, values: dict[str, str]) -> str:
