@@ -815,6 +815,12 @@ def test_the_papers_beam_search_runs_on_onnx_runtime_as_on_torch(trained, onnx_m
     assert onnx_model.translate(["", " "]) == ["", ""]
 
 
+def test_onnx_translate_refuses_a_lone_string_in_one_line(onnx_model):
+    """A string would be translated a character at a time."""
+    with pytest.raises(TypeError, match="^sources: a list of strings, got str$"):
+        onnx_model.translate("A dog runs.")
+
+
 @pytest.fixture
 def without_eos(trained, onnx_model, monkeypatch):
     """The trained model with a bias of -30 against EOS, and the same added to each ONNX step's logits: no output

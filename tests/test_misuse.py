@@ -755,6 +755,15 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
     assert expected[case] in refused_translation(capfd, monkeypatch, *args, stdin=stdin)
 
 
+def test_translate_in_python_takes_a_list_of_strings_and_refuses_a_lone_one_in_one_line(translation_folder):
+    """A string would be translated a character at a time."""
+    model, tokenizer = load(str(translation_folder), "cpu", fast=False)
+    for sources, got in (("A dog runs.", "str"), (["A dog.", None], "a list holding NoneType"), (iter(["A"]), "")):
+        with pytest.raises(TypeError, match=f"^sources: a list of strings, got {got or 'list_iterator'}$"):
+            translate(model, tokenizer, sources)
+    assert translate(model, tokenizer, ("A dog.", "")) == translate(model, tokenizer, ["A dog.", ""])
+
+
 def test_an_error_without_a_message_is_named_by_its_type():
     from vaswani_hf.tools.loading import first_line
 

@@ -24,7 +24,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from ..gnmt import extra_length_of, gnmt_beam_search, output_limits
 from ..tools.loading import learned_positions
-from ..tools.translate import MAX_TOKENS, token_batches
+from ..tools.translate import MAX_TOKENS, check_sources, token_batches
 
 
 class OnnxSeq2Seq:
@@ -117,6 +117,7 @@ class OnnxSeq2Seq:
         included; vaswani-translate's `token_batches`): greedy for `num_beams=1`, else the paper's beam search with the
         folder's beam size and GNMT α (else 4 and 0.6); a blank source's is "", as vaswani-translate's. A source
         longer than the model's learned positions is refused before any is decoded."""
+        check_sources(sources)
         num_beams = num_beams or self.generation_config.num_beams or 4
         alpha = alpha if alpha is not None else getattr(self.generation_config, "gnmt_alpha", 0.6)
         indices = [i for i, source in enumerate(sources) if source.strip()]

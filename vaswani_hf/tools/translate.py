@@ -101,6 +101,7 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
     A generation config of the model's own without `gnmt_alpha` (a converted model's: vaswani-convert) is the
     decoding it was published with: without `alpha`, transformers' `generate()` runs it. `model`: a torch model,
     or an engine that decodes token batches (`TorchEngine`, ctranslate2_engine.py's `CTranslate2Engine`)."""
+    check_sources(sources)
     engine = as_engine(model, tokenizer)
     config = engine.generation_config
     num_beams = num_beams or getattr(config, "num_beams", None) or 4
@@ -114,6 +115,16 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
         for k, j in enumerate(batch):
             rows = slice(k * nbest, (k + 1) * nbest)
             yield Translation(indices[j], list(zip(texts[rows], scores[rows])), len(hypotheses[k * nbest]))
+
+
+def check_sources(sources) -> None:
+    """A list (or tuple) of strings, else a one-line TypeError: a lone string would be translated a character at a
+    time."""
+    if not isinstance(sources, (list, tuple)):
+        raise TypeError(f"sources: a list of strings, got {type(sources).__name__}")
+    others = [type(source).__name__ for source in sources if not isinstance(source, str)]
+    if others:
+        raise TypeError(f"sources: a list of strings, got a list holding {others[0]}")
 
 
 def papers_decoding(generation) -> bool:
@@ -175,10 +186,9 @@ def search(model, inputs, num_beams: int, alpha: float | None, nbest: int) -> tu
 def translate(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOKENS, num_beams: int | None = None,
               alpha: float | None = None) -> list[str]:
     """The best translation of each source, in order (`translations`); blank sources give empty strings."""
-    result = [""] * len(sources)
-    for translation in translations(model, tokenizer, sources, max_tokens, num_beams, alpha):
-        result[translation.index] = translation.hypotheses[0][0]
-    return result
+    done = translations(model, tokenizer, sources, max_tokens, num_beams, alpha)
+    best = {translation.index: translation.hypotheses[0][0] for translation in done}
+    return [best.get(index, "") for index in range(len(sources))]
 
 
 def read_windows(stream: Iterable[bytes], name: str, size: int = WINDOW) -> Iterator[tuple[int, list[str]]]:
