@@ -862,14 +862,15 @@ def test_onnx_greedy_runs_as_long_as_generate_without_eos(trained, onnx_model, w
     assert torch.equal(onnx_model.greedy(inputs["input_ids"], inputs["attention_mask"]), expected)
 
 
-def test_onnx_beam_search_runs_as_long_as_torchs_without_eos(trained, onnx_model, without_eos):
-    """`translate` with 4 beams: no output ends (`without_eos`), and each runs to its own source's length + 50
-    tokens, as the paper's search runs it on the torch model (vaswani-translate's)."""
+@pytest.mark.parametrize("beams", [1, 4])
+def test_onnx_translate_runs_as_long_as_vaswani_translate_without_eos(trained, onnx_model, without_eos, beams):
+    """No output ends (`without_eos`), and each runs to its own source's length + 50 tokens, whatever the others
+    in its batch, as the paper's search runs it on the torch model (vaswani-translate's), greedy too."""
     _, tokenizer = trained
     sources = ["A dog.", "dog " * 30]
-    expected = sorted(translations(without_eos, tokenizer, sources, num_beams=4))
+    expected = sorted(translations(without_eos, tokenizer, sources, num_beams=beams))
     assert [found.tokens for found in expected] == [len(ids) + 50 for ids in tokenizer(sources)["input_ids"]]
-    assert onnx_model.translate(sources, num_beams=4) == [found.hypotheses[0][0] for found in expected]
+    assert onnx_model.translate(sources, num_beams=beams) == [found.hypotheses[0][0] for found in expected]
 
 
 def test_onnx_translate_decodes_batches_within_max_tokens_and_answers_in_order(onnx_model, monkeypatch):
@@ -935,14 +936,13 @@ def test_onnx_export_of_a_model_beyond_the_papers_defaults_decodes_as_torch(tran
 
 
 def test_onnx_translate_decodes_as_the_folders_generation_config_says(onnx_model, monkeypatch):
-    """The folder's beam size, GNMT α and `extra_length`, else the paper's 4, 0.6 and 50; a call's own; one beam: the
-    greedy loop."""
+    """The folder's beam size, GNMT α and `extra_length`, else the paper's 4, 0.6 and 50; a call's own, one beam
+    too."""
     from vaswani_hf.exports import onnx_runtime
 
     calls = []
     monkeypatch.setattr(onnx_runtime, "gnmt_beam_search", lambda model, ids, mask, beams, alpha, *, extra_length:
                         calls.append((beams, alpha, extra_length)) or ids)
-    monkeypatch.setattr(onnx_model, "greedy", lambda ids, mask: calls.append("greedy") or ids)
     paper = {"num_beams": 3, "gnmt_alpha": 1.2}
     for config, call in ((GenerationConfig(**paper), {}), (GenerationConfig(), {}),
                          (GenerationConfig(**paper, extra_length=300), {}),
@@ -950,4 +950,4 @@ def test_onnx_translate_decodes_as_the_folders_generation_config_says(onnx_model
                          (GenerationConfig(**paper), {"num_beams": 1})):
         monkeypatch.setattr(onnx_model, "generation_config", config)
         onnx_model.translate(["A dog runs."], **call)
-    assert calls == [(3, 1.2, 50), (4, 0.6, 50), (3, 1.2, 300), (5, 0.0, 50), "greedy"]
+    assert calls == [(3, 1.2, 50), (4, 0.6, 50), (3, 1.2, 300), (5, 0.0, 50), (1, 1.2, 50)]

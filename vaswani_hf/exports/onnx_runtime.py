@@ -4,12 +4,12 @@
 
     model = OnnxSeq2Seq("onnx-model")                       # the exported folder: graphs, config, tokenizer
     print(model.translate(["A man is riding a bike."]))      # the paper's beam search (gnmt.py), beam 4, α 0.6
-    print(model.translate(["A man is riding a bike."], num_beams=1))   # greedy: generate(num_beams=1)'s tokens
+    print(model.translate(["A man is riding a bike."], num_beams=1))   # greedy, as vaswani-translate's
 
 `OnnxSeq2Seq` answers the calls the paper's beam search makes of a model (`get_encoder()`, a forward step with
-transformers' `EncoderDecoderCache`), so `gnmt_beam_search` runs on ONNX Runtime unchanged; `greedy` is the
-greedy loop. The cache holds the graphs' keys and values as torch tensors sharing memory with ONNX Runtime's
-arrays, so that the search can reorder them between beams.
+transformers' `EncoderDecoderCache`), so `gnmt_beam_search` runs on ONNX Runtime unchanged; `greedy` is
+generate(num_beams=1)'s loop. The cache holds the graphs' keys and values as torch tensors sharing memory with ONNX
+Runtime's arrays, so that the search can reorder them between beams.
 """
 
 from functools import cached_property
@@ -114,9 +114,10 @@ class OnnxSeq2Seq:
     def translate(self, sources: list[str], num_beams: int | None = None, alpha: float | None = None,
                   max_tokens: int = MAX_TOKENS) -> list[str]:
         """Translations of `sources`, in order, decoded in batches of at most `max_tokens` source tokens (padding
-        included; vaswani-translate's `token_batches`): greedy for `num_beams=1`, else the paper's beam search with the
-        folder's beam size and GNMT α (else 4 and 0.6); a blank source's is "", as vaswani-translate's. A source
-        longer than the model's learned positions is refused before any is decoded."""
+        included; vaswani-translate's `token_batches`) by the paper's beam search with the folder's beam size and GNMT
+        α (else 4 and 0.6), as vaswani-translate decodes them: each output limited by its own source's length, one
+        beam too; a blank source's is "". A source longer than the model's learned positions is refused before any is
+        decoded."""
         check_sources(sources)
         num_beams = num_beams or self.generation_config.num_beams or 4
         alpha = alpha if alpha is not None else getattr(self.generation_config, "gnmt_alpha", 0.6)
@@ -128,11 +129,8 @@ class OnnxSeq2Seq:
         translations = [""] * len(sources)
         for batch in token_batches([len(ids) for ids in encoded], max_tokens):
             inputs = self.tokenizer.pad({"input_ids": [encoded[j] for j in batch]}, return_tensors="pt")
-            if num_beams == 1:
-                output = self.greedy(inputs["input_ids"], inputs["attention_mask"])
-            else:
-                output = gnmt_beam_search(self, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha,
-                                          extra_length=extra_length_of(self.generation_config))
+            output = gnmt_beam_search(self, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha,
+                                      extra_length=extra_length_of(self.generation_config))
             for j, text in zip(batch, self.tokenizer.batch_decode(output, skip_special_tokens=True)):
                 translations[indices[j]] = text
         return translations
