@@ -385,7 +385,8 @@ def test_the_model_card_parses_and_carries_the_runs_numbers(translation_folder):
     assert f'tokenizer([{json.dumps(example)}], return_tensors="pt")' in card.text
     for split, metric, name in (("test", "bleu", "sacreBLEU"), ("test", "chrf", "chrF")):
         assert [split, name, f"{metrics[metric]:.2f}", f"`{metrics[metric + '_signature']}`"] in table_rows(card.text)
-    for section in ("Deviations from the paper", "How to use", "Intended uses and limits", "Out of scope",
+    for section in ("As published: post-LN sub-layers", "Deviations from the paper", "How to use",
+                    "Intended uses and limits", "Out of scope",
                     "Intended use: translating en text of the kind it was trained on (the embedded synthetic",
                     "Input length: " + LENGTH_LIMIT, "Training", "Evaluation", "Citation", 'pipeline("translation"',
                     "AutoModelForSeq2SeqLM", "400 train pairs, 6 test pairs", "recipe: 60 steps"):
@@ -509,6 +510,7 @@ def test_the_model_card_lists_every_deviation_and_the_averaged_checkpoints(trans
     text = (tmp_path / "README.md").read_text()
     assert ("its training:\n\n- dropout on the attention weights (`attention_dropout=0.2`)\n"
             "- the run's own deviation\n\n") in text
+    assert "As published, except for the deviations below: post-LN sub-layers" in " ".join(text.split())
     assert "label smoothing ε_ls = 0.1; the last 2 checkpoints averaged." in " ".join(text.split())
     write_output_folder(model, tokenizer, tmp_path / "one", {"averaged_checkpoints": ["checkpoint-30"]},
                         data=data, length_limit=LENGTH_LIMIT, source_lang="en", target_lang="de", model_id="m",

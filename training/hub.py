@@ -55,12 +55,13 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "parameters": f"{model.num_parameters() / 1e6:.1f}M",
         "architecture": (f"d_model {model.config.d_model}, d_ff {model.config.d_ff}, {model.config.num_heads} heads, "
                          f"{model.config.num_layers} encoder and {model.config.num_decoder_layers} decoder layers, "
-                         f"a joint vocabulary of {model.config.vocab_size}"),
+                         f"a joint vocabulary of {model.config.vocab_size:,}"),
+        "as_published": "As published" + ", except for the deviations below" * bool(model.config.deviations()),
         "batching": batching,
         "dropout": f"{model.config.dropout:.3g}",
         "label_smoothing": f"{label_smoothing:g}",
         "deviations": "\n".join(f"- {d}" for d in deviations) or "- none",
-        "steps": str(metrics.get("train_steps")),
+        "steps": f"{metrics.get('train_steps', 0):,}",
         "minutes": f"{metrics.get('train_minutes', 0):.1f}",
         "averaging": (f"the last {averaged} checkpoints averaged" if averaged > 1
                       else "the final weights, not averaged"),
