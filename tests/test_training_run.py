@@ -1032,7 +1032,7 @@ def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small
     pairs = [json.loads(line)["translation"] for line in Path(small_data[1]).read_text().splitlines()]
     longer = sum(max(len(tokenizer(pair[lang])["input_ids"]) for lang in ("en", "de")) > 12 for pair in pairs)
     assert 0 < longer < len(pairs)
-    skipped = f"--max_length 12: {longer} of {len(pairs)} training pairs are longer (in tokens) and skipped"
+    skipped = f"--max_length 12: {longer:,} of {len(pairs):,} training pairs are longer (in tokens) and skipped"
     assert skipped in printed.out
     assert not any(token.encode() in p.read_bytes() for p in out.rglob("*") if p.is_file())
     names = {p.name for p in out.iterdir()}

@@ -428,12 +428,12 @@ def training_batches(accelerator, model, train, data_args, tokenizer, max_tokens
         except ValueError as error:
             raise SystemExit(f"error: {error}") from None
         if batches.skipped:
-            say(f"--max_length {data_args.max_length}: {batches.skipped} of {len(train)} training pairs are longer "
-                "(in tokens) and skipped")
-        corpus = f"{batches.pairs} training pairs (padding {batches.padding:.1%})"
-    say(f"{corpus}, vocabulary {len(tokenizer)}, {accelerator.unwrap_model(model).num_parameters() / 1e6:.1f}M "
+            say(f"--max_length {data_args.max_length}: {batches.skipped:,} of {len(train):,} training pairs are "
+                "longer (in tokens) and skipped")
+        corpus = f"{batches.pairs:,} training pairs (padding {batches.padding:.1%})"
+    say(f"{corpus}, vocabulary {len(tokenizer):,}, {accelerator.unwrap_model(model).num_parameters() / 1e6:.1f}M "
         f"parameters ({distributed['parameters_held_by_the_main_process']:,} held by the main process), {world} "
-        f"process(es), {accumulation} accumulated batch(es) of <= {max_tokens} tokens per step")
+        f"process(es), {accumulation} accumulated batch(es) of <= {max_tokens:,} tokens per step")
     return batches
 
 
