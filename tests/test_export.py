@@ -815,10 +815,12 @@ def test_the_papers_beam_search_runs_on_onnx_runtime_as_on_torch(trained, onnx_m
     assert onnx_model.translate(["", " "]) == ["", ""]
 
 
-def test_onnx_translate_refuses_a_lone_string_in_one_line(onnx_model):
-    """A string would be translated a character at a time."""
+def test_onnx_translate_refuses_a_lone_string_and_no_beams_in_one_line(onnx_model):
+    """A string would be translated a character at a time; 0 beams took the folder's."""
     with pytest.raises(TypeError, match="^sources: a list of strings, got str$"):
         onnx_model.translate("A dog runs.")
+    with pytest.raises(ValueError, match="^num_beams must be a whole number of at least 1, got 0$"):
+        onnx_model.translate(["A dog runs."], num_beams=0)
 
 
 @pytest.fixture

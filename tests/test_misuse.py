@@ -755,12 +755,16 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
     assert expected[case] in refused_translation(capfd, monkeypatch, *args, stdin=stdin)
 
 
-def test_translate_in_python_takes_a_list_of_strings_and_refuses_a_lone_one_in_one_line(translation_folder):
-    """A string would be translated a character at a time."""
+def test_translate_in_python_refuses_what_it_cannot_take_in_one_line(translation_folder):
+    """Sources that are not a list of strings (a string would be translated a character at a time), a beam size or
+    `max_tokens` under 1 (0 took the model's beam size, and decoded a source at a time)."""
     model, tokenizer = load(str(translation_folder), "cpu", fast=False)
     for sources, got in (("A dog runs.", "str"), (["A dog.", None], "a list holding NoneType"), (iter(["A"]), "")):
         with pytest.raises(TypeError, match=f"^sources: a list of strings, got {got or 'list_iterator'}$"):
             translate(model, tokenizer, sources)
+    for name in ("num_beams", "max_tokens"):
+        with pytest.raises(ValueError, match=f"^{name} must be a whole number of at least 1, got 0$"):
+            translate(model, tokenizer, ["A dog."], **{name: 0})
     assert translate(model, tokenizer, ("A dog.", "")) == translate(model, tokenizer, ["A dog.", ""])
 
 

@@ -24,7 +24,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from ..gnmt import extra_length_of, gnmt_beam_search, output_limits
 from ..tools.loading import learned_positions
-from ..tools.translate import MAX_TOKENS, check_sources, token_batches
+from ..tools.translate import MAX_TOKENS, check_request, token_batches
 
 
 class OnnxSeq2Seq:
@@ -118,8 +118,8 @@ class OnnxSeq2Seq:
         α (else 4 and 0.6), as vaswani-translate decodes them: each output limited by its own source's length, one
         beam too; a blank source's is "". A source longer than the model's learned positions is refused before any is
         decoded."""
-        check_sources(sources)
-        num_beams = num_beams or self.generation_config.num_beams or 4
+        num_beams = num_beams if num_beams is not None else self.generation_config.num_beams or 4
+        check_request(sources, num_beams, max_tokens)
         alpha = alpha if alpha is not None else getattr(self.generation_config, "gnmt_alpha", 0.6)
         indices = [i for i, source in enumerate(sources) if source.strip()]
         encoded = self.tokenizer([sources[i] for i in indices])["input_ids"] if indices else []

@@ -39,7 +39,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils.logging import disable_progress_bar
 
-from ..gnmt import extra_length_of, gnmt_beam_search
+from ..gnmt import check_whole, extra_length_of, gnmt_beam_search
 from ..speed.allocator import keep_freed_memory
 from .loading import check_gpu, checked, device_kind, learned_positions, load, one_line_errors
 from .text import decode_utf8, split_lines
@@ -101,10 +101,10 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
     A generation config of the model's own without `gnmt_alpha` (a converted model's: vaswani-convert) is the
     decoding it was published with: without `alpha`, transformers' `generate()` runs it. `model`: a torch model,
     or an engine that decodes token batches (`TorchEngine`, ctranslate2_engine.py's `CTranslate2Engine`)."""
-    check_sources(sources)
     engine = as_engine(model, tokenizer)
     config = engine.generation_config
-    num_beams = num_beams or getattr(config, "num_beams", None) or 4
+    num_beams = num_beams if num_beams is not None else getattr(config, "num_beams", None) or 4
+    check_request(sources, num_beams, max_tokens)
     if alpha is None and papers_decoding(config):
         alpha = getattr(config, "gnmt_alpha", 0.6)
     indices = [i for i, source in enumerate(sources) if source.strip()]
@@ -117,9 +117,12 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
             yield Translation(indices[j], list(zip(texts[rows], scores[rows])), len(hypotheses[k * nbest]))
 
 
-def check_sources(sources) -> None:
-    """A list (or tuple) of strings, else a one-line TypeError: a lone string would be translated a character at a
-    time."""
+def check_request(sources, num_beams: int, max_tokens: int) -> None:
+    """One line for what a translation cannot take, before anything is decoded: a beam size or `max_tokens` that is
+    not a whole number of at least 1 (ValueError); `sources` that are not a list (or tuple) of strings (TypeError: a
+    lone string would be translated a character at a time)."""
+    check_whole("num_beams", num_beams, 1)
+    check_whole("max_tokens", max_tokens, 1)
     if not isinstance(sources, (list, tuple)):
         raise TypeError(f"sources: a list of strings, got {type(sources).__name__}")
     others = [type(source).__name__ for source in sources if not isinstance(source, str)]
