@@ -127,6 +127,9 @@ def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_fold
     translator(long_text)
     hook.remove()
     assert encoded == [len(full) - 1, 64]
+    for limit in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=f"^max_input_length must be a whole number of at least 1, got {limit}$"):
+            translator(long_text, max_input_length=limit)
     with pytest.raises(TypeError, match="a string or a list of strings, got int$"):
         translator(42)
     with pytest.raises(TypeError, match="a string or a list of strings, got a list holding NoneType$"):

@@ -45,6 +45,8 @@ class TranslationPipeline(Pipeline):
 
     def _sanitize_parameters(self, max_input_length=None, return_tensors=None, return_text=None,
                              skip_special_tokens=None, clean_up_tokenization_spaces=None, **generate_kwargs):
+        if max_input_length is not None and (type(max_input_length) is not int or max_input_length < 1):
+            raise ValueError(f"max_input_length must be a whole number of at least 1, got {max_input_length!r}")
         preprocess_params = {} if max_input_length is None else {"max_input_length": max_input_length}
         postprocess_params = {
             key: value
@@ -70,7 +72,9 @@ class TranslationPipeline(Pipeline):
         return results
 
     def preprocess(self, text: str, max_input_length: int | None = None) -> dict:
-        limit = max_input_length or getattr(self.model.config, "max_position_embeddings", None)
+        limit = max_input_length
+        if limit is None:
+            limit = getattr(self.model.config, "max_position_embeddings", None)
         encoded = self.tokenizer(text, return_tensors="pt")
         if limit is not None and encoded["input_ids"].shape[1] > limit:
             length = encoded["input_ids"].shape[1]
