@@ -186,6 +186,19 @@ def test_a_plan_of_another_layout_is_a_one_line_error(plan):
         fast_cpu(tiny_model(), plan)
 
 
+def test_another_kind_of_model_is_a_one_line_error_before_anything_is_timed(monkeypatch):
+    """MarianMTModel was timed, then failed on an attribute of ours."""
+    from transformers import MarianConfig, MarianMTModel
+
+    monkeypatch.setattr(fast_cpu_module, "kept_plan", lambda *args: pytest.fail("timed"))
+    marian = MarianMTModel(MarianConfig(vocab_size=16, d_model=8, encoder_layers=1, decoder_layers=1,
+                                        encoder_ffn_dim=8, decoder_ffn_dim=8, encoder_attention_heads=2,
+                                        decoder_attention_heads=2, pad_token_id=0, decoder_start_token_id=0))
+    with pytest.raises(TypeError, match=r"^fast_cpu: takes a vaswani_hf model \(VaswaniForConditionalGeneration\), "
+                                        r"got MarianMTModel$"):
+        fast_cpu(marian)
+
+
 def test_a_deep_copy_of_a_transformed_model_decodes_with_its_own_weights():
     """quantize_int8 deep-copies: the copy's generate() must run the copy, not the original."""
     model, source = fast_cpu(tiny_model(seed=8), EVERYTHING), random_ids(3, 8, seed=6)
