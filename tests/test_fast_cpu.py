@@ -19,7 +19,7 @@ from support import random_ids, tiny_model
 from transformers import AutoConfig
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from vaswani_hf import fast_cpu, keep_freed_memory, modeling_vaswani, quantize_int8
+from vaswani_hf import fast_cpu, fast_gpu, keep_freed_memory, modeling_vaswani, quantize_int8
 from vaswani_hf.speed import allocator, kernels
 from vaswani_hf.speed.decoding import PLAIN
 from vaswani_hf.speed.kernels import PACKING, PackedLinear, fingerprint
@@ -186,17 +186,18 @@ def test_a_plan_of_another_layout_is_a_one_line_error(plan):
         fast_cpu(tiny_model(), plan)
 
 
-def test_another_kind_of_model_is_a_one_line_error_before_anything_is_timed(monkeypatch):
-    """MarianMTModel was timed, then failed on an attribute of ours."""
+@pytest.mark.parametrize("transform", [fast_cpu, fast_gpu], ids=["fast_cpu", "fast_gpu"])
+def test_another_kind_of_model_is_a_one_line_error_before_anything_is_done(monkeypatch, transform):
+    """fast_cpu timed a MarianMTModel, then failed on an attribute of ours; fast_gpu said nothing and did nothing."""
     from transformers import MarianConfig, MarianMTModel
 
     monkeypatch.setattr(fast_cpu_module, "kept_plan", lambda *args: pytest.fail("timed"))
     marian = MarianMTModel(MarianConfig(vocab_size=16, d_model=8, encoder_layers=1, decoder_layers=1,
                                         encoder_ffn_dim=8, decoder_ffn_dim=8, encoder_attention_heads=2,
                                         decoder_attention_heads=2, pad_token_id=0, decoder_start_token_id=0))
-    with pytest.raises(TypeError, match=r"^fast_cpu: takes a vaswani_hf model \(VaswaniForConditionalGeneration\), "
-                                        r"got MarianMTModel$"):
-        fast_cpu(marian)
+    with pytest.raises(TypeError, match=rf"^{transform.__name__}: takes a vaswani_hf model "
+                                        r"\(VaswaniForConditionalGeneration\), got MarianMTModel$"):
+        transform(marian)
 
 
 def test_a_deep_copy_of_a_transformed_model_decodes_with_its_own_weights():

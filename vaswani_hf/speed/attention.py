@@ -95,6 +95,13 @@ def swap(module: nn.Module) -> FastAttention:
     return module
 
 
+def check_vaswani(model: nn.Module, transform: str) -> None:
+    """A one-line TypeError unless `model` is a vaswani_hf model (a Hub folder's own class as well)."""
+    if getattr(getattr(model, "config", None), "model_type", None) != "vaswani":
+        raise TypeError(f"{transform}: takes a vaswani_hf model (VaswaniForConditionalGeneration), got "
+                        f"{type(model).__name__}")
+
+
 def attention_modules(model: nn.Module, cross_only: bool = False) -> list[nn.Module]:
     """The model's attention modules (a Hub folder's own class as well), or its encoder-decoder attentions."""
     return [module for name, module in model.named_modules() if type(module).__name__.endswith("VaswaniAttention")

@@ -40,6 +40,7 @@ from torch import nn
 from transformers import GenerationConfig
 from transformers.utils import logging
 
+from .attention import check_vaswani
 from .decoding import PLAIN, bind_plan
 from .kernels import ONEDNN, PACKING, PackedLinear, cache_root, cpu_name, kept_apart
 from .quantization import is_int8
@@ -68,9 +69,7 @@ def fast_cpu(model: nn.Module, plan: dict | None = None, training: bool = True) 
     decoding and, with `training`, for training (else training stays torch's; an int8 copy's always does); or `plan`
     as given (`decoding.PLAIN`'s layout; the lean step, which plans kept before it do not name, off unless named).
     Applying it again changes nothing but a given plan."""
-    if getattr(getattr(model, "config", None), "model_type", None) != "vaswani":
-        raise TypeError(f"fast_cpu: takes a vaswani_hf model (VaswaniForConditionalGeneration), got "
-                        f"{type(model).__name__}")
+    check_vaswani(model, "fast_cpu")
     if plan is not None:
         if set(plan) != set(PLAIN) or any(not set(PLAIN[mode]) - {"lean"} <= set(plan[mode]) <= set(PLAIN[mode])
                                           for mode in PLAIN):

@@ -18,12 +18,13 @@ loaded, optimized and sharded as before); the products are the same, rounded as 
 
 from torch import nn
 
-from .attention import attention_modules, swap
+from .attention import attention_modules, check_vaswani, swap
 
 
 def fast_gpu(model: nn.Module) -> nn.Module:
     """`model`, in place, with each attention's projections fused (module docstring, fast_attention.py); applying it
     again changes nothing."""
+    check_vaswani(model, "fast_gpu")
     for module in attention_modules(model):
         swap(module).fuse = True
     return model
