@@ -156,8 +156,8 @@ def save_tokenizer(tokenizer, folder: Path) -> None:
 METRICS = (("bleu", "sacreBLEU"), ("chrf", "chrF"), ("bracket_f1", "bracketing F1 (EVALB)"))
 SYNTHETIC_WARNING = """
 > **Warning: a test model.** It was trained on the embedded synthetic grammar of vaswani_hf, a small artificial
-> language, not on real text: its near-perfect scores are on that grammar's own test set, and it does not translate
-> real sentences. Train on real parallel data for a translation model.
+> language, not on real text: its scores are on that grammar's own test set, and it does not translate real
+> sentences. Train on real parallel data for a translation model.
 """
 
 
