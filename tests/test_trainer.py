@@ -197,6 +197,8 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
     for folder in (output, output / "checkpoint-3"):  # the Trainer's checkpoints decode as the finished model does
         generation = json.loads((folder / "generation_config.json").read_text())
         assert (generation["num_beams"], generation["gnmt_alpha"], generation["extra_length"]) == (4, 0.6, 50)
+        # and hold none of the defaults Seq2SeqTrainer's evaluation fills the model's generation config with
+        assert not {"max_length", "min_length", "top_k", "temperature"} & set(generation), generation
     card = " ".join((output / "README.md").read_text().split())  # the Trainer's recipe, not run.py's
     assert ("- recipe: batches counted in sentences, not tokens - recipe: the Trainer's label smoothing (ε/V on every "
             "token, not ε/(V-1) on the others) - recipe: no checkpoint averaging - recipe: `warmup_steps=2` (paper: "

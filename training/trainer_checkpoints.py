@@ -3,6 +3,7 @@
 one that is whole and intact, by its own entry point, with its model, its tokenizer (in the checkpoint) and its
 clock (`TrainingClock`)."""
 
+import copy
 import json
 import re
 import time
@@ -126,6 +127,15 @@ class DataCheckpointTrainer(Seq2SeqTrainer):
     and the random generators as safetensors, the schedule, the gradient scaler and the arguments as JSON, where the
     Trainer's are `torch.save` pickles. A checkpoint the plain Trainer wrote still resumes, read as the Trainer reads
     it (`weights_only=True`)."""
+
+    def prediction_step(self, *args, **kwargs):
+        """Seq2SeqTrainer's, which fills the model's generation config with every default of transformers' own
+        (`max_length` 20, `top_k` 50, ...: saved with each checkpoint and the model): the run's decoding kept."""
+        decoding = copy.deepcopy(self.model.generation_config)
+        try:
+            return super().prediction_step(*args, **kwargs)
+        finally:
+            self.model.generation_config = decoding
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         super()._save(output_dir, state_dict)
