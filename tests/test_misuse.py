@@ -21,7 +21,7 @@ from training.data import load_pairs
 from training.fsdp_request import UNSUPPORTED, check_fsdp_request
 from vaswani_hf.tools.loading import is_local
 from vaswani_hf.tools.text import split_lines
-from vaswani_hf.tools.translate import load, translate
+from vaswani_hf.tools.translate import load, translate, translations
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import multi30k
@@ -757,14 +757,17 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
 
 def test_translate_in_python_refuses_what_it_cannot_take_in_one_line(translation_folder):
     """Sources that are not a list of strings (a string would be translated a character at a time), a beam size or
-    `max_tokens` under 1 (0 took the model's beam size, and decoded a source at a time)."""
+    `max_tokens` under 1 (0 took the model's beam size, and decoded a source at a time), `nbest` outside 1 to the beam
+    size."""
     model, tokenizer = load(str(translation_folder), "cpu", fast=False)
     for sources, got in (("A dog runs.", "str"), (["A dog.", None], "a list holding NoneType"), (iter(["A"]), "")):
         with pytest.raises(TypeError, match=f"^sources: a list of strings, got {got or 'list_iterator'}$"):
             translate(model, tokenizer, sources)
-    for name in ("num_beams", "max_tokens"):
+    for name in ("num_beams", "max_tokens", "nbest"):
         with pytest.raises(ValueError, match=f"^{name} must be a whole number of at least 1, got 0$"):
-            translate(model, tokenizer, ["A dog."], **{name: 0})
+            list(translations(model, tokenizer, ["A dog."], **{name: 0}))
+    with pytest.raises(ValueError, match="^nbest must be at most num_beams=4, got 5$"):  # CTranslate2 said it its way
+        list(translations(model, tokenizer, ["A dog."], num_beams=4, nbest=5))
     assert translate(model, tokenizer, ("A dog.", "")) == translate(model, tokenizer, ["A dog.", ""])
 
 

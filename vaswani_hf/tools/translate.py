@@ -104,7 +104,7 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
     engine = as_engine(model, tokenizer)
     config = engine.generation_config
     num_beams = num_beams if num_beams is not None else getattr(config, "num_beams", None) or 4
-    check_request(sources, num_beams, max_tokens)
+    check_request(sources, num_beams, max_tokens, nbest)
     if alpha is None and papers_decoding(config):
         alpha = getattr(config, "gnmt_alpha", 0.6)
     indices = [i for i, source in enumerate(sources) if source.strip()]
@@ -117,12 +117,15 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
             yield Translation(indices[j], list(zip(texts[rows], scores[rows])), len(hypotheses[k * nbest]))
 
 
-def check_request(sources, num_beams: int, max_tokens: int) -> None:
+def check_request(sources, num_beams: int, max_tokens: int, nbest: int = 1) -> None:
     """One line for what a translation cannot take, before anything is decoded: a beam size or `max_tokens` that is
-    not a whole number of at least 1 (ValueError); `sources` that are not a list (or tuple) of strings (TypeError: a
-    lone string would be translated a character at a time)."""
+    not a whole number of at least 1, or `nbest` hypotheses outside 1 to the beam size (ValueError); `sources` that
+    are not a list (or tuple) of strings (TypeError: a lone string would be translated a character at a time)."""
     check_whole("num_beams", num_beams, 1)
     check_whole("max_tokens", max_tokens, 1)
+    check_whole("nbest", nbest, 1)
+    if nbest > num_beams:
+        raise ValueError(f"nbest must be at most num_beams={num_beams}, got {nbest}")
     if not isinstance(sources, (list, tuple)):
         raise TypeError(f"sources: a list of strings, got {type(sources).__name__}")
     others = [type(source).__name__ for source in sources if not isinstance(source, str)]
