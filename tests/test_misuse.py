@@ -2,6 +2,7 @@
 file or folder is one line that names it, before any work is done and before anything is written."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -758,7 +759,7 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
 def test_translate_in_python_refuses_what_it_cannot_take_in_one_line(translation_folder):
     """Sources that are not a list of strings (a string would be translated a character at a time), a beam size or
     `max_tokens` under 1 (0 took the model's beam size, and decoded a source at a time), `nbest` outside 1 to the beam
-    size."""
+    size, an α that is negative or not finite; the same words whatever the engine."""
     model, tokenizer = load(str(translation_folder), "cpu", fast=False)
     for sources, got in (("A dog runs.", "str"), (["A dog.", None], "a list holding NoneType"), (iter(["A"]), "")):
         with pytest.raises(TypeError, match=f"^sources: a list of strings, got {got or 'list_iterator'}$"):
@@ -768,6 +769,9 @@ def test_translate_in_python_refuses_what_it_cannot_take_in_one_line(translation
             list(translations(model, tokenizer, ["A dog."], **{name: 0}))
     with pytest.raises(ValueError, match="^nbest must be at most num_beams=4, got 5$"):  # CTranslate2 said it its way
         list(translations(model, tokenizer, ["A dog."], num_beams=4, nbest=5))
+    for alpha in (-1.0, math.nan, math.inf):  # CTranslate2 took any
+        with pytest.raises(ValueError, match=f"^alpha must be a finite number of at least 0, got {alpha}$"):
+            translate(model, tokenizer, ["A dog."], alpha=alpha)
     assert translate(model, tokenizer, ("A dog.", "")) == translate(model, tokenizer, ["A dog.", ""])
 
 

@@ -119,7 +119,7 @@ class OnnxSeq2Seq:
         beam too; a blank source's is "". A source longer than the model's learned positions is refused before any is
         decoded."""
         num_beams = num_beams if num_beams is not None else self.generation_config.num_beams or 4
-        check_request(sources, num_beams, max_tokens)
+        check_request(sources, num_beams, max_tokens, alpha=alpha)
         alpha = alpha if alpha is not None else getattr(self.generation_config, "gnmt_alpha", 0.6)
         indices = [i for i, source in enumerate(sources) if source.strip()]
         encoded = self.tokenizer([sources[i] for i in indices])["input_ids"] if indices else []

@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import itertools
 import math
+import numbers
 import os
 import sys
 import time
@@ -104,7 +105,7 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
     engine = as_engine(model, tokenizer)
     config = engine.generation_config
     num_beams = num_beams if num_beams is not None else getattr(config, "num_beams", None) or 4
-    check_request(sources, num_beams, max_tokens, nbest)
+    check_request(sources, num_beams, max_tokens, nbest, alpha)
     if alpha is None and papers_decoding(config):
         alpha = getattr(config, "gnmt_alpha", 0.6)
     indices = [i for i, source in enumerate(sources) if source.strip()]
@@ -117,10 +118,14 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
             yield Translation(indices[j], list(zip(texts[rows], scores[rows])), len(hypotheses[k * nbest]))
 
 
-def check_request(sources, num_beams: int, max_tokens: int, nbest: int = 1) -> None:
+def check_request(sources, num_beams: int, max_tokens: int, nbest: int = 1, alpha: float | None = None) -> None:
     """One line for what a translation cannot take, before anything is decoded: a beam size or `max_tokens` that is
-    not a whole number of at least 1, or `nbest` hypotheses outside 1 to the beam size (ValueError); `sources` that
-    are not a list (or tuple) of strings (TypeError: a lone string would be translated a character at a time)."""
+    not a whole number of at least 1, `nbest` hypotheses outside 1 to the beam size, an α that is not a finite number
+    of at least 0 (ValueError); `sources` that are not a list (or tuple) of strings (TypeError: a lone string would be
+    translated a character at a time)."""
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real)
+                              or not 0 <= alpha < math.inf):
+        raise ValueError(f"alpha must be a finite number of at least 0, got {alpha!r}")
     check_whole("num_beams", num_beams, 1)
     check_whole("max_tokens", max_tokens, 1)
     check_whole("nbest", nbest, 1)
