@@ -55,6 +55,19 @@ def plans(tmp_path, monkeypatch):
     return measured
 
 
+def test_timing_a_model_whose_generation_config_sets_lengths_warns_of_nothing(plans, capfd):
+    """A converted Marian model's generation config sets `max_length` (512 as published): each generate() call of the
+    probe made transformers warn that `max_new_tokens` was set beside it (42 lines on a first vaswani-translate). The
+    model's generation config is given back as it was."""
+    model = tiny_model(seed=8)
+    model.generation_config.max_length, model.generation_config.min_length = 40, 2
+    decoding = model.generation_config
+    capfd.readouterr()
+    fast_cpu(model, training=False)
+    assert plans and "seem to have been set" not in capfd.readouterr().err
+    assert model.generation_config is decoding and (decoding.max_length, decoding.min_length) == (40, 2)
+
+
 def kept_by_mode(tmp_path, int8: bool = False) -> dict:
     """The choices kept in the `plans` fixture's cache, by mode, of the float32 model's sizes or the int8 copy's."""
     kept = [json.loads(path.read_text()) for path in (tmp_path / "cache" / "fast_cpu").glob("*.json")]

@@ -30,6 +30,7 @@ told not to (`--no_fast_cpu`). Models loaded from a Hub repository's code take i
 saves as any other.
 """
 
+import copy
 import functools
 import statistics
 import time
@@ -152,6 +153,9 @@ def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) 
     pairs = torch.randint(4, config.vocab_size, (2, sizes["pairs"], sizes["pair_length"]), generator=generator)
     training, candidates_by_mode = model.training, candidates(model)
     plan, seconds = {}, {}
+    decoding = model.generation_config  # its lengths unset while timing (a converted model's max_length, ...): else
+    model.generation_config = copy.deepcopy(decoding)  # transformers warns at each call that the probe's are set too
+    model.generation_config.max_length = model.generation_config.min_length = None
     try:
         with torch.random.fork_rng(devices=[]):  # dropout's draws in the training probe are not the run's
             for mode in modes:
@@ -174,6 +178,7 @@ def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) 
     finally:
         use_plan(model, PLAIN)
         model.train(training)
+        model.generation_config = decoding
     return plan, seconds
 
 
