@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -279,6 +280,25 @@ def test_run_py_fine_tunes_a_converted_model_with_its_own_tokenizer_on_each_side
         assert stop.value.code == (f"error: {search_flags[0]}: {converted} decodes as it was published (its "
                                    "generation_config.json), not with the paper's search that the flag sets: leave "
                                    "the flag out")
+
+
+def test_vaswani_translates_ctranslate2_engine_takes_a_converted_model_greedily_as_the_torch_engine(
+        marian_pair, tmp_path, monkeypatch):
+    """A converted Marian model's tokenizer is its SentencePiece files and vocabulary, not tokenizer.json, which the
+    engine's cache key read (`--engine ctranslate2` failed on every converted model); those files key the export."""
+    from vaswani_hf.tools.ctranslate2_engine import cached_export
+    from vaswani_hf.tools.translate import load_engine, translate
+
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    _, converted = marian_pair
+    sources = SENTENCES[:8]
+    (ct2, tokenizer), (ours, _) = load_engine(str(converted), "ctranslate2"), load_engine(str(converted), fast=False)
+    assert translate(ct2, tokenizer, sources, num_beams=1, alpha=0.6) == translate(  # each limited by its source
+        ours, tokenizer, sources, num_beams=1, alpha=0.6)
+    edited = Path(shutil.copytree(converted, tmp_path / "edited"))
+    with open(edited / "vocab.json", "a") as file:
+        file.write("\n")
+    assert cached_export(str(edited), "float32") != cached_export(str(converted), "float32")
 
 
 def test_a_converted_model_loads_without_the_package_and_exports(marian_pair, tmp_path):

@@ -20,6 +20,7 @@ from ..gnmt import extra_length_of
 from ..speed.fast_cpu import chosen, round_seconds, rule
 from ..speed.kernels import cache_root, cpu_name, kept, writable
 from .export import written_whole
+from .hub import TOKENIZER_FILES
 from .loading import learned_positions, load
 
 
@@ -61,12 +62,14 @@ def probe_seconds(translator, sources: list[list[str]], parts: int, tokens: int)
 def cached_export(name_or_path: str, quantization: str) -> Path:
     """The model's CTranslate2 export in `quantization`, converted the first time and kept in
     `cache_root("ctranslate2")` under a key of what it is made from: the bytes of its weights (`weight_files`),
-    configuration and tokenizer, the quantization, this converter's own code and CTranslate2's version. A folder whose
-    weights change gets a new export; processes that need the same export at once convert it once."""
+    configuration and tokenizer (ours, or a converted model's: `TOKENIZER_FILES`), the quantization, this converter's
+    own code and CTranslate2's version. A folder whose weights change gets a new export; processes that need the
+    same export at once convert it once."""
     key = hashlib.sha256(f"{quantization} {ctranslate2.__version__}".encode())
     key.update(Path(to_ctranslate2.__file__).read_bytes())  # the converter's code
-    for path in [cached_file(name_or_path, "config.json"), cached_file(name_or_path, "tokenizer.json"),
-                 *weight_files(name_or_path)]:
+    tokenizer = [cached_file(name_or_path, name, _raise_exceptions_for_missing_entries=False)
+                 for names in TOKENIZER_FILES.values() for name in names]
+    for path in [cached_file(name_or_path, "config.json"), *filter(None, tokenizer), *weight_files(name_or_path)]:
         with open(path, "rb") as file:
             for block in iter(lambda: file.read(1 << 24), b""):
                 key.update(block)
