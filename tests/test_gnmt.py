@@ -2,6 +2,7 @@
 
 import copy
 import itertools
+import re
 
 import pytest
 import torch
@@ -312,8 +313,11 @@ def test_a_saved_setting_the_search_does_not_take_is_refused_and_a_saved_min_new
     model.generation_config.update(num_beams=4, gnmt_alpha=0.6, min_new_tokens=0, allow_custom_entries=True)
     assert model.generate(source).tolist() == [[BOS, EOS]]
     model.generation_config.repetition_penalty = 1.2
-    with pytest.raises(ValueError, match="does not take repetition_penalty"):
+    message = ("does not take repetition_penalty: leave it out (the generation config's: pass "
+               "repetition_penalty=None), or pass gnmt_alpha=None")
+    with pytest.raises(ValueError, match=re.escape(message)):
         model.generate(source)
+    assert model.generate(source, repetition_penalty=None).tolist() == [[BOS, EOS]]  # as the message says
 
 
 def test_one_beam_of_the_papers_decoding_runs_to_the_longest_unpadded_source_plus_extra_length():

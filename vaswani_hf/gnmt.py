@@ -292,9 +292,12 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         if not torch.is_tensor(source) or source.dim() != 2:
             refused.append("inputs other than a (batch, length) tensor of token ids")
         if refused:
+            saved_only = [f"{key}=None" for key in refused if key in saved - given]  # a converted model's, ...
+            drop = f" (the generation config's: pass {', '.join(saved_only)})" if saved_only else ""
             raise ValueError(
                 f"generate(): the paper's beam search (gnmt_alpha={alpha}) does not take {', '.join(refused)}: "
-                "leave it out, or pass gnmt_alpha=None for transformers' beam search (log P / |Y|^length_penalty)"
+                f"leave it out{drop}, or pass gnmt_alpha=None for transformers' beam search "
+                "(log P / |Y|^length_penalty)"
             )
         max_new_tokens = config.max_new_tokens
         if max_new_tokens is None and "max_length" in saved | given:
