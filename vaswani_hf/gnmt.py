@@ -88,9 +88,7 @@ def gnmt_beam_search(
     if max_new_tokens is not None:
         check_whole("max_new_tokens (max_length counts the decoder start token)", max_new_tokens, 1)
     check_whole("extra_length", extra_length, 0)
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha < math.inf:
-        # The early stop below relies on lp growing with length, as it does for α >= 0.
-        raise ValueError(f"gnmt_alpha must be a finite number of at least 0, got {alpha!r}")
+    check_alpha("gnmt_alpha", alpha)  # the early stop below relies on lp growing with length, as it does for α >= 0
     if not 1 <= num_return_sequences <= num_beams:
         raise ValueError(
             f"num_return_sequences must be between 1 and num_beams={num_beams}, got {num_return_sequences}"
@@ -222,6 +220,12 @@ def check_whole(name: str, value, least: int) -> None:
     """A one-line ValueError unless `value` is a whole number (not a bool) of at least `least`."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
         raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
+
+
+def check_alpha(name: str, value) -> None:
+    """A one-line ValueError unless `value` is a finite number (not a bool) of at least 0: a GNMT α."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
+        raise ValueError(f"{name} must be a finite number of at least 0, got {value!r}")
 
 
 # What the search takes of a generation config or a call: a saved config's or the call's own (other than None or

@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import itertools
 import math
-import numbers
 import os
 import sys
 import time
@@ -40,7 +39,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils.logging import disable_progress_bar
 
-from ..gnmt import check_whole, extra_length_of, gnmt_beam_search
+from ..gnmt import check_alpha, check_whole, extra_length_of, gnmt_beam_search
 from ..speed.allocator import keep_freed_memory
 from .loading import check_gpu, checked, device_kind, learned_positions, load, one_line_errors
 from .text import decode_utf8, split_lines
@@ -123,9 +122,8 @@ def check_request(sources, num_beams: int, max_tokens: int, nbest: int = 1, alph
     not a whole number of at least 1, `nbest` hypotheses outside 1 to the beam size, an α that is not a finite number
     of at least 0 (ValueError); `sources` that are not a list (or tuple) of strings (TypeError: a lone string would be
     translated a character at a time)."""
-    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real)
-                              or not 0 <= alpha < math.inf):
-        raise ValueError(f"alpha must be a finite number of at least 0, got {alpha!r}")
+    if alpha is not None:
+        check_alpha("alpha", alpha)
     check_whole("num_beams", num_beams, 1)
     check_whole("max_tokens", max_tokens, 1)
     check_whole("nbest", nbest, 1)
