@@ -1,5 +1,6 @@
 """The paper's decoding (§6.1): beam search with the GNMT length penalty, checked against brute force."""
 
+import contextlib
 import copy
 import itertools
 import re
@@ -9,7 +10,9 @@ import torch
 from support import BOS, EOS, PAD, random_ids, tiny_config, tiny_model
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
+from vaswani_hf import fast_cpu
 from vaswani_hf.gnmt import gnmt_beam_search, gnmt_length_penalty
+from vaswani_hf.speed.decoding import PLAIN
 
 
 def test_length_penalty_is_gnmts():
@@ -224,6 +227,29 @@ def test_beam_4_is_batched_consistently_and_respects_the_length_limit(trained_mo
     out = gnmt_beam_search(never_ends, source, attention_mask=mask)
     assert out.shape[1] == 1 + 7 + 50
     assert (out[1, 1 + 4 + 50 :] == PAD).all() and (out[1, 1 : 1 + 4 + 50] != PAD).any()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_source_whose_search_is_done_leaves_the_batch(shared):
+    """As fairseq's search drops a finalized sentence from its batch: once a source's search is done, the later steps
+    decode only the other sources' beams, and each source's output is still the one it has decoded alone, bit for
+    bit; also where its beams share the source's cross-attention keys and values (fast_cpu's plan)."""
+    model = tiny_model(seed=1, add_final_logits_bias=True)
+    model.final_logits_bias[0, EOS] = -1e9  # no output ends before its limit: its source's length + 1
+    if shared:
+        model = fast_cpu(model, {**PLAIN, "beam": {"shared": True, "lean": True, "packed": False}})
+    source, mask = random_ids(3, 7, seed=11), torch.ones(3, 7, dtype=torch.long)
+    mask[1, 2:], mask[2, 5:] = 0, 0
+    source = source.masked_fill(mask == 0, PAD)
+    rows = []
+    model.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    with model.fast_decoding(4) if shared else contextlib.nullcontext():
+        batched = gnmt_beam_search(model, source, attention_mask=mask, extra_length=1)
+        assert rows == [12] * 3 + [8] * 3 + [4] * 2  # 3 sources x 4 beams to the limit 3, then 2 to 6, then 1 to 8
+        for row in range(3):
+            alone = gnmt_beam_search(model, source[row : row + 1, : int(mask[row].sum())], extra_length=1)[0]
+            assert torch.equal(batched[row, : len(alone)], alone) and (batched[row, len(alone) :] == PAD).all()
 
 
 def test_a_saved_model_decodes_the_papers_way_however_it_is_loaded(tmp_path):

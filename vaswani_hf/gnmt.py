@@ -9,7 +9,8 @@ by |Y|^α instead, which is why this search exists. It follows tensor2tensor's: 
 that did not end stay alive, the ended ones compete for the finished slots (the best one, or the n best) by their
 penalized score, and a sentence stops as soon as no alive hypothesis can beat its n-th best finished one. As there,
 a hypothesis still alive at the length limit is cut and returned only where fewer than n ended with EOS: it fills
-the slots they left, after them.
+the slots they left, after them. Unlike there, a sentence that stopped leaves the batch, as in fairseq's search: the
+later steps compute only the others, and each sentence's outputs are what it gets decoded alone.
 
 With one beam the search is greedy, as tensor2tensor decodes then: the most probable token at each step, no
 second candidate that ends kept aside.
@@ -121,11 +122,13 @@ def gnmt_beam_search(
     finished = torch.full((batch_size, n, max_limit + 1), pad, device=device)
     finished_lengths = torch.ones(batch_size, n, dtype=torch.long, device=device)
     finished_by_eos = torch.zeros(batch_size, n, dtype=torch.bool, device=device)
-    done = torch.zeros(batch_size, dtype=torch.bool, device=device)
     rows = torch.arange(batch_size, device=device)
+    sources = rows  # the index in the batch given of each source still searched
+    searched = batch_size  # how many
+    output = tuple(torch.empty_like(t) for t in (finished, finished_scores, finished_lengths))  # filled as sources end
 
     for step in itertools.count(1):  # step = |Y| of the hypotheses made in this iteration
-        decoded = step > max_limit or bool(done.all())
+        decoded = step > max_limit or not searched
         if synced_gpus:
             everywhere = torch.tensor(float(decoded), device=device)
             torch.distributed.all_reduce(everywhere, op=torch.distributed.ReduceOp.MIN)
@@ -154,7 +157,7 @@ def gnmt_beam_search(
         by_eos = (top_tokens == eos) & top_scores.isfinite()  # (not the -inf candidates of empty beams)
         ends = by_eos | (step >= limits).unsqueeze(-1)
         penalized = torch.where(ends, top_scores / gnmt_length_penalty(step, alpha), float("-inf"))  # (B, 2K)
-        if ((penalized > finished_scores[:, -1:]) & ~done.unsqueeze(-1)).any():
+        if (penalized > finished_scores[:, -1:]).any():
             history = tokens.view(batch_size, num_beams, -1)[rows.unsqueeze(-1), top_beams]  # (B, 2K, t)
             ended = torch.full((*top_tokens.shape, max_limit + 1), pad, device=device)
             ended[..., :step] = history
@@ -163,28 +166,58 @@ def gnmt_beam_search(
             by_eos_first = torch.cat([finished_by_eos, by_eos], -1).gather(1, order).sort(
                 dim=-1, descending=True, stable=True).indices
             scores, order = scores.gather(1, by_eos_first), order.gather(1, by_eos_first)
-            row_done = done.unsqueeze(-1)  # a finished row keeps its n hypotheses
-            keep = order[:, :n].masked_fill(row_done, 0) + torch.arange(n, device=device) * row_done
+            keep = order[:, :n]
             finished = torch.cat([finished, ended], 1).gather(1, keep.unsqueeze(-1).expand(-1, -1, max_limit + 1))
-            finished_scores = torch.where(row_done, finished_scores, scores[:, :n])
+            finished_scores = scores[:, :n]
             finished_lengths = torch.cat([finished_lengths, torch.full_like(top_tokens, step + 1)], -1).gather(1, keep)
             finished_by_eos = torch.cat([finished_by_eos, by_eos], -1).gather(1, keep)
 
         # The K best hypotheses that did not end stay alive.
         alive_scores, keep = torch.where(ends, float("-inf"), top_scores).topk(num_beams, dim=-1)  # (B, K)
-        parents = (rows.unsqueeze(-1) * num_beams + top_beams.gather(1, keep)).view(-1)  # (B*K,)
-        tokens = torch.cat([tokens[parents], top_tokens.gather(1, keep).view(-1, 1)], dim=-1)
-        # Beams never leave their source, so the cross-attention cache needs no reordering.
-        cache.self_attention_cache.reorder_cache(parents)
+        parents = rows.unsqueeze(-1) * num_beams + top_beams.gather(1, keep)  # (B, K) rows of this step
+        next_tokens = top_tokens.gather(1, keep)  # (B, K)
 
         # Early termination: log P only falls and lp only grows up to lp(limit), so an alive hypothesis can score
         # at most its log P / lp(limit).
         best_possible = alive_scores[:, 0] / gnmt_length_penalty(limits, alpha)
-        done |= (finished_scores[:, -1] >= best_possible) | (step >= limits)
+        done = (finished_scores[:, -1] >= best_possible) | (step >= limits)
+        searched = batch_size - int(done.sum())
 
+        # A source that is done leaves the batch, its n best hypotheses kept (as fairseq's search does): the later
+        # steps compute only the sources still searched.
+        if 0 < searched < batch_size:
+            for kept, value in zip(output, (finished, finished_scores, finished_lengths)):
+                kept[sources[done]] = value[done]
+            stay = (~done).nonzero().squeeze(1)
+            sources, parents, next_tokens, alive_scores, limits = (
+                t[stay] for t in (sources, parents, next_tokens, alive_scores, limits))
+            finished, finished_scores, finished_lengths, finished_by_eos = (
+                t[stay] for t in (finished, finished_scores, finished_lengths, finished_by_eos))
+            stay_rows = (stay.unsqueeze(-1) * num_beams + torch.arange(num_beams, device=device)).view(-1)
+            encoder_outputs.last_hidden_state = encoder_outputs.last_hidden_state[stay_rows]
+            attention_mask = attention_mask[stay_rows]
+            keep_sources(cache.cross_attention_cache, stay, batch_size)
+            batch_size = len(stay)
+            rows = torch.arange(batch_size, device=device)
+        tokens = torch.cat([tokens[parents.view(-1)], next_tokens.view(-1, 1)], dim=-1)
+        # Beams never leave their source, so the cross-attention cache needs no reordering.
+        cache.self_attention_cache.reorder_cache(parents.view(-1))
+
+    for kept, value in zip(output, (finished, finished_scores, finished_lengths)):
+        kept[sources] = value
+    finished, finished_scores, finished_lengths = output
     sequences = finished[..., : int(finished_lengths.max())]
     sequences = sequences[:, 0] if n == 1 else sequences.flatten(0, 1)
     return (sequences, finished_scores.flatten()) if output_scores else sequences
+
+
+def keep_sources(cache: DynamicCache, stay: torch.Tensor, sources: int) -> None:
+    """The cache's rows of the sources at `stay` (of `sources`), one row or one per beam each (speed/attention.py's
+    layout and the search's)."""
+    if cache.get_seq_length() > 0:
+        per_source = cache.layers[0].keys.shape[0] // sources
+        rows = stay.unsqueeze(-1) * per_source + torch.arange(per_source, device=stay.device)
+        cache.batch_select_indices(rows.view(-1))
 
 
 def output_limits(config, attention_mask: torch.Tensor, max_new_tokens: int | None,
