@@ -193,9 +193,8 @@ def gnmt_beam_search(
                 t[stay] for t in (sources, parents, next_tokens, alive_scores, limits))
             finished, finished_scores, finished_lengths, finished_by_eos = (
                 t[stay] for t in (finished, finished_scores, finished_lengths, finished_by_eos))
-            stay_rows = (stay.unsqueeze(-1) * num_beams + torch.arange(num_beams, device=device)).view(-1)
-            encoder_outputs.last_hidden_state = encoder_outputs.last_hidden_state[stay_rows]
-            attention_mask = attention_mask[stay_rows]
+            encoder_outputs.last_hidden_state = encoder_outputs.last_hidden_state[rows_of(stay, num_beams)]
+            attention_mask = attention_mask[rows_of(stay, num_beams)]
             keep_sources(cache.cross_attention_cache, stay, batch_size)
             batch_size = len(stay)
             rows = torch.arange(batch_size, device=device)
@@ -211,13 +210,16 @@ def gnmt_beam_search(
     return (sequences, finished_scores.flatten()) if output_scores else sequences
 
 
+def rows_of(sources: torch.Tensor, per_source: int) -> torch.Tensor:
+    """The rows of `sources` in a batch of `per_source` consecutive rows a source."""
+    return (sources.unsqueeze(-1) * per_source + torch.arange(per_source, device=sources.device)).view(-1)
+
+
 def keep_sources(cache: DynamicCache, stay: torch.Tensor, sources: int) -> None:
     """The cache's rows of the sources at `stay` (of `sources`), one row or one per beam each (speed/attention.py's
     layout and the search's)."""
     if cache.get_seq_length() > 0:
-        per_source = cache.layers[0].keys.shape[0] // sources
-        rows = stay.unsqueeze(-1) * per_source + torch.arange(per_source, device=stay.device)
-        cache.batch_select_indices(rows.view(-1))
+        cache.batch_select_indices(rows_of(stay, cache.layers[0].keys.shape[0] // sources))
 
 
 def output_limits(config, attention_mask: torch.Tensor, max_new_tokens: int | None,
