@@ -711,21 +711,22 @@ def test_onnx_runtime_workers_sleep_between_runs_not_spin(onnx_model):
     assert spinning == ["0", "0", "0"]
 
 
-def test_the_onnx_export_traces_a_float32_sdpa_copy_and_leaves_the_model_as_it_was(translation_folder, tmp_path,
-                                                                                    monkeypatch):
-    """torch's exporter (stubbed: the module it is given) sees float32 and SDPA attention; the model given stays
-    bfloat16, eager and in training."""
+def test_the_onnx_export_traces_a_float32_eager_copy_and_leaves_the_model_as_it_was(translation_folder, tmp_path,
+                                                                                     monkeypatch):
+    """torch's exporter (stubbed: the module it is given) sees float32 and the eager attention, the formula, whose K^T
+    ONNX Runtime takes into the product (SDPA is exported as a copy of the cached keys at every step); the model given
+    stays bfloat16, SDPA and in training."""
     from vaswani_hf.exports import to_onnx
 
     traced = []
     monkeypatch.setattr(torch.onnx, "export", lambda module, *args, **kwargs: traced.append(module.model))
     tokenizer = AutoTokenizer.from_pretrained(translation_folder)
     model = tiny_model(vocab_size=len(tokenizer)).to(torch.bfloat16).train()
-    model.set_attn_implementation("eager")
+    assert model.config._attn_implementation == "sdpa"
     to_onnx.export(model, tokenizer, tmp_path / "onnx")
     assert [(graph.dtype, graph.config._attn_implementation, graph.training) for graph in traced] == [
-        (torch.float32, "sdpa", False)] * 3
-    assert (model.dtype, model.config._attn_implementation, model.training) == (torch.bfloat16, "eager", True)
+        (torch.float32, "eager", False)] * 3
+    assert (model.dtype, model.config._attn_implementation, model.training) == (torch.bfloat16, "sdpa", True)
 
 
 def padded_sources(tokenizer):
