@@ -12,6 +12,8 @@ from types import SimpleNamespace
 
 import ctranslate2
 import numpy as np
+import onnx
+import onnxruntime
 import pytest
 import torch
 from ctranslate2.converters import TransformersConverter
@@ -709,6 +711,32 @@ def test_onnx_runtime_workers_sleep_between_runs_not_spin(onnx_model):
     spinning = [session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
                 for session in onnx_model.sessions.values()]
     assert spinning == ["0", "0", "0"]
+
+
+def test_onnx_runtimes_decoding_step_transposes_no_cached_keys(onnx_model, tmp_path):
+    """The step graph as ONNX Runtime runs it (its optimized graph, saved) transposes none of the keys it is given, of
+    self- or encoder-decoder attention, nor their concatenation with the new position's: Q K^T takes them as they are
+    (torch's exporter wrote SDPA as a copy of them all, transposed and scaled, at every step). A transpose is traced
+    back through reshapes and concatenations to the graph's inputs."""
+    options = onnxruntime.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    onnxruntime.InferenceSession(str(onnx_model.folder / "decoder_with_past_model.onnx"), options,
+                                 providers=["CPUExecutionProvider"])
+    graph = onnx.load(options.optimized_model_filepath, load_external_data=False).graph
+    producers = {output: node for node in graph.node for output in node.output}
+
+    def inputs_reached(name: str) -> set[str]:
+        node = producers.get(name)
+        if node is None:
+            return {name}
+        if node.op_type not in ("Reshape", "Concat", "Identity"):
+            return set()
+        return set().union(*(inputs_reached(given) for given in node.input[:1 if node.op_type == "Reshape" else None]))
+
+    transposes = [node for node in graph.node if node.op_type == "Transpose"]
+    assert transposes  # those of the new position's projections, at least
+    cached = [inputs_reached(node.input[0]) for node in transposes]
+    assert not [names for names in cached if any(name.startswith("past_key_values") for name in names)]
 
 
 def test_the_onnx_export_traces_a_float32_eager_copy_and_leaves_the_model_as_it_was(translation_folder, tmp_path,
