@@ -18,7 +18,7 @@ import pytest
 import torch
 from ctranslate2.converters import TransformersConverter
 from ctranslate2.specs.model_spec import Variable, visit_spec
-from support import refusal, save_marian_folder, tiny_model
+from support import BOS, refusal, save_marian_folder, tiny_model
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
@@ -907,11 +907,15 @@ def test_onnx_translate_runs_as_long_as_vaswani_translate_without_eos(trained, o
 def test_onnx_translate_decodes_batches_within_max_tokens_and_answers_in_order(onnx_model, monkeypatch):
     """Each batch holds at most `max_tokens` source tokens, padding included (a longer source alone); every source is
     decoded once and its translation comes back at its own place (a stand-in search that echoes its sources)."""
-    from vaswani_hf.exports import onnx_runtime
+    from vaswani_hf.tools import translate as translate_module
 
     shapes = []
-    monkeypatch.setattr(onnx_runtime, "gnmt_beam_search", lambda model, ids, mask, beams, alpha, **_: shapes.append(
-        (tuple(ids.shape), int(mask.sum()))) or ids)
+
+    def echo(model, ids, mask, beams, alpha, **_):
+        shapes.append((tuple(ids.shape), int(mask.sum())))
+        return torch.cat([torch.full_like(ids[:, :1], BOS), ids], 1), torch.zeros(len(ids))  # after the start token
+
+    monkeypatch.setattr(translate_module, "gnmt_beam_search", echo)
     sources = ["A dog runs.", "", "A small dog likes a book and the big cat.", "A cat.", "dog " * 12, "The book."]
     tokenizer = onnx_model.tokenizer
     lengths = [len(ids) for ids in tokenizer([s for s in sources if s.strip()])["input_ids"]]
@@ -969,11 +973,11 @@ def test_onnx_export_of_a_model_beyond_the_papers_defaults_decodes_as_torch(tran
 def test_onnx_translate_decodes_as_the_folders_generation_config_says(onnx_model, monkeypatch):
     """The folder's beam size, GNMT α and `extra_length`, else the paper's 4, 0.6 and 50; a call's own, one beam
     too."""
-    from vaswani_hf.exports import onnx_runtime
+    from vaswani_hf.tools import translate as translate_module
 
     calls = []
-    monkeypatch.setattr(onnx_runtime, "gnmt_beam_search", lambda model, ids, mask, beams, alpha, *, extra_length:
-                        calls.append((beams, alpha, extra_length)) or ids)
+    monkeypatch.setattr(translate_module, "gnmt_beam_search", lambda model, ids, mask, beams, alpha, *, extra_length,
+                        **_: calls.append((beams, alpha, extra_length)) or (ids, torch.zeros(len(ids))))
     paper = {"num_beams": 3, "gnmt_alpha": 1.2}
     for config, call in ((GenerationConfig(**paper), {}), (GenerationConfig(), {}),
                          (GenerationConfig(**paper, extra_length=300), {}),

@@ -22,9 +22,9 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from ..gnmt import extra_length_of, gnmt_beam_search, output_limits
+from ..gnmt import extra_length_of, output_limits
 from ..tools.loading import learned_positions
-from ..tools.translate import MAX_TOKENS, check_request, token_batches
+from ..tools.translate import MAX_TOKENS, decoded_batch, translate
 
 
 class OnnxSeq2Seq:
@@ -44,6 +44,7 @@ class OnnxSeq2Seq:
         self.config = AutoConfig.from_pretrained(folder)
         self.generation_config = GenerationConfig.from_pretrained(folder)
         self.folder, self.layers = folder, self.config.num_decoder_layers
+        self.positions = learned_positions(self.config)  # as translate.py's engines
 
     @cached_property
     def tokenizer(self):
@@ -113,24 +114,15 @@ class OnnxSeq2Seq:
 
     def translate(self, sources: list[str], num_beams: int | None = None, alpha: float | None = None,
                   max_tokens: int = MAX_TOKENS) -> list[str]:
-        """Translations of `sources`, in order, decoded in batches of at most `max_tokens` source tokens (padding
-        included; vaswani-translate's `token_batches`) by the paper's beam search with the folder's beam size and GNMT
-        α (else 4 and 0.6), as vaswani-translate decodes them: each output limited by its own source's length, one
-        beam too; a blank source's is "". A source longer than the model's learned positions is refused before any is
-        decoded."""
-        num_beams = num_beams if num_beams is not None else self.generation_config.num_beams or 4
-        check_request(sources, num_beams, max_tokens, alpha=alpha)
-        alpha = alpha if alpha is not None else getattr(self.generation_config, "gnmt_alpha", 0.6)
-        indices = [i for i, source in enumerate(sources) if source.strip()]
-        encoded = self.tokenizer([sources[i] for i in indices])["input_ids"] if indices else []
-        positions, longest = learned_positions(self.config), max(map(len, encoded), default=0)
-        if positions is not None and longest > positions:
-            raise ValueError(f"a source has {longest} tokens; this model's positions stop at {positions}")
-        translations = [""] * len(sources)
-        for batch in token_batches([len(ids) for ids in encoded], max_tokens):
-            inputs = self.tokenizer.pad({"input_ids": [encoded[j] for j in batch]}, return_tensors="pt")
-            output = gnmt_beam_search(self, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha,
-                                      extra_length=extra_length_of(self.generation_config))
-            for j, text in zip(batch, self.tokenizer.batch_decode(output, skip_special_tokens=True)):
-                translations[indices[j]] = text
-        return translations
+        """Translations of `sources`, in order, as vaswani-translate decodes them (translate.py's `translate`, this
+        object its engine): in batches of at most `max_tokens` source tokens, padding included, by the paper's beam
+        search with the folder's beam size and GNMT α (else 4 and 0.6), each output limited by its own source's
+        length, one beam too; a blank source's is "". A source longer than the model's learned positions is refused
+        before any is decoded."""
+        return translate(self, self.tokenizer, sources, max_tokens, num_beams, alpha)
+
+    def decode(self, batch: list[list[int]], num_beams: int, alpha: float | None,
+               nbest: int) -> tuple[list[list[int]], list[float]]:
+        """translate.py's engine call: the paper's search, with α 0.6 where none is given (ONNX Runtime runs no
+        other decoding)."""
+        return decoded_batch(self, self.tokenizer, batch, num_beams, 0.6 if alpha is None else alpha, nbest)

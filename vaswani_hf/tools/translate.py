@@ -100,7 +100,9 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
     generation config (`num_beams`, `gnmt_alpha`, as training/run.py saves them), else to the paper's 4 and 0.6.
     A generation config of the model's own without `gnmt_alpha` (a converted model's: vaswani-convert) is the
     decoding it was published with: without `alpha`, transformers' `generate()` runs it. `model`: a torch model,
-    or an engine that decodes token batches (`TorchEngine`, ctranslate2_engine.py's `CTranslate2Engine`)."""
+    or an engine that decodes token batches (`TorchEngine`, ctranslate2_engine.py's `CTranslate2Engine`,
+    onnx_runtime.py's `OnnxSeq2Seq`). A source longer than the engine's `positions` (learned ones) is a one-line
+    ValueError before any batch is decoded."""
     engine = as_engine(model, tokenizer)
     config = engine.generation_config
     num_beams = num_beams if num_beams is not None else getattr(config, "num_beams", None) or 4
@@ -109,6 +111,9 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
         alpha = getattr(config, "gnmt_alpha", 0.6)
     indices = [i for i, source in enumerate(sources) if source.strip()]
     encoded = tokenizer([sources[i] for i in indices])["input_ids"] if indices else []
+    positions, longest = getattr(engine, "positions", None), max(map(len, encoded), default=0)
+    if positions is not None and longest > positions:
+        raise ValueError(f"a source has {longest} tokens; this model's positions stop at {positions}")
     for batch in token_batches([len(ids) for ids in encoded], max_tokens):
         hypotheses, scores = engine.decode([encoded[j] for j in batch], num_beams, alpha, nbest)
         texts = tokenizer.batch_decode(hypotheses, skip_special_tokens=True)
@@ -166,13 +171,20 @@ class TorchEngine:
         self.model.eval()
         try:
             device = next(self.model.parameters()).device
-            inputs = self.tokenizer.pad({"input_ids": batch}, return_tensors="pt").to(device)
             with getattr(self.model, "fast_decoding", lambda beams: contextlib.nullcontext())(num_beams):  # fast_cpu
-                sequences, scores = search(self.model, inputs, num_beams, alpha, nbest)
+                return decoded_batch(self.model, self.tokenizer, batch, num_beams, alpha, nbest, device)
         finally:
             self.model.train(training)  # the caller's mode back: a training loop goes on training
-        pad = self.tokenizer.pad_token_id
-        return [[i for i in row if i != pad] for row in sequences[:, 1:].tolist()], scores.tolist()
+
+
+def decoded_batch(model, tokenizer, batch: list[list[int]], num_beams: int, alpha: float | None, nbest: int,
+                  device: torch.device | str = "cpu") -> tuple[list[list[int]], list[float]]:
+    """An engine's `decode` by `search`: each source's `nbest` hypotheses (ids after the start token, no padding),
+    best first, and their scores."""
+    inputs = tokenizer.pad({"input_ids": batch}, return_tensors="pt").to(device)
+    sequences, scores = search(model, inputs, num_beams, alpha, nbest)
+    pad = tokenizer.pad_token_id
+    return [[i for i in row if i != pad] for row in sequences[:, 1:].tolist()], scores.tolist()
 
 
 def search(model, inputs, num_beams: int, alpha: float | None, nbest: int) -> tuple[torch.Tensor, torch.Tensor]:
