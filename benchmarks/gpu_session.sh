@@ -31,7 +31,8 @@
 #             7.5 min (2026-11-30: the compiled run alone 215 s, 174 s of it compiling 3 graphs);
 #   eager     as base, eager (`--compile no`), 1 process: 1 min;
 #   cudnn     as eager, with cuDNN's attention kernels for ours too (`--cudnn_attention`): 1 min;
-#   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2: 1.5 min;
+#   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2 (whose wheel
+#             no longer fits beside the others: gpu_wheels.sh's header): 1.5 min;
 #   deterministic  run.py's --deterministic: base's step with it (1 process, no Marian: its cost against base's), then
 #             the training part's runs with it, whose resumed run must repeat the first's losses exactly: 10 min.
 # Every part's log and reports come back as $OUT/gpu_session.tgz (and the speed log beside it); they go to the notebook

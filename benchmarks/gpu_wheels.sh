@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The wheels benchmarks/gpu_check.py needs on the lent GPU machine beyond what its image holds (Python 3.12, torch,
-# accelerate, pyarrow, tokenizers, sacrebleu; transformers 5.17, older than ours): downloaded here from PyPI into .whl/
-# (git ignores it), at the versions installed here, which the tests passed with. About 58 MB, 43 of them ctranslate2's:
-# the working tree and the wheels travel together, 64 MiB at most.
+# pyarrow, sacrebleu; transformers 5.17 and huggingface_hub 1.33, older than ours): downloaded here from PyPI into
+# .whl/ (git ignores it), at the versions installed here, which the tests passed with. About 26 MB: transformers 5.25
+# refuses to import beside a huggingface_hub older than 2.4, whose own needs (httpx2 and the rest) the image lacks
+# (2026-12-04). CTranslate2's wheel (43 MB, for gpu_decoding.py's CTranslate2 columns; that part runs without it) no
+# longer fits beside them in a device call's 64 MiB: `bash benchmarks/gpu_wheels.sh ctranslate2` adds it and refuses
+# when the call would carry too much.
 #
-#     bash benchmarks/gpu_wheels.sh
+#     bash benchmarks/gpu_wheels.sh [ctranslate2]
 #
 # Then one call of the device tool, `carry: [".whl"]`: `bash benchmarks/gpu_session.sh` (timeout 590 s: the
 # utilisation benchmark and run.py's compiled training, its header says), or the whole GPU check (timeout 540 s,
@@ -17,8 +20,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# transformers and what ours needs newer than the image's; datasets, evaluate and ctranslate2, which it lacks, and theirs.
-packages=(transformers regex datasets evaluate dill multiprocess fsspec ctranslate2)
+# transformers, accelerate and what they need newer than the image's (huggingface_hub 2 and its HTTP client); datasets
+# and evaluate, which it lacks, and theirs.
+packages=(transformers regex tokenizers safetensors accelerate huggingface_hub httpx2 httpcore2 truststore hf-xet click
+          anyio idna h11 datasets evaluate dill multiprocess fsspec)
+case "${1:-}" in
+    "") ;;
+    ctranslate2) packages+=(ctranslate2) ;;
+    *) echo "error: unknown argument $1: ctranslate2 or nothing" >&2; exit 1 ;;
+esac
 pinned=$(python - "${packages[@]}" <<'EOF'
 import importlib.metadata as metadata
 import sys
