@@ -15,7 +15,8 @@ Eight parts; each runs even when another fails:
    of new tokens each, float32 (TF32 allowed): tokens/s; on a GPU in three fresh processes, as part 1;
 3. synchronisations: the host waits for the GPU (`torch.cuda.set_sync_debug_mode`) in one decoding step (a forward
    of one token with a filled cache), and per new token in greedy, beam-4 and GNMT decoding (from two lengths);
-4. training: `accelerate launch --num_processes 1 training/run.py --preset base` on the embedded grammar's pairs,
+4. training: `accelerate launch --num_processes 1 training/run.py --preset base` on the embedded grammar's pairs
+   (or real text: `--training_data`),
    at the default mixed precision (and compiled by inductor, on a GPU), with a checkpoint halfway; then the same
    run eager (`--compile no`; off a GPU the first run is eager and is not run twice), and the first command resumed
    from that checkpoint. The loss must fall, the resumed run's losses must follow the first run's, and the
@@ -89,6 +90,7 @@ LOSS_FALLS = 1.0  # nats: the last tenth of the steps' mean loss at least this f
 RESUMED_TOLERANCE = 0.02  # relative: a GPU's kernels need not add in the same order twice
 COMPILED_TOLERANCE = 0.01  # relative, the last tenth's mean loss: issue 77
 SENTENCES = 16  # translated by part 5
+SPLITS = {"train": "train", "validation": "valid", "test": "test2016"}  # --training_data's files, Multi30k's names
 FAST = "ours, fast_gpu"  # ours as training/run.py trains it on a GPU
 PAIRED = {"speed": ("bf16", "fp32"), "decoding": ("greedy", "beam4", "gnmt")}  # parts 1 and 2: their figures' kinds
 
@@ -102,10 +104,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=None,
                         help="fresh processes parts 1 and 2 each run in, one after another (default: 3 on a GPU, 1 "
                         "with --tiny)")
+    parser.add_argument("--training_data", type=Path, default=None,
+                        help="the training part's pairs from DIR/train, DIR/valid and DIR/test2016 (.en and .de, "
+                        "Multi30k's layout), the first 30,000, 200 and 200 (default: the embedded grammar's)")
     parser.add_argument("--deterministic", action="store_true",
                         help="the training part's runs with run.py's --deterministic: the resumed run must then "
                         "repeat the first one's losses exactly")
     args = parser.parse_args(argv)
+    if args.training_data is not None:
+        missing = [f"{name}.{lang}" for name in SPLITS.values() for lang in ("en", "de")
+                   if not (args.training_data / f"{name}.{lang}").is_file()]
+        if missing:
+            raise SystemExit(f"error: --training_data {args.training_data} lacks {', '.join(missing)}")
     if args.processes is not None and args.processes < 1:
         raise SystemExit(f"error: --processes {args.processes}: parts 1 and 2 need at least one process")
     output_dir, device = output_and_device(args.output_dir, args.tiny)
@@ -113,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is downloaded, here or in the processes it starts
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # float32 as GPUs train it
 
-    shape = {**SHAPES["tiny" if args.tiny else "gpu"], "deterministic": args.deterministic}
+    shape = {**SHAPES["tiny" if args.tiny else "gpu"], "deterministic": args.deterministic,
+             "training_data": args.training_data and str(args.training_data)}
     processes = args.processes or (1 if args.tiny else 3)
     parts = {**PARTS, **{part: partial(in_processes, part, processes, args.tiny) for part in PAIRED}}
     report = {"date": datetime.date.today().isoformat(), "device": device_name(device), "host": cpu_name(),
@@ -364,11 +375,18 @@ def launch(run: Path, flags: list[str], timeout: int) -> dict:
             "metrics": json.loads((run / "metrics.json").read_text())}
 
 
-def write_pairs(folder: Path, sizes: tuple[int, int, int]) -> list[str]:
-    """The embedded grammar's pairs as aligned text files (PREFIX.en, PREFIX.de); run.py's data flags for them."""
+def write_pairs(folder: Path, sizes: tuple[int, int, int], data: str | None = None) -> list[str]:
+    """The first pairs of each split, the embedded grammar's or those of the folder `data` (`SPLITS`' files), as
+    aligned text files (PREFIX.en, PREFIX.de); run.py's data flags for them."""
     folder.mkdir(parents=True)
+    if data is None:
+        splits = grammar_pairs()
+    else:  # the folder's pairs: one sentence a line on each side
+        read = {split: [Path(data, f"{name}.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de")]
+                for split, name in SPLITS.items()}
+        splits = {split: list(zip(*sides, strict=True)) for split, sides in read.items()}
     flags = []
-    for (split, pairs), size in zip(grammar_pairs().items(), sizes):
+    for (split, pairs), size in zip(splits.items(), sizes):
         for side, lang in enumerate(("en", "de")):
             (folder / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs[:size]))
         flags += [f"--{split}_file", str(folder / split)]
@@ -381,7 +399,8 @@ def training(device: torch.device, shape: dict, output_dir: Path) -> dict:
     # --warmup_steps, --lr_scale: the §5.3 curve, kept under the rates at which this post-LN model's loss jumps up
     # after so short a warm-up (8e-4 at step 150 on an H100; on an H200 with steps of 4 x 8,192 tokens, 5.2e-4 at step
     # 158 in the compiled, eager and resumed runs alike): two runs that jump apart compare chaos, not their arithmetic.
-    flags = ["--preset", "base", *shape["model_flags"], *write_pairs(output_dir / "data", shape["pairs"]),
+    pairs = write_pairs(output_dir / "data", shape["pairs"], shape.get("training_data"))
+    flags = ["--preset", "base", *shape["model_flags"], *pairs,
              "--max_steps", str(steps), "--save_steps", str(steps // 2), "--save_minutes", "0", "--eval_steps", "0",
              "--warmup_steps", str(shape["warmup_steps"]), "--lr_scale", str(shape["lr_scale"]),
              *(["--deterministic"] if shape["deterministic"] else [])]
@@ -733,7 +752,8 @@ def markdown(report: dict) -> str:
     if "training" in report:
         t = report["training"]
         lines.append(
-            f"\ntraining/run.py --preset base, {t['steps']} steps of {t['target_tokens_per_step']:.0f} target tokens "
+            f"\ntraining/run.py --preset base on {report['shape'].get('training_data') or 'the embedded grammar'}, "
+            f"{t['steps']} steps of {t['target_tokens_per_step']:.0f} target tokens "
             f"({t['mixed_precision']}): loss {t['first_loss']:.3f} -> {t['last_loss']:.3f} in "
             f"{t['train_minutes']:.1f} min, test sacreBLEU {t['test_bleu']:.1f}; resumed at step {t['resumed_at']}: "
             f"last loss {t['resumed_last_loss']:.3f}, at most {t['resumed_max_relative_difference']:.2%} from the "

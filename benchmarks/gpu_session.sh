@@ -28,7 +28,9 @@
 #             its target, and the step has only lost work since);
 #   training  benchmarks/gpu_check.py --parts training remote: run.py's base preset compiled, eager and resumed,
 #             200 steps each, and the remote-code check, dynamo's reasons for compiling again in the runs' logs: about
-#             7.5 min (2026-11-30: the compiled run alone 215 s, 174 s of it compiling 3 graphs);
+#             5 min (2026-12-04: 282 s, the compiled run 119-131 s). On real text when the call carries it: here,
+#             `mkdir -p .data && cp -r ../shared/data/multi30k .data/` (git ignores .data/), and carry [".whl", ".data"]
+#             (the embedded grammar is learned in jumps whose timing a rounding moves: benchmarks/README.md, 2026-12-04);
 #   eager     as base, eager (`--compile no`), 1 process: 1 min;
 #   cudnn     as eager, with cuDNN's attention kernels for ours too (`--cudnn_attention`): 1 min;
 #   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2 (whose wheel
@@ -75,6 +77,7 @@ print(min((f for r in roots for f in glob.glob(f"{r}/**/libcublas.so.13*", recur
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false USE_HUB_KERNELS=NO
 
 pin=""
+training_data=$([ -d .data/multi30k ] && echo .data/multi30k)  # the training part's real text, if carried
 run() {  # NAME SECONDS_NEEDED COMMAND...: the command under the time left, its log into the parts' folder
     local name=$1 needed=$2 left=$((${GPU_SESSION_SECONDS:-580} - (SECONDS - started)))
     shift 2
@@ -107,8 +110,9 @@ for name in $parts; do
         cudnn) utilisation cudnn 60 --sizes base --processes 1 --compile no --cudnn_attention ;;
         decoding) run decoding 100 env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
                       python3 benchmarks/gpu_decoding.py --output_dir "$work/decoding" ;;
-        training) run training 450 env TORCH_LOGS=recompiles python3 benchmarks/gpu_check.py \
-                      --parts training remote --output_dir "$work/training" ;;
+        training) text=${training_data:+--training_data $training_data}
+                  run training 360 env TORCH_LOGS=recompiles python3 benchmarks/gpu_check.py \
+                      --parts training remote $text --output_dir "$work/training" ;;
         deterministic) utilisation deterministic-step 150 --sizes base --processes 1 --skip_marian --deterministic
                        run deterministic 450 python3 benchmarks/gpu_check.py --parts training --deterministic \
                            --output_dir "$work/deterministic" ;;

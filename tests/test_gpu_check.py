@@ -128,6 +128,25 @@ def test_too_few_processes_is_a_one_line_error_before_any_work(tmp_path):
     assert not (tmp_path / "check").exists()
 
 
+def test_the_training_part_reads_real_text_from_a_folder_in_multi30ks_layout(tmp_path):
+    data = tmp_path / "text"
+    data.mkdir()
+    for name, pairs in (("train", 5), ("valid", 3), ("test2016", 3)):
+        for lang in ("en", "de"):
+            (data / f"{name}.{lang}").write_text("".join(f"{name} {lang} {i}\n" for i in range(pairs)))
+    flags = gpu_check.write_pairs(tmp_path / "pairs", (4, 2, 3), str(data))
+    assert flags == ["--train_file", str(tmp_path / "pairs" / "train"), "--validation_file",
+                     str(tmp_path / "pairs" / "validation"), "--test_file", str(tmp_path / "pairs" / "test")]
+    for split, name, pairs in (("train", "train", 4), ("validation", "valid", 2), ("test", "test2016", 3)):
+        for lang in ("en", "de"):
+            assert (tmp_path / "pairs" / f"{split}.{lang}").read_text() == "".join(
+                f"{name} {lang} {i}\n" for i in range(pairs))
+    (data / "valid.de").unlink()
+    with pytest.raises(SystemExit, match=f"^error: --training_data {data} lacks valid.de$"):
+        main(["--tiny", "--training_data", str(data), "--output_dir", str(tmp_path / "check")])
+    assert not (tmp_path / "check").exists()
+
+
 def test_on_a_gpu_the_training_part_compares_the_compiled_run_with_an_eager_one_and_resumes_from_halfway(tmp_path,
                                                                                                        monkeypatch):
     """Part 4 as it runs on a GPU (issue 77: the compiled run's last loss within 1% of the eager run's), its three
