@@ -3,8 +3,9 @@
 # device time a session, a fresh machine's start included). Prepare here first:
 #
 #     bash benchmarks/gpu_wheels.sh          # the wheels the GPU machine lacks, into .whl/
+#     mkdir -p .data && cp -r ../shared/data/multi30k .data/    # the training part's real text (git ignores .data/)
 #
-# then the device call, `carry: [".whl"]`, timeout 590:
+# then the device call, `carry: [".whl", ".data"]`, timeout 590:
 #
 #     bash benchmarks/gpu_session.sh [PART ...]      # default: training
 #
@@ -28,9 +29,8 @@
 #             its target, and the step has only lost work since);
 #   training  benchmarks/gpu_check.py --parts training remote: run.py's base preset compiled, eager and resumed,
 #             200 steps each, and the remote-code check, dynamo's reasons for compiling again in the runs' logs: about
-#             5 min (2026-12-04: 282 s, the compiled run 119-131 s). On real text when the call carries it: here,
-#             `mkdir -p .data && cp -r ../shared/data/multi30k .data/` (git ignores .data/), and carry [".whl", ".data"]
-#             (the embedded grammar is learned in jumps whose timing a rounding moves: benchmarks/README.md, 2026-12-04);
+#             5 min (2026-12-04: 282 s, the compiled run 119-131 s); on `.data/multi30k` when the call carries it, else
+#             the embedded grammar (learned in jumps whose timing a rounding moves: benchmarks/README.md, 2026-12-04);
 #   eager     as base, eager (`--compile no`), 1 process: 1 min;
 #   cudnn     as eager, with cuDNN's attention kernels for ours too (`--cudnn_attention`): 1 min;
 #   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2 (whose wheel

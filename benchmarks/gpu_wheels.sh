@@ -9,8 +9,8 @@
 #
 #     bash benchmarks/gpu_wheels.sh [ctranslate2]
 #
-# Then one call of the device tool, `carry: [".whl"]`: `bash benchmarks/gpu_session.sh` (timeout 590 s: the
-# utilisation benchmark and run.py's compiled training, its header says), or the whole GPU check (timeout 540 s,
+# Then one call of the device tool, `carry: [".whl"]` (and ".data": gpu_session.sh's header): `bash
+# benchmarks/gpu_session.sh` (timeout 590 s: the parts its header names), or the whole GPU check (timeout 540 s,
 # about 7.5 minutes; its training runs stay there, the report and the table come back):
 #
 #     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
