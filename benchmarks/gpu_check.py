@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                         "with --tiny)")
     parser.add_argument("--training_data", type=Path, default=None,
                         help="the training part's pairs from DIR/train, DIR/valid and DIR/test2016 (.en and .de, "
-                        "Multi30k's layout), the first 30,000, 200 and 200 on a GPU (default: the embedded grammar's)")
+                        "Multi30k's layout), the first {:,}, {:,} and {:,} on a GPU (default: the embedded grammar's)"
+                        .format(*SHAPES["gpu"]["pairs"]))
     parser.add_argument("--deterministic", action="store_true",
                         help="the training part's runs with run.py's --deterministic: the resumed run must then "
                         "repeat the first one's losses exactly")
