@@ -29,8 +29,8 @@
 #             its target, and the step has only lost work since);
 #   training  benchmarks/gpu_check.py --parts training remote: run.py's base preset compiled, eager and resumed,
 #             200 steps each, and the remote-code check, dynamo's reasons for compiling again in the runs' logs: about
-#             5 min (2026-12-04: 282 s, the compiled run 119-131 s); on `.data/multi30k` when the call carries it, else
-#             the embedded grammar (learned in jumps whose timing a rounding moves: benchmarks/README.md, 2026-12-04);
+#             5 min (2026-12-04: 204-282 s, the compiled run 107-131 s); on `.data/multi30k` when the call carries it,
+#             else the embedded grammar; at the paper's warm-up since 2026-12-04 (benchmarks/README.md, session 132);
 #   eager     as base, eager (`--compile no`), 1 process: 1 min;
 #   cudnn     as eager, with cuDNN's attention kernels for ours too (`--cudnn_attention`): 1 min;
 #   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2 (whose wheel
