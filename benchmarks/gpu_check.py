@@ -398,9 +398,9 @@ def training(device: torch.device, shape: dict, output_dir: Path) -> dict:
     """Part 4: train with training/run.py, then resume from the halfway checkpoint; compare the two loss curves."""
     steps = shape["steps"]
     # --warmup_steps, --lr_scale: on a GPU the paper's (§5.3), so that 200 steps stay in the warm-up's calm start. At a
-    # tenth of the warm-up the rate at step 200 is 8x the paper's, and from step 170 two runs of the same compiled
-    # program parted by up to 3.8% a step and 1% over the last 20 (an H200, Multi30k; at higher rates the loss jumped
-    # up): two runs that part so compare chaos, not their arithmetic (benchmarks/README.md, 2026-12-04).
+    # tenth of the warm-up the rate at step 200 is 8x the paper's, and three runs of the same compiled program parted
+    # after step 143-171, by up to 3.8% a step and 1% over the last 20 (an H200, Multi30k; at higher rates the loss
+    # jumped up): runs that part so compare chaos, not their arithmetic (benchmarks/README.md, 2026-12-04).
     pairs = write_pairs(output_dir / "data", shape["pairs"], shape.get("training_data"))
     flags = ["--preset", "base", *shape["model_flags"], *pairs,
              "--max_steps", str(steps), "--save_steps", str(steps // 2), "--save_minutes", "0", "--eval_steps", "0",
