@@ -3,7 +3,7 @@
 # device time a session, a fresh machine's start included). Prepare here first:
 #
 #     bash benchmarks/gpu_wheels.sh          # the wheels the GPU machine lacks, into .whl/
-#     mkdir -p .data && cp -r ../shared/data/multi30k .data/    # the training part's real text (git ignores .data/)
+#     mkdir -p .data && cp -r ../shared/data/multi30k .data/    # training's real text (git ignores .data/)
 #
 # then the device call, `carry: [".whl", ".data"]`, timeout 590:
 #
@@ -36,7 +36,8 @@
 #   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2 (whose wheel
 #             no longer fits beside the others: gpu_wheels.sh's header): 1.5 min;
 #   deterministic  run.py's --deterministic: base's step with it (1 process, no Marian: its cost against base's), then
-#             the training part's runs with it, whose resumed run must repeat the first's losses exactly: 10 min.
+#             the training part's runs with it (on its text), whose resumed run must repeat the first's losses
+#             exactly: 10 min.
 # Every part's log and reports come back as $OUT/gpu_session.tgz (and the speed log beside it); they go to the notebook
 # (benchmarks/README.md) and the README. GPU_SESSION_TINY=1 runs the same parts here, at tiny sizes on the CPU, without
 # the wheels (a dry run).
@@ -77,7 +78,7 @@ print(min((f for r in roots for f in glob.glob(f"{r}/**/libcublas.so.13*", recur
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false USE_HUB_KERNELS=NO
 
 pin=""
-training_data=$([ -d .data/multi30k ] && echo .data/multi30k)  # the training part's real text, if carried
+text=$([ -d .data/multi30k ] && echo --training_data .data/multi30k)  # the training runs' real text, if carried
 run() {  # NAME SECONDS_NEEDED COMMAND...: the command under the time left, its log into the parts' folder
     local name=$1 needed=$2 left=$((${GPU_SESSION_SECONDS:-580} - (SECONDS - started)))
     shift 2
@@ -110,11 +111,10 @@ for name in $parts; do
         cudnn) utilisation cudnn 60 --sizes base --processes 1 --compile no --cudnn_attention ;;
         decoding) run decoding 100 env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
                       python3 benchmarks/gpu_decoding.py --output_dir "$work/decoding" ;;
-        training) text=${training_data:+--training_data $training_data}
-                  run training 360 env TORCH_LOGS=recompiles python3 benchmarks/gpu_check.py \
+        training) run training 360 env TORCH_LOGS=recompiles python3 benchmarks/gpu_check.py \
                       --parts training remote $text --output_dir "$work/training" ;;
         deterministic) utilisation deterministic-step 150 --sizes base --processes 1 --skip_marian --deterministic
-                       run deterministic 450 python3 benchmarks/gpu_check.py --parts training --deterministic \
+                       run deterministic 450 python3 benchmarks/gpu_check.py --parts training --deterministic $text \
                            --output_dir "$work/deterministic" ;;
     esac
 done
