@@ -273,6 +273,31 @@ def test_a_checkpoint_keeps_every_random_generator_a_step_may_draw_from(tmp_path
     assert (random.getstate(), np.random.get_state()[1].tolist()) == after
 
 
+def test_a_checkpoint_keeps_fp16s_loss_scale_and_resuming_restores_it(tmp_path, accelerator, capsys):
+    """fp16 training (a GPU's; a CPU GradScaler stands in for Accelerate's) scales its loss by a factor that backs off
+    at an overflow and grows after `growth_interval` clean steps: a checkpoint keeps the factor and the count as JSON,
+    recorded as its other files are, and resuming restores both into the run's new scaler. A checkpoint without them
+    (a run in another precision) loads with one warning line, the scale at its start."""
+    state = {"scale": 96.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 7, "_growth_tracker": 3}
+    accelerator.scaler = torch.amp.GradScaler("cpu")
+    accelerator.scaler.load_state_dict(state)
+    model, optimizer = saved_run(tmp_path, accelerator, [1])
+    assert json.loads((tmp_path / "checkpoint-1" / "scaler.json").read_text()) == state
+    assert "scaler.json" in json.loads((tmp_path / "checkpoint-1" / "trainer_state.json").read_text())["files"]
+    accelerator.scaler = torch.amp.GradScaler("cpu")
+    load_checkpoint(accelerator, model, optimizer, tmp_path / "checkpoint-1")
+    assert accelerator.scaler.state_dict() == state
+    accelerator.scaler = None  # bf16 or float32
+    saved_run(tmp_path, accelerator, [2])
+    assert not (tmp_path / "checkpoint-2" / "scaler.json").exists()
+    accelerator.scaler = torch.amp.GradScaler("cpu")
+    capsys.readouterr()
+    load_checkpoint(accelerator, model, optimizer, tmp_path / "checkpoint-2")
+    assert capsys.readouterr().out == ("warning: checkpoint-2 holds no scaler.json: fp16's loss scale starts again at "
+                                       "65536.0\n")
+    assert accelerator.scaler.state_dict()["scale"] == 65536.0
+
+
 def test_resuming_from_an_older_checkpoint_moves_its_successors_out_of_the_run(tmp_path, accelerator):
     model, optimizer = saved_run(tmp_path, accelerator, [2, 4, 6])
     moved = leave_timeline(tmp_path / "checkpoint-2")

@@ -5,9 +5,9 @@ writes it, with the tokenizer (the full weights in `model.safetensors`, gathered
 layout: one process, DDP or FSDP; config, generation config, code files), so that the folder is also a model folder
 that `from_pretrained` and `vaswani-translate` load; Adam's state (`optimizer.safetensors`, its hyperparameters as
 JSON in the header), each process's random generators (`rng_state_<rank>.safetensors`: torch's, Python's and
-NumPy's), and `trainer_state.json` (the step, the run's history, the learning-rate schedule). It is written under a
-temporary name and renamed into place when complete, so a kill during a save leaves the previous checkpoints untouched
-and never produces a half-written `checkpoint-<step>`.
+NumPy's), under fp16 the loss scale (`scaler.json`), and `trainer_state.json` (the step, the run's history, the
+learning-rate schedule). It is written under a temporary name and renamed into place when complete, so a kill during a
+save leaves the previous checkpoints untouched and never produces a half-written `checkpoint-<step>`.
 
 No kernel is chosen by timing during a run: the same command gives the same weights, however busy the machine. (On a
 CPU, the run trains and decodes with the plan `vaswani_hf.fast_cpu` measured once for the machine and kept;
@@ -46,6 +46,7 @@ CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
+SCALER_FILE = "scaler.json"
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
@@ -186,14 +187,15 @@ def load_checkpoint(accelerator, model, optimizer, path: Path) -> dict:
 
 
 def save_training_state(accelerator, model, optimizer, folder: Path, tokenizer=None) -> None:
-    """Every process calls this: the main one writes the model with its full weights (and the tokenizer) and Adam's
-    full state, each its random generators."""
+    """Every process calls this: the main one writes the model with its full weights (and the tokenizer), Adam's
+    full state and fp16's loss scale, each its random generators."""
     weights = full_state_dict(model)
     save_optimizer(model, optimizer, folder / OPTIMIZER_FILE, accelerator.is_main_process)
     if accelerator.is_main_process:
         unwrap(model).save_pretrained(folder, state_dict={name: t.contiguous() for name, t in weights.items()})
         if tokenizer is not None:
             save_tokenizer(tokenizer, folder)
+        save_scaler(accelerator.scaler, folder)
     save_generators(folder / f"rng_state_{accelerator.process_index}.safetensors")
 
 
@@ -204,7 +206,25 @@ def load_training_state(accelerator, model, optimizer, folder: Path) -> None:
         weights.setdefault(copy, weights[source])
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
     load_optimizer(model, optimizer, folder / OPTIMIZER_FILE)
+    load_scaler(accelerator.scaler, folder, accelerator.print)
     load_generators(folder / f"rng_state_{accelerator.process_index}.safetensors")
+
+
+def save_scaler(scaler, folder: Path) -> None:
+    """fp16's gradient scaler (Accelerate's, on a GPU; None otherwise): its loss scale and the count of steps since it
+    last changed, as JSON. Resumed without them, a run would start again at the initial scale and skip the steps that
+    overflow until the scale came back down."""
+    if scaler is not None and scaler.is_enabled():
+        (folder / SCALER_FILE).write_text(json.dumps(scaler.state_dict()))
+
+
+def load_scaler(scaler, folder: Path, say=print) -> None:
+    if scaler is None or not scaler.is_enabled():
+        return
+    if (folder / SCALER_FILE).is_file():
+        scaler.load_state_dict(json.loads((folder / SCALER_FILE).read_text()))
+    else:  # a run that trained in another precision, or an fp16 checkpoint older than scaler.json
+        say(f"warning: {folder.name} holds no {SCALER_FILE}: fp16's loss scale starts again at {scaler.get_scale()}")
 
 
 def save_optimizer(model, optimizer, file: Path, write: bool) -> None:

@@ -17,16 +17,19 @@ from transformers.trainer_callback import ExportableState
 from training.arguments import ModelArguments
 from training.checkpoints import (
     OPTIMIZER_FILE,
+    SCALER_FILE,
     load_generators,
     load_optimizer,
+    load_scaler,
     refuse_other_entry_point,
     save_generators,
     save_optimizer,
+    save_scaler,
 )
 from vaswani_hf.tools.hub import check_readable
 from vaswani_hf.tools.loading import checked
 
-SCHEDULER_FILE, SCALER_FILE = "scheduler.json", "scaler.json"
+SCHEDULER_FILE = "scheduler.json"
 
 
 def resume_point(given: str | None, output_dir: Path, say=print) -> str | None:
@@ -150,8 +153,8 @@ class DataCheckpointTrainer(Seq2SeqTrainer):
             (Path(output_dir) / SCHEDULER_FILE).write_text(json.dumps(self.lr_scheduler.state_dict()))
 
     def _save_scaler(self, output_dir: str) -> None:
-        if getattr(self.accelerator, "scaler", None) is not None and self.args.should_save:  # fp16's
-            (Path(output_dir) / SCALER_FILE).write_text(json.dumps(self.accelerator.scaler.state_dict()))
+        if self.args.should_save:
+            save_scaler(self.accelerator.scaler, Path(output_dir))
 
     def _save_rng_state(self, output_dir: str) -> None:
         Path(output_dir).mkdir(parents=True, exist_ok=True)  # this process may be ahead of the main one
@@ -166,7 +169,7 @@ class DataCheckpointTrainer(Seq2SeqTrainer):
     def _load_scaler(self, checkpoint: str | None) -> None:
         if checkpoint is None or not (Path(checkpoint) / SCALER_FILE).is_file():
             return super()._load_scaler(checkpoint)
-        self.accelerator.scaler.load_state_dict(json.loads((Path(checkpoint) / SCALER_FILE).read_text()))
+        load_scaler(self.accelerator.scaler, Path(checkpoint))
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         file = f"rng_state_{self.args.process_index}.safetensors"
