@@ -111,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deterministic", action="store_true",
                         help="the training part's runs with run.py's --deterministic: the resumed run must then "
                         "repeat the first one's losses exactly")
+    parser.add_argument("--mixed_precision", choices=("bf16", "fp16"), default=None,
+                        help="the training part's runs in this precision (run.py's --mixed_precision; default its "
+                        "auto: bf16 where the GPU has it); fp16, as a GPU without bfloat16 trains (V100, T4), scales "
+                        "the loss and keeps the scale in each checkpoint")
     args = parser.parse_args(argv)
     if args.training_data is not None:
         missing = [f"{name}.{lang}" for name in SPLITS.values() for lang in ("en", "de")
@@ -120,12 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.processes is not None and args.processes < 1:
         raise SystemExit(f"error: --processes {args.processes}: parts 1 and 2 need at least one process")
     output_dir, device = output_and_device(args.output_dir, args.tiny)
+    if args.mixed_precision == "fp16" and device.type != "cuda":
+        raise SystemExit("error: --mixed_precision fp16 needs a CUDA GPU (run.py refuses it on a CPU)")
     output_dir.mkdir(parents=True, exist_ok=True)
     os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is downloaded, here or in the processes it starts
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # float32 as GPUs train it
 
     shape = {**SHAPES["tiny" if args.tiny else "gpu"], "deterministic": args.deterministic,
-             "training_data": args.training_data and str(args.training_data)}
+             "mixed_precision": args.mixed_precision, "training_data": args.training_data and str(args.training_data)}
     processes = args.processes or (1 if args.tiny else 3)
     parts = {**PARTS, **{part: partial(in_processes, part, processes, args.tiny) for part in PAIRED}}
     report = {"date": datetime.date.today().isoformat(), "device": device_name(device), "host": cpu_name(),
@@ -405,7 +411,8 @@ def training(device: torch.device, shape: dict, output_dir: Path) -> dict:
     flags = ["--preset", "base", *shape["model_flags"], *pairs,
              "--max_steps", str(steps), "--save_steps", str(steps // 2), "--save_minutes", "0", "--eval_steps", "0",
              "--warmup_steps", str(shape["warmup_steps"]), "--lr_scale", str(shape["lr_scale"]),
-             *(["--deterministic"] if shape["deterministic"] else [])]
+             *(["--deterministic"] if shape["deterministic"] else []),
+             *(["--mixed_precision", shape["mixed_precision"]] if shape.get("mixed_precision") else [])]
     run, timeout = output_dir / "run", 480  # a compiled run compiles first: about a minute on an H100
     compiled = device.type == "cuda"
     flags += ["--compile", "inductor" if compiled else "no"]  # the eager run's last --compile wins
@@ -641,6 +648,8 @@ def checks(report: dict) -> dict:
         found["resumed run follows the first"] = training["resumed_max_relative_difference"] <= RESUMED_TOLERANCE
         if report.get("shape", {}).get("deterministic"):
             found["deterministic: the resumed run repeats the first's losses"] = training["resumed_identical"]
+        if asked := report.get("shape", {}).get("mixed_precision"):
+            found[f"the runs trained in {asked}"] = training["mixed_precision"] == asked
         eager = training["eager_last_loss"]
         found["compiled run's loss within 1% of the eager run's"] = (
             abs(training["last_loss"] - eager) <= COMPILED_TOLERANCE * eager)

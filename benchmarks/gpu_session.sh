@@ -9,11 +9,11 @@
 #
 #     bash benchmarks/gpu_session.sh [PART ...]      # default: training
 #
-# and at once, on the machine still warm, a second call with the lease's time left (15 minutes a session; the first
-# call's start and transfers took about 30 s on 2026-11-29 and 2026-11-30, the second's 12 s), timeout T,
-# GPU_SESSION_SECONDS about T - 10:
+# and at once (a warm machine goes back after 30 s idle), a second call with the lease's time left (15 minutes a
+# session; the first call's start and transfers took about 30 s, a later call's 12 s), timeout T, GPU_SESSION_SECONDS
+# about T - 10. The plan for issue 77's last item: `training fp16` first (about 450 s), then:
 #
-#     GPU_SESSION_SECONDS=250 bash benchmarks/gpu_session.sh wrapper
+#     GPU_SESSION_SECONDS=300 bash benchmarks/gpu_session.sh wrapper
 #
 # Parts, in the order given, each skipped when fewer seconds are left of the call's GPU_SESSION_SECONDS (580) than it
 # needs, each leaving its report even when a later one fails (the slowest last: what is cut is the least needed):
@@ -35,6 +35,8 @@
 #   cudnn     as eager, with cuDNN's attention kernels for ours too (`--cudnn_attention`): 1 min;
 #   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2 (whose wheel
 #             no longer fits beside the others: gpu_wheels.sh's header): 1.5 min;
+#   fp16      the training part's runs in fp16 (`--mixed_precision fp16`: a GPU without bfloat16, V100 or T4, trains
+#             so; its loss scale kept in each checkpoint), no remote part: about 4 min (as training's runs);
 #   deterministic  run.py's --deterministic: base's step with it (1 process, no Marian: its cost against base's), then
 #             the training part's runs with it (on its text), whose resumed run must repeat the first's losses
 #             exactly: 10 min.
@@ -50,8 +52,8 @@ rm -rf "$work" && mkdir -p "$out" "$work"
 parts="${*:-training}"  # each argument one part or several
 for name in $parts; do  # every name checked before anything runs
     case $name in
-        speed | base | wrapper | big | training | eager | cudnn | decoding | deterministic) ;;
-        *) echo "error: unknown part $name: speed, base, wrapper, big, training, eager, cudnn, decoding," \
+        speed | base | wrapper | big | training | eager | cudnn | decoding | fp16 | deterministic) ;;
+        *) echo "error: unknown part $name: speed, base, wrapper, big, training, eager, cudnn, decoding, fp16," \
                 "deterministic"
            exit 1 ;;
     esac
@@ -113,6 +115,8 @@ for name in $parts; do
                       python3 benchmarks/gpu_decoding.py --output_dir "$work/decoding" ;;
         training) run training 360 env TORCH_LOGS=recompiles python3 benchmarks/gpu_check.py \
                       --parts training remote $text --output_dir "$work/training" ;;
+        fp16) run fp16 240 python3 benchmarks/gpu_check.py --parts training --mixed_precision fp16 $text \
+                  --output_dir "$work/fp16" ;;
         deterministic) utilisation deterministic-step 150 --sizes base --processes 1 --skip_marian --deterministic
                        run deterministic 450 python3 benchmarks/gpu_check.py --parts training --deterministic $text \
                            --output_dir "$work/deterministic" ;;

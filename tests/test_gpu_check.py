@@ -128,6 +128,14 @@ def test_too_few_processes_is_a_one_line_error_before_any_work(tmp_path):
     assert not (tmp_path / "check").exists()
 
 
+def test_fp16_without_a_cuda_gpu_is_a_one_line_error_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    refusal = "^error: --mixed_precision fp16 needs a CUDA GPU .run.py refuses it on a CPU.$"
+    with pytest.raises(SystemExit, match=refusal):
+        main(["--tiny", "--mixed_precision", "fp16", "--output_dir", str(tmp_path / "check")])
+    assert not (tmp_path / "check").exists()
+
+
 def test_the_training_part_reads_real_text_from_a_folder_in_multi30ks_layout(tmp_path):
     data = tmp_path / "text"
     data.mkdir()
@@ -177,10 +185,13 @@ def test_on_a_gpu_the_training_part_compares_the_compiled_run_with_an_eager_one_
     assert found["resumed_identical"] is False  # the last losses equal, two before them not
     assert found["target_tokens_per_step"] == pytest.approx(sum(100 + step for step in range(steps)) / steps)
     assert checks({"training": found})["compiled run's loss within 1% of the eager run's"]
-    assert not any("--deterministic" in flags for _, flags in launches)
+    assert not any("--deterministic" in flags or "--mixed_precision" in flags for _, flags in launches)
     launches.clear()
     gpu_check.training(torch.device("cuda"), {**shape, "deterministic": True}, tmp_path / "deterministic")
     assert len(launches) == 3 and all("--deterministic" in flags for _, flags in launches)
+    launches.clear()
+    gpu_check.training(torch.device("cuda"), {**shape, "mixed_precision": "fp16"}, tmp_path / "fp16")
+    assert [value(flags, "--mixed_precision") for _, flags in launches] == ["fp16"] * 3
 
 
 def launches_stood_in(monkeypatch, curves: dict) -> list:
@@ -213,11 +224,12 @@ def test_the_command_fails_when_a_check_fails(tmp_path, monkeypatch, capsys, fal
 
 
 TRAINED = {"first_loss": 6.0, "last_loss": 2.5, "eager_last_loss": 2.48, "resumed_max_relative_difference": 0.0,
-           "resumed_identical": True}
+           "resumed_identical": True, "mixed_precision": "fp16"}
 
 
 def passing_report() -> dict:
-    return {"shape": {"deterministic": True}, "training": TRAINED, "remote": {"sentences": 16, "equal": 16}}
+    return {"shape": {"deterministic": True, "mixed_precision": "fp16"}, "training": TRAINED,
+            "remote": {"sentences": 16, "equal": 16}}
 
 
 @pytest.mark.parametrize("broken, failed", [
@@ -228,6 +240,7 @@ def passing_report() -> dict:
     ({"remote": {"sentences": 16, "equal": 15}}, "remote code translates as vaswani-translate"),
     ({"training": {**TRAINED, "resumed_identical": False, "resumed_max_relative_difference": 1e-6}},
      "deterministic: the resumed run repeats the first's losses"),
+    ({"training": {**TRAINED, "mixed_precision": "bf16"}}, "the runs trained in fp16"),
 ])
 def test_each_check_fails_when_its_property_breaks(broken, failed):
     assert all(checks(passing_report()).values())

@@ -63,7 +63,7 @@ def parsed(monkeypatch, script: str, argv: list[str]) -> argparse.Namespace:
 
 
 def test_each_part_runs_its_benchmark_with_flags_the_benchmark_takes(tmp_path, monkeypatch):
-    parts = ["speed", "base", "wrapper", "big", "training", "eager", "cudnn", "decoding", "deterministic"]
+    parts = ["speed", "base", "wrapper", "big", "training", "eager", "cudnn", "decoding", "fp16", "deterministic"]
     result, commands = session(tmp_path, " ".join(parts[:4]), *parts[4:])  # a part may be one word or several
     assert result.returncode == 0, result.stderr
     runs = {}
@@ -73,7 +73,7 @@ def test_each_part_runs_its_benchmark_with_flags_the_benchmark_takes(tmp_path, m
         name = Path(args.output_dir).name if script != "speed" else "speed"
         runs[name] = (script, args, command)
     assert sorted(runs) == sorted(["speed", "base", "wrapper", "big", "training", "eager", "cudnn", "decoding",
-                                   "deterministic-step", "deterministic"])
+                                   "fp16", "deterministic-step", "deterministic"])
     assert runs["speed"][1].sizes == ["small"] and runs["speed"][1].repeats == 1  # the dry run's sizes
     settings = {name: (args.sizes, args.processes, args.compile, args.cudnn_attention, args.skip_marian,
                        args.deterministic) for name, (script, args, _) in runs.items() if script == "utilisation"}
@@ -87,6 +87,8 @@ def test_each_part_runs_its_benchmark_with_flags_the_benchmark_takes(tmp_path, m
     assert [name for name, (_, _, command) in runs.items() if command["wrapper"] == "1"] == ["wrapper"]
     assert runs["training"][1].parts == ["training", "remote"] and runs["training"][2]["logs"] == "recompiles"
     assert runs["deterministic"][1].parts == ["training"] and runs["deterministic"][1].deterministic
+    assert runs["fp16"][1].parts == ["training"] and runs["fp16"][1].mixed_precision == "fp16"
+    assert [name for name, (_, args, _) in runs.items() if getattr(args, "mixed_precision", None)] == ["fp16"]
     with tarfile.open(tmp_path / "out" / "gpu_session.tgz") as archive:
         logs = {Path(name).name for name in archive.getnames()}
     assert {f"{name}.log" for name in runs if name != "speed"} <= logs
