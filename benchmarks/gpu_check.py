@@ -16,11 +16,11 @@ Eight parts; each runs even when another fails:
 3. synchronisations: the host waits for the GPU (`torch.cuda.set_sync_debug_mode`) in one decoding step (a forward
    of one token with a filled cache), and per new token in greedy, beam-4 and GNMT decoding (from two lengths);
 4. training: `accelerate launch --num_processes 1 training/run.py --preset base` on the embedded grammar's pairs
-   (or real text: `--training_data`),
-   at the default mixed precision (and compiled by inductor, on a GPU), with a checkpoint halfway; then the same
-   run eager (`--compile no`; off a GPU the first run is eager and is not run twice), and the first command resumed
-   from that checkpoint. The loss must fall, the resumed run's losses must follow the first run's, and the
-   compiled run's last losses must be within 1% of the eager run's;
+   (or real text: `--training_data`), at the default mixed precision or `--mixed_precision`'s (and compiled by
+   inductor, on a GPU), with a checkpoint halfway; then the same run eager (`--compile no`; off a GPU the first run
+   is eager and is not run twice), and the first command resumed from that checkpoint. The loss must fall, the
+   resumed run's losses must follow the first run's, and the compiled run's last losses must be within 1% of the
+   eager run's;
 5. remote code: the trained folder loaded by the translation pipeline in a fresh Python where vaswani_hf cannot be
    imported (`trust_remote_code=True`); its translations must equal `vaswani-translate`'s (the package's loader and
    search) sentence for sentence;
