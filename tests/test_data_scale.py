@@ -101,6 +101,7 @@ def test_a_real_launch_is_read_back_cold_then_resumed_from_its_token_cache(tmp_p
     monkeypatch.setattr(data_scale, "MODEL", ["--vocab_size", "300", "--d_model", "16", "--d_ff", "32", "--num_heads",
                                               "2", "--num_layers", "1", "--max_tokens", "256", "--tokens_per_step",
                                               "256", "--bpe_sample", "1000"])
+    monkeypatch.setattr(data_scale, "OLD_WAY_PAIRS", 2_000)  # its rate, not 100,000 pairs' (9 s)
     prefix = tmp_path / "corpus"
     data_scale.write_corpus(prefix, 100_000)  # as many as run.py tokenizes in worker processes
     row = data_scale.measure(prefix, 100_000, 1, tmp_path)
