@@ -8,10 +8,11 @@ import re
 import pytest
 import torch
 from support import BOS, EOS, PAD, random_ids, tiny_config, tiny_model
+from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
-from vaswani_hf import fast_cpu
-from vaswani_hf.gnmt import gnmt_beam_search, gnmt_length_penalty
+from vaswani_hf import fast_cpu, gnmt
+from vaswani_hf.gnmt import BeamLayer, gnmt_beam_search, gnmt_length_penalty
 from vaswani_hf.speed.decoding import PLAIN
 
 
@@ -250,6 +251,72 @@ def test_a_source_whose_search_is_done_leaves_the_batch(shared):
         for row in range(3):
             alone = gnmt_beam_search(model, source[row : row + 1, : int(mask[row].sum())], extra_length=1)[0]
             assert torch.equal(batched[row, : len(alone)], alone) and (batched[row, len(alone) :] == PAD).all()
+
+
+def test_the_searchs_cache_layer_holds_what_transformers_layer_holds_copied_once_a_step():
+    """Reordered and grown step after step (beams of 6 rows, then of the 4 that stay), `BeamLayer` holds exactly what
+    transformers' `DynamicLayer` holds, read between a reordering and the update too; each update writes into the
+    tensor the reordering made, not a new one. After a change it did not make (rows selected, keys and values given as
+    the ONNX engine gives them, a step of two positions), it grows as transformers' layer does; given a step of
+    other rows, it fails as that does."""
+    generator = torch.Generator().manual_seed(0)
+
+    def states(rows, length):  # (B, h, t, d_k) keys and (B, h, t, d_v) values
+        return tuple(torch.randn(rows, 2, length, width, generator=generator) for width in (3, 5))
+
+    ours, transformers = BeamLayer(), DynamicLayer()
+
+    def same():
+        assert torch.equal(ours.keys, transformers.keys) and torch.equal(ours.values, transformers.values)
+
+    first = states(6, 3)
+    ours.update(*first), transformers.update(*first)
+    orders = [[1, 1, 0, 5, 2, 2], [0, 1, 2, 3, 4, 5], [3, 0, 0, 1], [2, 2, 2, 2]]
+    for order in orders:
+        order = torch.tensor(order)
+        ours.reorder_cache(order), transformers.reorder_cache(order)
+        same()
+        reordered = ours.keys.data_ptr(), ours.values.data_ptr()
+        new = states(len(order), 1)
+        assert all(torch.equal(a, b) for a, b in zip(ours.update(*new), transformers.update(*new), strict=True))
+        same()
+        assert (ours.keys.data_ptr(), ours.values.data_ptr()) == reordered  # grown in place: one copy a step
+    def assign(layer):  # as the ONNX engine gives the layer the keys and values its graph grew
+        layer.keys, layer.values = layer.keys * 2, layer.values * 2
+
+    for order, change, positions in (([3, 1, 0, 2], lambda layer: layer.batch_select_indices(torch.tensor([0, 2])), 1),
+                                     ([1, 0], assign, 1), ([0, 1], lambda layer: None, 2)):
+        ours.reorder_cache(torch.tensor(order)), transformers.reorder_cache(torch.tensor(order))
+        change(ours), change(transformers)
+        new = states(2, positions)
+        ours.update(*new), transformers.update(*new)
+        same()
+    ours.reorder_cache(torch.tensor([0, 1])), transformers.reorder_cache(torch.tensor([0, 1]))
+    for layer in (ours, transformers):  # a step of one row for a cache of two: an error, not one row copied to both
+        with pytest.raises(RuntimeError):
+            layer.update(*states(1, 1))
+
+
+def test_the_search_decodes_with_its_cache_layer_what_it_decodes_with_transformers(trained_model, monkeypatch):
+    """`BeamLayer` changes no output: the search with transformers' `DynamicLayer` in its place gives the same n best
+    and scores, bit for bit, sources leaving the batch as they end; one beam too."""
+    source, mask = random_ids(4, 7, seed=3), torch.ones(4, 7, dtype=torch.long)
+    mask[1, 3:], mask[3, 5:] = 0, 0
+    source = source.masked_fill(mask == 0, PAD)
+    runs, made = [], []
+
+    class Recorded(BeamLayer):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+    for layer in (Recorded, DynamicLayer):
+        monkeypatch.setattr(gnmt, "BeamLayer", layer)
+        runs.append([gnmt_beam_search(trained_model, source, mask, beams, num_return_sequences=n, output_scores=True)
+                     for beams, n in ((4, 2), (1, 1))])
+    assert len(made) == 2 * trained_model.config.num_decoder_layers  # the search's self-attention layers, each run
+    for (ours, our_scores), (theirs, their_scores) in zip(*runs, strict=True):
+        assert torch.equal(ours, theirs) and torch.equal(our_scores, their_scores)
 
 
 def test_a_saved_model_decodes_the_papers_way_however_it_is_loaded(tmp_path):

@@ -33,7 +33,7 @@ import numbers
 
 import torch
 from transformers import GenerationConfig
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 from transformers.integrations.fsdp import is_fsdp_managed_module
@@ -113,6 +113,7 @@ def gnmt_beam_search(
         attention_mask = attention_mask.repeat_interleave(num_beams, 0)  # (B*K, S)
     decoder_config = config.get_text_config(decoder=True)
     cache = EncoderDecoderCache(DynamicCache(config=decoder_config), DynamicCache(config=decoder_config))
+    cache.self_attention_cache.layers = [BeamLayer() for _ in cache.self_attention_cache.layers]
 
     tokens = torch.full((batch_size * num_beams, 1), start, device=device)  # (B*K, t)
     alive_scores = torch.full((batch_size, num_beams), float("-inf"), device=device)  # log P of alive hypotheses
@@ -208,6 +209,38 @@ def gnmt_beam_search(
     sequences = finished[..., : int(finished_lengths.max())]
     sequences = sequences[:, 0] if n == 1 else sequences.flatten(0, 1)
     return (sequences, finished_scores.flatten()) if output_scores else sequences
+
+
+class BeamLayer(DynamicLayer):
+    """transformers' `DynamicLayer` for the search's self-attention cache, copied once a step where it was copied
+    twice: reordering the beams writes the entries into a tensor one position longer (`index_select`), whose last
+    position the next `update` fills, where `torch.cat` copied them all again. In between, `keys` and `values` are
+    views of the reordered entries; after anything else that replaces them, `update` grows them as transformers'
+    layer does."""
+
+    room = viewed = None  # (keys, values) one position longer; the views of them that `keys` and `values` were given
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.get_seq_length() > 0:
+            self.room = tuple(reordered_with_room(t, beam_idx.to(t.device)) for t in (self.keys, self.values))
+            self.keys, self.values = self.viewed = tuple(t[..., :-1, :] for t in self.room)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        room, viewed, self.room, self.viewed = self.room, self.viewed, None, None
+        if (room is None or self.keys is not viewed[0] or self.values is not viewed[1]
+                or key_states.shape[-2] != 1 or key_states.shape[0] != room[0].shape[0]):
+            return super().update(key_states, value_states, *args, **kwargs)
+        for grown, new in zip(room, (key_states, value_states)):
+            grown[..., -1:, :] = new
+        self.keys, self.values = room
+        return self.keys, self.values
+
+
+def reordered_with_room(states: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """The rows `order` of `states` (B, h, t, d) in a new (len(order), h, t + 1, d) tensor, its last position empty."""
+    room = states.new_empty(len(order), states.shape[1], states.shape[2] + 1, states.shape[3])
+    torch.index_select(states, 0, order, out=room[..., :-1, :])
+    return room
 
 
 def rows_of(sources: torch.Tensor, per_source: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import onnxruntime
 import torch
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from ..gnmt import extra_length_of, output_limits
@@ -69,6 +69,9 @@ class OnnxSeq2Seq:
             inputs = {"input_ids": decoder_input_ids.numpy(), "encoder_hidden_states": hidden,
                       "encoder_attention_mask": mask}
             logits, *present = self.sessions["decoder_model"].run(None, inputs)
+            # The graphs take the keys as contiguous arrays and grow them themselves: transformers' layers, not the
+            # search's (gnmt.BeamLayer), whose reordered keys are views that would be copied once more to be fed.
+            own.layers = [DynamicLayer() for _ in range(self.layers)]
             for i in range(self.layers):
                 keys, values, cross_keys, cross_values = (torch.from_numpy(a) for a in present[4 * i : 4 * i + 4])
                 own.update(keys, values, i)
