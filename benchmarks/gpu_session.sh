@@ -47,8 +47,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
 out=${OUT:-/tmp/gpu-session}
-work=/tmp/gpu-session-parts
-rm -rf "$work" && mkdir -p "$out" "$work"
+scratch=$(mktemp -d /tmp/gpu-session.XXXXXX)  # this run's own: another on the machine keeps its own
+trap 'rm -rf "$scratch"' EXIT
+work=$scratch/parts
+mkdir -p "$out" "$work"
 parts="${*:-training}"  # each argument one part or several
 for name in $parts; do  # every name checked before anything runs
     case $name in
@@ -68,8 +70,8 @@ fi
 # CTranslate2's wheel is built for CUDA 12 and opens libcublas.so.12 by name; the image holds CUDA 13's cuBLAS alone.
 # The calls CTranslate2 makes (cublasCreate_v2, cublasGemmEx, cublasSgemm_v2 and their batched forms) keep their names
 # and arguments in cuBLAS 13, so the decoding part finds 13 under the name 12 (gpu_decoding.py reports the file).
-cublas12=/tmp/gpu-session-cublas12
-rm -rf "$cublas12" && mkdir -p "$cublas12"
+cublas12=$scratch/cublas12
+mkdir -p "$cublas12"
 cublas13=$(python3 -c 'import glob, site
 roots = [*site.getsitepackages(), "/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]
 print(min((f for r in roots for f in glob.glob(f"{r}/**/libcublas.so.13*", recursive=True)), default=""))')

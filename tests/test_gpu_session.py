@@ -9,11 +9,13 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "gpu_session.sh"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_check
 import gpu_decoding
@@ -28,19 +30,33 @@ with open(os.environ["RECORD"], "a") as record:
     record.write(json.dumps({{"argv": sys.argv[1:], "wrapper": os.environ.get("TORCHINDUCTOR_CPP_WRAPPER"),
                              "logs": os.environ.get("TORCH_LOGS")}}) + "\\n")
 print("ran", *sys.argv[1:])
+if os.environ.get("GATE"):  # a part that waits until the test opens its gate
+    import time
+    while not os.path.exists(os.environ["GATE"]):
+        time.sleep(0.05)
 """
 
 
-def session(tmp_path, *parts, seconds=580) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    bin_dir, record = tmp_path / "bin", tmp_path / "record.jsonl"
-    bin_dir.mkdir(exist_ok=True)
+def session_env(tmp_path, seconds=580) -> dict:
+    """The environment of a dry run in `tmp_path` whose benchmarks are the stand-in, recording into record.jsonl."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
     (bin_dir / "python3").write_text(STAND_IN)
     (bin_dir / "python3").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record),
-           "OUT": str(tmp_path / "out"), "GPU_SESSION_TINY": "1", "GPU_SESSION_SECONDS": str(seconds)}
-    result = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), *parts], env=env, check=False,
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(tmp_path / "record.jsonl"),
+            "OUT": str(tmp_path / "out"), "GPU_SESSION_TINY": "1", "GPU_SESSION_SECONDS": str(seconds)}
+
+
+def session(tmp_path, *parts, seconds=580) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    result = subprocess.run(["bash", str(SCRIPT), *parts], env=session_env(tmp_path, seconds), check=False,
                             capture_output=True, text=True, timeout=60)
+    record = tmp_path / "record.jsonl"
     return result, [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+
+
+def archived_logs(tmp_path) -> set[str]:
+    with tarfile.open(tmp_path / "out" / "gpu_session.tgz") as archive:
+        return {Path(name).name for name in archive.getnames() if name.endswith(".log")}
 
 
 def parsed(monkeypatch, script: str, argv: list[str]) -> argparse.Namespace:
@@ -89,9 +105,7 @@ def test_each_part_runs_its_benchmark_with_flags_the_benchmark_takes(tmp_path, m
     assert runs["deterministic"][1].parts == ["training"] and runs["deterministic"][1].deterministic
     assert runs["fp16"][1].parts == ["training"] and runs["fp16"][1].mixed_precision == "fp16"
     assert [name for name, (_, args, _) in runs.items() if getattr(args, "mixed_precision", None)] == ["fp16"]
-    with tarfile.open(tmp_path / "out" / "gpu_session.tgz") as archive:
-        logs = {Path(name).name for name in archive.getnames()}
-    assert {f"{name}.log" for name in runs if name != "speed"} <= logs
+    assert {f"{name}.log" for name in runs if name != "speed"} <= archived_logs(tmp_path)
     assert (tmp_path / "out" / "speed.log").read_text().startswith("ran ")
 
 
@@ -100,6 +114,25 @@ def test_a_part_without_the_time_it_needs_is_skipped(tmp_path):
     assert result.returncode == 0 and "gpu_session: base skipped" in result.stdout
     output_dirs = [command["argv"][command["argv"].index("--output_dir") + 1] for command in commands]
     assert [Path(folder).name for folder in output_dirs] == ["eager", "cudnn"]
+
+
+def test_two_sessions_at_once_each_archive_their_own_parts_logs(tmp_path):
+    """One session waits in its first part while another starts and ends on the same machine (as two of the suite's
+    dry runs may): each archives the logs of its own parts, every one of them."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    env = {**session_env(first), "GATE": str(tmp_path / "gate")}
+    waiting = subprocess.Popen(["bash", str(SCRIPT), "eager", "cudnn"], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        while not (first / "record.jsonl").exists():  # in its first part
+            assert waiting.poll() is None
+            time.sleep(0.05)
+        result, _ = session(second, "decoding")
+        assert result.returncode == 0
+    finally:
+        (tmp_path / "gate").touch()
+        assert waiting.wait(timeout=60) == 0
+    assert archived_logs(first) == {"eager.log", "cudnn.log"} and archived_logs(second) == {"decoding.log"}
 
 
 def test_an_unknown_part_is_refused_before_anything_runs(tmp_path):
