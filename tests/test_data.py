@@ -235,6 +235,31 @@ def test_missing_or_misaligned_files_are_one_line_errors(tmp_path):
         load_pairs("en", "de", files={"validation": str(tmp_path / "blank.jsonl.gz")})
 
 
+def test_a_mistake_in_the_validation_or_test_file_is_refused_before_the_training_pairs_are_read(tmp_path, monkeypatch):
+    """Reading WMT's training pairs takes minutes: a missing or misaligned validation or test file, aligned text or
+    JSON lines, is refused first. The splits come back in the flags' order."""
+    from training import data as data_module
+
+    read, aligned_tables, json_lines = [], data_module._aligned_tables, data_module._json_lines
+    monkeypatch.setattr(data_module, "_aligned_tables", lambda *args: read.append(args[3]) or aligned_tables(*args))
+    monkeypatch.setattr(data_module, "_json_lines", lambda *args: read.append(args[1]) or json_lines(*args))
+    for name in ("train", "valid"):
+        (tmp_path / f"{name}.en").write_text("A dog .\nA cat .\n")
+        (tmp_path / f"{name}.de").write_text("Ein Hund .\nEine Katze .\n")
+    (tmp_path / "test.en").write_text("A dog .\n")
+    (tmp_path / "test.de").write_text("Ein Hund .\nEine Katze .\n")
+    (tmp_path / "train.jsonl").write_text('{"en": "A dog .", "de": "Ein Hund ."}\n')
+    for train in ("train", "train.jsonl"):
+        files = {"train": str(tmp_path / train), "validation": str(tmp_path / "valid"), "test": str(tmp_path / "test")}
+        with pytest.raises(ValueError, match="--test_file .*: 1 en lines but 2 de lines"):
+            load_splits("en", "de", files=files)
+        with pytest.raises(FileNotFoundError, match="--validation_file .*nope.jsonl: no such file"):
+            load_splits("en", "de", files={**files, "validation": str(tmp_path / "nope.jsonl"), "test": None})
+        assert "train" not in read
+        files["test"] = None
+        assert list(load_splits("en", "de", files=files)) == ["train", "validation"]
+        assert read.pop() == "train"
+
 def test_aligned_files_rewritten_in_place_are_read_again(tmp_path):
     """datasets' cache of aligned text is named by the files' sizes and modification times: a file rewritten to the
     same size gives its new pairs, not the cached ones."""
