@@ -775,6 +775,37 @@ def test_translate_in_python_refuses_what_it_cannot_take_in_one_line(translation
     assert translate(model, tokenizer, ("A dog.", "")) == translate(model, tokenizer, ["A dog.", ""])
 
 
+@pytest.mark.parametrize("misfit", ["a tensor missing", "a tensor left over", "a shape of another model"])
+def test_weights_that_do_not_fit_their_config_are_one_line_and_a_fine_tuning_run_writes_nothing(
+        translation_folder, tmp_path, capfd, monkeypatch, data, misfit):
+    """transformers loads such weights with a warning, a missing tensor drawn afresh: vaswani-translate decoded with
+    it, and a fine-tuning run (run.py, run_trainer.py) trained it, after reading its data and writing its tokenizer."""
+    from safetensors.torch import load_file, save_file
+
+    folder, key = tmp_path / "misfit", "model.encoder.layers.0.fc1.bias"
+    shutil.copytree(translation_folder, folder)
+    weights = load_file(folder / "model.safetensors")
+    d_ff = weights[key].shape[0]
+    if misfit == "a tensor missing":
+        del weights[key]
+    elif misfit == "a tensor left over":
+        weights["model.encoder.layers.9.fc1.bias"] = weights[key].clone()
+    else:
+        weights[key] = weights[key][1:].clone()
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    named = {"a tensor missing": f"{key} is missing",
+             "a tensor left over": "model.encoder.layers.9.fc1.bias is not part of the model",
+             "a shape of another model": f"{key} is ({d_ff - 1},), the config makes it ({d_ff},)"}[misfit]
+    expected = f"error: the weights of {folder} do not fit its config: {named}"
+    assert refused_translation(capfd, monkeypatch, "--model", folder, stdin=b"A dog runs.\n") == expected
+    out = tmp_path / "out"
+    start = ["--model_name_or_path", str(folder), "--output_dir", str(out), "--max_steps", "1"]
+    assert refused(monkeypatch, *data, *start) == expected
+    with pytest.raises(SystemExit) as stop:
+        run_trainer.main([*data, *start])
+    assert str(stop.value.code) == expected and not out.exists()
+
+
 def test_an_error_without_a_message_is_named_by_its_type():
     from vaswani_hf.tools.loading import first_line
 

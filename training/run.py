@@ -93,7 +93,7 @@ from training.tokenizer import corpus_texts, train_joint_bpe
 from training.tokens import pair_encoder, token_dataset
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, fast_gpu, keep_freed_memory
 from vaswani_hf.tools.export import check_output_place
-from vaswani_hf.tools.loading import checked, learned_positions
+from vaswani_hf.tools.loading import checked, learned_positions, loaded_whole
 
 
 def main():
@@ -392,14 +392,15 @@ def run_data(accelerator, data_args, vocab_size: int, args, output_dir: Path, re
 
 def fine_tuning_start(start: str, model_args, max_length: int, args):
     """(config, tokenizer, generation config) of the model that --model_name_or_path names, before any work: a
-    vaswani_hf model whose positions reach --max_length, with the dropouts the flags give. One that decodes as it was
-    published (a converted model) is not given the paper's α."""
+    vaswani_hf model whose positions reach --max_length and whose weights fit it, with the dropouts the flags give.
+    One that decodes as it was published (a converted model) is not given the paper's α."""
     config, tokenizer = checked(start)
     config.update(model_args.dropouts())
     generation = start_decoding(start, config, ["alpha_candidates"] * bool(args.alpha_candidates) + search_flags(args))
     if learned_positions(config) and max_length > config.max_position_embeddings:
         raise SystemExit(f"error: --max_length {max_length}: the learned positions of {start} stop at "
                          f"{config.max_position_embeddings}")
+    loaded_whole(VaswaniForConditionalGeneration, start)  # weights that do not fit: refused before the data is read
     return config, tokenizer, generation
 
 

@@ -75,7 +75,7 @@ from training.trainer_checkpoints import DataCheckpointTrainer, TrainingClock, c
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.hub import check_can_push, push_or_exit
-from vaswani_hf.tools.loading import checked, one_line_errors
+from vaswani_hf.tools.loading import checked, loaded_whole, one_line_errors
 
 PAPER_TRAINER_DEFAULTS = {
     "adam_beta1": 0.9, "adam_beta2": 0.98, "adam_epsilon": 1e-9, "weight_decay": 0.0, "max_grad_norm": 0.0,
@@ -157,6 +157,7 @@ def parse_arguments(argv: list[str] | None = None):
         refuse_new_model_flags(argv, recipe.model_name_or_path)
         config = checked(recipe.model_name_or_path)[0]
         start_decoding(recipe.model_name_or_path, config, search_flags(recipe))
+        loaded_whole(VaswaniForConditionalGeneration, recipe.model_name_or_path)  # weights that do not fit: refused
         d_model = config.d_model
     refuse_unless_positive({"lr_scale": recipe.lr_scale})
     if "--learning_rate" not in given:  # §5.3 peak

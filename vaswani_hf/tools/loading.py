@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
+from transformers.utils import logging as hf_logging
 
 from ..speed.fast_cpu import fast_cpu
 from ..speed.kernels import CacheNotWritable
@@ -30,8 +31,7 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool
     elif kind != "cpu" and kind != getattr(accelerator, "type", None):
         raise SystemExit(f"error: --device {device}: this machine has no {kind} device that torch can use")
     _, tokenizer = checked(name_or_path)
-    with one_line_errors(name_or_path):
-        model = AutoModelForSeq2SeqLM.from_pretrained(name_or_path)
+    model = loaded_whole(AutoModelForSeq2SeqLM, name_or_path)
     model = quantize_int8(model) if int8 else model.to(device).eval()
     if fast and kind == "cpu":
         try:
@@ -39,6 +39,38 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool
         except CacheNotWritable as error:
             raise SystemExit(f"error: {error}, or give --no_fast_cpu") from None
     return model, tokenizer
+
+
+def loaded_whole(model_class, name_or_path: str, **kwargs):
+    """`model_class.from_pretrained(name_or_path, **kwargs)`, where its weights are the whole model its config
+    describes, tensor for tensor and shape for shape; else a one-line SystemExit naming the first misfit.
+    transformers itself would only warn of a tensor missing or left over, drawing the missing one afresh, and would
+    end a shape's misfit with "look at the above report" (its report and progress bar are not shown here)."""
+    with one_line_errors(name_or_path), transformers_quiet():
+        model, info = model_class.from_pretrained(name_or_path, output_loading_info=True,
+                                                  ignore_mismatched_sizes=True, **kwargs)
+    misfits = [*(f"{key} is missing" for key in sorted(info["missing_keys"])),
+               *(f"{key} is {tuple(saved)}, the config makes it {tuple(built)}"
+                 for key, saved, built in sorted(info["mismatched_keys"])),
+               *(f"{key} is not part of the model" for key in sorted(info["unexpected_keys"]))]
+    if misfits:
+        more = f" (and {len(misfits) - 1} more)" if len(misfits) > 1 else ""
+        raise SystemExit(f"error: the weights of {name_or_path} do not fit its config: {misfits[0]}{more}")
+    return model
+
+
+@contextlib.contextmanager
+def transformers_quiet():
+    """Inside: transformers' warnings and progress bars off; after, as they were."""
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def device_kind(device: str) -> str:
