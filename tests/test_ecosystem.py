@@ -268,6 +268,7 @@ def test_vaswani_push_publishes_the_model_and_nothing_of_its_training(translatio
 
 def test_vaswani_push_refuses_what_is_not_a_finished_model_in_one_line(translation_folder, tmp_path, monkeypatch):
     import huggingface_hub
+    from safetensors.torch import load_file, save_file
 
     from vaswani_hf.tools import hub
 
@@ -284,6 +285,10 @@ def test_vaswani_push_refuses_what_is_not_a_finished_model_in_one_line(translati
         damaged[name] = tmp_path / f"damaged_{name}" / name
         shutil.copytree(translation_folder, damaged[name].parent)
         damaged[name].write_bytes((translation_folder / name).read_bytes()[:100])
+    shutil.copytree(translation_folder, misfit := tmp_path / "misfit")
+    weights = load_file(misfit / "model.safetensors")
+    del weights["model.encoder.layers.0.fc1.bias"]
+    save_file(weights, misfit / "model.safetensors", metadata={"format": "pt"})
     refusals = {unfinished: f"{unfinished}: not a finished model folder, no model.safetensors, tokenizer.json, "
                             "README.md",
                 marian: f"{marian}: not a vaswani_hf model folder (no config.json of model_type \"vaswani\")",
@@ -293,7 +298,8 @@ def test_vaswani_push_refuses_what_is_not_a_finished_model_in_one_line(translati
                 damaged["generation_config.json"].parent: f"{damaged['generation_config.json']} is damaged: "
                                                           "Unterminated string",
                 damaged["model.safetensors"].parent: f"{damaged['model.safetensors']} is damaged: Error while "
-                                                     "deserializing header"}
+                                                     "deserializing header",
+                misfit: f"the weights of {misfit} do not fit its config: model.encoder.layers.0.fc1.bias is missing"}
     for folder, message in refusals.items():
         with pytest.raises(SystemExit) as refused:
             hub.main([str(folder), "org/name"])

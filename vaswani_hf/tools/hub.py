@@ -15,7 +15,9 @@ import argparse
 import json
 from pathlib import Path
 
-from .loading import first_line
+from transformers import AutoModelForSeq2SeqLM
+
+from .loading import first_line, loaded_whole
 
 REQUIRED = ("config.json", "generation_config.json", "README.md")
 TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
@@ -77,6 +79,7 @@ def push(folder: Path, repo_id: str, private: bool = False) -> str:
     from huggingface_hub import HfApi
 
     files = published_files(folder)
+    loaded_whole(AutoModelForSeq2SeqLM, str(folder))  # weights that do not fit their config are not published
     api = HfApi()
     repo = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
     api.upload_folder(repo_id=repo.repo_id, folder_path=str(folder), allow_patterns=files,
