@@ -260,6 +260,7 @@ def test_a_mistake_in_the_validation_or_test_file_is_refused_before_the_training
         assert list(load_splits("en", "de", files=files)) == ["train", "validation"]
         assert read.pop() == "train"
 
+
 def test_aligned_files_rewritten_in_place_are_read_again(tmp_path):
     """datasets' cache of aligned text is named by the files' sizes and modification times: a file rewritten to the
     same size gives its new pairs, not the cached ones."""
