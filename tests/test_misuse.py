@@ -638,7 +638,8 @@ def test_a_name_or_owner_and_name_is_a_hub_id_and_anything_else_a_path(tmp_path,
                                   "no beams", "no tokens", "alpha not a number", "alpha infinite", "a checkpoint",
                                   "damaged generation_config.json", "blank input", "blank output", "blank model",
                                   "extra length negative", "extra length of a published decoding",
-                                  "input is a folder", "output in a missing folder", "ctranslate2 on mps"])
+                                  "input is a folder", "output in a missing folder", "output in a folder not ours",
+                                  "ctranslate2 on mps"])
 def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capfd, monkeypatch, case):
     """In this process (support.refused_translation); the command itself in the tests below."""
     args, stdin = ["--model", translation_folder], b"A dog runs.\n"
@@ -714,6 +715,9 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         args += ["--input", tmp_path]
     if case == "output in a missing folder":
         args += ["--output", tmp_path / "missing" / "out.txt"]
+    if case == "output in a folder not ours":  # a read-only disk, another user's folder: the partial file failed
+        monkeypatch.setattr(os, "access", lambda path, mode: str(path) != str(tmp_path))
+        args += ["--output", tmp_path / "out.txt"]
     if case == "ctranslate2 on mps":
         args += ["--engine", "ctranslate2", "--device", "mps"]
     if case == "damaged generation_config.json":  # transformers would decode greedily, not with the folder's beams
@@ -727,6 +731,7 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
                 "input is a folder": f"--input {tmp_path}: no such file",
                 "output in a missing folder": f"--output {tmp_path / 'missing' / 'out.txt'}: not a file in an "
                 "existing folder", "ctranslate2 on mps": "error: --device mps: CTranslate2 runs on cpu or cuda",
+                "output in a folder not ours": f"error: --output {tmp_path / 'out.txt'}: {tmp_path} is not writable",
                 "device cuda": "error: --device cuda: this machine has no CUDA GPU that torch can use",
                 "device cuda:2 of 2": "error: --device cuda:2: torch can use cuda:0 to cuda:1 here",
                 "device mps": "error: --device mps: this machine has no mps device that torch can use",
@@ -826,13 +831,13 @@ def test_an_existing_output_file_is_kept_unless_overwrite_is_given(translation_f
 
 
 def test_a_run_that_fails_midway_keeps_the_earlier_output_whole(translation_folder, tmp_path, cli):
-    """--overwrite replaces the file only when every line is translated; what was translated is in .partial."""
+    """--overwrite replaces the file only when every line is translated; what was translated is in .partial. A stream
+    is read as it is translated: its second window, not UTF-8, stops the command midway."""
     (tmp_path / "out.txt").write_text("earlier translations\n")
-    (tmp_path / "in.txt").write_bytes(b"A dog runs.\nA caf\xe9.\n")  # the second window is not UTF-8
-    code, out, err = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output",
-                         tmp_path / "out.txt", "--overwrite", "--window", "1", "--num_beams", "1", "--quiet")
+    code, out, err = cli("--model", translation_folder, "--output", tmp_path / "out.txt", "--overwrite", "--window",
+                         "1", "--num_beams", "1", "--quiet", stdin=b"A dog runs.\nA caf\xe9.\n")
     assert code != 0 and out == "" and len(err.splitlines()) == 1, err
-    assert "in.txt is not UTF-8 text: byte 0xe9 on line 2" in err, err
+    assert "standard input is not UTF-8 text: byte 0xe9 on line 2" in err, err
     assert (tmp_path / "out.txt").read_text() == "earlier translations\n"
     assert len((tmp_path / "out.txt.partial").read_text().splitlines()) == 1
     (tmp_path / "in.txt").write_bytes(b"A dog runs.\nA cat.\n")
@@ -840,6 +845,47 @@ def test_a_run_that_fails_midway_keeps_the_earlier_output_whole(translation_fold
                        tmp_path / "out.txt", "--overwrite", "--window", "1", "--num_beams", "1", "--quiet")
     assert code == 0 and len((tmp_path / "out.txt").read_text().splitlines()) == 2, err
     assert not (tmp_path / "out.txt.partial").exists()
+
+
+def test_an_input_file_not_utf8_past_its_first_window_is_refused_before_the_model_loads(translation_folder, tmp_path,
+                                                                                         cli, monkeypatch):
+    """A file is read whole before anything is translated (not a stream): a bad byte on line 4 of 4 stops the command
+    before a model is loaded or a line is translated (it stopped after three windows were translated), and the
+    earlier output stays."""
+    from vaswani_hf.tools import translate
+
+    (tmp_path / "out.txt").write_text("earlier translations\n")
+    (tmp_path / "in.txt").write_bytes(b"A dog runs.\nA cat.\nA man.\nA caf\xe9.\n")
+    monkeypatch.setattr(translate, "load_engine", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    code, out, err = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output",
+                         tmp_path / "out.txt", "--overwrite", "--window", "1")
+    assert (code, out) == (1, "") and err == (f"error: {tmp_path / 'in.txt'} is not UTF-8 text: byte 0xe9 on line 4 "
+                                              "(convert it, e.g. iconv -f latin1 -t utf-8)")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+    assert (tmp_path / "out.txt").read_text() == "earlier translations\n"
+
+
+def test_an_input_file_is_counted_and_checked_as_its_windows_read_it(tmp_path):
+    """`counted_lines` against text.py's reading of the whole file (the lines, or the same one-line error), for every
+    cut of the file into blocks: a character of 2, 3 or 4 bytes cut in two between blocks is no error."""
+    from vaswani_hf.tools.text import decode_utf8, split_lines
+    from vaswani_hf.tools.translate import counted_lines
+
+    path = tmp_path / "in.txt"
+    texts = [b"", b"\n", b"a", "é\n€x\r\n\n𝄞".encode(), "€\n𝄞\n".encode()]
+    for data in [*texts, *(text[:i] + bad + text[i:] for text in texts for i in range(len(text) + 1)
+                           for bad in (b"\xe9", b"\x80", b"\xf0\x9d"))]:
+        path.write_bytes(data)
+        try:
+            expected = len(split_lines(decode_utf8(data, str(path))))
+        except ValueError as error:
+            expected = f"error: {error}"
+        for block_size in (1, 2, 3, 1 << 20):
+            try:
+                counted = counted_lines(str(path), block_size)
+            except SystemExit as stop:
+                counted = str(stop)
+            assert counted == expected, (data, block_size)
 
 
 def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, tmp_path, capfd, monkeypatch,

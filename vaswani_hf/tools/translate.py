@@ -6,7 +6,8 @@ remote code runs); a converted model (`vaswani-convert`) decodes as its source w
 Made for large files: lines are read a window at a time, sorted by length inside the window and cut into batches of
 at most `--max_tokens` source tokens (padding included), so memory stays bounded; translations are written as their
 batches finish, in input order, one output line per input line (an empty line stays empty); a progress bar on
-stderr counts lines and tokens/s. Lines typed at a terminal are translated one by one, as each is entered.
+stderr counts lines and tokens/s (an `--input` file is counted first, and a byte in it that is not UTF-8 stops the
+command before the model loads). Lines typed at a terminal are translated one by one, as each is entered.
 
     vaswani-translate --model outputs/run --input sources.txt --output translations.txt --max_tokens 4096
     echo "A man is riding a bike." | vaswani-translate --model outputs/run --num_beams 1 --device cpu
@@ -25,6 +26,7 @@ greedy tokens, its own beam search (log P / |Y|^α). In Python, `load_engine` gi
 """
 
 import argparse
+import codecs
 import contextlib
 import itertools
 import math
@@ -220,12 +222,16 @@ def read_windows(stream: Iterable[bytes], name: str, size: int = WINDOW) -> Iter
         if raw is not None:
             chunk.append(raw)
         if chunk and (len(chunk) == size or raw is None):
-            try:
-                lines = split_lines(decode_utf8(b"".join(chunk), name, first))
-            except ValueError as error:
-                raise SystemExit(f"error: {error}") from None
-            yield first, lines
+            yield first, split_lines(utf8_text(b"".join(chunk), name, first))
             first, chunk = first + size, []
+
+
+def utf8_text(data: bytes, name: str, first_line: int) -> str:
+    """text.py's `decode_utf8`, or the program stops with its one line."""
+    try:
+        return decode_utf8(data, name, first_line)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
 
 
 def check_lengths(engine, tokenizer, sources: list[str], first_line: int = 1) -> None:
@@ -250,11 +256,17 @@ def output_lines(source: str, hypotheses: list[tuple[str, float]] | None, index:
     return "".join(f"{index} ||| {text} ||| {score:.4f}\n" for text, (_, score) in zip(texts, hypotheses))
 
 
-def count_lines(path: str) -> int:
+def counted_lines(path: str, block_size: int = 1 << 20) -> int:
+    """The lines of the file `path` as `read_windows` reads them, counted in one pass before any is translated: a byte
+    that is not UTF-8 stops the program there, in read_windows' words."""
+    count, last, decoder = 0, b"\n", codecs.getincrementaldecoder("utf-8")()
     with open(path, "rb") as file:
-        count, last = 0, b"\n"
-        for block in iter(lambda: file.read(1 << 20), b""):
-            count, last = count + block.count(b"\n"), block[-1:]
+        for block in itertools.chain(iter(lambda: file.read(block_size), b""), [b""]):  # b"": the end
+            try:
+                decoder.decode(block, final=not block)
+            except UnicodeDecodeError as error:  # its bytes: a character the last block began, then this block
+                utf8_text(error.object, path, count + 1)
+            count, last = count + block.count(b"\n"), block[-1:] or last
     return count + (last != b"\n")
 
 
@@ -326,10 +338,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: --input {args.input}: no such file")
     if args.output and (Path(args.output).is_dir() or not Path(args.output).resolve().parent.is_dir()):
         raise SystemExit(f"error: --output {args.output}: not a file in an existing folder")
+    if args.output and not os.access(folder := Path(args.output).resolve().parent, os.W_OK | os.X_OK):
+        raise SystemExit(f"error: --output {args.output}: {folder} is not writable")  # as vaswani-export's
     if args.output and Path(args.output).exists() and not args.overwrite:
         raise SystemExit(f"error: --output {args.output} exists: give --overwrite to replace it")
 
     typed = not args.input and sys.stdin.isatty()  # lines typed at a terminal: each translated when entered
+    total = counted_lines(args.input) if args.input else None  # a file that is not UTF-8 stops before the model loads
     with contextlib.ExitStack() as files:
         stream = files.enter_context(open(args.input, "rb")) if args.input else sys.stdin.buffer
         windows = read_windows(stream, args.input or "the standard input", 1 if typed else args.window)
@@ -346,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.nbest > num_beams:
             raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
         check_lengths(engine, tokenizer, first[1])  # before the progress bar draws itself
-        progress = files.enter_context(tqdm(total=count_lines(args.input) if args.input else None, unit=" lines",
+        progress = files.enter_context(tqdm(total=total, unit=" lines",
                                             file=sys.stderr, disable=args.quiet or typed, desc=engine.name))
         # Written beside --output and renamed at the end: a run that fails or is killed leaves an earlier file whole,
         # and what it translated in OUTPUT.partial.
