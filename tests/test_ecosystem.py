@@ -130,14 +130,46 @@ def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_fold
     for limit in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match=f"^max_input_length must be a whole number of at least 1, got {limit}$"):
             translator(long_text, max_input_length=limit)
-    with pytest.raises(TypeError, match="a string or a list of strings, got int$"):
+    with pytest.raises(TypeError, match="takes a string, a list of strings or a stream of them .*, got int$"):
         translator(42)
-    with pytest.raises(TypeError, match="a string or a list of strings, got a list holding NoneType$"):
+    with pytest.raises(TypeError, match="got a list holding NoneType$"):
         translator([SOURCES[0], None])
     assert translator([]) == []
     nothing = {"translation_text": ""}
     assert translator(["", " \t", SOURCES[2]], batch_size=2) == [nothing, nothing, translator(SOURCES[2])[0]]
     assert translator(" ", num_beams=2, num_return_sequences=2) == [nothing, nothing]
+
+
+def test_the_pipeline_streams_iterators_and_datasets_as_transformers_pipelines_do(translation_folder):
+    """An iterator or a torch Dataset (`KeyDataset`) is read as it is translated, each source's result as translating
+    it alone gives; a dataset's column is a list; what a stream holds is checked as it is read."""
+    import datasets
+    from transformers.pipelines.pt_utils import KeyDataset
+
+    model, tokenizer = load_local(translation_folder)
+    translator = TranslationPipeline(model=model, tokenizer=tokenizer, num_beams=1)
+    sources = [*SOURCES, "", SOURCES[0]]
+    alone = [translator(source) for source in sources]
+    read = []
+
+    def stream():
+        for source in sources:
+            read.append(source)
+            yield source
+
+    results = iter(translator(stream(), batch_size=2))  # transformers returns an iterable
+    first = next(results)
+    assert len(read) < len(sources)  # the rest not read yet
+    assert [first, *results] == alone
+    assert list(translator(map(str.strip, sources))) == alone
+    table = datasets.Dataset.from_dict({"en": sources})
+    assert list(translator(KeyDataset(table, "en"), batch_size=3)) == alone
+    assert translator(table["en"]) == [result for result, in alone] == translator(tuple(sources))
+    assert list(translator(iter([]))) == []
+    with pytest.raises(TypeError, match="a torch Dataset such as KeyDataset\\), got a stream holding NoneType$"):
+        list(translator(iter([SOURCES[0], None])))
+    with pytest.raises(TypeError, match="got Dataset$"):  # its rows are dicts: KeyDataset picks a column
+        translator(table)
 
 
 # --- the Hub, both ways -------------------------------------------------------------------------------------

@@ -8,11 +8,15 @@ the task name "translation" in `pipeline()` unless a model folder's config decla
 transformers.
 """
 
+from collections.abc import Iterator, Sequence
+
 import torch
 from transformers import Pipeline
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
+
+TAKES = "a string, a list of strings or a stream of them (an iterator, a torch Dataset such as KeyDataset)"
 
 # What `VaswaniConfig` writes into every config.json.
 CUSTOM_PIPELINES = {
@@ -29,8 +33,10 @@ class TranslationPipeline(Pipeline):
     construction or per call; `batch_size` batches the inputs. Sources longer than `max_input_length` tokens
     (default: the model's `max_position_embeddings`) are truncated with a warning instead of failing.
 
-    A single string gives a list with one dict per returned sequence; a list of strings gives one such result per
-    string (flattened to one dict each when one sequence is returned, as in transformers 4). `return_tensors=True`
+    A single string gives a list with one dict per returned sequence; a list of strings (a tuple, a dataset's column)
+    gives one such result per string (flattened to one dict each when one sequence is returned, as in transformers 4).
+    A stream, an iterator or a torch Dataset (`KeyDataset(dataset, "en")`), is translated as it is read: the call
+    returns an iterator of each string's list, as transformers' pipelines stream theirs. `return_tensors=True`
     gives each sequence's ids as `generate()` returns them (`translation_token_ids`) in place of its text, and with
     `return_text=True` both, as transformers 4's pipeline did. A blank string translates to "" (no ids), as a blank
     line does in `vaswani-translate`.
@@ -57,21 +63,27 @@ class TranslationPipeline(Pipeline):
         }
         return preprocess_params, generate_kwargs, postprocess_params
 
-    def __call__(self, inputs: str | list[str], **kwargs):
-        texts = [inputs] if isinstance(inputs, str) else inputs
-        listed = isinstance(texts, list)
-        others = [type(text).__name__ for text in texts if not isinstance(text, str)] if listed else []
-        if not listed or others:
-            got = f"a list holding {others[0]}" if others else type(inputs).__name__
-            raise TypeError(f"TranslationPipeline takes a string or a list of strings, got {got}")
+    def __call__(self, inputs, **kwargs):
+        if isinstance(inputs, torch.utils.data.Dataset):  # KeyDataset(dataset, "en"): transformers streams it
+            return super().__call__(inputs, **kwargs)
+        if isinstance(inputs, Iterator):  # transformers streams a generator
+            return super().__call__((text for text in inputs), **kwargs)
+        if not isinstance(inputs, (str, Sequence)):
+            raise TypeError(f"TranslationPipeline takes {TAKES}, got {type(inputs).__name__}")
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)  # a list, a tuple, a dataset's column
+        others = [type(text).__name__ for text in texts if not isinstance(text, str)]
+        if others:
+            raise TypeError(f"TranslationPipeline takes {TAKES}, got a {type(inputs).__name__} holding {others[0]}")
         if not texts:  # nothing to translate: transformers' Pipeline would look for a first item
             return []
-        results = super().__call__(inputs, **kwargs)
-        if isinstance(inputs, list) and all(len(result) == 1 for result in results):
+        results = super().__call__(inputs if isinstance(inputs, str) else texts, **kwargs)
+        if not isinstance(inputs, str) and all(len(result) == 1 for result in results):
             return [result[0] for result in results]
         return results
 
     def preprocess(self, text: str, max_input_length: int | None = None) -> dict:
+        if not isinstance(text, str):  # an item of a stream, met as it is read
+            raise TypeError(f"TranslationPipeline takes {TAKES}, got a stream holding {type(text).__name__}")
         limit = max_input_length
         if limit is None:
             limit = getattr(self.model.config, "max_position_embeddings", None)
