@@ -847,6 +847,37 @@ def test_a_run_that_fails_midway_keeps_the_earlier_output_whole(translation_fold
     assert not (tmp_path / "out.txt.partial").exists()
 
 
+@pytest.mark.parametrize("nbest", [1, 2])
+def test_a_killed_run_is_continued_by_resume_into_the_output_of_one_run(translation_folder, tmp_path, cli, nbest):
+    """A killed run leaves OUTPUT.partial, its last line cut short: the same command again is refused, the file kept;
+    with --resume the whole lines it holds stay as they are (here made recognisable) and the lines after them are
+    translated, windows and --nbest's numbering going on: the one run's output. A shorter input is refused."""
+    sources = ["The small dog sees the old man.", "", "A woman reads.", "The children play.", "A dog.", "", "A man."]
+    (tmp_path / "in.txt").write_text("\n".join(sources) + "\n")
+    common = ["--model", translation_folder, "--quiet", "--nbest", str(nbest), "--num_beams", "2"]
+    code, _, err = cli(*common, "--input", tmp_path / "in.txt", "--output", tmp_path / "one.txt")
+    assert code == 0, err
+    whole = (tmp_path / "one.txt").read_text().splitlines(keepends=True)
+    partial = tmp_path / "out.txt.partial"
+    kept = ["kept\n"] * (3 * nbest)  # three lines' translations
+    cut = "".join(whole[3 * nbest:4 * nbest - 1]) + whole[4 * nbest - 1][:5]  # the fourth line's last one cut short
+    partial.write_text("".join(kept) + cut)
+    args = [*common, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt", "--window", "2"]
+    assert cli(*args)[2] == (f"error: {partial} holds a stopped run's translations: give --resume to continue it, or "
+                             "--overwrite to start again")
+    assert cli(*common, "--resume")[2] == ("error: --resume continues the OUTPUT.partial file of an --output: give "
+                                           "the --output")
+    assert partial.read_text().startswith("".join(kept))
+    code, _, err = cli(*args, "--resume")
+    assert code == 0, err
+    assert (tmp_path / "out.txt").read_text() == "".join(kept + whole[3 * nbest:]) and not partial.exists()
+    (tmp_path / "out2.txt.partial").write_text("".join(whole))  # all seven lines, and an input of five
+    code, _, err = cli(*common, "--output", tmp_path / "out2.txt", "--resume",
+                       stdin="\n".join(sources[:5]).encode())
+    assert code == 1 and err == (f"error: {tmp_path / 'out2.txt.partial'} holds translations of 7 lines, and the "
+                                 "standard input has 5: not this input's (--overwrite starts again)")
+
+
 def test_an_input_file_not_utf8_past_its_first_window_is_refused_before_the_model_loads(translation_folder, tmp_path,
                                                                                          cli, monkeypatch):
     """A file is read whole before anything is translated (not a stream): a bad byte on line 4 of 4 stops the command

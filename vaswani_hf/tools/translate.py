@@ -10,6 +10,7 @@ stderr counts lines and tokens/s (an `--input` file is counted first, and a byte
 command before the model loads). Lines typed at a terminal are translated one by one, as each is entered.
 
     vaswani-translate --model outputs/run --input sources.txt --output translations.txt --max_tokens 4096
+    vaswani-translate --model outputs/run --input sources.txt --output translations.txt --resume  # after a kill
     echo "A man is riding a bike." | vaswani-translate --model outputs/run --num_beams 1 --device cpu
     vaswani-translate --model outputs/run --int8 < sources.txt     # int8 linear layers on the CPU (quantization.py)
     vaswani-translate --model outputs/run --nbest 4 < sources.txt  # "line ||| translation ||| score", 4 per line
@@ -214,10 +215,12 @@ def translate(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOKENS
     return [best.get(index, "") for index in range(len(sources))]
 
 
-def read_windows(stream: Iterable[bytes], name: str, size: int = WINDOW) -> Iterator[tuple[int, list[str]]]:
-    """(number of the window's first line, its lines), `size` lines at a time from a binary stream, split at
-    newlines only (text.py); a window that is not UTF-8 stops the program with one line naming its line."""
-    first, chunk = 1, []
+def read_windows(stream: Iterable[bytes], name: str, size: int = WINDOW,
+                 first: int = 1) -> Iterator[tuple[int, list[str]]]:
+    """(number of the window's first line, its lines), `size` lines at a time from a binary stream whose first line is
+    line `first`, split at newlines only (text.py); a window that is not UTF-8 stops the program with one line naming
+    its line."""
+    chunk = []
     for raw in itertools.chain(stream, [None]):  # binary streams split at b"\n" only; None: the end
         if raw is not None:
             chunk.append(raw)
@@ -270,6 +273,31 @@ def counted_lines(path: str, block_size: int = 1 << 20) -> int:
     return count + (last != b"\n")
 
 
+def translated_part(path: str, nbest: int) -> tuple[int, int]:
+    """(input lines, bytes) that the file `path`, a stopped run's OUTPUT.partial, holds whole translations of: `nbest`
+    output lines each, each ended by its newline (a line a kill cut short is not one)."""
+    done, size, offset = 0, 0, 0
+    with open(path, "rb") as file:
+        for number, line in enumerate(file, 1):
+            if not line.endswith(b"\n"):
+                break
+            offset += len(line)
+            if number % nbest == 0:
+                done, size = number // nbest, offset
+    return done, size
+
+
+def skipped(stream: Iterable[bytes], count: int, name: str, partial: str) -> Iterator[bytes]:
+    """The lines of a binary stream after its first `count`, which a resumed run translated before; a stream with
+    fewer lines is not the one translated into `partial` (one line)."""
+    lines = iter(stream)
+    for number in range(count):
+        if next(lines, None) is None:
+            raise SystemExit(f"error: {partial} holds translations of {count} lines, and {name} has {number}: not "
+                             "this input's (--overwrite starts again)")
+    return lines
+
+
 def translated_windows(engine, tokenizer, windows: Iterable[tuple[int, list[str]]], max_tokens: int, num_beams: int,
                        alpha: float | None, nbest: int) -> Iterator[tuple[str, int, int]]:
     """(text to write, the input lines it answers, tokens translated) as batches finish, in input order. `engine`: as
@@ -297,7 +325,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--input", help="A text file, one source per line (default: stdin).")
     parser.add_argument("--output", help="Where the translations go (default: stdout): a new file unless "
                         "--overwrite, written as OUTPUT.partial and renamed when every line is translated.")
-    parser.add_argument("--overwrite", action="store_true", help="Replace an existing --output file.")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="Replace an existing --output file (and start over a stopped run's OUTPUT.partial).")
+    parser.add_argument("--resume", action="store_true",
+                        help="Continue the OUTPUT.partial file that a stopped or killed run of the same input and "
+                        "flags left: its translations are kept and the lines after them translated.")
     parser.add_argument("--max_tokens", type=int, default=MAX_TOKENS,
                         help=f"Source tokens per batch, padding included (default {MAX_TOKENS}).")
     parser.add_argument("--num_beams", type=int, help="Beam size (default: the model's generation config, else 4).")
@@ -342,13 +374,23 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: --output {args.output}: {folder} is not writable")  # as vaswani-export's
     if args.output and Path(args.output).exists() and not args.overwrite:
         raise SystemExit(f"error: --output {args.output} exists: give --overwrite to replace it")
+    if args.resume and not args.output:
+        raise SystemExit("error: --resume continues the OUTPUT.partial file of an --output: give the --output")
+    # Written beside --output and renamed at the end: a run that fails or is killed leaves an earlier file whole, and
+    # what it translated in OUTPUT.partial, which --resume continues.
+    partial = f"{args.output}.partial" if args.output else None
+    if partial and Path(partial).exists() and not (args.resume or args.overwrite):
+        raise SystemExit(f"error: {partial} holds a stopped run's translations: give --resume to continue it, or "
+                         "--overwrite to start again")
+    done, kept = translated_part(partial, args.nbest) if partial and args.resume and Path(partial).exists() else (0, 0)
 
     typed = not args.input and sys.stdin.isatty()  # lines typed at a terminal: each translated when entered
     total = counted_lines(args.input) if args.input else None  # a file that is not UTF-8 stops before the model loads
     with contextlib.ExitStack() as files:
         stream = files.enter_context(open(args.input, "rb")) if args.input else sys.stdin.buffer
-        windows = read_windows(stream, args.input or "the standard input", 1 if typed else args.window)
-        first = next(windows, (1, []))  # read before the model loads: a first window that is not UTF-8 stops here
+        name = args.input or "the standard input"
+        windows = read_windows(skipped(stream, done, name, partial), name, 1 if typed else args.window, done + 1)
+        first = next(windows, (done + 1, []))  # read before the model loads: a window that is not UTF-8 stops here
         keep_freed_memory()  # the decoding steps reuse the (beams x vocabulary) blocks they free (allocator.py)
         disable_progress_bar()  # transformers' bars; ours counts lines
         engine, tokenizer = load_engine(args.model, args.engine, args.device, args.int8, fast=not args.no_fast_cpu)
@@ -361,12 +403,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.nbest > num_beams:
             raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
         check_lengths(engine, tokenizer, first[1])  # before the progress bar draws itself
-        progress = files.enter_context(tqdm(total=total, unit=" lines",
-                                            file=sys.stderr, disable=args.quiet or typed, desc=engine.name))
-        # Written beside --output and renamed at the end: a run that fails or is killed leaves an earlier file whole,
-        # and what it translated in OUTPUT.partial.
-        partial = f"{args.output}.partial" if args.output else None
-        output = files.enter_context(open(partial, "w", encoding="utf-8")) if args.output else sys.stdout
+        progress = files.enter_context(tqdm(total=total, initial=done, unit=" lines", file=sys.stderr,
+                                            disable=args.quiet or typed, desc=engine.name))
+        if partial and done:
+            os.truncate(partial, kept)  # a line a kill cut short goes
+        output = files.enter_context(open(partial, "a" if done else "w", encoding="utf-8")) if partial else sys.stdout
         start, tokens = time.perf_counter(), 0
         for text, lines, new_tokens in translated_windows(engine, tokenizer, itertools.chain([first], windows),
                                                           args.max_tokens, num_beams, args.alpha, args.nbest):
