@@ -863,8 +863,8 @@ def test_a_killed_run_is_continued_by_resume_into_the_output_of_one_run(translat
     cut = "".join(whole[3 * nbest:4 * nbest - 1]) + whole[4 * nbest - 1][:5]  # the fourth line's last one cut short
     partial.write_text("".join(kept) + cut)
     args = [*common, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt", "--window", "2"]
-    assert cli(*args)[2] == (f"error: {partial} holds a stopped run's translations: give --resume to continue it, or "
-                             "--overwrite to start again")
+    assert cli(*args)[2] == (f"error: {partial} holds an earlier run's translations: give --resume to continue a "
+                             "stopped run, or --overwrite to start again")
     assert cli(*common, "--resume")[2] == ("error: --resume continues the OUTPUT.partial file of an --output: give "
                                            "the --output")
     assert partial.read_text().startswith("".join(kept))

@@ -380,8 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     # what it translated in OUTPUT.partial, which --resume continues.
     partial = f"{args.output}.partial" if args.output else None
     if partial and Path(partial).exists() and not (args.resume or args.overwrite):
-        raise SystemExit(f"error: {partial} holds a stopped run's translations: give --resume to continue it, or "
-                         "--overwrite to start again")
+        raise SystemExit(f"error: {partial} holds an earlier run's translations: give --resume to continue a stopped "
+                         "run, or --overwrite to start again")
     done, kept = translated_part(partial, args.nbest) if partial and args.resume and Path(partial).exists() else (0, 0)
 
     typed = not args.input and sys.stdin.isatty()  # lines typed at a terminal: each translated when entered
