@@ -36,7 +36,7 @@ class TranslationPipeline(Pipeline):
     A single string gives a list with one dict per returned sequence; a list of strings (a tuple, a dataset's column)
     gives one such result per string (flattened to one dict each when one sequence is returned, as in transformers 4).
     A stream, an iterator or a torch Dataset (`KeyDataset(dataset, "en")`), is translated as it is read: the call
-    returns an iterator of each string's list, as transformers' pipelines stream theirs. `return_tensors=True`
+    returns an iterable of each string's list, as transformers' pipelines stream theirs. `return_tensors=True`
     gives each sequence's ids as `generate()` returns them (`translation_token_ids`) in place of its text, and with
     `return_text=True` both, as transformers 4's pipeline did. A blank string translates to "" (no ids), as a blank
     line does in `vaswani-translate`.
