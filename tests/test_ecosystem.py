@@ -127,6 +127,25 @@ def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_fold
     translator(long_text)
     hook.remove()
     assert encoded == [len(full) - 1, 64]
+    # transformers 4's `truncation`: True cuts as the default does, without its warning; False does not cut
+    from transformers.testing_utils import CaptureLogger
+    from transformers.tokenization_utils_base import TruncationStrategy
+
+    from vaswani_hf import pipeline_vaswani
+
+    encoded.clear()
+    hook = model.get_encoder().register_forward_pre_hook(
+        lambda module, args, kwargs: encoded.append(len(kwargs["input_ids"][0])), with_kwargs=True)
+    warned = []
+    for truncation in (None, True, "longest_first", TruncationStrategy.ONLY_FIRST, False, "do_not_truncate"):
+        with CaptureLogger(pipeline_vaswani.logger) as captured:
+            translator(long_text, max_input_length=64, truncation=truncation)
+        warned.append("was truncated to 64" in captured.out)
+    hook.remove()
+    assert encoded == [64, 64, 64, 64, len(full), len(full)]
+    assert warned == [True, False, False, False, False, False]
+    with pytest.raises(ValueError, match="^truncation must be True, False or one of"):
+        translator(long_text, truncation="only_second")
     for limit in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match=f"^max_input_length must be a whole number of at least 1, got {limit}$"):
             translator(long_text, max_input_length=limit)

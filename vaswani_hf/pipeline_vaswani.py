@@ -16,6 +16,7 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
+TRUNCATION = {"longest_first": True, "only_first": True, "do_not_truncate": False}  # a source is one sequence
 TAKES = "a string, a list of strings or a stream of them (an iterator, a torch Dataset such as KeyDataset)"
 
 # What `VaswaniConfig` writes into every config.json.
@@ -31,7 +32,8 @@ class TranslationPipeline(Pipeline):
     (§6.1: beam search with the GNMT length penalty, source length + 50) with the beam size, α and limit the run saved.
     Generation keyword arguments (`num_beams`, `max_new_tokens`, `num_return_sequences`, ...) pass through, at
     construction or per call; `batch_size` batches the inputs. Sources longer than `max_input_length` tokens
-    (default: the model's `max_position_embeddings`) are truncated with a warning instead of failing.
+    (default: the model's `max_position_embeddings`) are truncated with a warning instead of failing; with
+    `truncation=True` without one, with `truncation=False` not at all (transformers 4's pipeline's argument).
 
     A single string gives a list with one dict per returned sequence; a list of strings (a tuple, a dataset's column)
     gives one such result per string (flattened to one dict each when one sequence is returned, as in transformers 4).
@@ -49,11 +51,16 @@ class TranslationPipeline(Pipeline):
     _load_feature_extractor = False
     _load_video_processor = False
 
-    def _sanitize_parameters(self, max_input_length=None, return_tensors=None, return_text=None,
+    def _sanitize_parameters(self, max_input_length=None, truncation=None, return_tensors=None, return_text=None,
                              skip_special_tokens=None, clean_up_tokenization_spaces=None, **generate_kwargs):
         if max_input_length is not None and (type(max_input_length) is not int or max_input_length < 1):
             raise ValueError(f"max_input_length must be a whole number of at least 1, got {max_input_length!r}")
-        preprocess_params = {} if max_input_length is None else {"max_input_length": max_input_length}
+        if truncation is not None and not isinstance(truncation, bool):
+            truncation = TRUNCATION.get(getattr(truncation, "value", truncation))  # transformers 4's strategies
+            if truncation is None:
+                raise ValueError(f"truncation must be True, False or one of {sorted(TRUNCATION)}")
+        preprocess_params = {key: value for key, value in (("max_input_length", max_input_length),
+                                                            ("truncation", truncation)) if value is not None}
         postprocess_params = {
             key: value
             for key, value in (("return_tensors", return_tensors), ("return_text", return_text),
@@ -81,16 +88,17 @@ class TranslationPipeline(Pipeline):
             return [result[0] for result in results]
         return results
 
-    def preprocess(self, text: str, max_input_length: int | None = None) -> dict:
+    def preprocess(self, text: str, max_input_length: int | None = None, truncation: bool | None = None) -> dict:
         if not isinstance(text, str):  # an item of a stream, met as it is read
             raise TypeError(f"TranslationPipeline takes {TAKES}, got a stream holding {type(text).__name__}")
         limit = max_input_length
         if limit is None:
             limit = getattr(self.model.config, "max_position_embeddings", None)
         encoded = self.tokenizer(text, return_tensors="pt")
-        if limit is not None and encoded["input_ids"].shape[1] > limit:
-            length = encoded["input_ids"].shape[1]
-            logger.warning(f"a source of {length} tokens was truncated to {limit} (max_input_length)")
+        if limit is not None and encoded["input_ids"].shape[1] > limit and truncation is not False:
+            if truncation is None:  # not asked for
+                length = encoded["input_ids"].shape[1]
+                logger.warning(f"a source of {length} tokens was truncated to {limit} (max_input_length)")
             encoded = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=limit)
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
                 "blank": not text.strip()}
