@@ -943,6 +943,11 @@ def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, 
             message = refused_translation(capfd, monkeypatch, "--model", folder, "--num_beams", "2", "--engine",
                                           engine, stdin=lines.encode())
             assert message == f"error: line 2 has 72 tokens; this model's positions stop at 12 on the {engine} engine"
+            (tmp_path / "in.txt").write_text("A dog runs.\nA cat.\n" + lines)  # a file: its every line checked first
+            code, _, err = cli("--model", folder, "--engine", engine, "--input", tmp_path / "in.txt", "--output",
+                               tmp_path / "out.txt", "--window", "1")
+            assert code == 1 and err == message.replace("line 2", "line 4")
+            assert not (tmp_path / "out.txt.partial").exists()  # lines 1-3 were translated before
             code, out, err = cli("--model", folder, "--num_beams", "1", "--engine", engine, stdin=b"A dog runs.\n")
             assert code == 0 and len(out.splitlines()) == 1, err
             translations.append(out)

@@ -7,7 +7,8 @@ Made for large files: lines are read a window at a time, sorted by length inside
 at most `--max_tokens` source tokens (padding included), so memory stays bounded; translations are written as their
 batches finish, in input order, one output line per input line (an empty line stays empty); a progress bar on
 stderr counts lines and tokens/s (an `--input` file is counted first, and a byte in it that is not UTF-8 stops the
-command before the model loads). Lines typed at a terminal are translated one by one, as each is entered.
+command before the model loads; a line longer than the engine's positions, before any line is decoded). Lines typed at
+a terminal are translated one by one, as each is entered.
 
     vaswani-translate --model outputs/run --input sources.txt --output translations.txt --max_tokens 4096
     vaswani-translate --model outputs/run --input sources.txt --output translations.txt --resume  # after a kill
@@ -403,6 +404,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.nbest > num_beams:
             raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
         check_lengths(engine, tokenizer, first[1])  # before the progress bar draws itself
+        if args.input and engine.positions is not None:  # a file's every line, before any is decoded
+            with open(args.input, "rb") as file:
+                lines = skipped(file, done, name, partial)
+                for first_line, window in read_windows(lines, name, args.window, done + 1):
+                    check_lengths(engine, tokenizer, window, first_line)
         progress = files.enter_context(tqdm(total=total, initial=done, unit=" lines", file=sys.stderr,
                                             disable=args.quiet or typed, desc=engine.name))
         if partial and done:
