@@ -896,6 +896,34 @@ def test_an_input_file_not_utf8_past_its_first_window_is_refused_before_the_mode
     assert (tmp_path / "out.txt").read_text() == "earlier translations\n"
 
 
+def test_a_compressed_input_file_translates_as_its_text_and_a_damaged_one_is_one_line(translation_folder, tmp_path,
+                                                                                      cli, monkeypatch):
+    """.gz, .bz2 and .xz, as training/run.py reads its data: the same lines out as the text gives; an archive cut
+    short or not one is one line before the model loads."""
+    import bz2
+    import gzip
+    import lzma
+
+    from vaswani_hf.tools import translate
+
+    text = b"The small dog sees the old man.\n\nA woman reads a book.\n"
+    (tmp_path / "in.txt").write_bytes(text)
+    args = ["--model", translation_folder, "--num_beams", "1", "--quiet"]
+    code, expected, err = cli(*args, "--input", tmp_path / "in.txt")
+    assert code == 0 and len(expected.splitlines()) == 3, err
+    for suffix, compress in ((".gz", gzip.compress), (".bz2", bz2.compress), (".xz", lzma.compress)):
+        (tmp_path / f"in.txt{suffix}").write_bytes(compress(text))
+        assert cli(*args, "--input", tmp_path / f"in.txt{suffix}") == (0, expected, ""), suffix
+    monkeypatch.setattr(translate, "load_engine", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(text)[:-12])
+    (tmp_path / "not.txt.xz").write_bytes(text)
+    assert cli(*args, "--input", tmp_path / "cut.txt.gz")[2] == (
+        f"error: {tmp_path / 'cut.txt.gz'} cannot be read: Compressed file ended before the end-of-stream marker was "
+        "reached")
+    assert cli(*args, "--input", tmp_path / "not.txt.xz")[2] == (
+        f"error: {tmp_path / 'not.txt.xz'} cannot be read: Input format not supported by decoder")
+
+
 def test_an_input_file_is_counted_and_checked_as_its_windows_read_it(tmp_path):
     """`counted_lines` against text.py's reading of the whole file (the lines, or the same one-line error), for every
     cut of the file into blocks: a character of 2, 3 or 4 bytes cut in two between blocks is no error."""

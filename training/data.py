@@ -8,12 +8,9 @@ datasets' cache and memory-mapped from there: no process holds the corpus in its
 `datasets.IterableDataset` instead, read as it is iterated and never stored (training/streaming.py).
 """
 
-import bz2
-import gzip
 import itertools
 import json
 import logging
-import lzma
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +20,7 @@ import pyarrow as pa
 from datasets.builder import Key
 
 from training.tokens import RECORD_BATCH
-from vaswani_hf.tools.text import decode_utf8, split_lines
+from vaswani_hf.tools.text import DECOMPRESSED, decode_utf8, opened, split_lines
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "default"
 SPLITS = ("train", "validation", "test")
@@ -32,12 +29,6 @@ PAIR_FEATURES = datasets.Features({"source": datasets.Value("string"), "target":
 
 # JSON lines, as they are or compressed: datasets' JSON reader decompresses by the suffix, as `opened` does.
 JSON_LINES = re.compile(r"\.jsonl?(\.(gz|bz2|xz))?$")
-DECOMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
-
-
-def opened(path: str):
-    """`path` opened to read bytes, decompressed by its suffix."""
-    return DECOMPRESSED.get(Path(path).suffix, open)(path, "rb")
 
 
 class DataError(ValueError):

@@ -5,7 +5,12 @@ corpora hold inside a sentence: the source and target files would no longer line
 write more output lines than it read.
 """
 
+import bz2
+import gzip
+import lzma
 from pathlib import Path
+
+DECOMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
 
 def split_lines(text: str) -> list[str]:
@@ -31,3 +36,8 @@ def decode_utf8(data: bytes, name: str, first_line: int = 1) -> str:
 def read_lines(path: str | Path) -> list[str]:
     """The lines of a UTF-8 file, split as `split_lines` does."""
     return split_lines(decode_utf8(Path(path).read_bytes(), str(path)))
+
+
+def opened(path: str | Path):
+    """`path` opened to read bytes, decompressed by its suffix (.gz, .bz2, .xz)."""
+    return DECOMPRESSED.get(Path(path).suffix, open)(path, "rb")

@@ -31,10 +31,12 @@ import argparse
 import codecs
 import contextlib
 import itertools
+import lzma
 import math
 import os
 import sys
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -46,7 +48,7 @@ from transformers.utils.logging import disable_progress_bar
 from ..gnmt import check_alpha, check_whole, extra_length_of, gnmt_beam_search
 from ..speed.allocator import keep_freed_memory
 from .loading import check_gpu, checked, device_kind, learned_positions, load, one_line_errors
-from .text import decode_utf8, split_lines
+from .text import decode_utf8, opened, split_lines
 
 MAX_TOKENS = 4096  # source tokens per batch, padding included
 WINDOW = 2000  # lines read, sorted by length and batched together
@@ -264,14 +266,22 @@ def counted_lines(path: str, block_size: int = 1 << 20) -> int:
     """The lines of the file `path` as `read_windows` reads them, counted in one pass before any is translated: a byte
     that is not UTF-8 stops the program there, in read_windows' words."""
     count, last, decoder = 0, b"\n", codecs.getincrementaldecoder("utf-8")()
-    with open(path, "rb") as file:
-        for block in itertools.chain(iter(lambda: file.read(block_size), b""), [b""]):  # b"": the end
+    with opened(path) as file:
+        for block in itertools.chain(iter(lambda: read(file, block_size, path), b""), [b""]):  # b"": the end
             try:
                 decoder.decode(block, final=not block)
             except UnicodeDecodeError as error:  # its bytes: a character the last block began, then this block
                 utf8_text(error.object, path, count + 1)
             count, last = count + block.count(b"\n"), block[-1:] or last
     return count + (last != b"\n")
+
+
+def read(file, size: int, path: str) -> bytes:
+    """`file.read(size)`; a compressed file that is damaged or cut short stops the program in one line."""
+    try:
+        return file.read(size)
+    except (OSError, EOFError, lzma.LZMAError, zlib.error) as error:
+        raise SystemExit(f"error: {path} cannot be read: {error or type(error).__name__}") from None
 
 
 def translated_part(path: str, nbest: int) -> tuple[int, int]:
@@ -323,7 +333,7 @@ def translated_windows(engine, tokenizer, windows: Iterable[tuple[int, list[str]
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vaswani-translate", description="Translate lines of text (§6.1 decoding).")
     parser.add_argument("--model", required=True, help="A model folder or Hub repository id.")
-    parser.add_argument("--input", help="A text file, one source per line (default: stdin).")
+    parser.add_argument("--input", help="A text file, one source per line, or its .gz, .bz2, .xz (default: stdin).")
     parser.add_argument("--output", help="Where the translations go (default: stdout): a new file unless "
                         "--overwrite, written as OUTPUT.partial and renamed when every line is translated.")
     parser.add_argument("--overwrite", action="store_true",
@@ -388,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     typed = not args.input and sys.stdin.isatty()  # lines typed at a terminal: each translated when entered
     total = counted_lines(args.input) if args.input else None  # a file that is not UTF-8 stops before the model loads
     with contextlib.ExitStack() as files:
-        stream = files.enter_context(open(args.input, "rb")) if args.input else sys.stdin.buffer
+        stream = files.enter_context(opened(args.input)) if args.input else sys.stdin.buffer
         name = args.input or "the standard input"
         windows = read_windows(skipped(stream, done, name, partial), name, 1 if typed else args.window, done + 1)
         first = next(windows, (done + 1, []))  # read before the model loads: a window that is not UTF-8 stops here
@@ -405,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
         check_lengths(engine, tokenizer, first[1])  # before the progress bar draws itself
         if args.input and engine.positions is not None:  # a file's every line, before any is decoded
-            with open(args.input, "rb") as file:
+            with opened(args.input) as file:
                 lines = skipped(file, done, name, partial)
                 for first_line, window in read_windows(lines, name, args.window, done + 1):
                     check_lengths(engine, tokenizer, window, first_line)
