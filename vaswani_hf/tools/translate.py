@@ -416,8 +416,8 @@ def main(argv: list[str] | None = None) -> None:
         check_lengths(engine, tokenizer, first[1])  # before the progress bar draws itself
         if args.input and engine.positions is not None:  # a file's every line, before any is decoded
             with opened(args.input) as file:
-                lines = skipped(file, done, name, partial)
-                for first_line, window in read_windows(lines, name, args.window, done + 1):
+                rest = skipped(file, done, name, partial)
+                for first_line, window in read_windows(rest, name, args.window, done + 1):
                     check_lengths(engine, tokenizer, window, first_line)
         progress = files.enter_context(tqdm(total=total, initial=done, unit=" lines", file=sys.stderr,
                                             disable=args.quiet or typed, desc=engine.name))
