@@ -911,8 +911,9 @@ def test_attention_weights_are_distributions_and_the_decoder_is_masked(translati
     assert torch.all(weights.decoder[:, above_diagonal] == 0)
     assert weights.target_tokens[0] == tokenizer.bos_token
     assert model.config._attn_implementation == "sdpa"  # the eager switch for the weights is undone
-    for layer in (7, -3):  # the tiny model's stacks: 2 encoder layers, 3 decoder layers
-        with pytest.raises(ValueError, match=f"layer {layer} does not exist: the model has 2 layers"):
+    for layer in (3, -4):  # the tiny model's stacks: 2 encoder layers, 3 decoder layers
+        with pytest.raises(ValueError, match=f"^layer {layer} does not exist: the model has 2 encoder and 3 decoder "
+                                             "layers"):
             attention_weights(model, tokenizer, SOURCES[0], "Hallo.", layer=layer)
 
 
@@ -960,8 +961,9 @@ def test_attention_weights_are_the_layers_softmax_of_scaled_query_key_products(t
         torch.testing.assert_close(getattr(weights, name), scores.softmax(-1).detach(), atol=1e-6, rtol=0)
 
 
-def test_the_layers_drawn_of_a_deeper_encoder_are_those_both_stacks_have(translation_folder, tmp_path):
-    """3 encoder layers, 2 decoder layers: --layer -1 is layer 1 of each, and layer 2 does not exist."""
+def test_a_deeper_stacks_layers_are_drawn_and_a_negative_layer_counts_from_each_top(translation_folder, tmp_path):
+    """3 encoder layers, 2 decoder layers: --layer -1 is the encoder's layer 2 and the decoder's layer 1, in pictures
+    named so; --layer 2 draws the encoder's alone; a layer neither stack has is one line."""
     from transformers.utils.logging import enable_progress_bar
 
     from vaswani_hf import VaswaniForConditionalGeneration
@@ -973,14 +975,22 @@ def test_the_layers_drawn_of_a_deeper_encoder_are_those_both_stacks_have(transla
     deeper.save_pretrained(tmp_path / "deeper")
     tokenizer.save_pretrained(tmp_path / "deeper")
     try:
-        main([str(tmp_path / "deeper"), "--source", SOURCES[0], "--target", "Hallo.", "--output_dir",
-              str(tmp_path / "pictures")])
+        for layer in ("-1", "2"):
+            main([str(tmp_path / "deeper"), "--source", SOURCES[0], "--target", "Hallo.", "--layer", layer,
+                  "--output_dir", str(tmp_path / f"pictures{layer}")])
     finally:
         enable_progress_bar()
-    assert sorted(path.name for path in (tmp_path / "pictures").iterdir()) == [
-        "cross_attention_layer1.png", "decoder_self_attention_layer1.png", "encoder_self_attention_layer1.png"]
-    with pytest.raises(ValueError, match="layer 2 does not exist: the model has 2 layers"):
-        attention_weights(deeper, tokenizer, SOURCES[0], "Hallo.", layer=2)
+    assert sorted(path.name for path in (tmp_path / "pictures-1").iterdir()) == [
+        "cross_attention_layer1.png", "decoder_self_attention_layer1.png", "encoder_self_attention_layer2.png"]
+    assert [path.name for path in (tmp_path / "pictures2").iterdir()] == ["encoder_self_attention_layer2.png"]
+    top, encoder_2, decoder_1 = (attention_weights(deeper, tokenizer, SOURCES[0], "Hallo.", layer=layer)
+                                 for layer in (-1, 2, 1))
+    assert (encoder_2.encoder_layer, encoder_2.decoder_layer) == (2, None)
+    assert encoder_2.decoder is None and encoder_2.cross is None
+    assert torch.equal(top.encoder, encoder_2.encoder)
+    assert torch.equal(top.decoder, decoder_1.decoder) and torch.equal(top.cross, decoder_1.cross)
+    with pytest.raises(ValueError, match="^layer -4 does not exist: the model has 3 encoder and 2 decoder layers"):
+        attention_weights(deeper, tokenizer, SOURCES[0], "Hallo.", layer=-4)
 
 
 def test_the_visualize_command_writes_one_picture_per_attention(translation_folder, tmp_path, capfd):
@@ -999,7 +1009,7 @@ def test_the_visualize_command_writes_one_picture_per_attention(translation_fold
             path = folder / f"{name}_layer0.png"
             assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         pictures = {path: path.read_bytes() for path in folder.iterdir()}
-        second = [translation_folder, "--source", SOURCES[1], "--layer", "-2", "--output_dir", folder]  # layer 0 too
+        second = [translation_folder, "--source", SOURCES[1], "--layer", "0", "--output_dir", folder]
         message = refusal(capfd, main, *second)
         assert message == f"error: {folder}/encoder_self_attention_layer0.png exists: give another --output_dir, " \
                           "or --overwrite"
@@ -1013,7 +1023,8 @@ def test_the_visualize_command_writes_one_picture_per_attention(translation_fold
 
 
 @pytest.mark.parametrize(("flags", "expected"), [
-    (["--layer", "7"], "error: layer 7 does not exist: the model has 2 layers (0..1)"),
+    (["--layer", "7"], ("error: layer 7 does not exist: the model has 2 encoder and 3 decoder layers (from 0; "
+                        "negative from the top)")),
     (["--source", " "], "error: --source is blank: give a sentence"),
     (["--target", ""], "error: --target is blank: give a sentence, or none for the model's translation"),
     (["--output_dir", "{file}"], "error: --output_dir {file}: {file} is a file"),
@@ -1042,9 +1053,9 @@ def test_write_pictures_draws_every_head_with_its_weights_and_tokens(translation
     weights = attention_weights(model, tokenizer, SOURCES[2], "Die Kinder spielen.", layer=-1)
     figures, close = [], plt.close
     monkeypatch.setattr(plt, "close", lambda figure: figures.append(figure))
-    paths = write_pictures(weights, tmp_path, layer=1)
-    assert [p.name for p in paths] == ["encoder_self_attention_layer1.png", "decoder_self_attention_layer1.png",
-                                       "cross_attention_layer1.png"]
+    paths = write_pictures(weights, tmp_path)  # each stack's top: 2 encoder layers, 3 decoder layers
+    assert [p.name for p in paths] == ["encoder_self_attention_layer1.png", "decoder_self_attention_layer2.png",
+                                       "cross_attention_layer2.png"]
     source, target = weights.source_tokens, weights.target_tokens
     expected = [(weights.encoder, source, source), (weights.decoder, target, target), (weights.cross, target, source)]
     for figure, path, (tensor, queries, keys) in zip(figures, paths, expected, strict=True):

@@ -4,8 +4,9 @@
         [--layer 4] [--output_dir attention]
 
 writes `encoder_self_attention_layer{L}.png`, `decoder_self_attention_layer{L}.png` and
-`cross_attention_layer{L}.png` (keys on the x axis, queries on the y axis, one panel per head). Without
-`--target` the model's own translation is drawn. `attention_weights()` is the API underneath.
+`cross_attention_layer{L}.png` (keys on the x axis, queries on the y axis, one panel per head). A negative `--layer`
+counts from each stack's top, and a stack deeper than the other has pictures only it draws. Without `--target` the
+model's own translation is drawn. `attention_weights()` is the API underneath.
 """
 
 import argparse
@@ -23,21 +24,35 @@ from .translate import translate
 
 @dataclass
 class AttentionWeights:
-    """Softmax weights of one layer. encoder: (h, S, S); decoder: (h, T, T), zero above the diagonal;
-    cross: (h, T, S). Rows are queries and sum to 1; the token lists label the axes."""
+    """Softmax weights of one layer of each stack: encoder (h, S, S) of encoder layer `encoder_layer`; decoder
+    (h, T, T), zero above the diagonal, and cross (h, T, S) of decoder layer `decoder_layer`; None for a stack
+    without the layer asked for. Rows are queries and sum to 1; the token lists label the axes."""
 
     source_tokens: list[str]
     target_tokens: list[str]
-    encoder: torch.Tensor
-    decoder: torch.Tensor
-    cross: torch.Tensor
+    encoder: torch.Tensor | None
+    decoder: torch.Tensor | None
+    cross: torch.Tensor | None
+    encoder_layer: int | None
+    decoder_layer: int | None
+
+
+def stack_layer(layer: int, count: int) -> int | None:
+    """`layer` (negative: from the top) among a stack's `count` layers, from 0; None if the stack has no such layer."""
+    return layer % count if -count <= layer < count else None
 
 
 @torch.no_grad()
 def attention_weights(model, tokenizer, source: str, target: str | None = None, layer: int = -1) -> AttentionWeights:
-    """The attention weights of `layer` (negative: from the top) for one sentence pair, teacher-forced: the decoder
-    reads the start token and the target tokens. Without `target`, the model's translation of `source` is used. The
-    model computes in eval mode (no dropout) and is left in its own."""
+    """The attention weights of `layer` (negative: from each stack's top) for one sentence pair, teacher-forced: the
+    decoder reads the start token and the target tokens. A stack deeper than the other has layers only it draws; a
+    layer neither has is a one-line ValueError before anything is computed. Without `target`, the model's translation
+    of `source` is used. The model computes in eval mode (no dropout) and is left in its own."""
+    depths = model.config.num_layers, model.config.num_decoder_layers
+    encoder_layer, decoder_layer = (stack_layer(layer, depth) for depth in depths)
+    if encoder_layer is None and decoder_layer is None:
+        raise ValueError(f"layer {layer} does not exist: the model has {depths[0]} encoder and {depths[1]} decoder "
+                         f"layers (from 0; negative from the top)")
     device = next(model.parameters()).device
     inputs = tokenizer([source], return_tensors="pt").to(device)
     if target is None:
@@ -51,15 +66,18 @@ def attention_weights(model, tokenizer, source: str, target: str | None = None, 
     finally:
         model.set_attn_implementation(implementation)
         model.train(training)
-    num_layers = min(len(outputs.encoder_attentions), len(outputs.decoder_attentions))
-    if not -num_layers <= layer < num_layers:
-        raise ValueError(f"layer {layer} does not exist: the model has {num_layers} layers (0..{num_layers - 1})")
+
+    def head_weights(attentions, index):
+        return None if index is None else attentions[index][0].float().cpu()
+
     return AttentionWeights(
         source_tokens=tokenizer.convert_ids_to_tokens(inputs["input_ids"][0]),
         target_tokens=tokenizer.convert_ids_to_tokens(decoder_input_ids[0]),
-        encoder=outputs.encoder_attentions[layer][0].float().cpu(),
-        decoder=outputs.decoder_attentions[layer][0].float().cpu(),
-        cross=outputs.cross_attentions[layer][0].float().cpu(),
+        encoder=head_weights(outputs.encoder_attentions, encoder_layer),
+        decoder=head_weights(outputs.decoder_attentions, decoder_layer),
+        cross=head_weights(outputs.cross_attentions, decoder_layer),
+        encoder_layer=encoder_layer,
+        decoder_layer=decoder_layer,
     )
 
 
@@ -91,23 +109,31 @@ def plot_heads(weights: torch.Tensor, query_tokens: list[str], key_tokens: list[
     plt.close(figure)
 
 
-def picture_paths(output_dir: Path, layer: int) -> list[Path]:
-    names = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
-    return [output_dir / f"{name}_layer{layer}.png" for name in names]
+PICTURES = (("encoder_self_attention", "encoder", "Encoder self-attention"),
+            ("decoder_self_attention", "decoder", "Decoder self-attention (masked)"),
+            ("cross_attention", "cross", "Encoder-decoder attention"))
 
 
-def write_pictures(weights: AttentionWeights, output_dir: Path, layer: int) -> list[Path]:
-    output_dir.mkdir(parents=True, exist_ok=True)
+def pictures(weights: AttentionWeights, output_dir: Path) -> list[tuple]:
+    """(path, weights, query tokens, key tokens, title) of each picture of the layer: the encoder's where the encoder
+    has the layer, the decoder's two where the decoder has it."""
     source, target = weights.source_tokens, weights.target_tokens
-    pictures = [
-        (weights.encoder, source, source, "Encoder self-attention"),
-        (weights.decoder, target, target, "Decoder self-attention (masked)"),
-        (weights.cross, target, source, "Encoder-decoder attention"),
-    ]
-    paths = picture_paths(output_dir, layer)
-    for path, (tensor, queries, keys, title) in zip(paths, pictures, strict=True):
-        plot_heads(tensor, queries, keys, f"{title}, layer {layer}", path)
-    return paths
+    axes = {"encoder": (source, source), "decoder": (target, target), "cross": (target, source)}
+    drawn = []
+    for name, kind, title in PICTURES:
+        layer = weights.encoder_layer if kind == "encoder" else weights.decoder_layer
+        if layer is not None:
+            drawn.append((output_dir / f"{name}_layer{layer}.png", getattr(weights, kind), *axes[kind],
+                          f"{title}, layer {layer}"))
+    return drawn
+
+
+def write_pictures(weights: AttentionWeights, output_dir: Path) -> list[Path]:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    drawn = pictures(weights, output_dir)
+    for path, tensor, queries, keys, title in drawn:
+        plot_heads(tensor, queries, keys, title, path)
+    return [path for path, *_ in drawn]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -115,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model", help="A model folder or Hub repository id.")
     parser.add_argument("--source", required=True, help="The source sentence.")
     parser.add_argument("--target", help="The target sentence (default: the model's translation).")
-    parser.add_argument("--layer", type=int, default=-1, help="Layer index, from 0; negative counts from the top.")
+    parser.add_argument("--layer", type=int, default=-1,
+                        help="Layer index, from 0; negative counts from each stack's top.")
     parser.add_argument("--output_dir", default="attention", help="Where the PNG files go.")
     parser.add_argument("--overwrite", action="store_true", help="Replace this layer's pictures in --output_dir.")
     args = parser.parse_args(argv)
@@ -131,11 +158,10 @@ def main(argv: list[str] | None = None) -> None:
         weights = attention_weights(model, tokenizer, args.source, args.target, args.layer)
     except ValueError as error:  # a layer that does not exist
         raise SystemExit(f"error: {error}") from None
-    layer = args.layer % min(model.config.num_layers, model.config.num_decoder_layers)
-    taken = [path for path in picture_paths(Path(args.output_dir), layer) if path.exists()]
+    taken = [path for path, *_ in pictures(weights, Path(args.output_dir)) if path.exists()]
     if taken and not args.overwrite:  # another sentence's pictures, perhaps
         raise SystemExit(f"error: {taken[0]} exists: give another --output_dir, or --overwrite")
-    for path in write_pictures(weights, Path(args.output_dir), layer):
+    for path in write_pictures(weights, Path(args.output_dir)):
         print(path)
 
 
