@@ -52,7 +52,7 @@ def attention_weights(model, tokenizer, source: str, target: str | None = None, 
     encoder_layer, decoder_layer = (stack_layer(layer, depth) for depth in depths)
     if encoder_layer is None and decoder_layer is None:
         raise ValueError(f"layer {layer} does not exist: the model has {depths[0]} encoder and {depths[1]} decoder "
-                         f"layers (from 0; negative from the top)")
+                         "layers (from 0; negative from the top)")
     device = next(model.parameters()).device
     inputs = tokenizer([source], return_tensors="pt").to(device)
     if target is None:
