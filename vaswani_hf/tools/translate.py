@@ -413,12 +413,13 @@ def main(argv: list[str] | None = None) -> None:
             engine.generation_config.extra_length = args.extra_length
         if args.nbest > num_beams:
             raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
-        check_lengths(engine, tokenizer, first[1])  # before the progress bar draws itself
         if args.input and engine.positions is not None:  # a file's every line, before any is decoded
             with opened(args.input) as file:
                 rest = skipped(file, done, name, partial)
                 for first_line, window in read_windows(rest, name, args.window, done + 1):
                     check_lengths(engine, tokenizer, window, first_line)
+        else:  # a stream's first window before the progress bar draws itself, the others as they are read
+            check_lengths(engine, tokenizer, first[1], first[0])
         progress = files.enter_context(tqdm(total=total, initial=done, unit=" lines", file=sys.stderr,
                                             disable=args.quiet or typed, desc=engine.name))
         if partial and done:
