@@ -256,9 +256,31 @@ def test_a_mistake_in_the_validation_or_test_file_is_refused_before_the_training
         with pytest.raises(FileNotFoundError, match="--validation_file .*nope.jsonl: no such file"):
             load_splits("en", "de", files={**files, "validation": str(tmp_path / "nope.jsonl"), "test": None})
         assert "train" not in read
+        read.clear()
+        with pytest.raises(FileNotFoundError, match="--train_file .*nope: expected JSON lines"):  # before the others
+            load_splits("en", "de", files={**files, "train": str(tmp_path / "nope")})
+        assert not read
         files["test"] = None
         assert list(load_splits("en", "de", files=files)) == ["train", "validation"]
         assert read.pop() == "train"
+
+
+def test_a_file_or_folder_given_for_a_prefix_is_told_what_the_flag_takes(tmp_path):
+    """--train_file names aligned files by their prefix: given one side's file (compressed too), it names the
+    prefix; given a CSV or TSV file or a folder, it names --dataset_name, which reads them."""
+    (tmp_path / "data").mkdir()
+    for name in ("train.en", "train.de", "train.tsv"):
+        (tmp_path / name).write_text("A dog .\n")
+    (tmp_path / "train.de.gz").write_bytes(gzip.compress(b"Ein Hund .\n"))
+    for given, told in [("train.en", f"not found: give the prefix {tmp_path}/train, of both sides' files"),
+                        ("train.de.gz", f"not found: give the prefix {tmp_path}/train, of both sides' files"),
+                        ("train.tsv", ("not found: a CSV or TSV file whose first line names the languages goes in a "
+                                       "folder given as --dataset_name")),
+                        ("data", "not found: a folder that datasets reads is given as --dataset_name"),
+                        ("nothing", "not found")]:
+        with pytest.raises(FileNotFoundError) as error:
+            load_pairs("en", "de", files={"train": str(tmp_path / given)})
+        assert str(error.value).endswith(told), given
 
 
 def test_aligned_files_rewritten_in_place_are_read_again(tmp_path):

@@ -100,6 +100,8 @@ def data(tmp_path):
     (["--train_file", ""], "--train_file is blank"),  # an unset variable: not the embedded data
     (["--dataset_name", " "], "--dataset_name is blank"),
     (["--dataset_config_name", ""], "--dataset_config_name is blank"),
+    (["--dataset_name", "org/news"], "--dataset_name and --train_file: a dataset brings its own splits"),  # not read
+    (["--dataset_config_name", "de-en"], "--dataset_config_name de-en names a configuration of --dataset_name"),
     (["--resume_from_checkpoint", ""], "--resume_from_checkpoint is blank"),  # not a fresh run
     (["--lenght_penalty_alpha", "1"],  # not HfArgumentParser's traceback
      "--lenght_penalty_alpha is not a flag of training/run.py (did you mean --length_penalty_alpha?); --help lists"),

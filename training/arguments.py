@@ -306,6 +306,13 @@ def check_model_arguments(data_args: DataArguments, model_args: ModelArguments) 
     """The data and model flags of run.py and run_trainer.py, checked before the BPE is trained."""
     refuse_blank({name: getattr(data_args, name)  # a blank one is not the embedded data
                   for name in ("dataset_name", "dataset_config_name", "train_file", "validation_file", "test_file")})
+    files = [f"--{name}" for name in ("train_file", "validation_file", "test_file") if getattr(data_args, name)]
+    if data_args.dataset_name and files:  # (load_splits would read the dataset's splits and drop the files)
+        raise SystemExit(f"error: --dataset_name and {files[0]}: a dataset brings its own splits; give a dataset or "
+                         "files, not both")
+    if data_args.dataset_config_name and not data_args.dataset_name:
+        raise SystemExit(f"error: --dataset_config_name {data_args.dataset_config_name} names a configuration of "
+                         "--dataset_name, which is not given")
     refuse_below({"max_length": (data_args.max_length, 1), "vocab_size": (model_args.vocab_size, 8),
                   "bpe_sample": (1 if data_args.bpe_sample is None else data_args.bpe_sample, 1),
                   "shuffle_buffer": (data_args.shuffle_buffer, 1)})

@@ -55,12 +55,15 @@ def load_splits(source_lang: str, target_lang: str, dataset_name: str | None = N
                 for split, rows in raw.items() if split in SPLITS}
     if not files:
         files = {split: str(DEFAULT_DATA / f"{split}.jsonl") for split in SPLITS}
+    for split, path in files.items():  # every file found before any is read
+        if not JSON_LINES.search(path):
+            _aligned_paths(path, source_lang, target_lang, split)
+        elif not Path(path).is_file():
+            raise FileNotFoundError(f"--{split}_file {path}: no such file")
     splits = {}
     # The small splits first: a mistake in one of them shows before the training pairs' minutes of reading.
     for split, path in sorted(files.items(), key=lambda item: item[0] == "train"):
         if JSON_LINES.search(path):
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"--{split}_file {path}: no such file")
             with opened(path) as file:
                 if not any(line.strip() for line in file):  # (datasets would say "train" has no data)
                     raise ValueError(f"the {split} split has no pairs ({path})")
@@ -183,15 +186,36 @@ class AlignedText(datasets.ArrowBasedBuilder):
             yield Key(0, number), table
 
 
-def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str, streaming: bool = False):
+def _aligned_paths(prefix: str, source_lang: str, target_lang: str, split: str) -> list[str]:
+    """PREFIX.<source_lang> and PREFIX.<target_lang>, as they are or compressed; else a one-line FileNotFoundError."""
     paths = []
     for lang in (source_lang, target_lang):
         candidates = [Path(f"{prefix}.{lang}{suffix}") for suffix in ("", *DECOMPRESSED)]
         path = next((candidate for candidate in candidates if candidate.is_file()), None)
         if path is None:
+            instead = _instead(prefix, source_lang, target_lang)
             raise FileNotFoundError(f"--{split}_file {prefix}: expected JSON lines or aligned {prefix}.{lang} (or "
-                                    f"{prefix}.{lang}.gz, .bz2, .xz), not found")
+                                    f"{prefix}.{lang}.gz, .bz2, .xz), not found{instead}")
         paths.append(str(path))
+    return paths
+
+
+def _instead(path: str, source_lang: str, target_lang: str) -> str:
+    """What a data flag takes, said to a file or folder given in its place: one side's file, a table of another
+    kind, a folder of files."""
+    if Path(path).is_dir():
+        return ": a folder that datasets reads is given as --dataset_name"
+    if not Path(path).is_file():
+        return ""
+    plain = path.removesuffix(Path(path).suffix) if Path(path).suffix in DECOMPRESSED else path
+    side = next((lang for lang in (source_lang, target_lang) if plain.endswith(f".{lang}")), None)
+    if side:
+        return f": give the prefix {plain.removesuffix(f'.{side}')}, of both sides' files"
+    return ": a CSV or TSV file whose first line names the languages goes in a folder given as --dataset_name"
+
+
+def _aligned_text(prefix: str, source_lang: str, target_lang: str, split: str, streaming: bool = False):
+    paths = _aligned_paths(prefix, source_lang, target_lang, split)
     stamp = tuple((Path(path).stat().st_size, Path(path).stat().st_mtime_ns) for path in paths)
     if not any(size for size, _ in stamp):
         raise ValueError(f"the {split} split has no pairs ({prefix})")
