@@ -368,6 +368,11 @@ def attention_in_steps(monkeypatch, owner, method: str) -> set:
     return called
 
 
+def throw(error: BaseException):
+    """Raises `error`: a stand-in for a call that fails, written as an expression."""
+    raise error
+
+
 def run_training(*argv) -> None:
     """training/run.py's main() with these arguments, in this process: for one process that nothing kills, a process
     of its own would add only its imports. The allocator setting it makes (allocator.py), which cannot be undone,

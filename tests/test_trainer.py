@@ -1,5 +1,6 @@
 """The model under transformers' Seq2SeqTrainer, and training/run_trainer.py, the Trainer entry point."""
 
+import errno
 import json
 import re
 import shutil
@@ -13,7 +14,14 @@ import transformers
 from accelerate import Accelerator
 from forked import ROOT, accelerate_ranks, free_port, run_forked
 from safetensors.torch import load_file
-from support import accelerate_as_in_a_new_process, attention_in_steps, run_training, save_marian_folder, tiny_model
+from support import (
+    accelerate_as_in_a_new_process,
+    attention_in_steps,
+    run_training,
+    save_marian_folder,
+    throw,
+    tiny_model,
+)
 from torch.utils.data import SequentialSampler
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -450,6 +458,53 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
     damaged = output / "checkpoint-15" / "scheduler.json"
     why = f"{damaged} is damaged: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
     assert said == [f"warning: checkpoint-15 cannot be resumed ({why}): trying the one before it"]
+
+
+def test_a_full_disk_stops_the_trainer_entry_point_in_one_line_naming_its_intact_checkpoint(tmp_path, monkeypatch):
+    """The disk full while the Trainer writes checkpoint 4 (which it writes in place), then the output folder: each
+    time one line naming the newest intact checkpoint, what checkpoint 4 held of its files removed. Resumed once there
+    is room, the run ends with the weights of the run never stopped."""
+    from safetensors import SafetensorError
+
+    from training import checkpoints as checkpoints_module
+
+    flags = [*entry_flags(tmp_path), "--max_steps", "4", "--save_steps", "2", "--eval_strategy", "no"]
+    run_trainer.main([*flags, "--output_dir", str(tmp_path / "whole")])
+    run, resume = tmp_path / "full", ["--output_dir", str(tmp_path / "full"), "--resume_from_checkpoint", "latest"]
+    shutil.copytree(tmp_path / "whole" / "checkpoint-2", run / "checkpoint-2")
+    room = "checkpoint-2 is intact; make room, then add --resume_from_checkpoint latest"
+    full = "Error while serializing: I/O error: No space left on device (os error 28)"  # (safetensors' words)
+    save_file = checkpoints_module.save_file
+    with monkeypatch.context() as patch:  # Adam's state, written after the weights
+        patch.setattr(checkpoints_module, "save_file",
+                      lambda *args, **kwargs: save_file(*args, **kwargs) or throw(SafetensorError(full)))
+        with pytest.raises(SystemExit) as stop:
+            run_trainer.main([*flags, *resume])
+    assert stop.value.code == f"error: checkpoint-4 could not be written in {run} ({full}): {room}"
+    assert sorted(path.name for path in run.iterdir() if "checkpoint" in path.name) == ["checkpoint-2"]
+    with monkeypatch.context() as patch:
+        patch.setattr(run_trainer, "write_output_folder",
+                      lambda *args, **kwargs: throw(OSError(errno.EDQUOT, "Disk quota exceeded")))
+        with pytest.raises(SystemExit) as stop:
+            run_trainer.main([*flags, *resume])
+    assert stop.value.code == (f"error: the model could not be written in {run} ([Errno 122] Disk quota exceeded): "
+                               + room.replace("checkpoint-2", "checkpoint-4"))
+    run_trainer.main([*flags, *resume])
+    whole, resumed = load_file(tmp_path / "whole" / "model.safetensors"), load_file(run / "model.safetensors")
+    assert all(torch.equal(resumed[name], whole[name]) for name in whole)
+
+
+def test_a_trainer_run_resumed_from_its_last_steps_checkpoint_trains_no_step_more(tmp_path):
+    """Stopped after its last checkpoint (while testing, or writing its model), a run resumed ends as the run never
+    stopped: the Trainer, which looks at max_steps only after a step, would take one more."""
+    flags = [*entry_flags(tmp_path), "--max_steps", "2", "--save_steps", "2", "--eval_strategy", "no"]
+    run_trainer.main([*flags, "--output_dir", str(tmp_path / "whole")])
+    shutil.copytree(tmp_path / "whole" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
+    run_trainer.main([*flags, "--output_dir", str(tmp_path / "resumed"), "--resume_from_checkpoint", "latest"])
+    assert sorted(path.name for path in (tmp_path / "resumed").glob("checkpoint-*")) == ["checkpoint-2"]
+    assert json.loads((tmp_path / "resumed" / "metrics.json").read_text())["train_steps"] == 2
+    whole, resumed = (load_file(tmp_path / run / "model.safetensors") for run in ("whole", "resumed"))
+    assert all(torch.equal(resumed[name], whole[name]) for name in whole)
 
 
 def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_exactly(tmp_path, monkeypatch):

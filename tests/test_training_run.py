@@ -2,6 +2,7 @@
 atomic checkpoints, the Hub-ready output folder."""
 
 import contextlib
+import errno
 import importlib.util
 import json
 import os
@@ -28,6 +29,7 @@ from support import (
     attention_in_steps,
     run_hidden,
     run_training,
+    throw,
     tiny_model,
 )
 from torch._inductor import config as inductor_config
@@ -539,6 +541,41 @@ def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_
     assert not list(run.glob(".incomplete-*"))
     assert [h["loss"] for h in history(run)] == pytest.approx([h["loss"] for h in history(whole_run)], rel=1e-6)
     assert_same_weights(run, whole_run, atol=1e-6)
+
+
+@pytest.mark.xdist_group("whole_run")
+def test_a_full_disk_stops_the_run_in_one_line_naming_its_intact_checkpoint_and_the_resumed_run_ends_as_one_run(
+        tmp_path, small_data, whole_run, monkeypatch):
+    """The disk full while checkpoint 8 is written (safetensors' error), then while the output folder is (an
+    OSError): each time the run stops in one line naming the newest intact checkpoint, the part of the checkpoint
+    written removed. Resumed once there is room, it ends as the uninterrupted run."""
+    from safetensors import SafetensorError
+
+    import training.run
+    from training import checkpoints as checkpoints_module
+
+    run, flags = left_after(whole_run, "checkpoint-6", tmp_path / "full"), [*WHOLE, *small_data]
+    resume, room = ["--resume_from_checkpoint", "latest"], "make room, then add --resume_from_checkpoint latest"
+    full = "Error while serializing: I/O error: No space left on device (os error 28)"  # (safetensors' words)
+    save_file = checkpoints_module.save_file
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoints_module, "save_file",
+                      lambda *args, **kwargs: save_file(*args, **kwargs) or throw(SafetensorError(full)))
+        with pytest.raises(SystemExit) as stop:
+            train_here(run, *flags, *resume)
+    said = f"error: checkpoint-8 could not be written in {run} ({full}): checkpoint-6 is intact; {room}"
+    assert stop.value.code == said
+    assert sorted(path.name for path in run.iterdir() if "checkpoint" in path.name) == ["checkpoint-6"]
+    with monkeypatch.context() as patch:
+        patch.setattr(training.run, "write_output_folder",
+                      lambda *args, **kwargs: throw(OSError(errno.ENOSPC, "No space left on device")))
+        with pytest.raises(SystemExit) as stop:
+            train_here(run, *flags, *resume)
+    assert stop.value.code == (f"error: the model could not be written in {run} ([Errno 28] No space left on "
+                               f"device): checkpoint-8 is intact; {room}")
+    train_here(run, *flags, *resume)
+    assert_same_weights(run, whole_run, atol=1e-6)
+    assert [h["loss"] for h in history(run)] == pytest.approx([h["loss"] for h in history(whole_run)], rel=1e-6)
 
 
 @pytest.mark.xdist_group("whole_run")

@@ -19,6 +19,8 @@ checkpoint damaged later (a full disk, a truncated copy) is found when it is rea
 skip it with one warning line.
 """
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -142,34 +144,80 @@ def leave_timeline(resumed: Path) -> list[Path]:
     return moved
 
 
+class WriteRefused(OSError):
+    """A write the file system refused during a run (`refused_write`), said in one line with what is intact."""
+
+
+def refused_write(error: BaseException) -> bool:
+    """A write refused for want of room (a full disk, a quota) or by a read-only file system; safetensors' error
+    names the OS error's number in its message."""
+    codes = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+    if isinstance(error, OSError):
+        return error.errno in codes
+    return type(error).__name__ == "SafetensorError" and any(f"(os error {code})" in str(error) for code in codes)
+
+
+@contextlib.contextmanager
+def writing(output_dir: Path, what: str, partial: Path | None = None):
+    """`what` written in a run's `output_dir`: a write the disk refuses removes `partial`, the part written (the room
+    it took), and is a WriteRefused naming the newest intact checkpoint and how to go on."""
+    try:
+        yield
+    except Exception as error:
+        if not refused_write(error):
+            raise
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+        kept = checkpoints(output_dir)
+        raise WriteRefused(f"{what} could not be written in {output_dir} ({str(error).splitlines()[0]}): "
+                           + (f"{kept[-1].name} is intact; make room, then add --resume_from_checkpoint latest" if kept
+                              else "no checkpoint was written yet; make room, then run again")) from None
+
+
+@contextlib.contextmanager
+def stopped_in_one_line(*errors: type[Exception]):
+    """A run's error that only its work finds, as a one-line SystemExit: one of `errors`, or a write the disk refused
+    (a checkpoint's or the model's names what is intact; another, the file it names)."""
+    try:
+        yield
+    except Exception as error:
+        if not (isinstance(error, (WriteRefused, *errors)) or refused_write(error)):
+            raise
+        raise SystemExit(f"error: {error}") from None
+
+
 def save_checkpoint(accelerator, model, optimizer, output_dir: str | Path, step: int, state: dict, keep: int,
                     tokenizer=None) -> Path:
-    """Every process calls this. Writes checkpoint-<step> atomically and durably, and keeps the newest `keep`."""
+    """Every process calls this. Writes checkpoint-<step> atomically and durably, and keeps the newest `keep`. A
+    write the disk refuses is a WriteRefused, the part written removed (the room it took given back)."""
     output_dir = Path(output_dir)
     final = output_dir / f"checkpoint-{step}"
     temporary = output_dir / f".incomplete-checkpoint-{step}"
     if accelerator.is_main_process:
         for stale in output_dir.glob(".incomplete-checkpoint-*"):  # left by runs killed while saving
             shutil.rmtree(stale)
-        temporary.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    save_training_state(accelerator, model, optimizer, temporary, tokenizer)
-    fault_point(f"save-{step}")
-    accelerator.wait_for_everyone()
+    with writing(output_dir, final.name, temporary if accelerator.is_main_process else None):
+        if accelerator.is_main_process:
+            temporary.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        save_training_state(accelerator, model, optimizer, temporary, tokenizer)
+        fault_point(f"save-{step}")
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            files = {}
+            for file in sorted(temporary.rglob("*")):
+                _fsync(file)
+                if file.is_file():
+                    files[str(file.relative_to(temporary))] = {"bytes": file.stat().st_size, "sha256": _sha256(file)}
+            with open(temporary / STATE_FILE, "w") as file:
+                json.dump({"step": step, **state, "files": files}, file, indent=1)
+                file.flush()
+                os.fsync(file.fileno())
+            _fsync(temporary)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(temporary, final)
+            _fsync(output_dir)
     if accelerator.is_main_process:
-        files = {}
-        for file in sorted(temporary.rglob("*")):
-            _fsync(file)
-            if file.is_file():
-                files[str(file.relative_to(temporary))] = {"bytes": file.stat().st_size, "sha256": _sha256(file)}
-        with open(temporary / STATE_FILE, "w") as file:
-            json.dump({"step": step, **state, "files": files}, file, indent=1)
-            file.flush()
-            os.fsync(file.fileno())
-        _fsync(temporary)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(temporary, final)
-        _fsync(output_dir)
         for old in checkpoints(output_dir)[:-keep] if keep > 0 else []:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()

@@ -63,6 +63,8 @@ from training.checkpoints import (
     load_checkpoint,
     resolve_checkpoint,
     save_checkpoint,
+    stopped_in_one_line,
+    writing,
 )
 from training.data import DataError, as_pairs, load_run_data
 from training.distributed import (
@@ -96,6 +98,7 @@ from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.loading import checked, learned_positions, loaded_whole
 
 
+@stopped_in_one_line(DataError)  # a bad line, found where a stream reads it
 def main():
     with said_once():  # checks that every process makes alike, before any work
         data_args, model_args, args = parse_arguments()
@@ -189,8 +192,9 @@ def main():
                    "max_tokens": max_tokens, "compiled_graphs": train_step.compilations(),
                    "averaged_checkpoints": [p.name for p in averaged], "history": run.state["history"]}
         evaluated, alpha = final_evaluation(final, tokenizer, pairs, validation, args, say)
-        publish(final, tokenizer, output_dir, {**metrics, **evaluated}, {"train": data["train"], **pairs}, alpha,
-                data_args, model_args, args, say)
+        with writing(output_dir, "the model"):
+            publish(final, tokenizer, output_dir, {**metrics, **evaluated}, {"train": data["train"], **pairs}, alpha,
+                    data_args, model_args, args, say)
     accelerator.wait_for_everyone()
     accelerator.end_training()
 
@@ -526,7 +530,4 @@ def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except DataError as error:  # --streaming: a bad line of a data file is found only when it is read
-        raise SystemExit(f"error: {error}") from None
+    main()

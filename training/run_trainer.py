@@ -62,7 +62,7 @@ from training.arguments import (
     refuse_unless_alpha,
     refuse_unless_positive,
 )
-from training.checkpoints import leave_timeline
+from training.checkpoints import leave_timeline, stopped_in_one_line, writing
 from training.data import as_pairs, load_run_data
 from training.distributed import share_cores
 from training.evaluation import check_trees, reported, score, translate
@@ -233,6 +233,7 @@ def make_compute_metrics(tokenizer, trees: bool):
     return compute_metrics
 
 
+@stopped_in_one_line()  # a write the disk refused
 def main(argv: list[str] | None = None):
     with said_once():  # checks that every process makes alike, before any work
         data_args, model_args, recipe, training_args = parse_arguments(argv)
@@ -319,20 +320,21 @@ def main(argv: list[str] | None = None):
             print(f"test: {reported(metrics['test'])}  ({metrics['test']['bleu_signature']})")
         deviations = card_deviations(training_args, recipe, config.d_model, num_beams, alpha)
         batch, accumulated = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
-        write_output_folder(
-            trainer.model, tokenizer, output_dir, metrics, data=training_data(data_args, pairs),
-            length_limit=f"trained on pairs truncated to {recipe.max_source_length} tokens on each side",
-            source_lang=data_args.source_lang, target_lang=data_args.target_lang,
-            model_id=training_args.hub_model_id or output_dir.name,
-            recipe={**({} if start else asdict(model_args)), "lr_scale": recipe.lr_scale,  # a start: named above
-                    "learning_rate": training_args.learning_rate,
-                    "warmup_steps": training_args.warmup_steps, "max_steps": training_args.max_steps,
-                    "per_device_train_batch_size": batch, "gradient_accumulation_steps": accumulated,
-                    "mixed_precision": precision},
-            deviations=deviations, label_smoothing=training_args.label_smoothing_factor,
-            batching=f"batches of {batch} sentences per process" + (f", {accumulated} a step" * (accumulated > 1)),
-            num_beams=num_beams, alpha=alpha, base_model=start, trees=recipe.evalb,
-        )
+        with writing(output_dir, "the model"):
+            write_output_folder(
+                trainer.model, tokenizer, output_dir, metrics, data=training_data(data_args, pairs),
+                length_limit=f"trained on pairs truncated to {recipe.max_source_length} tokens on each side",
+                source_lang=data_args.source_lang, target_lang=data_args.target_lang,
+                model_id=training_args.hub_model_id or output_dir.name,
+                recipe={**({} if start else asdict(model_args)), "lr_scale": recipe.lr_scale,  # a start: named above
+                        "learning_rate": training_args.learning_rate,
+                        "warmup_steps": training_args.warmup_steps, "max_steps": training_args.max_steps,
+                        "per_device_train_batch_size": batch, "gradient_accumulation_steps": accumulated,
+                        "mixed_precision": precision},
+                deviations=deviations, label_smoothing=training_args.label_smoothing_factor,
+                batching=f"batches of {batch} sentences per process" + (f", {accumulated} a step" * (accumulated > 1)),
+                num_beams=num_beams, alpha=alpha, base_model=start, trees=recipe.evalb,
+            )
         if publish:
             url = push_or_exit(output_dir, training_args.hub_model_id or output_dir.name,
                                private=bool(training_args.hub_private_repo))

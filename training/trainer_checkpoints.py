@@ -13,6 +13,7 @@ from pathlib import Path
 from transformers import Seq2SeqTrainer, TrainerCallback
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from training.arguments import ModelArguments
 from training.checkpoints import (
@@ -25,6 +26,7 @@ from training.checkpoints import (
     save_generators,
     save_optimizer,
     save_scaler,
+    writing,
 )
 from vaswani_hf.tools.hub import check_readable
 from vaswani_hf.tools.loading import checked
@@ -139,6 +141,22 @@ class DataCheckpointTrainer(Seq2SeqTrainer):
             return super().prediction_step(*args, **kwargs)
         finally:
             self.model.generation_config = decoding
+
+    def _run_epoch(self, *args, **kwargs) -> None:
+        """The Trainer's, which takes a step before it looks at max_steps: resumed from the checkpoint of its last step
+        (a run stopped while testing or writing its model), it would train one step more than the run never stopped."""
+        if self.state.global_step >= self.state.max_steps:
+            self.control.should_training_stop = True
+            return
+        super()._run_epoch(*args, **kwargs)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """The Trainer's, which writes checkpoint-<step> in place: a write the disk refuses removes what it wrote (the
+        room it took) and is a WriteRefused naming the newest intact checkpoint (training/checkpoints.py)."""
+        run_dir = Path(self._get_output_dir(trial=trial))
+        partial = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        with writing(run_dir, partial.name, partial if self.args.should_save else None):
+            super()._save_checkpoint(model, trial)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         super()._save(output_dir, state_dict)
