@@ -1,6 +1,7 @@
 """Misuse of training/run.py, training/run_trainer.py, benchmarks/multi30k.py and vaswani-translate: every wrong flag,
 file or folder is one line that names it, before any work is done and before anything is written."""
 
+import errno
 import json
 import math
 import os
@@ -878,6 +879,61 @@ def test_a_killed_run_is_continued_by_resume_into_the_output_of_one_run(translat
                        stdin="\n".join(sources[:5]).encode())
     assert code == 1 and err == (f"error: {tmp_path / 'out2.txt.partial'} holds translations of 7 lines, and the "
                                  "standard input has 5: not this input's (--overwrite starts again)")
+
+
+def test_a_full_disk_stops_a_translation_in_one_line_and_resume_ends_it_as_one_run(translation_folder, tmp_path, cli,
+                                                                                    monkeypatch):
+    """The disk full after two lines' translations: one line naming OUTPUT.partial, which keeps them; with --resume,
+    once there is room, the output is the one run's."""
+    from vaswani_hf.tools import translate as translate_module
+
+    class Full:
+        """A file on a disk with room for `room` more lines."""
+
+        def __init__(self, file, room: int):
+            self.file, self.room = file, room
+
+        def write(self, text: str) -> int:
+            self.room -= text.count("\n")
+            if self.room < 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.file.write(text)
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exception):
+            self.file.close()
+
+    (tmp_path / "in.txt").write_text("A dog runs.\nA cat.\nA man.\nThe woman reads.\n")
+    args = ["--model", translation_folder, "--input", tmp_path / "in.txt", "--window", "1", "--quiet"]
+    code, _, err = cli(*args, "--output", tmp_path / "one.txt")
+    assert code == 0, err
+    partial = tmp_path / "out.txt.partial"
+    with monkeypatch.context() as patch:
+        patch.setattr(translate_module, "open", lambda *a, **k: Full(open(*a, **k), room=2),  # noqa: SIM115
+                      raising=False)
+        code, _, err = cli(*args, "--output", tmp_path / "out.txt")
+    assert code == 1 and err == (f"error: {partial}: No space left on device: its translations are kept; make room, "
+                                 "then add --resume")
+    assert partial.read_text().splitlines() == (tmp_path / "one.txt").read_text().splitlines()[:2]
+    code, _, err = cli(*args, "--output", tmp_path / "out.txt", "--resume")
+    assert code == 0 and (tmp_path / "out.txt").read_text() == (tmp_path / "one.txt").read_text(), err
+
+
+def test_a_reader_that_stops_reading_ends_the_translation_without_a_traceback(translation_folder, tmp_path):
+    """`vaswani-translate ... | head -1`: the pipe closed under it ends the command quietly, status 1."""
+    (tmp_path / "in.txt").write_text("A dog runs.\nA cat.\n")
+    read, write = os.pipe()
+    os.close(read)  # the reader gone before the first line is written
+    with os.fdopen(write, "wb") as closed:
+        result = subprocess.run([sys.executable, "-m", "vaswani_hf.tools.translate", "--model", translation_folder,
+                                 "--input", tmp_path / "in.txt", "--quiet"], stdout=closed, stderr=subprocess.PIPE,
+                                text=True, cwd=REPOSITORY, timeout=300, check=False)
+    assert (result.returncode, result.stderr) == (1, "")
 
 
 def test_an_input_file_not_utf8_past_its_first_window_is_refused_before_the_model_loads(translation_folder, tmp_path,

@@ -30,6 +30,7 @@ greedy tokens, its own beam search (log P / |Y|^α). In Python, `load_engine` gi
 import argparse
 import codecs
 import contextlib
+import errno
 import itertools
 import lzma
 import math
@@ -426,13 +427,22 @@ def main(argv: list[str] | None = None) -> None:
             os.truncate(partial, kept)  # a line a kill cut short goes
         output = files.enter_context(open(partial, "a" if done else "w", encoding="utf-8")) if partial else sys.stdout
         start, tokens = time.perf_counter(), 0
-        for text, lines, new_tokens in translated_windows(engine, tokenizer, itertools.chain([first], windows),
-                                                          args.max_tokens, num_beams, args.alpha, args.nbest):
-            output.write(text)
-            output.flush()
-            tokens += new_tokens
-            progress.set_postfix_str(f"{tokens / (time.perf_counter() - start):.0f} tokens/s", refresh=False)
-            progress.update(lines)
+        try:
+            for text, lines, new_tokens in translated_windows(engine, tokenizer, itertools.chain([first], windows),
+                                                              args.max_tokens, num_beams, args.alpha, args.nbest):
+                output.write(text)
+                output.flush()
+                tokens += new_tokens
+                progress.set_postfix_str(f"{tokens / (time.perf_counter() - start):.0f} tokens/s", refresh=False)
+                progress.update(lines)
+        except BrokenPipeError:  # the reader stopped reading (`| head`): nothing to say, nothing more to write
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
+            raise SystemExit(1) from None
+        except OSError as error:  # a full disk: the lines written are kept, for --resume
+            if not partial or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise SystemExit(f"error: {partial}: {error.strerror}: its translations are kept; make room, then add "
+                             "--resume") from None
         if args.output:
             output.close()
             os.replace(partial, args.output)
