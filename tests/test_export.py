@@ -2,6 +2,7 @@
 own model on a briefly trained EN-DE model (support's `translation_folder`)."""
 
 import copy
+import errno
 import json
 import shutil
 import sys
@@ -662,20 +663,29 @@ def test_a_model_ctranslate2_cannot_hold_is_refused_in_one_line(translation_fold
     assert not (tmp_path / "out").exists()
 
 
-def test_an_export_that_fails_midway_leaves_nothing_under_the_output_name(translation_folder, tmp_path, monkeypatch):
+def test_an_export_that_fails_midway_leaves_nothing_under_its_name_and_a_full_disk_is_one_line(
+        translation_folder, tmp_path, monkeypatch):
     from vaswani_hf.exports import to_ctranslate2
 
-    def fail_after_a_file(model, tokenizer, output_dir, quantization=None):
-        Path(output_dir).mkdir()
-        (Path(output_dir) / "model.bin").write_bytes(b"half")
-        raise KeyboardInterrupt  # as a user stopping it
+    def fail_after_a_file(stop: BaseException):
+        def export(model, tokenizer, output_dir, quantization=None):
+            Path(output_dir).mkdir()
+            (Path(output_dir) / "model.bin").write_bytes(b"half")
+            raise stop
+        return export
 
     out = tmp_path / "exports" / "ct2"
     with monkeypatch.context() as patch:
-        patch.setattr(to_ctranslate2, "export", fail_after_a_file)
+        patch.setattr(to_ctranslate2, "export", fail_after_a_file(KeyboardInterrupt()))  # as a user stopping it
         with pytest.raises(KeyboardInterrupt):
             export_main(["ctranslate2", str(translation_folder), str(out)])
-    assert not out.exists() and not any(out.parent.iterdir())  # the same command can be given again
+        assert not out.exists() and not any(out.parent.iterdir())  # the same command can be given again
+        patch.setattr(to_ctranslate2, "export", fail_after_a_file(OSError(errno.ENOSPC, "No space left on device")))
+        with pytest.raises(SystemExit) as stop:  # a full disk: one line
+            export_main(["ctranslate2", str(translation_folder), str(out)])
+    assert stop.value.code == (f"error: {out} could not be written ([Errno 28] No space left on device); nothing of "
+                               "it is left")
+    assert not out.exists() and not any(out.parent.iterdir())
     export_main(["ctranslate2", str(translation_folder), str(out)])
     assert [path.name for path in out.parent.iterdir()] == ["ct2"]
     translator(out)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from transformers.utils.logging import disable_progress_bar
 
-from .loading import load
+from .loading import first_line, load
 
 # CTranslate2's weight types (ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES).
 CTRANSLATE2_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16",
@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> None:
             export(model, tokenizer, partial, **options)
     except ValueError as error:  # a model the engine cannot hold: to_ctranslate2.py's checks
         raise SystemExit(f"error: {error}") from None
+    except OSError as error:  # a full disk, a quota: written_whole has removed what was written
+        raise SystemExit(f"error: {args.output} could not be written ({first_line(error)}); nothing of it is "
+                         "left") from None
     print(f"wrote {args.output}: {usage}")
 
 
