@@ -2,6 +2,7 @@
 command-line translator and the attention pictures. The model is the session's `translation_folder`: a run's
 output folder for a tiny model with a real joint BPE."""
 
+import errno
 import io
 import json
 import os
@@ -1020,6 +1021,26 @@ def test_the_visualize_command_writes_one_picture_per_attention(translation_fold
     finally:
         if bars:
             enable_progress_bar()
+
+
+def test_a_picture_the_disk_cannot_hold_is_removed_and_said_in_one_line(translation_folder, tmp_path, capfd,
+                                                                       monkeypatch):
+    """The disk full while the second picture is written: one line, the first picture whole, no part of the second."""
+    from vaswani_hf.tools import visualize
+
+    folder, plot_heads = tmp_path / "pictures", visualize.plot_heads
+
+    def full_at_the_second(weights, queries, keys, title, path):
+        if any(folder.iterdir()):
+            path.write_bytes(b"\x89PNG")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        plot_heads(weights, queries, keys, title, path)
+
+    monkeypatch.setattr(visualize, "plot_heads", full_at_the_second)
+    message = refusal(capfd, visualize.main, translation_folder, "--source", SOURCES[0], "--output_dir", folder)
+    assert message == (f"error: --output_dir {folder}: the pictures could not be written ([Errno 28] No space left on "
+                       "device)")
+    assert [path.name for path in folder.iterdir()] == ["encoder_self_attention_layer1.png"]
 
 
 @pytest.mark.parametrize(("flags", "expected"), [

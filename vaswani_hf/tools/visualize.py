@@ -18,7 +18,7 @@ import torch
 from transformers.utils.logging import disable_progress_bar
 
 from .export import check_output_place
-from .loading import load
+from .loading import first_line, load
 from .translate import translate
 
 
@@ -129,10 +129,15 @@ def pictures(weights: AttentionWeights, output_dir: Path) -> list[tuple]:
 
 
 def write_pictures(weights: AttentionWeights, output_dir: Path) -> list[Path]:
+    """The layer's pictures written; a picture that cannot be written whole (a full disk) is removed."""
     output_dir.mkdir(parents=True, exist_ok=True)
     drawn = pictures(weights, output_dir)
     for path, tensor, queries, keys, title in drawn:
-        plot_heads(tensor, queries, keys, title, path)
+        try:
+            plot_heads(tensor, queries, keys, title, path)
+        except OSError:
+            path.unlink(missing_ok=True)
+            raise
     return [path for path, *_ in drawn]
 
 
@@ -161,8 +166,12 @@ def main(argv: list[str] | None = None) -> None:
     taken = [path for path, *_ in pictures(weights, Path(args.output_dir)) if path.exists()]
     if taken and not args.overwrite:  # another sentence's pictures, perhaps
         raise SystemExit(f"error: {taken[0]} exists: give another --output_dir, or --overwrite")
-    for path in write_pictures(weights, Path(args.output_dir)):
-        print(path)
+    try:
+        written = write_pictures(weights, Path(args.output_dir))
+    except OSError as error:
+        raise SystemExit(f"error: --output_dir {args.output_dir}: the pictures could not be written "
+                         f"({first_line(error)})") from None
+    print("\n".join(map(str, written)))
 
 
 if __name__ == "__main__":
