@@ -56,13 +56,17 @@ def check_output_place(output: str | Path, flag: str | None = None) -> None:
 @contextlib.contextmanager
 def written_whole(output: str | Path) -> Iterator[Path]:
     """A folder to fill, renamed to `output` when the block ends without error: under its name there is a whole
-    folder or none. The temporary folder beside it is removed either way (only a killed process leaves it)."""
+    folder or none. The temporary folder beside it is removed either way (only a killed process leaves it); a write
+    the disk refuses (full, a quota) is a one-line SystemExit."""
+    named = output
     output = Path(output).resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent)) / "model"
     try:
         yield partial
         os.replace(partial, output)
+    except OSError as error:
+        raise SystemExit(f"error: {named} could not be written ({first_line(error)}); nothing of it is left") from None
     finally:
         shutil.rmtree(partial.parent)
 
@@ -101,9 +105,6 @@ def main(argv: list[str] | None = None) -> None:
             export(model, tokenizer, partial, **options)
     except ValueError as error:  # a model the engine cannot hold: to_ctranslate2.py's checks
         raise SystemExit(f"error: {error}") from None
-    except OSError as error:  # a full disk, a quota: written_whole has removed what was written
-        raise SystemExit(f"error: {args.output} could not be written ({first_line(error)}); nothing of it is "
-                         "left") from None
     print(f"wrote {args.output}: {usage}")
 
 
