@@ -2,6 +2,7 @@
 
 import bz2
 import collections
+import errno
 import gzip
 import itertools
 import json
@@ -546,6 +547,33 @@ def test_the_training_tokens_are_built_once_read_memory_mapped_and_rebuilt_for_o
     other.save_pretrained(tmp_path)
     again = token_dataset(main, rows.select(range(100)), other, tmp_path, said.append)
     assert "tokenizing again" in said[3] and again[0]["source_ids"] == other(pairs[0][0])["input_ids"]
+
+
+def test_tokens_the_disk_cannot_hold_are_removed_and_said_in_one_line(tmp_path, monkeypatch):
+    """A full disk while the training pairs are tokenized: what was written is removed (the room given back) and the
+    WriteRefused names the folder and, with no checkpoint yet, says to start again."""
+    from training import tokens as tokens_module
+    from training.checkpoints import WriteRefused
+    from training.tokens import token_dataset
+
+    pairs = generate()["train"][:50]
+    tokenizer = train_joint_bpe((side for pair in pairs for side in pair), 200)
+    rows = Dataset.from_dict({"source": [s for s, _ in pairs], "target": [t for _, t in pairs]})
+    encode_batch = tokens_module.encode_batch
+
+    def full(batch, encoder):
+        (tmp_path / "tokens.partial" / "written.arrow").write_bytes(b"part")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tokens_module, "encode_batch", full)
+    main = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    with pytest.raises(WriteRefused) as refused:
+        token_dataset(main, rows, tokenizer, tmp_path, print)
+    assert str(refused.value) == (f"tokens/ could not be written in {tmp_path} ([Errno 28] No space left on device): "
+                                  "no checkpoint was written yet; make room, then start again in an empty folder")
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setattr(tokens_module, "encode_batch", encode_batch)
+    assert len(token_dataset(main, rows, tokenizer, tmp_path, print)) == 50
 
 
 def test_the_tokens_fingerprint_reads_every_file_of_the_tokenizer(tmp_path):

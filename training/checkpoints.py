@@ -169,9 +169,10 @@ def writing(output_dir: Path, what: str, partial: Path | None = None):
         if partial is not None:
             shutil.rmtree(partial, ignore_errors=True)
         kept = checkpoints(output_dir)
-        raise WriteRefused(f"{what} could not be written in {output_dir} ({str(error).splitlines()[0]}): "
-                           + (f"{kept[-1].name} is intact; make room, then add --resume_from_checkpoint latest" if kept
-                              else "no checkpoint was written yet; make room, then run again")) from None
+        then = (f"{kept[-1].name} is intact; make room, then add --resume_from_checkpoint latest" if kept else
+                "no checkpoint was written yet; make room, then start again in an empty folder")
+        why = str(error).splitlines()[0]
+        raise WriteRefused(f"{what} could not be written in {output_dir} ({why}): {then}") from None
 
 
 @contextlib.contextmanager

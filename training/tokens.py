@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
+from training.checkpoints import writing
 from training.tokenizer import is_joint_bpe
 
 FOLDER = "tokens"
@@ -157,17 +158,18 @@ def build(rows: datasets.Dataset, tokenizer, folder: Path, stamp: dict[str, str]
     """Tokenize `rows` into `folder` (written under another name and renamed when complete)."""
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    rows.with_format("arrow").map(  # encode_batch reads and returns Arrow tables: no Python lists
-        encode_batch, batched=True, batch_size=RECORD_BATCH, writer_batch_size=RECORD_BATCH,
-        fn_kwargs={"encoder": pair_encoder(tokenizer)}, remove_columns=rows.column_names, features=FEATURES,
-        load_from_cache_file=False,
-        cache_file_name=str(partial / "tokens.arrow"),  # in the run's folder, not datasets' cache
-        new_fingerprint=hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32],
-        num_proc=os.cpu_count() if len(rows) >= PARALLEL_FROM else None)
-    (partial / "fingerprint.json").write_text(json.dumps(stamp))
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(partial, folder)
+    with writing(folder.parent, f"{folder.name}/", partial):  # a full disk: one line, the room given back
+        partial.mkdir(parents=True)
+        rows.with_format("arrow").map(  # encode_batch reads and returns Arrow tables: no Python lists
+            encode_batch, batched=True, batch_size=RECORD_BATCH, writer_batch_size=RECORD_BATCH,
+            fn_kwargs={"encoder": pair_encoder(tokenizer)}, remove_columns=rows.column_names, features=FEATURES,
+            load_from_cache_file=False,
+            cache_file_name=str(partial / "tokens.arrow"),  # in the run's folder, not datasets' cache
+            new_fingerprint=hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32],
+            num_proc=os.cpu_count() if len(rows) >= PARALLEL_FROM else None)
+        (partial / "fingerprint.json").write_text(json.dumps(stamp))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(partial, folder)
 
 
 def token_dataset(accelerator, rows: datasets.Dataset, tokenizer, output_dir: Path, say) -> datasets.Dataset:
