@@ -579,6 +579,30 @@ def test_a_full_disk_stops_the_run_in_one_line_naming_its_intact_checkpoint_and_
 
 
 @pytest.mark.xdist_group("whole_run")
+def test_ctrl_c_stops_the_run_in_one_line_and_the_resumed_run_ends_as_one_run(tmp_path, small_data, whole_run,
+                                                                            monkeypatch, capsys):
+    """Ctrl-C inside step 3 (after the gradients, before the update): one line on how to go on, the status of a
+    SIGINT, no traceback; resumed, the run ends as the one never stopped."""
+    import training.run
+
+    def interrupted_at_step_3(point: str) -> None:
+        if point == "step-3":
+            raise KeyboardInterrupt
+
+    run, flags = tmp_path / "stopped", [*WHOLE, *small_data]
+    with monkeypatch.context() as patch:
+        patch.setattr(training.run, "fault_point", interrupted_at_step_3)
+        with pytest.raises(SystemExit) as stop:
+            train_here(run, *flags)
+    assert stop.value.code == 130
+    assert capsys.readouterr().err.splitlines()[-1] == ("stopped: the same command with --resume_from_checkpoint "
+                                                        "latest goes on from the newest intact checkpoint")
+    assert [path.name for path in checkpoints(run)] == ["checkpoint-2"]
+    train_here(run, *flags, "--resume_from_checkpoint", "latest")
+    assert_same_weights(run, whole_run, atol=1e-6)
+
+
+@pytest.mark.xdist_group("whole_run")
 def test_a_run_resumed_with_other_training_data_goes_on_with_its_own_tokenizer(tmp_path, small_data, whole_run):
     """Resumed with other training files (the data moved, a file changed), the run goes on with the BPE in its
     folder, whose ids its weights learned: it learns none anew from the data given (300 other pairs, whose BPE of 300

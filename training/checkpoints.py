@@ -27,6 +27,8 @@ import os
 import random
 import re
 import shutil
+import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -178,9 +180,15 @@ def writing(output_dir: Path, what: str, partial: Path | None = None):
 @contextlib.contextmanager
 def stopped_in_one_line(*errors: type[Exception]):
     """A run's error that only its work finds, as a one-line SystemExit: one of `errors`, or a write the disk refused
-    (a checkpoint's or the model's names what is intact; another, the file it names)."""
+    (a checkpoint's or the model's names what is intact; another, the file it names). Ctrl-C: one line, from the
+    first process, on how to go on (a checkpoint it cut short is not one), and the status 130 of a SIGINT."""
     try:
         yield
+    except KeyboardInterrupt:
+        if os.environ.get("RANK", "0") == "0":  # below the progress bar, which nothing closed
+            print("\nstopped: the same command with --resume_from_checkpoint latest goes on from the newest intact "
+                  "checkpoint", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGINT) from None
     except Exception as error:
         if not (isinstance(error, (WriteRefused, *errors)) or refused_write(error)):
             raise
