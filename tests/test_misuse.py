@@ -881,14 +881,15 @@ def test_a_killed_run_is_continued_by_resume_into_the_output_of_one_run(translat
                                  "standard input has 5: not this input's (--overwrite starts again)")
 
 
-def test_a_full_disk_stops_a_translation_in_one_line_and_resume_ends_it_as_one_run(translation_folder, tmp_path, cli,
-                                                                                    monkeypatch):
-    """The disk full after two lines' translations: one line naming OUTPUT.partial, which keeps them; with --resume,
-    once there is room, the output is the one run's."""
+@pytest.mark.parametrize("stop", ["full disk", "Ctrl-C"])
+def test_a_translation_stopped_by_a_full_disk_or_ctrl_c_says_so_in_one_line_and_resume_ends_it_as_one_run(
+        translation_folder, tmp_path, cli, monkeypatch, stop):
+    """Stopped after two lines' translations: one line naming OUTPUT.partial, which keeps them (a full disk: status
+    1; Ctrl-C: 130, a SIGINT's); with --resume, once there is room, the output is the one run's."""
     from vaswani_hf.tools import translate as translate_module
 
-    class Full:
-        """A file on a disk with room for `room` more lines."""
+    class Stopped:
+        """A file that takes `room` more lines, then the disk is full or the user presses Ctrl-C."""
 
         def __init__(self, file, room: int):
             self.file, self.room = file, room
@@ -896,7 +897,7 @@ def test_a_full_disk_stops_a_translation_in_one_line_and_resume_ends_it_as_one_r
         def write(self, text: str) -> int:
             self.room -= text.count("\n")
             if self.room < 0:
-                raise OSError(errno.ENOSPC, "No space left on device")
+                raise OSError(errno.ENOSPC, "No space left on device") if stop == "full disk" else KeyboardInterrupt
             return self.file.write(text)
 
         def __getattr__(self, name):
@@ -914,11 +915,12 @@ def test_a_full_disk_stops_a_translation_in_one_line_and_resume_ends_it_as_one_r
     assert code == 0, err
     partial = tmp_path / "out.txt.partial"
     with monkeypatch.context() as patch:
-        patch.setattr(translate_module, "open", lambda *a, **k: Full(open(*a, **k), room=2),  # noqa: SIM115
+        patch.setattr(translate_module, "open", lambda *a, **k: Stopped(open(*a, **k), room=2),  # noqa: SIM115
                       raising=False)
-        code, _, err = cli(*args, "--output", tmp_path / "out.txt")
-    assert code == 1 and err == (f"error: {partial}: No space left on device: its translations are kept; make room, "
-                                 "then add --resume")
+        said = cli(*args, "--output", tmp_path / "out.txt")[::2]
+    full = f"error: {partial}: No space left on device: its translations are kept; make room, then add --resume"
+    ctrl_c = f"stopped: {partial} keeps the translations written; the same command with --resume goes on"
+    assert said == ((1, full) if stop == "full disk" else (130, ctrl_c))
     assert partial.read_text().splitlines() == (tmp_path / "one.txt").read_text().splitlines()[:2]
     code, _, err = cli(*args, "--output", tmp_path / "out.txt", "--resume")
     assert code == 0 and (tmp_path / "out.txt").read_text() == (tmp_path / "one.txt").read_text(), err

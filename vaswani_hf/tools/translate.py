@@ -35,6 +35,7 @@ import itertools
 import lzma
 import math
 import os
+import signal
 import sys
 import time
 import zlib
@@ -435,6 +436,12 @@ def main(argv: list[str] | None = None) -> None:
                 tokens += new_tokens
                 progress.set_postfix_str(f"{tokens / (time.perf_counter() - start):.0f} tokens/s", refresh=False)
                 progress.update(lines)
+        except KeyboardInterrupt:  # Ctrl-C: the lines written are whole (a line a stop cuts short, --resume drops)
+            progress.close()
+            if partial:
+                print(f"stopped: {partial} keeps the translations written; the same command with --resume goes on",
+                      file=sys.stderr)
+            raise SystemExit(128 + signal.SIGINT) from None
         except BrokenPipeError:  # the reader stopped reading (`| head`): nothing to say, nothing more to write
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
             raise SystemExit(1) from None
