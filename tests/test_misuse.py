@@ -60,7 +60,10 @@ def data(tmp_path):
     (["--num_beams", "0"], "--num_beams 0: must be at least 1"),
     (["--average_share", "1.5"], "--average_share 1.5: must be between 0 and 1"),
     (["--cooldown_share", "-0.1"], "--cooldown_share -0.1: must be between 0 and 1"),
-    (["--label_smoothing", "1.5"], "--label_smoothing 1.5: must be between 0 and 1"),
+    (["--label_smoothing", "1.5"], "--label_smoothing 1.5: must be at least 0 and below 1"),
+    (["--label_smoothing", "1"], "--label_smoothing 1.0: must be at least 0 and below 1"),  # a uniform target
+    (["--seed", "-1"], "--seed -1: must be between 0 and 4294967295"),  # (torch's traceback after the data is read)
+    (["--seed", str(2**32)], "--seed 4294967296: must be between 0 and 4294967295"),
     (["--save_steps", "-1"], "--save_steps -1: must be at least 0"),
     (["--save_minutes", "-1"], "--save_minutes -1.0: must be at least 0"),
     (["--evaluations", "-1"], "--evaluations -1: must be at least 0"),
@@ -278,6 +281,16 @@ def test_run_trainer_warns_of_bf16_on_a_cpu_without_bfloat16_instructions(tmp_pa
     printed = capsys.readouterr().out
     assert ("on a CPU without bfloat16 instructions" in printed) == (warned is not None)
     assert warned is None or f"warning: {warned} on a CPU without bfloat16 instructions" in printed
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--seed", "-1"], "error: --seed -1: must be between 0 and 4294967295"),  # (set_seed's traceback after the data)
+    (["--label_smoothing_factor", "1"], "error: --label_smoothing_factor 1.0: must be at least 0 and below 1"),
+    (["--label_smoothing_factor", "-0.1"], "error: --label_smoothing_factor -0.1: must be at least 0 and below 1")])
+def test_run_trainer_refuses_a_seed_torch_does_not_take_and_a_label_smoothing_of_1_or_more(flags, named):
+    with pytest.raises(SystemExit) as stop:
+        run_trainer.parse_arguments(["--preset", "cpu-small", "--output_dir", "unused", *flags])
+    assert stop.value.code == named
 
 
 def test_run_trainer_refuses_an_unknown_preset_in_one_line():

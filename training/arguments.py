@@ -257,9 +257,10 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     refuse_below(at_least)
     refuse_unless_positive({"lr_scale": args.lr_scale, "max_train_minutes": args.max_train_minutes})
     refuse_blank({"resume_from_checkpoint": args.resume_from_checkpoint, "hub_model_id": args.hub_model_id})
-    for name in ("label_smoothing", "warmup_share", "cooldown_share", "average_share"):
+    for name in ("warmup_share", "cooldown_share", "average_share"):
         if not 0 <= getattr(args, name) <= 1:
             raise SystemExit(f"error: --{name} {getattr(args, name)}: must be between 0 and 1")
+    refuse_seed_or_smoothing(args.seed, "label_smoothing", args.label_smoothing)
     if args.replay_schedule and args.max_train_minutes is None:
         raise SystemExit("error: --replay_schedule replays a budgeted run: give its flags, --max_train_minutes too")
     epochs = args.dropout_epochs
@@ -323,6 +324,16 @@ def check_model_arguments(data_args: DataArguments, model_args: ModelArguments) 
     if model_args.position_embedding == "learned" and data_args.max_length > config.max_position_embeddings:
         raise SystemExit(f"error: --max_length {data_args.max_length}: learned positions stop at "
                          f"{config.max_position_embeddings}")
+
+
+def refuse_seed_or_smoothing(seed: int, smoothing_flag: str, smoothing: float) -> None:
+    """A one-line SystemExit for a seed torch and NumPy do not take (0 to 2**32 - 1; set_seed's traceback, after the
+    data is read, otherwise) or a label smoothing of 1 or more, which leaves the reference no more probability than
+    any other token: nothing to learn."""
+    if not 0 <= seed < 2**32:
+        raise SystemExit(f"error: --seed {seed}: must be between 0 and {2**32 - 1}")
+    if not 0 <= smoothing < 1:
+        raise SystemExit(f"error: --{smoothing_flag} {smoothing}: must be at least 0 and below 1")
 
 
 def refuse_blank(values: dict[str, str | None]) -> None:

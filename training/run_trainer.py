@@ -59,6 +59,7 @@ from training.arguments import (
     refuse_below,
     refuse_blank,
     refuse_new_model_flags,
+    refuse_seed_or_smoothing,
     refuse_unless_alpha,
     refuse_unless_positive,
 )
@@ -153,6 +154,7 @@ def parse_arguments(argv: list[str] | None = None):
     refuse_below({"max_source_length": (recipe.max_source_length, 1), "extra_length": (recipe.extra_length, 0),
                   "generation_num_beams": (training_args.generation_num_beams, 1)})
     refuse_unless_alpha(recipe.length_penalty_alpha)
+    refuse_seed_or_smoothing(training_args.seed, "label_smoothing_factor", training_args.label_smoothing_factor)
     if recipe.model_name_or_path is not None:  # fine-tuning: the model's own architecture and tokenizer
         refuse_new_model_flags(argv, recipe.model_name_or_path)
         config = checked(recipe.model_name_or_path)[0]
