@@ -286,8 +286,16 @@ def test_run_trainer_warns_of_bf16_on_a_cpu_without_bfloat16_instructions(tmp_pa
 @pytest.mark.parametrize(("flags", "named"), [
     (["--seed", "-1"], "error: --seed -1: must be between 0 and 4294967295"),  # (set_seed's traceback after the data)
     (["--label_smoothing_factor", "1"], "error: --label_smoothing_factor 1.0: must be at least 0 and below 1"),
-    (["--label_smoothing_factor", "-0.1"], "error: --label_smoothing_factor -0.1: must be at least 0 and below 1")])
-def test_run_trainer_refuses_a_seed_torch_does_not_take_and_a_label_smoothing_of_1_or_more(flags, named):
+    (["--label_smoothing_factor", "-0.1"], "error: --label_smoothing_factor -0.1: must be at least 0 and below 1"),
+    # the Trainer's own, taken by it and failed on later: a DataLoader's, a division's, a generation's traceback
+    (["--per_device_train_batch_size", "0"], "error: --per_device_train_batch_size 0: must be at least 1"),
+    (["--gradient_accumulation_steps", "0"], "error: --gradient_accumulation_steps 0: must be at least 1"),
+    (["--generation_max_length", "1"], "error: --generation_max_length 1: must be at least 2"),  # after training
+    (["--save_steps", "-5"], "error: --save_steps -5.0: must be positive and finite"),
+    (["--logging_steps", "0"], "error: logging strategy IntervalStrategy.STEPS requires non-zero --logging_steps")])
+def test_run_trainer_refuses_flags_that_would_fail_later_in_one_line(flags, named):
+    """A seed torch does not take, a label smoothing of 1 or more (a uniform target), and the Trainer's arguments
+    that it takes and fails on later (a traceback; --generation_max_length 1 after the training)."""
     with pytest.raises(SystemExit) as stop:
         run_trainer.parse_arguments(["--preset", "cpu-small", "--output_dir", "unused", *flags])
     assert stop.value.code == named

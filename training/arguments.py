@@ -210,11 +210,20 @@ def refuse_new_model_flags(argv: list[str], start: str) -> None:
                              f"are {start}'s own")
 
 
+def parsed_dataclasses(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
+    """HfArgumentParser's dataclasses and the words left; a dataclass that refuses its values (the Trainer's
+    arguments: `--logging_steps 0`) is a one-line SystemExit, not a traceback."""
+    try:
+        return parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
+    except ValueError as error:
+        raise SystemExit(f"error: {str(error).strip().splitlines()[0]}") from None
+
+
 def parse_flags(parser: HfArgumentParser, argv: list[str] | None, script: str) -> tuple:
     """The parser's dataclasses from `argv` (None: the command line); a word that is none of their flags is a
     one-line SystemExit naming it and the nearest flag (one whose name ends with it first: run.py's --num_beams is
     run_trainer.py's --generation_num_beams), not HfArgumentParser's traceback."""
-    *parsed, unknown = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
+    *parsed, unknown = parsed_dataclasses(parser, argv)
     if unknown:
         flags = [f"--{field.name}" for kind in parser.dataclass_types for field in fields(kind)]
         word = unknown[0].split("=")[0]

@@ -55,6 +55,7 @@ from training.arguments import (
     ModelArguments,
     check_model_arguments,
     parse_flags,
+    parsed_dataclasses,
     read_preset,
     refuse_below,
     refuse_blank,
@@ -126,7 +127,7 @@ def parse_arguments(argv: list[str] | None = None):
     # launched processes on its own (Accelerate forms a CPU process group only when asked for the CPU), and pin
     # memory for no device (torch's DataLoader warns of it at each evaluation).
     parser.set_defaults(**PAPER_TRAINER_DEFAULTS, use_cpu=not torch.cuda.is_available())
-    first = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)[2]
+    first = parsed_dataclasses(parser, argv)[2]
     if first.model_name_or_path is not None:
         parser.set_defaults(**dict.fromkeys(DROPOUTS))  # not given: the start's
     values = read_preset(first.preset) if first.preset else {}
@@ -152,7 +153,15 @@ def parse_arguments(argv: list[str] | None = None):
     check_model_arguments(data_args, model_args)  # our flags, before any work, as run.py checks them
     d_model = model_args.d_model
     refuse_below({"max_source_length": (recipe.max_source_length, 1), "extra_length": (recipe.extra_length, 0),
-                  "generation_num_beams": (training_args.generation_num_beams, 1)})
+                  "generation_num_beams": (training_args.generation_num_beams, 1),
+                  # the Trainer's own, which it takes and fails on later (a traceback, after training for the last)
+                  "per_device_train_batch_size": (training_args.per_device_train_batch_size, 1),
+                  "per_device_eval_batch_size": (training_args.per_device_eval_batch_size, 1),
+                  "gradient_accumulation_steps": (training_args.gradient_accumulation_steps, 1),
+                  "generation_max_length": (training_args.generation_max_length or 2, 2)})  # start token + 1
+    steps = {"logging_steps": training_args.logging_strategy, "eval_steps": training_args.eval_strategy,
+             "save_steps": training_args.save_strategy}  # (below 1: a share of the run's steps)
+    refuse_unless_positive({name: getattr(training_args, name) for name, every in steps.items() if every == "steps"})
     refuse_unless_alpha(recipe.length_penalty_alpha)
     refuse_seed_or_smoothing(training_args.seed, "label_smoothing_factor", training_args.label_smoothing_factor)
     if recipe.model_name_or_path is not None:  # fine-tuning: the model's own architecture and tokenizer
