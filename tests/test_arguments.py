@@ -45,16 +45,17 @@ def test_the_papers_presets_are_its_models_and_recipes(monkeypatch, preset):
 
 
 def test_the_edges_of_each_range_are_accepted():
-    """The least values and shares of 0 and 1 are values, not errors; --compile no is eager, not a backend's name."""
+    """The least values and shares of 0 and 1 are values, not errors (label smoothing below 1: at 1 the target is
+    uniform), and so are the seeds 0 and 2**32 - 1; --compile no is eager, not a backend's name."""
     edges = ["--max_steps", "1", "--max_tokens", "0", "--pad_to_multiple_of", "1", "--tokens_per_step", "1",
              "--warmup_steps", "1", "--logging_steps", "1", "--eval_steps", "0", "--eval_max_sentences", "1",
              "--save_steps", "0", "--save_minutes", "0", "--average_checkpoints", "1", "--evaluations", "0",
              "--num_beams", "1", "--extra_length", "0", "--max_grad_norm", "0", "--length_penalty_alpha", "0",
              "--dropout_epochs", "0", "1", "--compile", "no", "--no_fast_cpu"]
-    for shares in (["0"] * 4, ["1"] * 4):
+    for seed, shares in (("0", ["0"] * 4), (str(2**32 - 1), ["0.999", "1", "1", "1"])):
         named = [flag for name, share in zip(("label_smoothing", "warmup_share", "cooldown_share", "average_share"),
                                              shares, strict=True) for flag in (f"--{name}", share)]
-        check_arguments(*parse_arguments([*edges, *named]), gpu=False)
+        check_arguments(*parse_arguments([*edges, "--seed", seed, *named]), gpu=False)
 
 
 def test_fine_tuning_takes_only_the_dropouts_it_is_given_and_a_new_model_all_three():
