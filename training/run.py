@@ -98,7 +98,7 @@ from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.loading import checked, learned_positions, loaded_whole
 
 
-@stopped_in_one_line(DataError)  # a bad line, found where a stream reads it
+@stopped_in_one_line(DataError)  # a stream's bad line where it is read, a full disk, Ctrl-C
 def main():
     with said_once():  # checks that every process makes alike, before any work
         data_args, model_args, args = parse_arguments()

@@ -244,7 +244,7 @@ def make_compute_metrics(tokenizer, trees: bool):
     return compute_metrics
 
 
-@stopped_in_one_line()  # a write the disk refused
+@stopped_in_one_line()  # a full disk, Ctrl-C
 def main(argv: list[str] | None = None):
     with said_once():  # checks that every process makes alike, before any work
         data_args, model_args, recipe, training_args = parse_arguments(argv)
