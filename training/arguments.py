@@ -16,6 +16,7 @@ from training.fsdp_request import launcher_backend
 from vaswani_hf import VaswaniConfig
 from vaswani_hf.speed.kernels import CacheNotWritable, cache_root, writable
 from vaswani_hf.tools.hub import check_can_push
+from vaswani_hf.tools.loading import first_line
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 
@@ -216,7 +217,7 @@ def parsed_dataclasses(parser: HfArgumentParser, argv: list[str] | None) -> tupl
     try:
         return parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
     except ValueError as error:
-        raise SystemExit(f"error: {str(error).strip().splitlines()[0]}") from None
+        raise SystemExit(f"error: {first_line(error)}") from None
 
 
 def parse_flags(parser: HfArgumentParser, argv: list[str] | None, script: str) -> tuple:

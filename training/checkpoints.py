@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 from training.distributed import full_state_dict, unwrap
 from training.faults import fault_point
 from training.hub import save_tokenizer
+from vaswani_hf.tools.loading import first_line
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -173,8 +174,7 @@ def writing(output_dir: Path, what: str, partial: Path | None = None):
         kept = checkpoints(output_dir)
         then = (f"{kept[-1].name} is intact; make room, then add --resume_from_checkpoint latest" if kept else
                 "no checkpoint was written yet; make room, then start again in an empty folder")
-        why = str(error).splitlines()[0]
-        raise WriteRefused(f"{what} could not be written in {output_dir} ({why}): {then}") from None
+        raise WriteRefused(f"{what} could not be written in {output_dir} ({first_line(error)}): {then}") from None
 
 
 @contextlib.contextmanager

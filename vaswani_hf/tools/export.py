@@ -56,8 +56,8 @@ def check_output_place(output: str | Path, flag: str | None = None) -> None:
 @contextlib.contextmanager
 def written_whole(output: str | Path) -> Iterator[Path]:
     """A folder to fill, renamed to `output` when the block ends without error: under its name there is a whole
-    folder or none. The temporary folder beside it is removed either way (only a killed process leaves it); a write
-    the disk refuses (full, a quota) is a one-line SystemExit."""
+    folder or none. The temporary folder beside it is removed either way (only a killed process leaves it); an
+    OSError while it is written (a full disk, a quota) is a one-line SystemExit."""
     named = output
     output = Path(output).resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
