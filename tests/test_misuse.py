@@ -947,6 +947,28 @@ def test_a_translation_stopped_by_a_full_disk_or_ctrl_c_says_so_in_one_line_and_
     assert code == 0 and (tmp_path / "out.txt").read_text() == (tmp_path / "one.txt").read_text(), err
 
 
+def test_a_second_run_of_the_same_output_started_at_once_leaves_the_first_ones_translations(translation_folder,
+                                                                                            tmp_path, cli,
+                                                                                            monkeypatch):
+    """Both pass the check for OUTPUT.partial before either has made it; the one that comes second to make it is
+    refused in one line and leaves the first one's file as it was."""
+    from vaswani_hf.tools import translate as translate_module
+
+    (tmp_path / "in.txt").write_text("A dog runs.\n")
+    partial, load_engine = tmp_path / "out.txt.partial", translate_module.load_engine
+
+    def first_run_makes_it_meanwhile(*args, **kwargs):
+        partial.write_text("the first run's line\n")
+        return load_engine(*args, **kwargs)
+
+    monkeypatch.setattr(translate_module, "load_engine", first_run_makes_it_meanwhile)
+    said = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt")
+    refused = (f"error: {partial} was made by another run of this --output while this one loaded its model: let "
+               "that one finish, or give --overwrite")
+    assert said[::2] == (1, refused)
+    assert partial.read_text() == "the first run's line\n" and not (tmp_path / "out.txt").exists()
+
+
 def test_a_reader_that_stops_reading_ends_the_translation_without_a_traceback(translation_folder, tmp_path):
     """`vaswani-translate ... | head -1`: the pipe closed under it ends the command quietly, status 1."""
     (tmp_path / "in.txt").write_text("A dog runs.\nA cat.\n")

@@ -422,11 +422,16 @@ def main(argv: list[str] | None = None) -> None:
                     check_lengths(engine, tokenizer, window, first_line)
         else:  # a stream's first window before the progress bar draws itself, the others as they are read
             check_lengths(engine, tokenizer, first[1], first[0])
-        progress = files.enter_context(tqdm(total=total, initial=done, unit=" lines", file=sys.stderr,
-                                            disable=args.quiet or typed, desc=engine.name))
         if partial and done:
             os.truncate(partial, kept)  # a line a kill cut short goes
-        output = files.enter_context(open(partial, "a" if done else "w", encoding="utf-8")) if partial else sys.stdout
+        try:  # a new OUTPUT.partial is made only if none is there: another run may have made one since the check
+            mode = "a" if done else "w" if args.overwrite or args.resume else "x"
+            output = files.enter_context(open(partial, mode, encoding="utf-8")) if partial else sys.stdout
+        except FileExistsError:
+            raise SystemExit(f"error: {partial} was made by another run of this --output while this one loaded its "
+                             "model: let that one finish, or give --overwrite") from None
+        progress = files.enter_context(tqdm(total=total, initial=done, unit=" lines", file=sys.stderr,
+                                            disable=args.quiet or typed, desc=engine.name))
         start, tokens = time.perf_counter(), 0
         try:
             for text, lines, new_tokens in translated_windows(engine, tokenizer, itertools.chain([first], windows),
