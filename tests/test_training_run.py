@@ -545,10 +545,11 @@ def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_
 
 @pytest.mark.xdist_group("whole_run")
 def test_a_full_disk_stops_the_run_in_one_line_naming_its_intact_checkpoint_and_the_resumed_run_ends_as_one_run(
-        tmp_path, small_data, whole_run, monkeypatch):
+        tmp_path, small_data, whole_run, monkeypatch, capsys):
     """The disk full while checkpoint 8 is written (safetensors' error), then while the output folder is (an
-    OSError): each time the run stops in one line naming the newest intact checkpoint, the part of the checkpoint
-    written removed. Resumed once there is room, it ends as the uninterrupted run."""
+    OSError): each time the run stops in one line naming the newest intact checkpoint, below the progress bar (closed:
+    the line does not run on from it), the part of the checkpoint written removed. Resumed once there is room, it ends
+    as the uninterrupted run."""
     from safetensors import SafetensorError
 
     import training.run
@@ -564,7 +565,7 @@ def test_a_full_disk_stops_the_run_in_one_line_naming_its_intact_checkpoint_and_
         with pytest.raises(SystemExit) as stop:
             train_here(run, *flags, *resume)
     said = f"error: checkpoint-8 could not be written in {run} ({full}): checkpoint-6 is intact; {room}"
-    assert stop.value.code == said
+    assert stop.value.code == said and capsys.readouterr().err.endswith("\n")
     assert sorted(path.name for path in run.iterdir() if "checkpoint" in path.name) == ["checkpoint-6"]
     with monkeypatch.context() as patch:
         patch.setattr(training.run, "write_output_folder",

@@ -255,55 +255,54 @@ def train(run: Run, schedule: Steps, step: int, validate) -> int:
     window_tokens, window_start = 0, time.time()
     unread = []  # history entries whose loss (and gradient norm) are still on the device
     compiled = 0  # graphs torch.compile has made for the step
-    progress = schedule.progress(step, last_check, not accelerator.is_local_main_process)
     model.train()
-    while True:
-        elapsed = run.seconds()
-        progress.update(schedule.position(step, elapsed) - progress.n)
-        if ended := schedule.next_step(step, elapsed):
-            break
-        if (p_drop := schedule.dropout()) is not None:  # config.json keeps the last value
-            set_dropout(model, p_drop)
-        ids = run.batches.step(step)
-        inputs = [collate(range(len(sources)), sources, targets, run.tokenizer.pad_token_id, accelerator.device,
-                          args.pad_to_multiple_of) for sources, targets in ids]
-        loss, step_tokens = run.train_step(inputs, sum(len(t) for _, targets in ids for t in targets))
-        fault_point(f"step-{step + 1}")
-        learning_rate = run.scheduler.get_last_lr()[0]
-        entry = {"step": step + 1, "loss": loss, "learning_rate": learning_rate, "tokens": step_tokens}
-        if args.max_grad_norm:
-            entry["grad_norm"] = clip_gradients(accelerator, model, args.max_grad_norm)
-        run.optimizer.step()
-        run.scheduler.step()
-        run.optimizer.zero_grad(set_to_none=True)
-        step += 1
-        window_tokens += step_tokens
-        run.state["history"].append(entry)
-        unread.append(entry)
-        if step % args.logging_steps == 0 or step == 1:
-            read_values(unread)  # the one wait for the device in `logging_steps` steps
-            tokens_per_second = window_tokens / (time.time() - window_start)
-            window_tokens, window_start = 0, time.time()
-            expected = {"step": f"{step}/~{schedule.expected:.0f}"} if schedule.budget else {}
-            progress.set_postfix(**expected, loss=f"{entry['loss']:.3f}", lr=f"{learning_rate:.2e}",
-                                 tok_s=f"{tokens_per_second:.0f}")
-            accelerator.log({"train/loss": entry["loss"], "train/learning_rate": learning_rate,
-                             "train/target_tokens_per_second": tokens_per_second}, step=step)
-            if run.train_step.compilations() != compiled:
-                compiled = run.train_step.compilations()
-                if accelerator.is_local_main_process:
-                    progress.write(f"step {step}: torch.compile has compiled {compiled} graph(s) so far")
+    with schedule.progress(step, last_check, not accelerator.is_local_main_process) as progress:  # closed on errors
+        while True:
+            elapsed = run.seconds()
+            progress.update(schedule.position(step, elapsed) - progress.n)
+            if ended := schedule.next_step(step, elapsed):
+                break
+            if (p_drop := schedule.dropout()) is not None:  # config.json keeps the last value
+                set_dropout(model, p_drop)
+            ids = run.batches.step(step)
+            inputs = [collate(range(len(sources)), sources, targets, run.tokenizer.pad_token_id, accelerator.device,
+                              args.pad_to_multiple_of) for sources, targets in ids]
+            loss, step_tokens = run.train_step(inputs, sum(len(t) for _, targets in ids for t in targets))
+            fault_point(f"step-{step + 1}")
+            learning_rate = run.scheduler.get_last_lr()[0]
+            entry = {"step": step + 1, "loss": loss, "learning_rate": learning_rate, "tokens": step_tokens}
+            if args.max_grad_norm:
+                entry["grad_norm"] = clip_gradients(accelerator, model, args.max_grad_norm)
+            run.optimizer.step()
+            run.scheduler.step()
+            run.optimizer.zero_grad(set_to_none=True)
+            step += 1
+            window_tokens += step_tokens
+            run.state["history"].append(entry)
+            unread.append(entry)
+            if step % args.logging_steps == 0 or step == 1:
+                read_values(unread)  # the one wait for the device in `logging_steps` steps
+                tokens_per_second = window_tokens / (time.time() - window_start)
+                window_tokens, window_start = 0, time.time()
+                expected = {"step": f"{step}/~{schedule.expected:.0f}"} if schedule.budget else {}
+                progress.set_postfix(**expected, loss=f"{entry['loss']:.3f}", lr=f"{learning_rate:.2e}",
+                                     tok_s=f"{tokens_per_second:.0f}")
+                accelerator.log({"train/loss": entry["loss"], "train/learning_rate": learning_rate,
+                                 "train/target_tokens_per_second": tokens_per_second}, step=step)
+                if run.train_step.compilations() != compiled:
+                    compiled = run.train_step.compilations()
+                    if accelerator.is_local_main_process:
+                        progress.write(f"step {step}: torch.compile has compiled {compiled} graph(s) so far")
 
-        previous, last_check = last_check, run.seconds()
-        if schedule.evaluate(step, previous, last_check):
-            read_values(unread)
-            validate(step, entry)
-            run.start_time += run.seconds() - last_check  # the run's clock counts training, not validation
-        if schedule.save(step, previous, last_check):
-            read_values(unread)
-            run.save(step, last_check)
-            schedule.saved(last_check)
-    progress.close()
+            previous, last_check = last_check, run.seconds()
+            if schedule.evaluate(step, previous, last_check):
+                read_values(unread)
+                validate(step, entry)
+                run.start_time += run.seconds() - last_check  # the run's clock counts training, not validation
+            if schedule.save(step, previous, last_check):
+                read_values(unread)
+                run.save(step, last_check)
+                schedule.saved(last_check)
     read_values(unread)
     accelerator.print(f"{ended} reached at step {step}")
     return step
