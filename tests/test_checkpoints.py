@@ -80,6 +80,23 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, 
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint-2"]
 
 
+def test_only_a_write_the_disk_refuses_is_told_apart_from_other_errors():
+    """Full, over quota or read-only (an OSError's number, or safetensors' words for it) is the disk's; a missing
+    file, a permission or a bug is not, and is raised as it is."""
+    import errno
+
+    from vaswani_hf.tools.text import refused_write
+
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        assert refused_write(OSError(code, os.strerror(code)))
+        serializing = f"Error while serializing: I/O error: {os.strerror(code)} (os error {code})"
+        assert refused_write(SafetensorError(serializing))
+    for other in (OSError(errno.EACCES, "Permission denied"), FileNotFoundError(errno.ENOENT, "No such file"),
+                  SafetensorError("Error while serializing: I/O error: Permission denied (os error 13)"),
+                  ValueError("No space left on device (os error 28)")):
+        assert not refused_write(other), other
+
+
 def test_resuming_from_nothing_is_a_one_line_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no intact checkpoint"):
         resolve_checkpoint(tmp_path, "latest")

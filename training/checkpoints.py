@@ -20,7 +20,6 @@ skip it with one warning line.
 """
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -46,6 +45,7 @@ from training.distributed import full_state_dict, unwrap
 from training.faults import fault_point
 from training.hub import save_tokenizer
 from vaswani_hf.tools.loading import first_line
+from vaswani_hf.tools.text import refused_write
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -149,15 +149,6 @@ def leave_timeline(resumed: Path) -> list[Path]:
 
 class WriteRefused(OSError):
     """A write the file system refused during a run (`refused_write`), said in one line with what is intact."""
-
-
-def refused_write(error: BaseException) -> bool:
-    """A write refused for want of room (a full disk, a quota) or by a read-only file system; safetensors' error
-    names the OS error's number in its message."""
-    codes = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
-    if isinstance(error, OSError):
-        return error.errno in codes
-    return type(error).__name__ == "SafetensorError" and any(f"(os error {code})" in str(error) for code in codes)
 
 
 @contextlib.contextmanager

@@ -3,9 +3,13 @@
 `str.splitlines()` also breaks at U+2028, U+2029, U+0085, form feed and vertical tab, characters that real
 corpora hold inside a sentence: the source and target files would no longer line up, and a translator would
 write more output lines than it read.
+
+Files are read as they are or compressed (`opened`); a write the disk refuses is told apart from other errors
+(`refused_write`), so that the tools can say so in one line and keep what was written.
 """
 
 import bz2
+import errno
 import gzip
 import lzma
 from pathlib import Path
@@ -41,3 +45,12 @@ def read_lines(path: str | Path) -> list[str]:
 def opened(path: str | Path):
     """`path` opened to read bytes, decompressed by its suffix (.gz, .bz2, .xz)."""
     return DECOMPRESSED.get(Path(path).suffix, open)(path, "rb")
+
+
+def refused_write(error: BaseException) -> bool:
+    """A write refused for want of room (a full disk, a quota) or by a read-only file system; safetensors' error
+    names the OS error's number in its message."""
+    codes = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+    if isinstance(error, OSError):
+        return error.errno in codes
+    return type(error).__name__ == "SafetensorError" and any(f"(os error {code})" in str(error) for code in codes)

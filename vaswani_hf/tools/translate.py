@@ -30,7 +30,6 @@ greedy tokens, its own beam search (log P / |Y|^α). In Python, `load_engine` gi
 import argparse
 import codecs
 import contextlib
-import errno
 import itertools
 import lzma
 import math
@@ -50,7 +49,7 @@ from transformers.utils.logging import disable_progress_bar
 from ..gnmt import check_alpha, check_whole, extra_length_of, gnmt_beam_search
 from ..speed.allocator import keep_freed_memory
 from .loading import check_gpu, checked, device_kind, learned_positions, load, one_line_errors
-from .text import decode_utf8, opened, split_lines
+from .text import decode_utf8, opened, refused_write, split_lines
 
 MAX_TOKENS = 4096  # source tokens per batch, padding included
 WINDOW = 2000  # lines read, sorted by length and batched together
@@ -451,7 +450,7 @@ def main(argv: list[str] | None = None) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
             raise SystemExit(1) from None
         except OSError as error:  # a full disk: the lines written are kept, for --resume
-            if not partial or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if not partial or not refused_write(error):
                 raise
             raise SystemExit(f"error: {partial}: {error.strerror}: its translations are kept; make room, then add "
                              "--resume") from None
