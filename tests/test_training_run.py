@@ -763,24 +763,32 @@ def test_resuming_from_an_older_checkpoint_leaves_its_successors_out_of_the_run(
 
 def test_a_budgeted_run_writes_its_schedule_and_replaying_it_gives_the_same_weights(tmp_path, small_data,
                                                                                      monkeypatch):
-    """A run fitted to 3 seconds: schedule.json records what it fitted. On a machine made slower (every step waits
-    twice the first run's time a step, in this process: a busy process beside it may not slow a test pinned to its
-    own core), the same command fits fewer steps; with --replay_schedule it makes the first run's steps and saves the
-    same weights, byte for byte: the same command gives the same weights on a quiet and a busy machine."""
+    """A run fitted to 3 seconds on the clock run.py reads, moved on 1/8 s at every step's end and by nothing else,
+    steps until the clock has passed 3 s (25 steps); schedule.json records what it fitted. On a machine three times
+    as slow (3/8 s a step) the same command makes 9 steps; with --replay_schedule it makes the first run's 25 and
+    saves the same weights, byte for byte: the same command gives the same weights on a quiet and a busy machine."""
     import training.run
 
+    moved = {"seconds": 0.0, "step": 0.125}  # sums of eighths: exact in binary
+
+    def step_ended(point):  # run.py's fault points: one at each step's end
+        if point.startswith("step-"):
+            moved["seconds"] += moved["step"]
+
+    monkeypatch.setattr(training.run, "fault_point", step_ended)
+    monkeypatch.setattr(training.run, "time", SimpleNamespace(time=lambda: moved["seconds"]))
     flags = [*TINY, "--max_train_minutes", "0.05", "--max_steps", "100000", "--warmup_share", "0.2",
-             "--average_checkpoints", "2", "--average_share", "0.3", "--dropout_epochs", "0", "1"]
-    train_here(tmp_path / "run", *flags, *small_data)
+             "--average_checkpoints", "2", "--average_share", "0.3", "--dropout_epochs", "0", "1", *small_data]
+    train_here(tmp_path / "run", *flags)
     schedule = json.loads((tmp_path / "run" / "schedule.json").read_text())
     steps = json.loads((tmp_path / "run" / "metrics.json").read_text())["train_steps"]
-    assert schedule["steps"] == steps > 10 and len(schedule["expected_steps"]) == steps
+    assert schedule["steps"] == steps == 25 and len(schedule["expected_steps"]) == steps
     assert len(schedule["checkpoints"]) >= 2 and schedule["warmup_steps"] >= 1
-    pause = 2 * 3.0 / steps  # a machine three times as slow, whatever this one's speed
-    monkeypatch.setattr(training.run, "fault_point", lambda point: time.sleep(pause))
-    train_here(tmp_path / "slow", *flags, *small_data)
-    assert json.loads((tmp_path / "slow" / "schedule.json").read_text())["steps"] < steps  # what replay must undo
-    train_here(tmp_path / "replayed", *flags, *small_data, "--replay_schedule", tmp_path / "run" / "schedule.json")
+    moved.update(seconds=0.0, step=0.375)
+    train_here(tmp_path / "slow", *flags)
+    assert json.loads((tmp_path / "slow" / "schedule.json").read_text())["steps"] == 9  # what replay must undo
+    moved["seconds"] = 0.0
+    train_here(tmp_path / "replayed", *flags, "--replay_schedule", tmp_path / "run" / "schedule.json")
     assert json.loads((tmp_path / "replayed" / "schedule.json").read_text()) == schedule
     for name in ("model.safetensors", f"checkpoint-{steps}/model.safetensors",
                  f"checkpoint-{steps}/optimizer.safetensors"):
