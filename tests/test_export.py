@@ -958,14 +958,14 @@ def test_onnx_translate_stops_at_learned_positions_as_torch_and_refuses_a_longer
 def test_onnx_export_of_a_model_beyond_the_papers_defaults_decodes_as_torch(translation_folder, tmp_path):
     """Every option a converted model or Table 3 may set at once (fairseq's position table with its offset, Marian's
     logits bias, pre-LN, GELU, heads of d_k 4 and d_v 6 < d_model / h, unscaled and untied embeddings, another
-    LayerNorm epsilon; 2 encoder and 3 decoder layers): the graphs encode, and greedy and beam 4 decode, as torch."""
+    LayerNorm epsilon; 1 encoder and 2 decoder layers): the graphs encode, and greedy and beam 4 decode, as torch."""
     from vaswani_hf.exports.to_onnx import export
 
     tokenizer = AutoTokenizer.from_pretrained(translation_folder)
     model = tiny_model(seed=5, vocab_size=len(tokenizer), position_encoding_layout="halves",
                        position_encoding_frequencies="fairseq", position_offset=2, add_final_logits_bias=True,
                        normalize_before=True, activation_function="gelu", d_k=4, d_v=6, scale_embedding=False,
-                       tie_word_embeddings=False, layer_norm_eps=0.1)
+                       tie_word_embeddings=False, layer_norm_eps=0.1, num_layers=1, num_decoder_layers=2)
     with torch.no_grad():
         model.final_logits_bias.normal_(0.0, 1.0)
     model.generation_config = GenerationConfig.from_pretrained(translation_folder)  # the paper's decoding, a run's
