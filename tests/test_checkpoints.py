@@ -7,12 +7,14 @@ import os
 import pickle
 import random
 import shutil
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from accelerate import Accelerator
+from forked import run_forked, torch_ranks
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 from support import accelerate_as_in_a_new_process, tiny_model
@@ -95,6 +97,29 @@ def test_only_a_write_the_disk_refuses_is_told_apart_from_other_errors():
                   SafetensorError("Error while serializing: I/O error: Permission denied (os error 13)"),
                   ValueError("No space left on device (os error 28)")):
         assert not refused_write(other), other
+
+
+def test_a_process_whose_peer_ended_stops_in_one_line(tmp_path):
+    """Two processes of a gloo group: the first ends (as a run that said its error does) while the second waits in a
+    barrier. The second says in one line that another process ended first, with no traceback of gloo's."""
+    script = tmp_path / "peer.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import torch.distributed as dist
+        from training.checkpoints import stopped_in_one_line
+
+        @stopped_in_one_line()
+        def main():
+            dist.init_process_group("gloo")
+            if dist.get_rank() == 0:
+                os._exit(0)
+            dist.barrier()
+
+        main()
+        """))
+    ended = run_forked([], torch_ranks(2), timeout=120, script=script)
+    assert (ended.returncode, ended.stdout) == (1, "")
+    assert ended.stderr == "error: process 1 stopped: another process of the run ended first\n"
 
 
 def test_resuming_from_nothing_is_a_one_line_error(tmp_path):

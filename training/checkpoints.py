@@ -172,7 +172,9 @@ def writing(output_dir: Path, what: str, partial: Path | None = None):
 def stopped_in_one_line(*errors: type[Exception]):
     """A run's error that only its work finds, as a one-line SystemExit: one of `errors`, or a write the disk refused
     (a checkpoint's or the model's names what is intact; another, the file it names). Ctrl-C: one line, from the
-    first process, on how to go on (a checkpoint it cut short is not one), and the status 130 of a SIGINT."""
+    first process, on how to go on (a checkpoint it cut short is not one), and the status 130 of a SIGINT. A process
+    of a distributed run whose peer ended (its error said by itself, or a kill): one line saying so, not gloo's
+    traceback."""
     try:
         yield
     except KeyboardInterrupt:
@@ -181,9 +183,19 @@ def stopped_in_one_line(*errors: type[Exception]):
                   "checkpoint", file=sys.stderr)
         raise SystemExit(128 + signal.SIGINT) from None
     except Exception as error:
+        if peer_ended(error):
+            raise SystemExit(f"error: process {os.environ['RANK']} stopped: another process of the run ended first"
+                             ) from None
         if not (isinstance(error, (WriteRefused, *errors)) or refused_write(error)):
             raise
         raise SystemExit(f"error: {error}") from None
+
+
+def peer_ended(error: Exception) -> bool:
+    """Whether a collective failed because a process it waited for has ended: gloo's words for the closed connection
+    (NCCL's processes are stopped by torchrun's signal instead)."""
+    return "RANK" in os.environ and isinstance(error, RuntimeError) and any(
+        words in str(error) for words in ("Connection closed by peer", "Connection reset by peer"))
 
 
 def save_checkpoint(accelerator, model, optimizer, output_dir: str | Path, step: int, state: dict, keep: int,
