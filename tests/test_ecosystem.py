@@ -101,6 +101,20 @@ def test_the_pipeline_returns_token_ids_as_transformers_4s_did(translation_folde
     assert blank["translation_token_ids"].numel() == 0 and blank["translation_text"] == ""
 
 
+def test_the_pipeline_refuses_a_choice_of_languages_in_one_line_before_decoding(translation_folder):
+    """transformers 4's `src_lang` and `tgt_lang` chose a multilingual model's languages: this model translates one
+    pair, and either, at construction or in a call, is a ValueError saying so (not the search's refusal of a
+    setting), before `generate()` runs."""
+    model, tokenizer = load_local(translation_folder)
+    model.generate = lambda *args, **kwargs: pytest.fail("generate() ran")
+    said = "^src_lang and tgt_lang choose the languages of a multilingual model; this model translates the one pair"
+    for languages in ({"src_lang": "en"}, {"tgt_lang": "de"}, {"src_lang": "en", "tgt_lang": "de"}):
+        with pytest.raises(ValueError, match=said):
+            TranslationPipeline(model=model, tokenizer=tokenizer, **languages)
+        with pytest.raises(ValueError, match=said):
+            TranslationPipeline(model=model, tokenizer=tokenizer)(SOURCES[0], **languages)
+
+
 def test_the_pipeline_truncates_long_inputs_instead_of_crashing(translation_folder):
     """A source over `max_input_length` tokens reaches the encoder as its first tokens and </s>, `max_input_length`
     in all, and its translation is that of the truncated source; what is not text is a TypeError; no text, no

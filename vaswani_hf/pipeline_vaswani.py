@@ -41,7 +41,8 @@ class TranslationPipeline(Pipeline):
     returns an iterable of each string's list, as transformers' pipelines stream theirs. `return_tensors=True`
     gives each sequence's ids as `generate()` returns them (`translation_token_ids`) in place of its text, and with
     `return_text=True` both, as transformers 4's pipeline did. A blank string translates to "" (no ids), as a blank
-    line does in `vaswani-translate`.
+    line does in `vaswani-translate`. `src_lang` and `tgt_lang` (transformers 4's, for multilingual models) are
+    refused: the model translates one pair.
     """
 
     _pipeline_calls_generate = True
@@ -52,7 +53,11 @@ class TranslationPipeline(Pipeline):
     _load_video_processor = False
 
     def _sanitize_parameters(self, max_input_length=None, truncation=None, return_tensors=None, return_text=None,
-                             skip_special_tokens=None, clean_up_tokenization_spaces=None, **generate_kwargs):
+                             skip_special_tokens=None, clean_up_tokenization_spaces=None, src_lang=None,
+                             tgt_lang=None, **generate_kwargs):
+        if src_lang is not None or tgt_lang is not None:  # transformers 4's, for multilingual tokenizers
+            raise ValueError("src_lang and tgt_lang choose the languages of a multilingual model; this model "
+                             "translates the one pair it was trained on: leave them out")
         if max_input_length is not None and (type(max_input_length) is not int or max_input_length < 1):
             raise ValueError(f"max_input_length must be a whole number of at least 1, got {max_input_length!r}")
         if truncation is not None and not isinstance(truncation, bool):
