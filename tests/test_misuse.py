@@ -107,6 +107,7 @@ def data(tmp_path):
     (["--dataset_name", "org/news"], "--dataset_name and --train_file: a dataset brings its own splits"),  # not read
     (["--dataset_config_name", "de-en"], "--dataset_config_name de-en names a configuration of --dataset_name"),
     (["--resume_from_checkpoint", ""], "--resume_from_checkpoint is blank"),  # not a fresh run
+    (["--source_lang", "de", "--target_lang", "de"], "--source_lang and --target_lang are both de: name the data's"),
     (["--lenght_penalty_alpha", "1"],  # not HfArgumentParser's traceback
      "--lenght_penalty_alpha is not a flag of training/run.py (did you mean --length_penalty_alpha?); --help lists"),
     (["--lenght_penalty_alpha=0.600000000000"], "(did you mean --length_penalty_alpha?)"),  # flag=value

@@ -324,6 +324,9 @@ def check_model_arguments(data_args: DataArguments, model_args: ModelArguments) 
     if data_args.dataset_config_name and not data_args.dataset_name:
         raise SystemExit(f"error: --dataset_config_name {data_args.dataset_config_name} names a configuration of "
                          "--dataset_name, which is not given")
+    if data_args.source_lang == data_args.target_lang:  # a pair's two sides would be one text: a copy to learn
+        raise SystemExit(f"error: --source_lang and --target_lang are both {data_args.source_lang}: name the data's "
+                         "two languages")
     refuse_below({"max_length": (data_args.max_length, 1), "vocab_size": (model_args.vocab_size, 8),
                   "bpe_sample": (1 if data_args.bpe_sample is None else data_args.bpe_sample, 1),
                   "shuffle_buffer": (data_args.shuffle_buffer, 1)})
