@@ -104,7 +104,7 @@ def test_a_process_whose_peer_ended_stops_in_one_line(tmp_path):
     barrier. The second says in one line that another process ended first, with no traceback of gloo's."""
     script = tmp_path / "peer.py"
     script.write_text(textwrap.dedent("""
-        import os, sys
+        import os
         import torch.distributed as dist
         from training.checkpoints import stopped_in_one_line
 
