@@ -98,6 +98,9 @@ class EpochBatches:
         self.epoch, self.batches = 0, token_batches(source, target, max_tokens, seed, 0)
         self.padding = padding_fraction(self.batches, source, target)
         self.steps_per_epoch = len(self.batches) // (accumulation * world)
+        if self.pairs == 0:  # as the streamed reader says it
+            raise ValueError(f"every training pair ({len(train):,}) is over --max_length {max_length} on a side: "
+                             "raise --max_length")
         if self.steps_per_epoch == 0:
             left_out = f" ({self.skipped:,} of {len(train):,} pairs over --max_length {max_length} left out)" \
                 if self.skipped else ""
