@@ -158,10 +158,10 @@ def test_the_papers_search_stops_at_the_last_learned_position():
 
 
 @pytest.mark.parametrize(("option", "named"), [
-    ({"logits_processor": [lambda ids, scores: scores]}, "logits_processor"),
+    ({"output_hidden_states": True}, "output_hidden_states"),
     ({"stopping_criteria": [lambda ids, scores: False]}, "stopping_criteria"),
     ({"output_attentions": True}, "output_attentions"),
-    ({"repetition_penalty": 1.2, "no_repeat_ngram_size": 2}, "no_repeat_ngram_size, repetition_penalty"),
+    ({"min_length": 4, "forced_eos_token_id": 5}, "forced_eos_token_id, min_length"),  # lengths counted otherwise
     ({"eos_token_id": 5}, "eos_token_id"),
 ])
 def test_what_the_papers_search_does_not_take_is_refused_in_one_line_not_sent_elsewhere(option, named):

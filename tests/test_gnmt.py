@@ -2,12 +2,20 @@
 
 import contextlib
 import copy
+import functools
 import itertools
 import re
 
 import pytest
 import torch
 from support import BOS, EOS, PAD, random_ids, tiny_config, tiny_model
+from transformers import (
+    LogitsProcessorList,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
 from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
@@ -83,6 +91,56 @@ def test_the_n_best_are_the_brute_force_n_best_with_their_scores(alpha, max_leng
             assert hypotheses(found[row * n : (row + 1) * n]) == [hypothesis for hypothesis, _ in expected]
             torch.testing.assert_close(scores[row * n : (row + 1) * n], torch.tensor([s for _, s in expected]),
                                        atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def processed_log_prob(model, source, hypothesis: list[int], banned) -> float:
+    """log P(hypothesis | source) where each step's distribution is cut to the tokens `banned(prefix)` (the prefix from
+    the start token on) does not name and normalized again: -inf if the hypothesis takes a banned token."""
+    decoder_input = torch.tensor([[BOS, *hypothesis[:-1]]])
+    log_probs = model(input_ids=source, decoder_input_ids=decoder_input).logits[0].log_softmax(-1)
+    total = 0.0
+    for step, token in enumerate(hypothesis):
+        allowed = [t for t in range(log_probs.shape[-1]) if t not in banned([BOS, *hypothesis[:step]])]
+        if token not in allowed:
+            return float("-inf")
+        total += float(log_probs[step, token] - log_probs[step, allowed].logsumexp(-1))
+    return total
+
+
+def repeats_a_bigram(prefix: list[int]) -> set[int]:
+    """The tokens after which the prefix's last two tokens would be a bigram it already holds."""
+    return {second for first, second in itertools.pairwise(prefix) if first == prefix[-1]}
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+@pytest.mark.parametrize(("processor", "banned"), [
+    (NoRepeatNGramLogitsProcessor(2), repeats_a_bigram),
+    (NoBadWordsLogitsProcessor([[1], [4, 3]], eos_token_id=EOS),
+     lambda prefix: {1} | ({3} if prefix[-1] == 4 else set())),
+], ids=["no repeated bigram", "banned words"])
+def test_with_a_logits_processor_an_exhaustive_beam_returns_the_brute_force_best_of_what_it_allows(
+        processor, banned, alpha):
+    """transformers' logits processors cut each step's distribution, which the search normalizes again (as
+    transformers' `renormalize_logits`): the winner is the best hypothesis by that distribution, found by brute force
+    over every hypothesis, those that take a banned token excluded."""
+    vocab, max_length, changed = 5, 3, 0
+    for seed in range(3):
+        model = sharpened_model(seed, vocab)
+        source = torch.randint(3, vocab, (1, 4), generator=torch.Generator().manual_seed(seed))
+        candidates = [[*prefix, last] for length in range(2, max_length + 1)
+                      for prefix in itertools.product([t for t in range(vocab) if t != EOS], repeat=length - 1)
+                      for last in ([EOS] if length < max_length else range(vocab))]
+        scored = [(hypothesis[-1] == EOS, processed_log_prob(model, source, hypothesis, banned)
+                   / gnmt_length_penalty(len(hypothesis), alpha), hypothesis) for hypothesis in candidates]
+        expected = max(scored)[2]
+        found = gnmt_beam_search(model, source, num_beams=vocab ** max_length, alpha=alpha, max_new_tokens=max_length,
+                                 logits_processor=LogitsProcessorList([processor]))
+        assert hypotheses(found) == [expected], (seed, alpha)
+        unprocessed = gnmt_beam_search(model, source, num_beams=vocab ** max_length, alpha=alpha,
+                                       max_new_tokens=max_length)
+        changed += hypotheses(unprocessed) != [expected]
+    assert changed  # the processor made a difference here
 
 
 @torch.no_grad()
@@ -253,6 +311,33 @@ def test_a_source_whose_search_is_done_leaves_the_batch(shared):
             assert torch.equal(batched[row, : len(alone)], alone) and (batched[row, len(alone) :] == PAD).all()
 
 
+def test_with_logits_processors_no_source_leaves_the_batch_and_each_gets_what_it_gets_alone():
+    """Processors may read the batch's layout (a prefix function is told each row's source; the encoder n-gram
+    processors hold each source's ids): with them every source stays in the batch to the end, and each output is what
+    its source decodes alone. Here each source is denied the first token it chose unconstrained."""
+    model = tiny_model(seed=1, add_final_logits_bias=True)
+    model.final_logits_bias[0, EOS] = -1e9  # no output ends before its limit: its source's length + 1
+    source, mask = random_ids(3, 7, seed=11), torch.ones(3, 7, dtype=torch.long)
+    mask[1, 2:], mask[2, 5:] = 0, 0
+    source = source.masked_fill(mask == 0, PAD)
+    search = functools.partial(gnmt_beam_search, model, extra_length=1, alpha=3.0)  # α 3: the longer, the better
+    denied = search(source, attention_mask=mask)[:, 1].tolist()
+
+    def denying(*sources):  # the prefix function of a batch of these sources
+        allowed = [[t for t in range(model.config.vocab_size) if t != denied[s]] for s in sources]
+        return LogitsProcessorList([PrefixConstrainedLogitsProcessor(lambda row, ids: allowed[row], num_beams=4)])
+
+    rows = []
+    model.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    batched = search(source, attention_mask=mask, logits_processor=denying(0, 1, 2))
+    assert rows == [12] * 8
+    for row in range(3):
+        alone = search(source[row : row + 1, : int(mask[row].sum())], logits_processor=denying(row))[0]
+        assert torch.equal(batched[row, : len(alone)], alone) and (batched[row, len(alone) :] == PAD).all()
+        assert denied[row] not in alone.tolist()[1:]
+
+
 def test_the_searchs_cache_layer_holds_what_transformers_layer_holds_copied_once_a_step():
     """Reordered and grown step after step (beams of 6 rows, then of the 4 that stay), `BeamLayer` holds exactly what
     transformers' `DynamicLayer` holds, read between a reordering and the update too; each update writes into the
@@ -405,12 +490,42 @@ def test_a_saved_setting_the_search_does_not_take_is_refused_and_a_saved_min_new
     model.final_logits_bias[..., EOS] = 100.0  # EOS first, always
     model.generation_config.update(num_beams=4, gnmt_alpha=0.6, min_new_tokens=0, allow_custom_entries=True)
     assert model.generate(source).tolist() == [[BOS, EOS]]
-    model.generation_config.repetition_penalty = 1.2
-    message = ("does not take repetition_penalty: leave it out (the generation config's: pass "
-               "repetition_penalty=None), or pass gnmt_alpha=None")
+    model.generation_config.forced_eos_token_id = EOS  # a length limit of transformers' counting
+    message = ("does not take forced_eos_token_id: leave it out (the generation config's: pass "
+               "forced_eos_token_id=None), or pass gnmt_alpha=None")
     with pytest.raises(ValueError, match=re.escape(message)):
         model.generate(source)
-    assert model.generate(source, repetition_penalty=None).tolist() == [[BOS, EOS]]  # as the message says
+    assert model.generate(source, forced_eos_token_id=None).tolist() == [[BOS, EOS]]  # as the message says
+
+
+def test_generate_applies_the_logits_processors_that_the_call_and_the_generation_config_ask_for():
+    """A call's `no_repeat_ngram_size`, a saved `bad_words_ids` (an OPUS-MT model keeps one), a call's own
+    `logits_processor`: the search applies the processors transformers builds of them, in its order (the
+    config's, then the call's), as gnmt_beam_search does given them; with output_scores, refused in one line."""
+    model = tiny_model(seed=1, add_final_logits_bias=True)
+    model.final_logits_bias[0, EOS] = -1e9  # long outputs, which repeat themselves
+    model.generation_config.update(num_beams=4, gnmt_alpha=0.6, allow_custom_entries=True)
+    source = random_ids(2, 6, seed=3)
+
+    def search(*processors):
+        return gnmt_beam_search(model, source, num_beams=4, alpha=0.6, max_new_tokens=20,
+                                logits_processor=LogitsProcessorList(processors))
+
+    plain = model.generate(source, max_new_tokens=20)
+    assert torch.equal(plain, search())
+    assert any(repeats_a_bigram(row[:i]) & {row[i]} for row in plain.tolist() for i in range(2, len(row)))
+    once = model.generate(source, max_new_tokens=20, no_repeat_ngram_size=2)
+    assert torch.equal(once, search(NoRepeatNGramLogitsProcessor(2)))
+    assert not any(repeats_a_bigram(row[:i]) & {row[i]} for row in once.tolist() for i in range(2, len(row)))
+    common = int(plain[:, 1:].flatten().mode().values)
+    model.generation_config.bad_words_ids = [[common]]
+    never = SuppressTokensLogitsProcessor([int(plain[0, 2])])
+    both = model.generate(source, max_new_tokens=20, logits_processor=LogitsProcessorList([never]))
+    assert torch.equal(both, search(NoBadWordsLogitsProcessor([[common]], eos_token_id=EOS), never))
+    assert not {common, int(plain[0, 2])} & set(both[:, 1:].flatten().tolist())
+    with pytest.raises(ValueError, match=r"does not take output_scores with logits processors \(bad_words_ids, "
+                                         r"logits_processor\): leave it out"):
+        model.generate(source, logits_processor=[never], output_scores=True, return_dict_in_generate=True)
 
 
 def test_one_beam_of_the_papers_decoding_runs_to_the_longest_unpadded_source_plus_extra_length():

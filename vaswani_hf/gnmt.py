@@ -32,7 +32,7 @@ import math
 import numbers
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessorList
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
@@ -70,6 +70,7 @@ def gnmt_beam_search(
     num_return_sequences: int = 1,
     output_scores: bool = False,
     synced_gpus: bool = False,
+    logits_processor: LogitsProcessorList | None = None,
 ) -> torch.LongTensor | tuple[torch.LongTensor, torch.Tensor]:
     """Beam search scored with the GNMT length penalty; returns the best hypothesis of each source, or its
     `num_return_sequences` best (at most `num_beams`), best first.
@@ -79,7 +80,10 @@ def gnmt_beam_search(
     for n > 1 hypotheses, those of a source together — and with `output_scores` also their penalized scores
     log P(Y|X) / lp(Y), (B·n,). `synced_gpus`: every process of a sharded model (FSDP, DeepSpeed ZeRO-3), whose
     forward gathers weights from all, calls the model at each step until all processes are done, as transformers'
-    `synced_gpus` does.
+    `synced_gpus` does. `logits_processor`: transformers' processors (no repeated n-grams, banned words, a prefix
+    function, ...), applied to each step's log-probabilities, which are then normalized again (as transformers'
+    `renormalize_logits` does: a hypothesis's log P only falls, which the early stop relies on); the sources then stay
+    in the batch until all are done, as the processors may read its layout.
     """
     config = model.config
     check_token_ids(input_ids, config.vocab_size, "input_ids", values=False)  # the encoder reads the values
@@ -144,7 +148,10 @@ def gnmt_beam_search(
             encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_input_ids=tokens[:, -1:],
             cache=cache, use_cache=True,
         ).logits[:, -1]
-        log_probs = logits.float().log_softmax(-1).view(batch_size, num_beams, vocab_size)
+        log_probs = logits.float().log_softmax(-1)
+        if logits_processor:  # a row each of whose tokens a processor bans is a beam that ends nowhere (-inf)
+            log_probs = logits_processor(tokens, log_probs).log_softmax(-1).nan_to_num(-math.inf, neginf=-math.inf)
+        log_probs = log_probs.view(batch_size, num_beams, vocab_size)
         if step <= min_new_tokens:
             log_probs[..., eos] = float("-inf")
         candidates = (alive_scores.unsqueeze(-1) + log_probs).view(batch_size, -1)  # (B, K*V)
@@ -185,8 +192,9 @@ def gnmt_beam_search(
         searched = batch_size - int(done.sum())
 
         # A source that is done leaves the batch, its n best hypotheses kept (as fairseq's search does): the later
-        # steps compute only the sources still searched.
-        if 0 < searched < batch_size:
+        # steps compute only the sources still searched. With processors, which may read the batch's layout, it stays
+        # in the batch: its alive hypotheses can no longer win (at its limit none is alive).
+        if 0 < searched < batch_size and not logits_processor:
             for kept, value in zip(output, (finished, finished_scores, finished_lengths)):
                 kept[sources[done]] = value[done]
             stay = (~done).nonzero().squeeze(1)
@@ -284,6 +292,19 @@ def step_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, se
     return logits.float().log_softmax(-1).unbind(1), rows.masked_fill(positions >= lengths.unsqueeze(-1), -1)
 
 
+def logits_processors(model, config: GenerationConfig, source: torch.Tensor, inputs: dict) -> LogitsProcessorList:
+    """transformers' logits processors that `config`'s `PROCESSOR_SETTINGS` and the call's `PROCESSOR_INPUTS` ask for,
+    built as its `generate()` builds them for a beam search of the encoder-decoder's `source`."""
+    taken = {key: getattr(config, key) for key in PROCESSOR_SETTINGS}
+    settings = GenerationConfig(num_beams=config.num_beams, **taken,
+                                **{key: getattr(model.config, key) for key in TOKEN_SETTINGS})
+    model._prepare_special_tokens(settings, True, source.device)
+    return model._get_logits_processor(
+        settings, input_ids_seq_length=1, encoder_input_ids=source, device=source.device, model_kwargs={},
+        prefix_allowed_tokens_fn=inputs.get("prefix_allowed_tokens_fn"),
+        logits_processor=inputs.get("logits_processor"))
+
+
 def check_whole(name: str, value, least: int) -> None:
     """A one-line ValueError unless `value` is a whole number (not a bool) of at least `least`."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
@@ -305,6 +326,11 @@ TOKEN_SETTINGS = ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start
 # Settings and inputs that name another decoding: a call with one of them is that decoding, transformers' own.
 OTHER_DECODINGS = ("do_sample", "length_penalty", "num_beam_groups", "diversity_penalty", "penalty_alpha",
                    "constraints", "force_words_ids", "prompt_lookup_num_tokens", "custom_generate", "assistant_model")
+# Settings and inputs that make transformers' logits processors, which the search applies as its beam search does.
+PROCESSOR_SETTINGS = ("repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size",
+                      "encoder_no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "suppress_tokens",
+                      "begin_suppress_tokens", "forced_bos_token_id", "renormalize_logits", "remove_invalid_values")
+PROCESSOR_INPUTS = ("logits_processor", "prefix_allowed_tokens_fn")
 # Inputs no decoding reads: transformers' generate never forwards `labels` (Seq2SeqTrainer passes the references).
 UNREAD_INPUTS = ("labels",)
 
@@ -317,11 +343,13 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     unless set) unless `max_new_tokens` or `max_length` says otherwise, its result a tensor or, with
     `return_dict_in_generate`, a `GenerateBeamEncoderDecoderOutput`; with `output_scores` it holds the penalized
     scores (`sequences_scores`) and what `compute_transition_scores` reads (`step_scores`: each token's
-    log-probability). The search is never swapped for another behind the call's back: a setting or input it does
-    not take (logits processors, stopping criteria, streamers, attention outputs, ...) is refused in one line naming
-    it; one that names another decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...) or one beam
-    (greedy: the same tokens) is transformers' decoding of it, at most source length + `extra_length` tokens unless
-    the call sets a length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both).
+    log-probability). transformers' logits processors (`PROCESSOR_SETTINGS`, `PROCESSOR_INPUTS`: no repeated n-grams,
+    banned words, ...) apply to its log-probabilities, as in transformers' beam search, but not with `output_scores`.
+    The search is never swapped for another behind the call's back: a setting or input it does not take (stopping
+    criteria, streamers, attention outputs, forced_eos_token_id, ...) is refused in one line naming it; one that
+    names another decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...) or one beam (greedy:
+    the same tokens) is transformers' decoding of it, at most source length + `extra_length` tokens unless the call
+    sets a length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both).
     Without `gnmt_alpha` (or with `gnmt_alpha=None` in the call), transformers' decoding unchanged: an `extra_length`
     in the call is refused.
     """
@@ -352,6 +380,7 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     given = {key for key, value in kwargs.items()
              if key not in inputs_of_call and value is not None and value is not False}
     other_settings = {key for key in saved | given if key not in SEARCH_SETTINGS + TOKEN_SETTINGS and key[0] != "_"}
+    processed = other_settings & set(PROCESSOR_SETTINGS) | {key for key in PROCESSOR_INPUTS if inputs_of_call.get(key)}
     synced_gpus = inputs_of_call.pop("synced_gpus", None)
     if synced_gpus is None:  # transformers' default: processes of a sharded model step together
         synced_gpus = (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model)) and (
@@ -359,10 +388,12 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     other_inputs = {key for key, value in inputs_of_call.items() if value is not None} - {
         "input_ids", "attention_mask", *UNREAD_INPUTS}
     if (config.num_beams or 1) > 1 and not (other_settings | other_inputs) & set(OTHER_DECODINGS):
-        refused = sorted(other_settings | other_inputs | {
+        refused = sorted(other_settings - set(PROCESSOR_SETTINGS) | other_inputs - set(PROCESSOR_INPUTS) | {
             key for key in TOKEN_SETTINGS if getattr(config, key) not in (None, getattr(model.config, key))})
         if not torch.is_tensor(source) or source.dim() != 2:
             refused.append("inputs other than a (batch, length) tensor of token ids")
+        elif processed and config.return_dict_in_generate and config.output_scores:
+            refused.append(f"output_scores with logits processors ({', '.join(sorted(processed))})")
         if refused:
             saved_only = [f"{key}=None" for key in refused if key in saved - given]  # a converted model's, ...
             drop = f" (the generation config's: pass {', '.join(saved_only)})" if saved_only else ""
@@ -378,7 +409,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
             model, source, mask, config.num_beams, alpha, max_new_tokens=max_new_tokens, extra_length=extra_length,
             min_new_tokens=1 if config.min_new_tokens is None else config.min_new_tokens,
             num_return_sequences=1 if config.num_return_sequences is None else config.num_return_sequences,
-            output_scores=True, synced_gpus=synced_gpus)
+            output_scores=True, synced_gpus=synced_gpus,
+            logits_processor=logits_processors(model, config, source, inputs_of_call) if processed else None)
         if not config.return_dict_in_generate:
             return sequences
         if not config.output_scores:
