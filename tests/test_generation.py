@@ -201,7 +201,8 @@ def test_the_papers_output_length_is_source_length_plus_50_unless_set():
 def test_extra_length_sets_how_far_past_its_source_an_output_may_run():
     """§6.3's parser decodes up to input length + 300: `extra_length` in the generation config (as training/run.py
     saves it) or in the call, for the paper's search and for transformers' decoding of its greedy calls; each source's
-    own limit in a batch. Without the paper's decoding it is refused, not ignored."""
+    own limit in a batch, and for transformers' beam search that `gnmt_alpha=None` names. Without the paper's decoding in
+    the generation config or the call it is refused, not ignored."""
     model = tiny_model(add_final_logits_bias=True)
     with torch.no_grad():
         model.final_logits_bias[0, EOS] = -1e9  # no hypothesis ever ends
@@ -215,8 +216,11 @@ def test_extra_length_sets_how_far_past_its_source_an_output_may_run():
     assert model.generate(source, attention_mask=mask, num_beams=1, extra_length=0).shape[1] == 1 + 7
     with pytest.raises(ValueError, match=r"^generate\(\): extra_length must be a whole number of at least 0, got -1$"):
         model.generate(source, attention_mask=mask, extra_length=-1)
+    # gnmt_alpha=None: transformers' beam search, limited as the model's decoding is (not at transformers' 20 tokens).
+    assert model.generate(source, attention_mask=mask, gnmt_alpha=None).shape[1] == 1 + 7 + 300
+    assert model.generate(source, attention_mask=mask, gnmt_alpha=None, extra_length=2).shape[1] == 1 + 7 + 2
     with pytest.raises(ValueError, match=r"^generate\(\): extra_length limits the paper's decoding \(gnmt_alpha\)"):
-        model.generate(source, attention_mask=mask, gnmt_alpha=None, extra_length=300)
+        tiny_model().generate(source, attention_mask=mask, extra_length=300)
 
 
 def test_sampling_is_reproducible_and_assisted_decoding_matches_greedy(trained_model):

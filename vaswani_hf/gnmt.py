@@ -347,19 +347,20 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     banned words, ...) apply to its log-probabilities, as in transformers' beam search, but not with `output_scores`.
     The search is never swapped for another behind the call's back: a setting or input it does not take (stopping
     criteria, streamers, attention outputs, forced_eos_token_id, ...) is refused in one line naming it; one that
-    names another decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...) or one beam (greedy:
-    the same tokens) is transformers' decoding of it, at most source length + `extra_length` tokens unless the call
-    sets a length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both).
-    Without `gnmt_alpha` (or with `gnmt_alpha=None` in the call), transformers' decoding unchanged: an `extra_length`
-    in the call is refused.
+    names another decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or
+    one beam (greedy: the same tokens) is transformers' decoding of it, at most source length + `extra_length` tokens
+    unless the call sets a length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes
+    both). Without `gnmt_alpha` in the generation config or the call, transformers' decoding unchanged: an
+    `extra_length` in the call is refused.
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
         config.update(**model.generation_config.to_dict(), defaults_only=True, allow_custom_entries=True)
-    alpha = kwargs.pop("gnmt_alpha", getattr(config, "gnmt_alpha", None))
+    configs_alpha = getattr(config, "gnmt_alpha", None)
+    alpha = kwargs.pop("gnmt_alpha", configs_alpha)
     extra_length = kwargs.pop("extra_length", None)
     inputs_of_call = config.update(**kwargs)
-    if alpha is None:
+    if alpha is None and configs_alpha is None:
         if extra_length is not None:
             raise ValueError("generate(): extra_length limits the paper's decoding (gnmt_alpha), which this call does "
                              "not ask for: give transformers' decoding max_new_tokens")
@@ -387,7 +388,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
             torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1)
     other_inputs = {key for key, value in inputs_of_call.items() if value is not None} - {
         "input_ids", "attention_mask", *UNREAD_INPUTS}
-    if (config.num_beams or 1) > 1 and not (other_settings | other_inputs) & set(OTHER_DECODINGS):
+    papers = alpha is not None and not (other_settings | other_inputs) & set(OTHER_DECODINGS)  # else transformers'
+    if papers and (config.num_beams or 1) > 1:
         refused = sorted(other_settings - set(PROCESSOR_SETTINGS) | other_inputs - set(PROCESSOR_INPUTS) | {
             key for key in TOKEN_SETTINGS if getattr(config, key) not in (None, getattr(model.config, key))})
         if not torch.is_tensor(source) or source.dim() != 2:
@@ -423,6 +425,6 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     if torch.is_tensor(source) and config.max_new_tokens is None and "max_length" not in saved | given:
         source_length = int(mask.sum(-1).max()) if torch.is_tensor(mask) and mask.dim() == 2 else source.shape[-1]
         kwargs["max_new_tokens"] = source_length + extra_length
-    if config.min_new_tokens is None and not (other_settings | other_inputs) & set(OTHER_DECODINGS):
+    if papers and config.min_new_tokens is None:
         kwargs["min_new_tokens"] = 1  # one beam of the search: greedy, as the search ends no output before a token
     return generate(inputs, generation_config=generation_config, **kwargs)
