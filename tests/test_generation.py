@@ -201,8 +201,8 @@ def test_the_papers_output_length_is_source_length_plus_50_unless_set():
 def test_extra_length_sets_how_far_past_its_source_an_output_may_run():
     """§6.3's parser decodes up to input length + 300: `extra_length` in the generation config (as training/run.py
     saves it) or in the call, for the paper's search and for transformers' decoding of its greedy calls; each source's
-    own limit in a batch, and for transformers' beam search that `gnmt_alpha=None` names. Without the paper's decoding in
-    the generation config or the call it is refused, not ignored."""
+    own limit in a batch, and for transformers' beam search that `gnmt_alpha=None` names. Without the paper's decoding
+    in the generation config or the call it is refused, not ignored."""
     model = tiny_model(add_final_logits_bias=True)
     with torch.no_grad():
         model.final_logits_bias[0, EOS] = -1e9  # no hypothesis ever ends

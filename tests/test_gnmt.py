@@ -523,6 +523,17 @@ def test_generate_applies_the_logits_processors_that_the_call_and_the_generation
     both = model.generate(source, max_new_tokens=20, logits_processor=LogitsProcessorList([never]))
     assert torch.equal(both, search(NoBadWordsLogitsProcessor([[common]], eos_token_id=EOS), never))
     assert not {common, int(plain[0, 2])} & set(both[:, 1:].flatten().tolist())
+    follows = {row: int(plain[row, 3]) for row in range(2)}  # each source's own third token, denied
+
+    def prefix(row, ids):
+        return [t for t in range(model.config.vocab_size) if t != follows[row]]
+
+    constrained = model.generate(source, max_new_tokens=20, prefix_allowed_tokens_fn=prefix, num_return_sequences=2)
+    assert torch.equal(constrained, gnmt_beam_search(
+        model, source, num_beams=4, alpha=0.6, max_new_tokens=20, num_return_sequences=2,
+        logits_processor=LogitsProcessorList([NoBadWordsLogitsProcessor([[common]], eos_token_id=EOS),
+                                              PrefixConstrainedLogitsProcessor(prefix, num_beams=4)])))
+    assert all(follows[i // 2] not in row for i, row in enumerate(constrained[:, 1:].tolist()))
     with pytest.raises(ValueError, match=r"does not take output_scores with logits processors \(bad_words_ids, "
                                          r"logits_processor\): leave it out"):
         model.generate(source, logits_processor=[never], output_scores=True, return_dict_in_generate=True)

@@ -295,9 +295,9 @@ def step_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, se
 def logits_processors(model, config: GenerationConfig, source: torch.Tensor, inputs: dict) -> LogitsProcessorList:
     """transformers' logits processors that `config`'s `PROCESSOR_SETTINGS` and the call's `PROCESSOR_INPUTS` ask for,
     built as its `generate()` builds them for a beam search of the encoder-decoder's `source`."""
-    taken = {key: getattr(config, key) for key in PROCESSOR_SETTINGS}
-    settings = GenerationConfig(num_beams=config.num_beams, **taken,
-                                **{key: getattr(model.config, key) for key in TOKEN_SETTINGS})
+    taken = {key: getattr(config, key) for key in ("num_beams", "num_return_sequences", *PROCESSOR_SETTINGS)}
+    settings = GenerationConfig(**taken, **{key: getattr(model.config, key) for key in TOKEN_SETTINGS})
+    settings.num_return_sequences = settings.num_return_sequences or 1
     model._prepare_special_tokens(settings, True, source.device)
     return model._get_logits_processor(
         settings, input_ids_seq_length=1, encoder_input_ids=source, device=source.device, model_kwargs={},
