@@ -11,7 +11,7 @@ import pytest
 import torch
 from forked import run_forked, torch_ranks
 from support import BOS, EOS, PAD, random_ids, tiny_model
-from transformers import AttentionInterface, EncoderDecoderCache
+from transformers import AttentionInterface, DynamicCache, EncoderDecoderCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_outputs import BaseModelOutput
 
@@ -147,6 +147,50 @@ def test_the_papers_search_gives_compute_transition_scores_each_tokens_log_proba
                                rtol=1e-5, atol=0)
 
 
+def test_the_papers_search_gives_each_steps_attentions_hidden_states_and_logits_as_transformers_lays_them_out(
+        trained_model):
+    """output_attentions, output_hidden_states, output_logits: the search's output holds them in the layout of
+    transformers' beam search (a tuple over steps of tuples over layers; the encoder's once, a row per source), and
+    for each returned hypothesis, at each of its steps (`beam_indices`: its own row until it ends), what the model
+    computes decoding that hypothesis step by step with its cache, as transformers' decoding runs it. The tokens are
+    those asked for without them."""
+    model = copy.deepcopy(trained_model)
+    model.set_attn_implementation("eager")  # the weights come from the eager kernel, as in transformers' decoding
+    source, mask = padded_sources()
+    asked = {"output_attentions": True, "output_hidden_states": True, "output_logits": True,
+             "return_dict_in_generate": True, "num_beams": 3, "num_return_sequences": 2}
+    out = model.generate(source, attention_mask=mask, gnmt_alpha=1.4, **asked)
+    assert torch.equal(out.sequences, model.generate(source, attention_mask=mask, gnmt_alpha=1.4, num_beams=3,
+                                                     num_return_sequences=2))
+    theirs = model.generate(source, attention_mask=mask, max_new_tokens=12, **asked)  # transformers' beam search
+    steps, rows = out.sequences.shape[1] - 1, out.sequences.shape[0]
+    for name in ("encoder_attentions", "encoder_hidden_states"):
+        assert [t.shape for t in getattr(out, name)] == [t.shape for t in getattr(theirs, name)]
+    for name in ("decoder_attentions", "cross_attentions", "decoder_hidden_states"):
+        ours, transformers_ = getattr(out, name), getattr(theirs, name)
+        assert len(ours) == steps and {len(step) for step in ours} == {len(transformers_[0])}
+        assert [t.shape[1:] for t in ours[1]] == [t.shape[1:] for t in transformers_[1]]  # past the rows: the same
+    encoder = model.get_encoder()(input_ids=source, attention_mask=mask, output_attentions=True,
+                                  output_hidden_states=True)
+    torch.testing.assert_close(out.encoder_attentions, encoder.attentions)
+    torch.testing.assert_close(out.encoder_hidden_states, encoder.hidden_states)
+    for row in range(rows):
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        for step in range(steps):
+            if out.beam_indices[row, step] < 0:  # the hypothesis ended
+                break
+            assert out.beam_indices[row, step] == row
+            decoded = model(input_ids=source[row // 2 : row // 2 + 1], attention_mask=mask[row // 2 : row // 2 + 1],
+                            decoder_input_ids=out.sequences[row : row + 1, step : step + 1], cache=cache,
+                            use_cache=True, output_attentions=True, output_hidden_states=True)
+            for name, expected in (("decoder_attentions", decoded.decoder_attentions),
+                                   ("cross_attentions", decoded.cross_attentions),
+                                   ("decoder_hidden_states", decoded.decoder_hidden_states)):
+                torch.testing.assert_close(tuple(layer[row : row + 1] for layer in getattr(out, name)[step]),
+                                           expected, msg=f"{name}, row {row}, step {step}")
+            torch.testing.assert_close(out.logits[step][row : row + 1], decoded.logits[:, -1])
+
+
 def test_the_papers_search_stops_at_the_last_learned_position():
     """12 learned positions: the untrained model's hypotheses, which never end, are cut at 12 tokens (their sources'
     lengths + 50 would be 54 to 57), not an IndexError past the last position; their scores too."""
@@ -158,9 +202,9 @@ def test_the_papers_search_stops_at_the_last_learned_position():
 
 
 @pytest.mark.parametrize(("option", "named"), [
-    ({"output_hidden_states": True}, "output_hidden_states"),
+    ({"exponential_decay_length_penalty": (2, 1.5)}, "exponential_decay_length_penalty"),
     ({"stopping_criteria": [lambda ids, scores: False]}, "stopping_criteria"),
-    ({"output_attentions": True}, "output_attentions"),
+    ({"max_time": 60.0}, "max_time"),
     ({"min_length": 4, "forced_eos_token_id": 5}, "forced_eos_token_id, min_length"),  # lengths counted otherwise
     ({"eos_token_id": 5}, "eos_token_id"),
 ])

@@ -275,21 +275,42 @@ def output_limits(config, attention_mask: torch.Tensor, max_new_tokens: int | No
 
 
 @torch.no_grad()
-def step_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequences: torch.Tensor,
-                limits: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """What transformers' `compute_transition_scores` reads of a beam search's output, for the n hypotheses per
-    source it returned (`sequences`, B·n rows): each step's log-probabilities over the vocabulary, the model reading
-    each hypothesis whole, (B·n, V) a step; and the beam index of each generated token, its own row, or -1 after the
-    hypothesis ended (at its EOS, or cut at its source's limit)."""
+def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequences: torch.Tensor,
+              limits: torch.Tensor, scores: bool, logits: bool, attentions: bool, hidden_states: bool) -> dict:
+    """What transformers' beam search returns step by step (as `GenerateBeamEncoderDecoderOutput` names it), for the
+    n hypotheses per source the search returned (`sequences`, B·n rows), the model reading each hypothesis whole
+    (teacher-forced): `beam_indices`, each generated token's row, its own, or -1 after the hypothesis ended (at its
+    EOS, or cut at its source's limit); with `scores` each step's log-probabilities over the vocabulary, (B·n, V) a
+    step, which `compute_transition_scores` reads; with `logits` the logits; with `attentions` each step's weights
+    of every layer (`decoder_attentions` (B·n, h, 1, t), `cross_attentions` (B·n, h, 1, S)) and the encoder's
+    (`encoder_attentions`, B rows); with `hidden_states` each step's hidden states of every layer, and the
+    encoder's. Attention weights come from the eager kernel, as in transformers' own decoding."""
     n = sequences.shape[0] // input_ids.shape[0]
-    logits = model(input_ids=input_ids.repeat_interleave(n, 0), attention_mask=attention_mask.repeat_interleave(n, 0),
-                   decoder_input_ids=sequences[:, :-1], use_cache=False).logits
+    out = model(input_ids=input_ids.repeat_interleave(n, 0), attention_mask=attention_mask.repeat_interleave(n, 0),
+                decoder_input_ids=sequences[:, :-1], use_cache=False, output_attentions=attentions,
+                output_hidden_states=hidden_states)
     generated = sequences[:, 1:]
     positions = torch.arange(generated.shape[1], device=generated.device)
     first_eos = torch.where(generated == model.config.eos_token_id, positions, generated.shape[1]).amin(-1)
     lengths = torch.minimum(first_eos + 1, limits.repeat_interleave(n))
     rows = torch.arange(sequences.shape[0], device=generated.device).unsqueeze(-1).expand_as(generated)
-    return logits.float().log_softmax(-1).unbind(1), rows.masked_fill(positions >= lengths.unsqueeze(-1), -1)
+    found = {"beam_indices": rows.masked_fill(positions >= lengths.unsqueeze(-1), -1)}
+    steps = range(generated.shape[1])
+    if scores:
+        found["scores"] = out.logits.float().log_softmax(-1).unbind(1)
+    if logits:
+        found["logits"] = out.logits.unbind(1)
+    if attentions:
+        found["encoder_attentions"] = tuple(layer[::n] for layer in out.encoder_attentions)
+        found["decoder_attentions"] = tuple(tuple(layer[:, :, t : t + 1, : t + 1] for layer in out.decoder_attentions)
+                                            for t in steps)
+        found["cross_attentions"] = tuple(tuple(layer[:, :, t : t + 1] for layer in out.cross_attentions)
+                                          for t in steps)
+    if hidden_states:
+        found["encoder_hidden_states"] = tuple(layer[::n] for layer in out.encoder_hidden_states)
+        found["decoder_hidden_states"] = tuple(tuple(layer[:, t : t + 1] for layer in out.decoder_hidden_states)
+                                               for t in steps)
+    return found
 
 
 def logits_processors(model, config: GenerationConfig, source: torch.Tensor, inputs: dict) -> LogitsProcessorList:
@@ -321,7 +342,9 @@ def check_alpha(name: str, value) -> None:
 # False). max_length counts the decoder start token, as transformers' does for encoder-decoder models.
 SEARCH_SETTINGS = ("num_beams", "gnmt_alpha", "extra_length", "max_new_tokens", "max_length", "min_new_tokens",
                    "num_return_sequences", "early_stopping", "use_cache", "return_dict_in_generate", "output_scores",
-                   "transformers_version")
+                   "output_logits", "output_attentions", "output_hidden_states", "transformers_version")
+# What `return_dict_in_generate` returns step by step, each asked for by its `output_*` setting (`each_step`).
+STEP_OUTPUTS = ("scores", "logits", "attentions", "hidden_states")
 TOKEN_SETTINGS = ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id")  # must be the model's
 # Settings and inputs that name another decoding: a call with one of them is that decoding, transformers' own.
 OTHER_DECODINGS = ("do_sample", "length_penalty", "num_beam_groups", "diversity_penalty", "penalty_alpha",
@@ -342,16 +365,16 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     the paper's decoding (§6.1): with `num_beams` > 1 this GNMT search, source length + `extra_length` tokens (50
     unless set) unless `max_new_tokens` or `max_length` says otherwise, its result a tensor or, with
     `return_dict_in_generate`, a `GenerateBeamEncoderDecoderOutput`; with `output_scores` it holds the penalized
-    scores (`sequences_scores`) and what `compute_transition_scores` reads (`step_scores`: each token's
-    log-probability). transformers' logits processors (`PROCESSOR_SETTINGS`, `PROCESSOR_INPUTS`: no repeated n-grams,
-    banned words, ...) apply to its log-probabilities, as in transformers' beam search, but not with `output_scores`.
-    The search is never swapped for another behind the call's back: a setting or input it does not take (stopping
-    criteria, streamers, attention outputs, forced_eos_token_id, ...) is refused in one line naming it; one that
-    names another decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or
-    one beam (greedy: the same tokens) is transformers' decoding of it, at most source length + `extra_length` tokens
-    unless the call sets a length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes
-    both). Without `gnmt_alpha` in the generation config or the call, transformers' decoding unchanged: an
-    `extra_length` in the call is refused.
+    scores (`sequences_scores`) and what `compute_transition_scores` reads (each token's log-probability); with
+    `output_logits`, `output_attentions`, `output_hidden_states` those of each step (`each_step`). transformers'
+    logits processors (`PROCESSOR_SETTINGS`, `PROCESSOR_INPUTS`: no repeated n-grams, banned words, ...) apply to
+    its log-probabilities, as in transformers' beam search, but not with `output_scores`. The search is never
+    swapped for another behind the call's back: a setting or input it does not take (stopping criteria, streamers,
+    forced_eos_token_id, ...) is refused in one line naming it; one that names another decoding (`OTHER_DECODINGS`:
+    sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or one beam (greedy: the same tokens) is
+    transformers' decoding of it, at most source length + `extra_length` tokens unless the call sets a length.
+    `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without `gnmt_alpha` in
+    the generation config or the call, transformers' decoding unchanged: an `extra_length` in the call is refused.
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
@@ -415,13 +438,14 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
             logits_processor=logits_processors(model, config, source, inputs_of_call) if processed else None)
         if not config.return_dict_in_generate:
             return sequences
-        if not config.output_scores:
+        wanted = {key: bool(getattr(config, f"output_{key}")) for key in STEP_OUTPUTS}
+        if not any(wanted.values()):
             return GenerateBeamEncoderDecoderOutput(sequences=sequences)
         mask = torch.ones_like(source) if mask is None else mask
         limits = output_limits(model.config, mask, max_new_tokens, extra_length)
-        each_step, beam_indices = step_scores(model, source, mask, sequences, limits)
-        return GenerateBeamEncoderDecoderOutput(sequences=sequences, sequences_scores=scores, scores=each_step,
-                                                beam_indices=beam_indices)
+        found = each_step(model, source, mask, sequences, limits, **wanted)
+        return GenerateBeamEncoderDecoderOutput(sequences=sequences, **found,
+                                                sequences_scores=scores if wanted["scores"] else None)
     if torch.is_tensor(source) and config.max_new_tokens is None and "max_length" not in saved | given:
         source_length = int(mask.sum(-1).max()) if torch.is_tensor(mask) and mask.dim() == 2 else source.shape[-1]
         kwargs["max_new_tokens"] = source_length + extra_length
