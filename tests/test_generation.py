@@ -147,15 +147,19 @@ def test_the_papers_search_gives_compute_transition_scores_each_tokens_log_proba
                                rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["plain", "beams sharing their source (fast_cpu)"])
 def test_the_papers_search_gives_each_steps_attentions_hidden_states_and_logits_as_transformers_lays_them_out(
-        trained_model):
+        trained_model, shared):
     """output_attentions, output_hidden_states, output_logits: the search's output holds them in the layout of
     transformers' beam search (a tuple over steps of tuples over layers; the encoder's once, a row per source), and
     for each returned hypothesis, at each of its steps (`beam_indices`: its own row until it ends), what the model
     computes decoding that hypothesis step by step with its cache, as transformers' decoding runs it. The tokens are
-    those asked for without them."""
-    model = copy.deepcopy(trained_model)
-    model.set_attn_implementation("eager")  # the weights come from the eager kernel, as in transformers' decoding
+    those asked for without them. Also where fast_cpu lets a source's 3 beams share it: the pass over the 2 returned
+    hypotheses per source reads each row."""
+    plain = copy.deepcopy(trained_model)
+    plain.set_attn_implementation("eager")  # the weights come from the eager kernel, as in transformers' decoding
+    model = fast_cpu(copy.deepcopy(plain), {**PLAIN, "beam": {"shared": True, "lean": False, "packed": False}}) \
+        if shared else plain
     source, mask = padded_sources()
     asked = {"output_attentions": True, "output_hidden_states": True, "output_logits": True,
              "return_dict_in_generate": True, "num_beams": 3, "num_return_sequences": 2}
@@ -170,7 +174,7 @@ def test_the_papers_search_gives_each_steps_attentions_hidden_states_and_logits_
         ours, transformers_ = getattr(out, name), getattr(theirs, name)
         assert len(ours) == steps and {len(step) for step in ours} == {len(transformers_[0])}
         assert [t.shape[1:] for t in ours[1]] == [t.shape[1:] for t in transformers_[1]]  # past the rows: the same
-    encoder = model.get_encoder()(input_ids=source, attention_mask=mask, output_attentions=True,
+    encoder = plain.get_encoder()(input_ids=source, attention_mask=mask, output_attentions=True,
                                   output_hidden_states=True)
     torch.testing.assert_close(out.encoder_attentions, encoder.attentions)
     torch.testing.assert_close(out.encoder_hidden_states, encoder.hidden_states)
@@ -180,7 +184,7 @@ def test_the_papers_search_gives_each_steps_attentions_hidden_states_and_logits_
             if out.beam_indices[row, step] < 0:  # the hypothesis ended
                 break
             assert out.beam_indices[row, step] == row
-            decoded = model(input_ids=source[row // 2 : row // 2 + 1], attention_mask=mask[row // 2 : row // 2 + 1],
+            decoded = plain(input_ids=source[row // 2 : row // 2 + 1], attention_mask=mask[row // 2 : row // 2 + 1],
                             decoder_input_ids=out.sequences[row : row + 1, step : step + 1], cache=cache,
                             use_cache=True, output_attentions=True, output_hidden_states=True)
             for name, expected in (("decoder_attentions", decoded.decoder_attentions),

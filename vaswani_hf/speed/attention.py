@@ -9,7 +9,9 @@ with two options the model file does not have, each giving the same products rou
   search and the GNMT search repeat the encoder output once per beam (n consecutive rows); encoder-decoder attention
   computes the keys and values from one of each source's rows, caches them so, and lets the source's beams attend to
   them as one block of n·T queries: a quarter of the cross-attention projections and cache at beam 4. Only kernels
-  whose masks broadcast over such a block take it (`SHARED_SOURCE_KERNELS`: decoding.py asks).
+  whose masks broadcast over such a block take it (`SHARED_SOURCE_KERNELS`: decoding.py asks), and only in a
+  decoding step (a cache given): a pass without one, such as the search's teacher-forced pass over the hypotheses it
+  returns (n per source, not n beams), reads every row.
 
 `swap(module)` makes `module`, of a class named `VaswaniAttention` (the installed one or a Hub folder's), an instance
 of a subclass of its own class with this forward; its parameters stay its own.
@@ -52,7 +54,7 @@ class FastAttention:
             key, value = own_cache.layers[self.layer_idx].keys, own_cache.layers[self.layer_idx].values
         else:
             source = key_value_states if is_cross else hidden_states
-            if is_cross and self.group > 1:
+            if is_cross and self.group > 1 and own_cache is not None:  # a decoding step, not a teacher-forced pass
                 source = source[:: self.group]  # one of each source's n equal rows
             query, key, value = self.projections(hidden_states, source)
             key = key.unflatten(-1, (-1, self.d_k)).transpose(1, 2)  # (B', h, S, d_k)
