@@ -500,8 +500,9 @@ def test_a_saved_setting_the_search_does_not_take_is_refused_and_a_saved_min_new
 
 def test_generate_applies_the_logits_processors_that_the_call_and_the_generation_config_ask_for():
     """A call's `no_repeat_ngram_size`, a saved `bad_words_ids` (an OPUS-MT model keeps one), a call's own
-    `logits_processor`: the search applies the processors transformers builds of them, in its order (the
-    config's, then the call's), as gnmt_beam_search does given them; with output_scores, refused in one line."""
+    `logits_processor`, a prefix function: the search applies the processors transformers builds of them, in its
+    order (the config's, then the call's), as gnmt_beam_search does given them; `output_scores` gives each token's
+    score as the search processed it (the prefix function told each returned hypothesis's source)."""
     model = tiny_model(seed=1, add_final_logits_bias=True)
     model.final_logits_bias[0, EOS] = -1e9  # long outputs, which repeat themselves
     model.generation_config.update(num_beams=4, gnmt_alpha=0.6, allow_custom_entries=True)
@@ -523,20 +524,24 @@ def test_generate_applies_the_logits_processors_that_the_call_and_the_generation
     both = model.generate(source, max_new_tokens=20, logits_processor=LogitsProcessorList([never]))
     assert torch.equal(both, search(NoBadWordsLogitsProcessor([[common]], eos_token_id=EOS), never))
     assert not {common, int(plain[0, 2])} & set(both[:, 1:].flatten().tolist())
-    follows = {row: int(plain[row, 3]) for row in range(2)}  # each source's own third token, denied
+    denied = int(both[:, 1:].flatten().mode().values)  # the token both sources use most, denied to the first alone
 
     def prefix(row, ids):
-        return [t for t in range(model.config.vocab_size) if t != follows[row]]
+        return [t for t in range(model.config.vocab_size) if row == 1 or t != denied]
 
     constrained = model.generate(source, max_new_tokens=20, prefix_allowed_tokens_fn=prefix, num_return_sequences=2)
     assert torch.equal(constrained, gnmt_beam_search(
         model, source, num_beams=4, alpha=0.6, max_new_tokens=20, num_return_sequences=2,
         logits_processor=LogitsProcessorList([NoBadWordsLogitsProcessor([[common]], eos_token_id=EOS),
                                               PrefixConstrainedLogitsProcessor(prefix, num_beams=4)])))
-    assert all(follows[i // 2] not in row for i, row in enumerate(constrained[:, 1:].tolist()))
-    with pytest.raises(ValueError, match=r"does not take output_scores with logits processors \(bad_words_ids, "
-                                         r"logits_processor\): leave it out"):
-        model.generate(source, logits_processor=[never], output_scores=True, return_dict_in_generate=True)
+    assert denied not in constrained[:2, 1:] and denied in constrained[2:, 1:]  # each row's own source told
+    # Each token's score as the search had it, processed: the transitions add up to its penalized scores' log P.
+    out = model.generate(source, max_new_tokens=20, prefix_allowed_tokens_fn=prefix, num_return_sequences=2,
+                         no_repeat_ngram_size=2, output_scores=True, return_dict_in_generate=True)
+    transitions = model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
+    assert transitions.isfinite().all() and out.sequences.shape[1] == 21  # none ended: all cut at 20 tokens
+    torch.testing.assert_close(transitions.sum(-1) / gnmt_length_penalty(20, 0.6), out.sequences_scores, rtol=1e-5,
+                               atol=0)
 
 
 def test_one_beam_of_the_papers_decoding_runs_to_the_longest_unpadded_source_plus_extra_length():

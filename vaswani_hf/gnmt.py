@@ -276,15 +276,18 @@ def output_limits(config, attention_mask: torch.Tensor, max_new_tokens: int | No
 
 @torch.no_grad()
 def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequences: torch.Tensor,
-              limits: torch.Tensor, scores: bool, logits: bool, attentions: bool, hidden_states: bool) -> dict:
-    """What transformers' beam search returns step by step (as `GenerateBeamEncoderDecoderOutput` names it), for the
-    n hypotheses per source the search returned (`sequences`, B·n rows), the model reading each hypothesis whole
-    (teacher-forced): `beam_indices`, each generated token's row, its own, or -1 after the hypothesis ended (at its
-    EOS, or cut at its source's limit); with `scores` each step's log-probabilities over the vocabulary, (B·n, V) a
-    step, which `compute_transition_scores` reads; with `logits` the logits; with `attentions` each step's weights
-    of every layer (`decoder_attentions` (B·n, h, 1, t), `cross_attentions` (B·n, h, 1, S)) and the encoder's
-    (`encoder_attentions`, B rows); with `hidden_states` each step's hidden states of every layer, and the
-    encoder's. Attention weights come from the eager kernel, as in transformers' own decoding."""
+              limits: torch.Tensor, scores: bool, logits: bool, attentions: bool, hidden_states: bool,
+              logits_processor: LogitsProcessorList | None = None) -> dict:
+    """What transformers' beam search returns step by step (as `GenerateBeamEncoderDecoderOutput` names it), for
+    the n hypotheses per source the search returned (`sequences`, B·n rows), the model reading each hypothesis
+    whole (teacher-forced): `beam_indices`, each generated token's row, its own, or -1 after the hypothesis
+    ended (at its EOS, or cut at its source's limit); with `scores` each step's log-probabilities over the
+    vocabulary, (B·n, V) a step, which `compute_transition_scores` reads (with `logits_processor`, built for n
+    rows a source, processed and normalized again as the search had them); with `logits` the logits; with
+    `attentions` each step's weights of every layer (`decoder_attentions` (B·n, h, 1, t), `cross_attentions`
+    (B·n, h, 1, S)) and the encoder's (`encoder_attentions`, B rows); with `hidden_states` each step's hidden
+    states of every layer, and the encoder's. Attention weights come from the eager kernel, as in transformers'
+    own decoding."""
     n = sequences.shape[0] // input_ids.shape[0]
     out = model(input_ids=input_ids.repeat_interleave(n, 0), attention_mask=attention_mask.repeat_interleave(n, 0),
                 decoder_input_ids=sequences[:, :-1], use_cache=False, output_attentions=attentions,
@@ -298,6 +301,9 @@ def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequ
     steps = range(generated.shape[1])
     if scores:
         found["scores"] = out.logits.float().log_softmax(-1).unbind(1)
+        if logits_processor:
+            found["scores"] = tuple(logits_processor(sequences[:, : t + 1], found["scores"][t]).log_softmax(-1)
+                                    .nan_to_num(-math.inf, neginf=-math.inf) for t in steps)
     if logits:
         found["logits"] = out.logits.unbind(1)
     if attentions:
@@ -313,12 +319,14 @@ def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequ
     return found
 
 
-def logits_processors(model, config: GenerationConfig, source: torch.Tensor, inputs: dict) -> LogitsProcessorList:
+def logits_processors(model, config: GenerationConfig, source: torch.Tensor, inputs: dict,
+                      rows: int) -> LogitsProcessorList:
     """transformers' logits processors that `config`'s `PROCESSOR_SETTINGS` and the call's `PROCESSOR_INPUTS` ask for,
-    built as its `generate()` builds them for a beam search of the encoder-decoder's `source`."""
-    taken = {key: getattr(config, key) for key in ("num_beams", "num_return_sequences", *PROCESSOR_SETTINGS)}
-    settings = GenerationConfig(**taken, **{key: getattr(model.config, key) for key in TOKEN_SETTINGS})
-    settings.num_return_sequences = settings.num_return_sequences or 1
+    built as its `generate()` builds them for a beam search of the encoder-decoder's `source`, `rows` rows a source
+    (beams, or the hypotheses returned)."""
+    taken = {key: getattr(config, key) for key in PROCESSOR_SETTINGS}
+    settings = GenerationConfig(num_beams=rows, num_return_sequences=rows, **taken,
+                                **{key: getattr(model.config, key) for key in TOKEN_SETTINGS})
     model._prepare_special_tokens(settings, True, source.device)
     return model._get_logits_processor(
         settings, input_ids_seq_length=1, encoder_input_ids=source, device=source.device, model_kwargs={},
@@ -368,13 +376,13 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     scores (`sequences_scores`) and what `compute_transition_scores` reads (each token's log-probability); with
     `output_logits`, `output_attentions`, `output_hidden_states` those of each step (`each_step`). transformers'
     logits processors (`PROCESSOR_SETTINGS`, `PROCESSOR_INPUTS`: no repeated n-grams, banned words, ...) apply to
-    its log-probabilities, as in transformers' beam search, but not with `output_scores`. The search is never
-    swapped for another behind the call's back: a setting or input it does not take (stopping criteria, streamers,
-    forced_eos_token_id, ...) is refused in one line naming it; one that names another decoding (`OTHER_DECODINGS`:
-    sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or one beam (greedy: the same tokens) is
-    transformers' decoding of it, at most source length + `extra_length` tokens unless the call sets a length.
-    `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without `gnmt_alpha` in
-    the generation config or the call, transformers' decoding unchanged: an `extra_length` in the call is refused.
+    its log-probabilities, as in transformers' beam search. The search is never swapped for another behind the
+    call's back: a setting or input it does not take (stopping criteria, streamers, forced_eos_token_id, ...) is
+    refused in one line naming it; one that names another decoding (`OTHER_DECODINGS`: sampling, transformers'
+    `length_penalty`, ...), `gnmt_alpha=None` or one beam (greedy: the same tokens) is transformers' decoding of it,
+    at most source length + `extra_length` tokens unless the call sets a length. `labels` are not read and
+    `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without `gnmt_alpha` in the generation config or
+    the call, transformers' decoding unchanged: an `extra_length` in the call is refused.
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
@@ -417,8 +425,6 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
             key for key in TOKEN_SETTINGS if getattr(config, key) not in (None, getattr(model.config, key))})
         if not torch.is_tensor(source) or source.dim() != 2:
             refused.append("inputs other than a (batch, length) tensor of token ids")
-        elif processed and config.return_dict_in_generate and config.output_scores:
-            refused.append(f"output_scores with logits processors ({', '.join(sorted(processed))})")
         if refused:
             saved_only = [f"{key}=None" for key in refused if key in saved - given]  # a converted model's, ...
             drop = f" (the generation config's: pass {', '.join(saved_only)})" if saved_only else ""
@@ -430,12 +436,13 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         max_new_tokens = config.max_new_tokens
         if max_new_tokens is None and "max_length" in saved | given:
             max_new_tokens = config.max_length - 1  # the decoder start token counts in max_length
+        n = 1 if config.num_return_sequences is None else config.num_return_sequences
         sequences, scores = gnmt_beam_search(
             model, source, mask, config.num_beams, alpha, max_new_tokens=max_new_tokens, extra_length=extra_length,
-            min_new_tokens=1 if config.min_new_tokens is None else config.min_new_tokens,
-            num_return_sequences=1 if config.num_return_sequences is None else config.num_return_sequences,
+            min_new_tokens=1 if config.min_new_tokens is None else config.min_new_tokens, num_return_sequences=n,
             output_scores=True, synced_gpus=synced_gpus,
-            logits_processor=logits_processors(model, config, source, inputs_of_call) if processed else None)
+            logits_processor=logits_processors(model, config, source, inputs_of_call, config.num_beams)
+            if processed else None)
         if not config.return_dict_in_generate:
             return sequences
         wanted = {key: bool(getattr(config, f"output_{key}")) for key in STEP_OUTPUTS}
@@ -443,7 +450,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
             return GenerateBeamEncoderDecoderOutput(sequences=sequences)
         mask = torch.ones_like(source) if mask is None else mask
         limits = output_limits(model.config, mask, max_new_tokens, extra_length)
-        found = each_step(model, source, mask, sequences, limits, **wanted)
+        found = each_step(model, source, mask, sequences, limits, **wanted, logits_processor=logits_processors(
+            model, config, source, inputs_of_call, n) if processed and wanted["scores"] else None)
         return GenerateBeamEncoderDecoderOutput(sequences=sequences, **found,
                                                 sequences_scores=scores if wanted["scores"] else None)
     if torch.is_tensor(source) and config.max_new_tokens is None and "max_length" not in saved | given:
