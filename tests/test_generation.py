@@ -195,6 +195,28 @@ def test_the_papers_search_gives_each_steps_attentions_hidden_states_and_logits_
             torch.testing.assert_close(out.logits[step][row : row + 1], decoded.logits[:, -1])
 
 
+def test_left_padded_sources_decode_in_the_papers_decoding_as_right_padded_ones(trained_model):
+    """A tokenizer with `padding_side="left"` puts each row's padding first. The paper's decoding reads a source's
+    tokens from its row's start, so that the positions (§3.5) count from its sentence's first token, not from the
+    batch's longest: the beam search, its scores and one beam give what the right-padded batch gives."""
+    source, mask = padded_sources()
+    pads = (mask == 0).sum(-1, keepdim=True)
+    order = (torch.arange(source.shape[1]) - pads) % source.shape[1]  # each row's padding moved first
+    left, left_mask = source.gather(1, order), mask.gather(1, order)
+    assert (left_mask[:, -1] == 1).all() and (left_mask[1, :3] == 0).all()
+    paper = {"num_beams": 3, "gnmt_alpha": 0.6}
+    assert torch.equal(trained_model.generate(left, attention_mask=left_mask, **paper),
+                       trained_model.generate(source, attention_mask=mask, **paper))
+    assert torch.equal(gnmt_beam_search(trained_model, left, left_mask), gnmt_beam_search(trained_model, source, mask))
+    scored = {**paper, "num_return_sequences": 2, "output_scores": True, "return_dict_in_generate": True}
+    out = trained_model.generate(input_ids=left, attention_mask=left_mask, **scored)
+    expected = trained_model.generate(input_ids=source, attention_mask=mask, **scored)
+    torch.testing.assert_close((out.sequences_scores, out.scores), (expected.sequences_scores, expected.scores))
+    greedy = {"num_beams": 1, "gnmt_alpha": 0.6}
+    assert torch.equal(trained_model.generate(left, attention_mask=left_mask, **greedy),
+                       trained_model.generate(source, attention_mask=mask, **greedy))
+
+
 def test_the_papers_search_stops_at_the_last_learned_position():
     """12 learned positions: the untrained model's hypotheses, which never end, are cut at 12 tokens (their sources'
     lengths + 50 would be 54 to 57), not an IndexError past the last position; their scores too."""

@@ -100,6 +100,8 @@ def gnmt_beam_search(
         )
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
+    elif attention_mask.shape == input_ids.shape:  # (else the encoder's one-line error)
+        input_ids, attention_mask = right_padded(input_ids, attention_mask)
     batch_size, vocab_size, device = input_ids.shape[0], config.vocab_size, input_ids.device
     pad, eos, start = config.pad_token_id, config.eos_token_id, config.decoder_start_token_id
     eos_ids = eos if isinstance(eos, list) else [eos]
@@ -249,6 +251,13 @@ def reordered_with_room(states: torch.Tensor, order: torch.Tensor) -> torch.Tens
     room = states.new_empty(len(order), states.shape[1], states.shape[2] + 1, states.shape[3])
     torch.index_select(states, 0, order, out=room[..., :-1, :])
     return room
+
+
+def right_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each source's tokens moved, in order, before its padding: a tokenizer with `padding_side="left"` would start
+    a sentence's positions (§3.5) after its padding, and its translation would change with the batch's longest."""
+    order = (attention_mask == 0).int().argsort(dim=-1, stable=True)
+    return input_ids.gather(1, order), attention_mask.gather(1, order)
 
 
 def rows_of(sources: torch.Tensor, per_source: int) -> torch.Tensor:
@@ -403,6 +412,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         check_whole("generate(): num_beams", config.num_beams, 1)
     source = inputs if inputs is not None else inputs_of_call.get("input_ids")
     mask = inputs_of_call.get("attention_mask")
+    if torch.is_tensor(source) and torch.is_tensor(mask) and source.dim() == 2 and mask.shape == source.shape:
+        source, mask = right_padded(source, mask)
     defaults, plain = GenerationConfig._get_default_generation_params(), GenerationConfig()
     # transformers' `from_pretrained(folder, dropout=0.2)` copies the model config's keyword arguments into the loaded
     # generation config too: those are the model's (its config's alone), not settings of its decoding.
@@ -459,4 +470,10 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         kwargs["max_new_tokens"] = source_length + extra_length
     if papers and config.min_new_tokens is None:
         kwargs["min_new_tokens"] = 1  # one beam of the search: greedy, as the search ends no output before a token
+    if papers and torch.is_tensor(mask):  # the sources right-padded, as the search reads them
+        kwargs["attention_mask"] = mask
+        if inputs is None:
+            kwargs["input_ids"] = source
+        else:
+            inputs = source
     return generate(inputs, generation_config=generation_config, **kwargs)
