@@ -391,7 +391,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     `length_penalty`, ...), `gnmt_alpha=None` or one beam (greedy: the same tokens) is transformers' decoding of it,
     at most source length + `extra_length` tokens unless the call sets a length. `labels` are not read and
     `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without `gnmt_alpha` in the generation config or
-    the call, transformers' decoding unchanged: an `extra_length` in the call is refused.
+    the call, transformers' decoding unchanged: an `extra_length` in the call is refused. The paper's decoding reads
+    left-padded sources right-padded (`right_padded`).
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
