@@ -10,6 +10,7 @@ import pytest
 import torch
 from support import BOS, EOS, PAD, random_ids, tiny_config, tiny_model
 from transformers import (
+    LogitsProcessor,
     LogitsProcessorList,
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
@@ -336,6 +337,25 @@ def test_with_logits_processors_no_source_leaves_the_batch_and_each_gets_what_it
         alone = search(source[row : row + 1, : int(mask[row].sum())], logits_processor=denying(row))[0]
         assert torch.equal(batched[row, : len(alone)], alone) and (batched[row, len(alone) :] == PAD).all()
         assert denied[row] not in alone.tolist()[1:]
+
+
+def test_processors_that_ban_every_token_of_a_row_end_that_beam_and_of_every_beam_are_one_line():
+    """A row whose every token the processors ban is a beam that ends nowhere: -inf, not NaN (which the search's top-k
+    would rank first); a source left no hypothesis at all is a one-line error, not a row of padding."""
+    class BanRows(LogitsProcessor):
+        def __init__(self, rows):
+            self.rows = torch.tensor(rows)
+
+        def __call__(self, input_ids, scores):
+            return scores.index_fill(0, self.rows, float("-inf"))
+
+    log_probs = torch.randn(3, 7).log_softmax(-1)
+    out = gnmt.processed(LogitsProcessorList([BanRows([1])]), torch.zeros(3, 1, dtype=torch.long), log_probs)
+    assert (out[1] == float("-inf")).all() and torch.allclose(out[[0, 2]], log_probs[[0, 2]])
+    model, source = tiny_model(), random_ids(3, 5)
+    with pytest.raises(ValueError, match=r"^the logits processors leave source 1 of the batch no hypothesis: they ban "
+                                         r"every continuation of its beams$"):  # the second source's 3 rows
+        gnmt_beam_search(model, source, num_beams=3, logits_processor=LogitsProcessorList([BanRows([3, 4, 5])]))
 
 
 def test_the_searchs_cache_layer_holds_what_transformers_layer_holds_copied_once_a_step():

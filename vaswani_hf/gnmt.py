@@ -151,8 +151,8 @@ def gnmt_beam_search(
             cache=cache, use_cache=True,
         ).logits[:, -1]
         log_probs = logits.float().log_softmax(-1)
-        if logits_processor:  # a row each of whose tokens a processor bans is a beam that ends nowhere (-inf)
-            log_probs = logits_processor(tokens, log_probs).log_softmax(-1).nan_to_num(-math.inf, neginf=-math.inf)
+        if logits_processor:
+            log_probs = processed(logits_processor, tokens, log_probs)
         log_probs = log_probs.view(batch_size, num_beams, vocab_size)
         if step <= min_new_tokens:
             log_probs[..., eos] = float("-inf")
@@ -216,6 +216,10 @@ def gnmt_beam_search(
     for kept, value in zip(output, (finished, finished_scores, finished_lengths)):
         kept[sources] = value
     finished, finished_scores, finished_lengths = output
+    if not finished_scores[:, 0].isfinite().all():  # (only processors ban a source's every hypothesis)
+        empty = int((~finished_scores[:, 0].isfinite()).nonzero()[0, 0])
+        raise ValueError(f"the logits processors leave source {empty} of the batch no hypothesis: they ban every "
+                         "continuation of its beams")
     sequences = finished[..., : int(finished_lengths.max())]
     sequences = sequences[:, 0] if n == 1 else sequences.flatten(0, 1)
     return (sequences, finished_scores.flatten()) if output_scores else sequences
@@ -251,6 +255,12 @@ def reordered_with_room(states: torch.Tensor, order: torch.Tensor) -> torch.Tens
     room = states.new_empty(len(order), states.shape[1], states.shape[2] + 1, states.shape[3])
     torch.index_select(states, 0, order, out=room[..., :-1, :])
     return room
+
+
+def processed(logits_processor: LogitsProcessorList, tokens: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
+    """A step's log-probabilities (B', V) after transformers' processors, normalized again; a row whose every token
+    they ban is -inf (a beam that ends nowhere), not NaN."""
+    return logits_processor(tokens, log_probs).log_softmax(-1).nan_to_num(-math.inf, neginf=-math.inf)
 
 
 def right_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,8 +321,8 @@ def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequ
     if scores:
         found["scores"] = out.logits.float().log_softmax(-1).unbind(1)
         if logits_processor:
-            found["scores"] = tuple(logits_processor(sequences[:, : t + 1], found["scores"][t]).log_softmax(-1)
-                                    .nan_to_num(-math.inf, neginf=-math.inf) for t in steps)
+            found["scores"] = tuple(processed(logits_processor, sequences[:, : t + 1], found["scores"][t])
+                                    for t in steps)
     if logits:
         found["logits"] = out.logits.unbind(1)
     if attentions:
