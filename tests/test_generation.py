@@ -217,6 +217,22 @@ def test_left_padded_sources_decode_in_the_papers_decoding_as_right_padded_ones(
                        trained_model.generate(source, attention_mask=mask, **greedy))
 
 
+def test_min_length_counts_the_decoder_start_token_in_the_papers_search_as_in_transformers():
+    """A model that would end every output at once: `min_length=4` lets EOS come 4 positions in, after 3 tokens, in
+    the paper's search as in transformers' beam search; with `min_new_tokens` the larger holds, as both of
+    transformers' processors would."""
+    model = tiny_model(add_final_logits_bias=True)
+    model.final_logits_bias[..., EOS] = 100.0  # EOS first, wherever allowed
+    source, mask = padded_sources()
+    paper, transformers_beam = {"num_beams": 3, "gnmt_alpha": 0.6}, {"num_beams": 3, "max_new_tokens": 9}
+    for settings, generated in (({"min_length": 4}, 3), ({"min_length": 4, "min_new_tokens": 5}, 5),
+                                ({"min_length": 1, "min_new_tokens": 0}, 0)):
+        ours = model.generate(source, attention_mask=mask, **paper, **settings)
+        theirs = model.generate(source, attention_mask=mask, **transformers_beam, **settings)
+        assert (ours[:, 1 + generated] == EOS).all() and (ours[:, 1 : 1 + generated] != EOS).all()
+        assert (theirs[:, 1 + generated] == EOS).all(), settings
+
+
 def test_the_papers_search_stops_at_the_last_learned_position():
     """12 learned positions: the untrained model's hypotheses, which never end, are cut at 12 tokens (their sources'
     lengths + 50 would be 54 to 57), not an IndexError past the last position; their scores too."""
@@ -231,7 +247,7 @@ def test_the_papers_search_stops_at_the_last_learned_position():
     ({"exponential_decay_length_penalty": (2, 1.5)}, "exponential_decay_length_penalty"),
     ({"stopping_criteria": [lambda ids, scores: False]}, "stopping_criteria"),
     ({"max_time": 60.0}, "max_time"),
-    ({"min_length": 4, "forced_eos_token_id": 5}, "forced_eos_token_id, min_length"),  # lengths counted otherwise
+    ({"forced_eos_token_id": 5}, "forced_eos_token_id"),  # a length of transformers' counting, not the source's
     ({"eos_token_id": 5}, "eos_token_id"),
 ])
 def test_what_the_papers_search_does_not_take_is_refused_in_one_line_not_sent_elsewhere(option, named):

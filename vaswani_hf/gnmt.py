@@ -366,10 +366,11 @@ def check_alpha(name: str, value) -> None:
 
 
 # What the search takes of a generation config or a call: a saved config's or the call's own (other than None or
-# False). max_length counts the decoder start token, as transformers' does for encoder-decoder models.
+# False). max_length and min_length count the decoder start token, as transformers' do for encoder-decoder models.
 SEARCH_SETTINGS = ("num_beams", "gnmt_alpha", "extra_length", "max_new_tokens", "max_length", "min_new_tokens",
-                   "num_return_sequences", "early_stopping", "use_cache", "return_dict_in_generate", "output_scores",
-                   "output_logits", "output_attentions", "output_hidden_states", "transformers_version")
+                   "min_length", "num_return_sequences", "early_stopping", "use_cache", "return_dict_in_generate",
+                   "output_scores", "output_logits", "output_attentions", "output_hidden_states",
+                   "transformers_version")
 # What `return_dict_in_generate` returns step by step, each asked for by its `output_*` setting (`each_step`).
 STEP_OUTPUTS = ("scores", "logits", "attentions", "hidden_states")
 TOKEN_SETTINGS = ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id")  # must be the model's
@@ -458,10 +459,13 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         max_new_tokens = config.max_new_tokens
         if max_new_tokens is None and "max_length" in saved | given:
             max_new_tokens = config.max_length - 1  # the decoder start token counts in max_length
+        min_new_tokens = 1 if config.min_new_tokens is None else config.min_new_tokens
+        if "min_length" in saved | given:  # it counts the decoder start token too
+            min_new_tokens = max(min_new_tokens, config.min_length - 1)
         n = 1 if config.num_return_sequences is None else config.num_return_sequences
         sequences, scores = gnmt_beam_search(
             model, source, mask, config.num_beams, alpha, max_new_tokens=max_new_tokens, extra_length=extra_length,
-            min_new_tokens=1 if config.min_new_tokens is None else config.min_new_tokens, num_return_sequences=n,
+            min_new_tokens=min_new_tokens, num_return_sequences=n,
             output_scores=True, synced_gpus=synced_gpus,
             logits_processor=logits_processors(model, config, source, inputs_of_call, config.num_beams)
             if processed else None)
