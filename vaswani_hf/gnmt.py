@@ -216,7 +216,7 @@ def gnmt_beam_search(
     for kept, value in zip(output, (finished, finished_scores, finished_lengths)):
         kept[sources] = value
     finished, finished_scores, finished_lengths = output
-    if not finished_scores[:, 0].isfinite().all():  # (only processors ban a source's every hypothesis)
+    if logits_processor and not finished_scores[:, 0].isfinite().all():  # they banned a source's every hypothesis
         empty = int((~finished_scores[:, 0].isfinite()).nonzero()[0, 0])
         raise ValueError(f"the logits processors leave source {empty} of the batch no hypothesis: they ban every "
                          "continuation of its beams")
