@@ -172,6 +172,30 @@ def test_vaswani_translate_decodes_a_converted_model_as_published(marian_pair, c
     assert paper.stdout.splitlines() == gnmt
 
 
+def test_vaswani_translate_alpha_bans_what_the_generation_config_bans(marian_pair, cli, tmp_path):
+    """With --alpha the paper's search still bans the words the generation config bans (OPUS-MT's <pad>; here also
+    the token the search picks most): its translations are the search's given transformers' own banned-words
+    processor, and never hold the token."""
+    from transformers import LogitsProcessorList, NoBadWordsLogitsProcessor
+
+    source, converted = marian_pair
+    tokenizer, sources = MarianTokenizer.from_pretrained(source), SENTENCES[:12]
+    ours = AutoModelForSeq2SeqLM.from_pretrained(converted).eval()
+    free = gnmt_beam_search(ours, **batch(source, sources), num_beams=4, alpha=0.6)
+    common = collections.Counter(free[:, 1:].flatten().tolist()).most_common(1)[0][0]
+    banned = [[ours.config.pad_token_id], [common]]
+    folder = shutil.copytree(converted, tmp_path / "banned")
+    published = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps(published | {"bad_words_ids": banned}))
+    paper = cli("--model", folder, "--quiet", "--no_fast_cpu", "--alpha", "0.6", stdin="\n".join(sources) + "\n")
+    assert paper.returncode == 0, paper.stderr
+    ban = LogitsProcessorList([NoBadWordsLogitsProcessor(banned, eos_token_id=ours.config.eos_token_id)])
+    expected = gnmt_beam_search(ours, **batch(source, sources), num_beams=4, alpha=0.6, logits_processor=ban)
+    assert common not in expected[:, 1:].flatten().tolist()
+    assert paper.stdout.splitlines() == tokenizer.batch_decode(expected, skip_special_tokens=True)
+    assert paper.stdout.splitlines() != tokenizer.batch_decode(free, skip_special_tokens=True)
+
+
 def test_a_converted_model_fine_tunes_with_the_decoding_it_was_published_with(marian_pair, tmp_path):
     """run_trainer.py --model_name_or_path CONVERTED: two Adam steps of 1e-9 leave the weights within 1e-6 of the
     conversion's; the folder keeps OPUS-MT's generation config (transformers' beam search, never <pad>, its length
@@ -299,6 +323,36 @@ def test_vaswani_translates_ctranslate2_engine_takes_a_converted_model_greedily_
     with open(edited / "vocab.json", "a") as file:
         file.write("\n")
     assert cached_export(str(edited), "float32") != cached_export(str(converted), "float32")
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_the_ctranslate2_engine_bans_what_the_generation_config_bans_and_refuses_what_it_cannot_apply(
+        marian_pair, tmp_path, monkeypatch, num_beams):
+    """`bad_words_ids` (OPUS-MT's <pad>; here also the token decoded most) is CTranslate2's suppressed sequences: the
+    token never appears, and greedy decoding is the torch engine's (each limited by its source), which bans it as
+    transformers does. A logits
+    processor CTranslate2 is not given (no repeated bigrams) is refused in one line before the export is made."""
+    from vaswani_hf.tools.translate import load_engine, translate
+
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    source, converted = marian_pair
+    tokenizer, sources = MarianTokenizer.from_pretrained(source), SENTENCES[:8]
+    free = translate(load_engine(str(converted), "ctranslate2")[0], tokenizer, sources, num_beams=num_beams, alpha=0.6)
+    common = collections.Counter(" ".join(free).split()).most_common(1)[0][0]
+    folder = shutil.copytree(converted, tmp_path / "banned")
+    published = json.loads((folder / "generation_config.json").read_text())
+    banned = tokenizer(text_target=[common], add_special_tokens=False)["input_ids"]
+    (folder / "generation_config.json").write_text(json.dumps(published | {
+        "bad_words_ids": [*published["bad_words_ids"], *banned]}))
+    ct2 = translate(load_engine(str(folder), "ctranslate2")[0], tokenizer, sources, num_beams=num_beams, alpha=0.6)
+    assert common not in " ".join(ct2).split()
+    if num_beams == 1:
+        assert ct2 == translate(load_engine(str(folder), fast=False)[0], tokenizer, sources, num_beams=1, alpha=0.6)
+    (folder / "generation_config.json").write_text(json.dumps(published | {"no_repeat_ngram_size": 2}))
+    with pytest.raises(SystemExit, match=r"^error: cannot load a model from .*: --engine ctranslate2 does not "
+                       r"apply the generation config's no_repeat_ngram_size=2: decode with --engine torch$"):
+        load_engine(str(folder), "ctranslate2")
+    assert not any((tmp_path / "cache").rglob(f"*{folder.name}*"))
 
 
 def test_a_converted_model_loads_without_the_package_and_exports(marian_pair, tmp_path):

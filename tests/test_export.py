@@ -854,6 +854,23 @@ def test_the_papers_beam_search_runs_on_onnx_runtime_as_on_torch(trained, onnx_m
     assert onnx_model.translate(["", " "]) == ["", ""]
 
 
+def test_onnx_translate_bans_the_words_its_generation_config_bans_as_torch_does(trained, onnx_model, monkeypatch):
+    """A generation config's `bad_words_ids` (an OPUS-MT model's <pad>; here the token decoded most) bans the token
+    on ONNX Runtime as in the torch model's search: the same translations, none holding it."""
+    model, tokenizer = trained
+    sources = [source for source, _ in PAIRS[:12]]
+    free = gnmt_beam_search(model, **padded_sources(tokenizer), num_beams=4, alpha=0.6)[:, 1:]
+    common = torch.mode(free[free > model.config.eos_token_id]).values.item()  # not PAD, EOS, BOS
+    before = onnx_model.translate(sources)
+    banning = copy.deepcopy(model.generation_config)
+    banning.bad_words_ids = [[common]]
+    for decoder in (model, onnx_model):
+        monkeypatch.setattr(decoder, "generation_config", banning)
+    ids = tokenizer(sources)["input_ids"]
+    assert not any(common in hypothesis for hypothesis in onnx_model.decode(ids, 4, 0.6, 1)[0])
+    assert before != onnx_model.translate(sources) == translate(model, tokenizer, sources)
+
+
 def test_onnx_translate_refuses_a_lone_string_and_no_beams_in_one_line(onnx_model):
     """A string would be translated a character at a time; 0 beams took the folder's."""
     with pytest.raises(TypeError, match="^sources: a list of strings, got str$"):

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import onnxruntime
 import torch
-from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig, GenerationMixin
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
@@ -29,6 +29,12 @@ from ..tools.translate import MAX_TOKENS, decoded_batch, translate
 
 class OnnxSeq2Seq:
     """The three exported graphs in ONNX Runtime sessions, with the folder's config and tokenizer."""
+
+    # What gnmt.py's `logits_processors` calls of a model to build the generation config's processors (an OPUS-MT
+    # model's banned <pad>): transformers' own.
+    _prepare_special_tokens = GenerationMixin._prepare_special_tokens
+    _get_logits_processor = GenerationMixin._get_logits_processor
+    _merge_criteria_processor_list = GenerationMixin._merge_criteria_processor_list
 
     def __init__(self, folder, providers: list[str] | None = None, threads: int | None = None):
         folder = Path(folder)

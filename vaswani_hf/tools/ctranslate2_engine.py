@@ -16,7 +16,7 @@ from transformers.utils import cached_file
 from transformers.utils.hub import get_checkpoint_shard_files
 
 from ..exports import to_ctranslate2
-from ..gnmt import extra_length_of
+from ..gnmt import PROCESSOR_SETTINGS, extra_length_of
 from ..speed.fast_cpu import chosen, round_seconds, rule
 from ..speed.kernels import cache_root, cpu_name, kept, writable
 from .export import written_whole
@@ -106,8 +106,10 @@ class CTranslate2Engine:
 
     Greedy decoding gives the torch model's tokens. Beam search ranks by log P / |Y|^α (CTranslate2's length
     penalty, with the model's α; without one, its generation config's `length_penalty`, else generate()'s 1), not by
-    the paper's GNMT penalty: the beams can differ. `workers`: CTranslate2's (`kept_workers`' layout; by default
-    measured on a CPU), each batch decoded in a part for each worker."""
+    the paper's GNMT penalty: the beams can differ. The generation config's banned words (`bad_words_ids`: an
+    OPUS-MT model's <pad>) are CTranslate2's suppressed sequences; a model whose generation config asks for another
+    logits processor is refused, as CTranslate2 would decode without it. `workers`: CTranslate2's (`kept_workers`'
+    layout; by default measured on a CPU), each batch decoded in a part for each worker."""
 
     name = "ctranslate2"
 
@@ -121,6 +123,13 @@ class CTranslate2Engine:
             self.generation_config = GenerationConfig.from_pretrained(name_or_path)
         except OSError:  # no generation_config.json: the model config's tokens, as from_pretrained makes it
             self.generation_config = GenerationConfig.from_model_config(config)
+        generation, defaults = self.generation_config, GenerationConfig._get_default_generation_params()
+        unapplied = [f"{key}={getattr(generation, key)}" for key in PROCESSOR_SETTINGS if key != "bad_words_ids"
+                     and getattr(generation, key) not in (None, False, defaults.get(key))]
+        if unapplied:
+            raise ValueError(f"--engine ctranslate2 does not apply the generation config's {', '.join(unapplied)}: "
+                             "decode with --engine torch")
+        self.banned = [tokenizer.convert_ids_to_tokens(ids) for ids in generation.bad_words_ids or []]
         folder = cached_export(name_or_path, "int8" if int8 else "float32")
         where = torch.device(device)
         compute = ("int8" if where.type == "cpu" else "int8_float16") if int8 else "float32"
@@ -143,6 +152,7 @@ class CTranslate2Engine:
         results = self.translator.translate_batch(
             [self.tokenizer.convert_ids_to_tokens(ids) for ids in batch], beam_size=num_beams, num_hypotheses=nbest,
             length_penalty=penalty, max_decoding_length=max(limits), min_decoding_length=1, return_scores=True,
+            suppress_sequences=self.banned or None,
             return_end_token=True, max_input_length=0,
             max_batch_size=math.ceil(len(batch) / self.workers["inter_threads"]))  # a part for each worker
         hypotheses, scores = [], []

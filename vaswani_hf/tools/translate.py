@@ -46,7 +46,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils.logging import disable_progress_bar
 
-from ..gnmt import check_alpha, check_whole, extra_length_of, gnmt_beam_search
+from ..gnmt import check_alpha, check_whole, extra_length_of, gnmt_beam_search, logits_processors
 from ..speed.allocator import keep_freed_memory
 from .loading import check_gpu, checked, device_kind, learned_positions, load, one_line_errors
 from .text import decode_utf8, opened, refused_write, split_lines
@@ -195,13 +195,15 @@ def decoded_batch(model, tokenizer, batch: list[list[int]], num_beams: int, alph
 
 
 def search(model, inputs, num_beams: int, alpha: float | None, nbest: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `nbest` best hypotheses of each row and their scores: the paper's search with GNMT α (log P / penalty), or,
-    without α, transformers' `generate()` with the model's generation config (log P, divided by |Y|^length_penalty
-    in beam search)."""
+    """The `nbest` best hypotheses of each row and their scores: the paper's search with GNMT α (log P / penalty),
+    with the logits processors the generation config asks for (an OPUS-MT model's banned <pad>), or, without α,
+    transformers' `generate()` with the model's generation config (log P, divided by |Y|^length_penalty in beam
+    search)."""
     if alpha is not None:
-        return gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams, alpha,
-                                extra_length=extra_length_of(model.generation_config), num_return_sequences=nbest,
-                                output_scores=True)
+        config, source = model.generation_config, inputs["input_ids"]
+        return gnmt_beam_search(model, source, inputs["attention_mask"], num_beams, alpha,
+                                extra_length=extra_length_of(config), num_return_sequences=nbest, output_scores=True,
+                                logits_processor=logits_processors(model, config, source, {}, num_beams))
     found = model.generate(**inputs, num_beams=num_beams, num_return_sequences=nbest, output_scores=True,
                            return_dict_in_generate=True)
     if num_beams > 1:
