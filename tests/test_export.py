@@ -631,7 +631,8 @@ def test_export_refusals_are_one_line(translation_folder, tmp_path, engine):
     (tmp_path / "taken").mkdir()
     (tmp_path / "file").write_text("")
     for arguments, message in (
-            ([str(marian), str(tmp_path / "out")], f"error: {marian} holds a 'marian' model, not a vaswani_hf one"),
+            ([str(marian), str(tmp_path / "out")], (f"error: {marian} holds a 'marian' model, not a vaswani_hf one: "
+                                                     f"convert it, vaswani-convert marian {marian} OUT")),
             ([str(tmp_path / "empty"), str(tmp_path / "out")], f"error: {tmp_path / 'empty'} is not a model folder"),
             ([str(translation_folder), str(tmp_path / "taken")], f"error: {tmp_path / 'taken'} exists: give a folder"),
             ([str(translation_folder), str(tmp_path / "file" / "out")],

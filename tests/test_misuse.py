@@ -767,7 +767,8 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
                 "tokenizer_config.json there): save it beside the model, tokenizer.save_pretrained(folder)",
                 "a run not ended": f"error: {tmp_path / 'run'} holds a training run whose model is not written yet "
                 f"(the run writes it when it ends): give its newest checkpoint, {tmp_path / 'run' / 'checkpoint-12'}",
-                "marian folder": "holds a 'marian' model, not a vaswani_hf one",
+                "marian folder": f"error: {tmp_path / 'marian'} holds a 'marian' model, not a vaswani_hf one: convert "
+                f"it, vaswani-convert marian {tmp_path / 'marian'} OUT",
                 "no beams": "error: --num_beams 0: must be at least 1",
                 "no tokens": "error: --max_tokens -5: must be at least 1",
                 "alpha not a number": "error: --alpha nan: must be finite and at least 0",

@@ -119,7 +119,8 @@ def checked(name_or_path: str):
     with one_line_errors(name_or_path):
         config = AutoConfig.from_pretrained(name_or_path)
         if config.model_type != "vaswani":
-            raise SystemExit(f"error: {name_or_path} holds a {config.model_type!r} model, not a vaswani_hf one")
+            how = f": convert it, vaswani-convert marian {name_or_path} OUT" if config.model_type == "marian" else ""
+            raise SystemExit(f"error: {name_or_path} holds a {config.model_type!r} model, not a vaswani_hf one{how}")
         if is_local(name_or_path) and not any((Path(name_or_path) / name).is_file() for name in TOKENIZER_ENTRIES):
             raise SystemExit(f"error: {name_or_path} has no tokenizer (no {' or '.join(TOKENIZER_ENTRIES)} there): "
                              "save it beside the model, tokenizer.save_pretrained(folder)")  # transformers': 5 lines
