@@ -17,7 +17,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 from support import CODE_FILES, draw_gains_and_biases, refusal, run_hidden, run_training
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, MarianMTModel, MarianTokenizer
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    ForcedEOSTokenLogitsProcessor,
+    LogitsProcessorList,
+    MarianConfig,
+    MarianMTModel,
+    MarianTokenizer,
+    NoBadWordsLogitsProcessor,
+)
 
 from training import run_trainer
 from training.default_data import generate
@@ -156,7 +165,8 @@ def test_the_converted_tokenizer_gives_the_sentencepiece_models_ids_and_text(mar
 
 def test_vaswani_translate_decodes_a_converted_model_as_published(marian_pair, cli):
     """Without --alpha the source's own decoding (beam 4, transformers' length normalization): Marian's translations;
-    with --alpha 0.6 the paper's GNMT search: the search's own translations, called directly."""
+    with --alpha 0.6 the paper's GNMT search with the processors OPUS-MT's generation config asks for: each source's
+    translation is the search's of it alone given transformers' own (<pad> banned, EOS forced at its limit)."""
     source, converted = marian_pair
     marian, tokenizer = MarianMTModel.from_pretrained(source).eval(), MarianTokenizer.from_pretrained(source)
     sources = SENTENCES[:12]
@@ -166,18 +176,36 @@ def test_vaswani_translate_decodes_a_converted_model_as_published(marian_pair, c
     assert result.stdout.splitlines() == expected
     paper = cli("--model", converted, "--quiet", "--no_fast_cpu", "--alpha", "0.6", stdin="\n".join(sources) + "\n")
     assert paper.returncode == 0, paper.stderr
-    ours = AutoModelForSeq2SeqLM.from_pretrained(converted).eval()  # the paper's search at α 0.6, called directly
-    gnmt = tokenizer.batch_decode(gnmt_beam_search(ours, **batch(source, sources), num_beams=4, alpha=0.6),
-                                  skip_special_tokens=True)
-    assert paper.stdout.splitlines() == gnmt
+    ours = AutoModelForSeq2SeqLM.from_pretrained(converted).eval()
+    assert paper.stdout.splitlines() == searched_alone(ours, tokenizer, sources, [[ours.config.pad_token_id]])
+    unprocessed = gnmt_beam_search(ours, **batch(source, sources), num_beams=4, alpha=0.6)  # runs to its limit
+    assert paper.stdout.splitlines() != tokenizer.batch_decode(unprocessed, skip_special_tokens=True)
+    # generate() with gnmt_alpha: the same processors, at the published max_length (40, the start token counted).
+    eos, pad = ours.config.eos_token_id, ours.config.pad_token_id
+    published = LogitsProcessorList([NoBadWordsLogitsProcessor([[pad]], eos_token_id=eos),
+                                     ForcedEOSTokenLogitsProcessor(40, eos)])
+    assert torch.equal(ours.generate(**batch(source, sources), gnmt_alpha=0.6), gnmt_beam_search(
+        ours, **batch(source, sources), num_beams=4, alpha=0.6, max_new_tokens=39, logits_processor=published))
+
+
+def searched_alone(model, tokenizer, sources: list[str], banned: list[list[int]]) -> list[str]:
+    """Each source's translation by the paper's search (beam 4, α 0.6) of it alone, given transformers' processors
+    for what a converted OPUS-MT model's generation config asks: `banned` words, EOS forced at the source's limit
+    (its length + 50; transformers' max_length counts the start token)."""
+    eos, found = model.config.eos_token_id, []
+    for ids in tokenizer(sources)["input_ids"]:
+        limit = len(ids) + 50
+        processors = LogitsProcessorList([NoBadWordsLogitsProcessor(banned, eos_token_id=eos),
+                                          ForcedEOSTokenLogitsProcessor(limit + 1, eos)])
+        found += gnmt_beam_search(model, torch.tensor([ids]), num_beams=4, alpha=0.6, max_new_tokens=limit,
+                                  logits_processor=processors).tolist()
+    return tokenizer.batch_decode(found, skip_special_tokens=True)
 
 
 def test_vaswani_translate_alpha_bans_what_the_generation_config_bans(marian_pair, cli, tmp_path):
     """With --alpha the paper's search still bans the words the generation config bans (OPUS-MT's <pad>; here also
-    the token the search picks most): its translations are the search's given transformers' own banned-words
-    processor, and never hold the token."""
-    from transformers import LogitsProcessorList, NoBadWordsLogitsProcessor
-
+    the token the search picks most): its translations are the search's given transformers' own processors, and
+    never hold the token."""
     source, converted = marian_pair
     tokenizer, sources = MarianTokenizer.from_pretrained(source), SENTENCES[:12]
     ours = AutoModelForSeq2SeqLM.from_pretrained(converted).eval()
@@ -189,11 +217,9 @@ def test_vaswani_translate_alpha_bans_what_the_generation_config_bans(marian_pai
     (folder / "generation_config.json").write_text(json.dumps(published | {"bad_words_ids": banned}))
     paper = cli("--model", folder, "--quiet", "--no_fast_cpu", "--alpha", "0.6", stdin="\n".join(sources) + "\n")
     assert paper.returncode == 0, paper.stderr
-    ban = LogitsProcessorList([NoBadWordsLogitsProcessor(banned, eos_token_id=ours.config.eos_token_id)])
-    expected = gnmt_beam_search(ours, **batch(source, sources), num_beams=4, alpha=0.6, logits_processor=ban)
-    assert common not in expected[:, 1:].flatten().tolist()
-    assert paper.stdout.splitlines() == tokenizer.batch_decode(expected, skip_special_tokens=True)
-    assert paper.stdout.splitlines() != tokenizer.batch_decode(free, skip_special_tokens=True)
+    assert paper.stdout.splitlines() == searched_alone(ours, tokenizer, sources, banned)
+    assert tokenizer.decode([common]) not in paper.stdout
+    assert paper.stdout.splitlines() != searched_alone(ours, tokenizer, sources, [[ours.config.pad_token_id]])
 
 
 def test_a_converted_model_fine_tunes_with_the_decoding_it_was_published_with(marian_pair, tmp_path):

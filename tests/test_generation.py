@@ -247,7 +247,6 @@ def test_the_papers_search_stops_at_the_last_learned_position():
     ({"exponential_decay_length_penalty": (2, 1.5)}, "exponential_decay_length_penalty"),
     ({"stopping_criteria": [lambda ids, scores: False]}, "stopping_criteria"),
     ({"max_time": 60.0}, "max_time"),
-    ({"forced_eos_token_id": 5}, "forced_eos_token_id"),  # a length of transformers' counting, not the source's
     ({"eos_token_id": 5}, "eos_token_id"),
 ])
 def test_what_the_papers_search_does_not_take_is_refused_in_one_line_not_sent_elsewhere(option, named):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from support import BOS, EOS, PAD, random_ids, tiny_config, tiny_model
 from transformers import (
+    ForcedEOSTokenLogitsProcessor,
     LogitsProcessor,
     LogitsProcessorList,
     NoBadWordsLogitsProcessor,
@@ -510,12 +511,12 @@ def test_a_saved_setting_the_search_does_not_take_is_refused_and_a_saved_min_new
     model.final_logits_bias[..., EOS] = 100.0  # EOS first, always
     model.generation_config.update(num_beams=4, gnmt_alpha=0.6, min_new_tokens=0, allow_custom_entries=True)
     assert model.generate(source).tolist() == [[BOS, EOS]]
-    model.generation_config.forced_eos_token_id = EOS  # a length limit of transformers' counting
-    message = ("does not take forced_eos_token_id: leave it out (the generation config's: pass "
-               "forced_eos_token_id=None), or pass gnmt_alpha=None")
+    model.generation_config.exponential_decay_length_penalty = (2, 1.5)  # a length of transformers' counting
+    message = ("does not take exponential_decay_length_penalty: leave it out (the generation config's: pass "
+               "exponential_decay_length_penalty=None), or pass gnmt_alpha=None")
     with pytest.raises(ValueError, match=re.escape(message)):
         model.generate(source)
-    assert model.generate(source, forced_eos_token_id=None).tolist() == [[BOS, EOS]]  # as the message says
+    assert model.generate(source, exponential_decay_length_penalty=None).tolist() == [[BOS, EOS]]  # as it says
 
 
 def test_generate_applies_the_logits_processors_that_the_call_and_the_generation_config_ask_for():
@@ -562,6 +563,33 @@ def test_generate_applies_the_logits_processors_that_the_call_and_the_generation
     assert transitions.isfinite().all() and out.sequences.shape[1] == 21  # none ended: all cut at 20 tokens
     torch.testing.assert_close(transitions.sum(-1) / gnmt_length_penalty(20, 0.6), out.sequences_scores, rtol=1e-5,
                                atol=0)
+
+
+def test_forced_eos_token_id_ends_each_hypothesis_at_its_own_sources_limit():
+    """A saved `forced_eos_token_id` (every OPUS-MT model keeps one) is transformers' forced EOS at each source's own
+    limit (its length + `extra_length`), not at one max_length for all: with EOS never chosen, every hypothesis
+    ends with EOS as its limit's token; each source's are the search's of it alone with transformers' own processor
+    at its limit; `output_scores` add up to the penalized scores."""
+    model = tiny_model(add_final_logits_bias=True)
+    model.final_logits_bias[..., EOS] = -30.0  # no hypothesis ends before its limit
+    model.generation_config.update(num_beams=3, gnmt_alpha=0.6, extra_length=2, allow_custom_entries=True)
+    source, mask = random_ids(2, 5, seed=4), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    cut = model.generate(source, attention_mask=mask, num_return_sequences=2)
+    assert (cut[:, -1] != EOS).all()
+    model.generation_config.forced_eos_token_id = EOS
+    out = model.generate(source, attention_mask=mask, num_return_sequences=2, output_scores=True,
+                         return_dict_in_generate=True)
+    for row, limit in enumerate([5, 5, 7, 7]):  # 3 and 5 source tokens, + 2
+        assert out.sequences[row, limit] == EOS and (out.sequences[row, limit + 1 :] == PAD).all()
+        alone = source[row // 2 : row // 2 + 1, : limit - 2]
+        forced = LogitsProcessorList([ForcedEOSTokenLogitsProcessor(limit + 1, EOS)])  # max_length counts BOS
+        expected = gnmt_beam_search(model, alone, num_beams=3, alpha=0.6, max_new_tokens=limit,
+                                    num_return_sequences=2, logits_processor=forced)[row % 2]
+        assert out.sequences[row, : limit + 1].tolist() == expected.tolist()
+    transitions = model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
+    lengths = torch.tensor([5, 5, 7, 7])
+    torch.testing.assert_close(transitions.sum(-1) / gnmt_length_penalty(lengths, 0.6), out.sequences_scores,
+                               rtol=1e-5, atol=0)
 
 
 def test_one_beam_of_the_papers_decoding_runs_to_the_longest_unpadded_source_plus_extra_length():

@@ -32,7 +32,7 @@ import math
 import numbers
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
@@ -338,19 +338,37 @@ def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequ
     return found
 
 
-def logits_processors(model, config: GenerationConfig, source: torch.Tensor, inputs: dict,
-                      rows: int) -> LogitsProcessorList:
+def logits_processors(model, config: GenerationConfig, source: torch.Tensor, inputs: dict, rows: int,
+                      limits: torch.Tensor) -> LogitsProcessorList:
     """transformers' logits processors that `config`'s `PROCESSOR_SETTINGS` and the call's `PROCESSOR_INPUTS` ask for,
     built as its `generate()` builds them for a beam search of the encoder-decoder's `source`, `rows` rows a source
-    (beams, or the hypotheses returned)."""
-    taken = {key: getattr(config, key) for key in PROCESSOR_SETTINGS}
+    (beams, or the hypotheses returned); `forced_eos_token_id` at each source's own limit (`limits`, (B,)), as
+    `ForcedEndAtLimit`."""
+    taken = {key: getattr(config, key) for key in PROCESSOR_SETTINGS if key != "forced_eos_token_id"}
     settings = GenerationConfig(num_beams=rows, num_return_sequences=rows, **taken,
                                 **{key: getattr(model.config, key) for key in TOKEN_SETTINGS})
     model._prepare_special_tokens(settings, True, source.device)
-    return model._get_logits_processor(
+    processors = model._get_logits_processor(
         settings, input_ids_seq_length=1, encoder_input_ids=source, device=source.device, model_kwargs={},
         prefix_allowed_tokens_fn=inputs.get("prefix_allowed_tokens_fn"),
         logits_processor=inputs.get("logits_processor"))
+    if config.forced_eos_token_id is not None:
+        processors.append(ForcedEndAtLimit(limits.repeat_interleave(rows), config.forced_eos_token_id))
+    return processors
+
+
+class ForcedEndAtLimit(LogitsProcessor):
+    """transformers' `ForcedEOSTokenLogitsProcessor` at each row's own limit (`limits`, (rows,): its source's,
+    `output_limits`) where transformers' has one for all: a hypothesis's last token is one of `token_ids`."""
+
+    def __init__(self, limits: torch.Tensor, token_ids: int | list[int]):
+        self.limits, self.token_ids = limits, token_ids
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        last = input_ids.shape[-1] >= self.limits  # t tokens, the start token among them, make the t-th token
+        forced = torch.full_like(scores, -math.inf)
+        forced[:, self.token_ids] = 0.0
+        return torch.where(last.unsqueeze(-1), forced, scores)
 
 
 def check_whole(name: str, value, least: int) -> None:
@@ -380,7 +398,8 @@ OTHER_DECODINGS = ("do_sample", "length_penalty", "num_beam_groups", "diversity_
 # Settings and inputs that make transformers' logits processors, which the search applies as its beam search does.
 PROCESSOR_SETTINGS = ("repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size",
                       "encoder_no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "suppress_tokens",
-                      "begin_suppress_tokens", "forced_bos_token_id", "renormalize_logits", "remove_invalid_values")
+                      "begin_suppress_tokens", "forced_bos_token_id", "renormalize_logits", "remove_invalid_values",
+                      "forced_eos_token_id")
 PROCESSOR_INPUTS = ("logits_processor", "prefix_allowed_tokens_fn")
 # Inputs no decoding reads: transformers' generate never forwards `labels` (Seq2SeqTrainer passes the references).
 UNREAD_INPUTS = ("labels",)
@@ -389,21 +408,21 @@ UNREAD_INPUTS = ("labels",)
 def paper_decoding(model, generate, inputs=None, generation_config=None, **kwargs):
     """`model.generate(inputs, generation_config, **kwargs)`, where `generate` is transformers' own.
 
-    A generation config (the model's, or the one given on top of the model's) or a call with `gnmt_alpha` asks for
-    the paper's decoding (§6.1): with `num_beams` > 1 this GNMT search, source length + `extra_length` tokens (50
-    unless set) unless `max_new_tokens` or `max_length` says otherwise, its result a tensor or, with
-    `return_dict_in_generate`, a `GenerateBeamEncoderDecoderOutput`; with `output_scores` it holds the penalized
-    scores (`sequences_scores`) and what `compute_transition_scores` reads (each token's log-probability); with
-    `output_logits`, `output_attentions`, `output_hidden_states` those of each step (`each_step`). transformers'
-    logits processors (`PROCESSOR_SETTINGS`, `PROCESSOR_INPUTS`: no repeated n-grams, banned words, ...) apply to
-    its log-probabilities, as in transformers' beam search. The search is never swapped for another behind the
-    call's back: a setting or input it does not take (stopping criteria, streamers, forced_eos_token_id, ...) is
-    refused in one line naming it; one that names another decoding (`OTHER_DECODINGS`: sampling, transformers'
-    `length_penalty`, ...), `gnmt_alpha=None` or one beam (greedy: the same tokens) is transformers' decoding of it,
-    at most source length + `extra_length` tokens unless the call sets a length. `labels` are not read and
-    `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without `gnmt_alpha` in the generation config or
-    the call, transformers' decoding unchanged: an `extra_length` in the call is refused. The paper's decoding reads
-    left-padded sources right-padded (`right_padded`).
+    A generation config (the model's, or the one given on top of the model's) or a call with `gnmt_alpha` asks for the
+    paper's decoding (§6.1): with `num_beams` > 1 this GNMT search, source length + `extra_length` tokens (50 unless
+    set) unless `max_new_tokens` or `max_length` says otherwise, its result a tensor or, with
+    `return_dict_in_generate`, a `GenerateBeamEncoderDecoderOutput`; with `output_scores` it holds the penalized scores
+    (`sequences_scores`) and what `compute_transition_scores` reads (each token's log-probability); with
+    `output_logits`, `output_attentions`, `output_hidden_states` those of each step (`each_step`). transformers' logits
+    processors (`PROCESSOR_SETTINGS`, `PROCESSOR_INPUTS`: no repeated n-grams, banned words, ...) apply to its
+    log-probabilities, as in transformers' beam search, `forced_eos_token_id` at each source's own limit. The search is
+    never swapped for another behind the call's back: a setting or input it does not take (stopping criteria,
+    streamers, exponential_decay_length_penalty, ...) is refused in one line naming it; one that names another decoding
+    (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or one beam (greedy: the same
+    tokens) is transformers' decoding of it, at most source length + `extra_length` tokens unless the call sets a
+    length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without `gnmt_alpha`
+    in the generation config or the call, transformers' decoding unchanged: an `extra_length` in the call is refused.
+    The paper's decoding reads left-padded sources right-padded (`right_padded`).
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
@@ -463,11 +482,13 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         if "min_length" in saved | given:  # it counts the decoder start token too
             min_new_tokens = max(min_new_tokens, config.min_length - 1)
         n = 1 if config.num_return_sequences is None else config.num_return_sequences
+        limits = output_limits(model.config, torch.ones_like(source) if mask is None else mask, max_new_tokens,
+                               extra_length)
         sequences, scores = gnmt_beam_search(
             model, source, mask, config.num_beams, alpha, max_new_tokens=max_new_tokens, extra_length=extra_length,
             min_new_tokens=min_new_tokens, num_return_sequences=n,
             output_scores=True, synced_gpus=synced_gpus,
-            logits_processor=logits_processors(model, config, source, inputs_of_call, config.num_beams)
+            logits_processor=logits_processors(model, config, source, inputs_of_call, config.num_beams, limits)
             if processed else None)
         if not config.return_dict_in_generate:
             return sequences
@@ -475,9 +496,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         if not any(wanted.values()):
             return GenerateBeamEncoderDecoderOutput(sequences=sequences)
         mask = torch.ones_like(source) if mask is None else mask
-        limits = output_limits(model.config, mask, max_new_tokens, extra_length)
         found = each_step(model, source, mask, sequences, limits, **wanted, logits_processor=logits_processors(
-            model, config, source, inputs_of_call, n) if processed and wanted["scores"] else None)
+            model, config, source, inputs_of_call, n, limits) if processed and wanted["scores"] else None)
         return GenerateBeamEncoderDecoderOutput(sequences=sequences, **found,
                                                 sequences_scores=scores if wanted["scores"] else None)
     if torch.is_tensor(source) and config.max_new_tokens is None and "max_length" not in saved | given:

@@ -108,8 +108,9 @@ class CTranslate2Engine:
     penalty, with the model's α; without one, its generation config's `length_penalty`, else generate()'s 1), not by
     the paper's GNMT penalty: the beams can differ. The generation config's banned words (`bad_words_ids`: an
     OPUS-MT model's <pad>) are CTranslate2's suppressed sequences; a model whose generation config asks for another
-    logits processor is refused, as CTranslate2 would decode without it. `workers`: CTranslate2's (`kept_workers`'
-    layout; by default measured on a CPU), each batch decoded in a part for each worker."""
+    logits processor is refused, as CTranslate2 would decode without it; `forced_eos_token_id` (OPUS-MT's) is the
+    last token of a hypothesis cut at its limit (greedy: the torch engine's tokens). `workers`: CTranslate2's
+    (`kept_workers`' layout; by default measured on a CPU), each batch decoded in a part for each worker."""
 
     name = "ctranslate2"
 
@@ -124,12 +125,15 @@ class CTranslate2Engine:
         except OSError:  # no generation_config.json: the model config's tokens, as from_pretrained makes it
             self.generation_config = GenerationConfig.from_model_config(config)
         generation, defaults = self.generation_config, GenerationConfig._get_default_generation_params()
-        unapplied = [f"{key}={getattr(generation, key)}" for key in PROCESSOR_SETTINGS if key != "bad_words_ids"
+        unapplied = [f"{key}={getattr(generation, key)}" for key in PROCESSOR_SETTINGS
+                     if key not in ("bad_words_ids", "forced_eos_token_id")
                      and getattr(generation, key) not in (None, False, defaults.get(key))]
         if unapplied:
             raise ValueError(f"--engine ctranslate2 does not apply the generation config's {', '.join(unapplied)}: "
                              "decode with --engine torch")
         self.banned = [tokenizer.convert_ids_to_tokens(ids) for ids in generation.bad_words_ids or []]
+        forced = generation.forced_eos_token_id
+        self.forced_end = forced[0] if isinstance(forced, list) else forced
         folder = cached_export(name_or_path, "int8" if int8 else "float32")
         where = torch.device(device)
         compute = ("int8" if where.type == "cpu" else "int8_float16") if int8 else "float32"
@@ -158,6 +162,9 @@ class CTranslate2Engine:
         hypotheses, scores = [], []
         for result, limit in zip(results, limits):
             for tokens, score in zip(result.hypotheses, result.scores):
-                hypotheses.append(self.tokenizer.convert_tokens_to_ids(tokens)[:limit])
+                ids = self.tokenizer.convert_tokens_to_ids(tokens)[:limit]
+                if self.forced_end is not None and len(ids) == limit and ids[-1] != self.config.eos_token_id:
+                    ids[-1] = self.forced_end  # the search's forced end at the source's limit (gnmt.py's)
+                hypotheses.append(ids)
                 scores.append(score)
         return hypotheses, scores

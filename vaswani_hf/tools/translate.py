@@ -46,7 +46,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils.logging import disable_progress_bar
 
-from ..gnmt import check_alpha, check_whole, extra_length_of, gnmt_beam_search, logits_processors
+from ..gnmt import check_alpha, check_whole, extra_length_of, gnmt_beam_search, logits_processors, output_limits
 from ..speed.allocator import keep_freed_memory
 from .loading import check_gpu, checked, device_kind, learned_positions, load, one_line_errors
 from .text import decode_utf8, opened, refused_write, split_lines
@@ -200,10 +200,11 @@ def search(model, inputs, num_beams: int, alpha: float | None, nbest: int) -> tu
     transformers' `generate()` with the model's generation config (log P, divided by |Y|^length_penalty in beam
     search)."""
     if alpha is not None:
-        config, source = model.generation_config, inputs["input_ids"]
-        return gnmt_beam_search(model, source, inputs["attention_mask"], num_beams, alpha,
-                                extra_length=extra_length_of(config), num_return_sequences=nbest, output_scores=True,
-                                logits_processor=logits_processors(model, config, source, {}, num_beams))
+        config, source, mask = model.generation_config, inputs["input_ids"], inputs["attention_mask"]
+        limits = output_limits(model.config, mask, None, extra_length_of(config))
+        return gnmt_beam_search(model, source, mask, num_beams, alpha, extra_length=extra_length_of(config),
+                                num_return_sequences=nbest, output_scores=True,
+                                logits_processor=logits_processors(model, config, source, {}, num_beams, limits))
     found = model.generate(**inputs, num_beams=num_beams, num_return_sequences=nbest, output_scores=True,
                            return_dict_in_generate=True)
     if num_beams > 1:
