@@ -244,7 +244,6 @@ def test_the_papers_search_stops_at_the_last_learned_position():
 
 
 @pytest.mark.parametrize(("option", "named"), [
-    ({"exponential_decay_length_penalty": (2, 1.5)}, "exponential_decay_length_penalty"),
     ({"stopping_criteria": [lambda ids, scores: False]}, "stopping_criteria"),
     ({"max_time": 60.0}, "max_time"),
     ({"eos_token_id": 5}, "eos_token_id"),

@@ -10,6 +10,7 @@ import pytest
 import torch
 from support import BOS, EOS, PAD, random_ids, tiny_config, tiny_model
 from transformers import (
+    ExponentialDecayLengthPenalty,
     ForcedEOSTokenLogitsProcessor,
     LogitsProcessor,
     LogitsProcessorList,
@@ -511,12 +512,12 @@ def test_a_saved_setting_the_search_does_not_take_is_refused_and_a_saved_min_new
     model.final_logits_bias[..., EOS] = 100.0  # EOS first, always
     model.generation_config.update(num_beams=4, gnmt_alpha=0.6, min_new_tokens=0, allow_custom_entries=True)
     assert model.generate(source).tolist() == [[BOS, EOS]]
-    model.generation_config.exponential_decay_length_penalty = (2, 1.5)  # a length of transformers' counting
-    message = ("does not take exponential_decay_length_penalty: leave it out (the generation config's: pass "
-               "exponential_decay_length_penalty=None), or pass gnmt_alpha=None")
+    model.generation_config.max_time = 60.0  # a stopping criterion
+    message = ("does not take max_time: leave it out (the generation config's: pass max_time=None), or pass "
+               "gnmt_alpha=None")
     with pytest.raises(ValueError, match=re.escape(message)):
         model.generate(source)
-    assert model.generate(source, exponential_decay_length_penalty=None).tolist() == [[BOS, EOS]]  # as it says
+    assert model.generate(source, max_time=None).tolist() == [[BOS, EOS]]  # as the message says
 
 
 def test_generate_applies_the_logits_processors_that_the_call_and_the_generation_config_ask_for():
@@ -563,6 +564,18 @@ def test_generate_applies_the_logits_processors_that_the_call_and_the_generation
     assert transitions.isfinite().all() and out.sequences.shape[1] == 21  # none ended: all cut at 20 tokens
     torch.testing.assert_close(transitions.sum(-1) / gnmt_length_penalty(20, 0.6), out.sequences_scores, rtol=1e-5,
                                atol=0)
+
+
+def test_exponential_decay_length_penalty_is_transformers_processor_applied_by_the_search():
+    """`exponential_decay_length_penalty` (EOS made likelier after a number of tokens) is transformers' processor,
+    counting the generated tokens as transformers' does for an encoder-decoder: the outputs end sooner."""
+    model = tiny_model(seed=1)
+    model.generation_config.update(num_beams=4, gnmt_alpha=0.6, allow_custom_entries=True)
+    source = random_ids(2, 6, seed=3)
+    decayed = model.generate(source, exponential_decay_length_penalty=(2, 3.0))
+    expected = gnmt_beam_search(model, source, num_beams=4, alpha=0.6, logits_processor=LogitsProcessorList(
+        [ExponentialDecayLengthPenalty((2, 3.0), EOS, input_ids_seq_length=1)]))
+    assert torch.equal(decayed, expected) and decayed.shape[1] < model.generate(source).shape[1]
 
 
 def test_forced_eos_token_id_ends_each_hypothesis_at_its_own_sources_limit():

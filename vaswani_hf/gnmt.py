@@ -399,7 +399,7 @@ OTHER_DECODINGS = ("do_sample", "length_penalty", "num_beam_groups", "diversity_
 PROCESSOR_SETTINGS = ("repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size",
                       "encoder_no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "suppress_tokens",
                       "begin_suppress_tokens", "forced_bos_token_id", "renormalize_logits", "remove_invalid_values",
-                      "forced_eos_token_id")
+                      "exponential_decay_length_penalty", "forced_eos_token_id")
 PROCESSOR_INPUTS = ("logits_processor", "prefix_allowed_tokens_fn")
 # Inputs no decoding reads: transformers' generate never forwards `labels` (Seq2SeqTrainer passes the references).
 UNREAD_INPUTS = ("labels",)
@@ -416,13 +416,13 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     `output_logits`, `output_attentions`, `output_hidden_states` those of each step (`each_step`). transformers' logits
     processors (`PROCESSOR_SETTINGS`, `PROCESSOR_INPUTS`: no repeated n-grams, banned words, ...) apply to its
     log-probabilities, as in transformers' beam search, `forced_eos_token_id` at each source's own limit. The search is
-    never swapped for another behind the call's back: a setting or input it does not take (stopping criteria,
-    streamers, exponential_decay_length_penalty, ...) is refused in one line naming it; one that names another decoding
-    (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or one beam (greedy: the same
-    tokens) is transformers' decoding of it, at most source length + `extra_length` tokens unless the call sets a
-    length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without `gnmt_alpha`
-    in the generation config or the call, transformers' decoding unchanged: an `extra_length` in the call is refused.
-    The paper's decoding reads left-padded sources right-padded (`right_padded`).
+    never swapped for another behind the call's back: a setting or input it does not take (stopping criteria such as
+    max_time, streamers, ...) is refused in one line naming it; one that names another decoding (`OTHER_DECODINGS`:
+    sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or one beam (greedy: the same tokens) is
+    transformers' decoding of it, at most source length + `extra_length` tokens unless the call sets a length. `labels`
+    are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without `gnmt_alpha` in the
+    generation config or the call, transformers' decoding unchanged: an `extra_length` in the call is refused. The
+    paper's decoding reads left-padded sources right-padded (`right_padded`).
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
