@@ -356,8 +356,8 @@ def test_the_ctranslate2_engine_bans_what_the_generation_config_bans_and_refuses
         marian_pair, tmp_path, monkeypatch, num_beams):
     """`bad_words_ids` (OPUS-MT's <pad>; here also the token decoded most) is CTranslate2's suppressed sequences: the
     token never appears, and greedy decoding is the torch engine's (each limited by its source), which bans it as
-    transformers does. A logits
-    processor CTranslate2 is not given (no repeated bigrams) is refused in one line before the export is made."""
+    transformers does. A logits processor CTranslate2 is not given (a repetition penalty) is refused in one line
+    before the export is made."""
     from vaswani_hf.tools.translate import load_engine, translate
 
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
@@ -374,9 +374,9 @@ def test_the_ctranslate2_engine_bans_what_the_generation_config_bans_and_refuses
     assert common not in " ".join(ct2).split()
     if num_beams == 1:
         assert ct2 == translate(load_engine(str(folder), fast=False)[0], tokenizer, sources, num_beams=1, alpha=0.6)
-    (folder / "generation_config.json").write_text(json.dumps(published | {"no_repeat_ngram_size": 2}))
+    (folder / "generation_config.json").write_text(json.dumps(published | {"repetition_penalty": 1.2}))
     with pytest.raises(SystemExit, match=r"^error: cannot load a model from .*: --engine ctranslate2 does not "
-                       r"apply the generation config's no_repeat_ngram_size=2: decode with --engine torch$"):
+                       r"apply the generation config's repetition_penalty=1.2: decode with --engine torch$"):
         load_engine(str(folder), "ctranslate2")
     assert not any((tmp_path / "cache").rglob(f"*{folder.name}*"))
 

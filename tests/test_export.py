@@ -3,6 +3,7 @@ own model on a briefly trained EN-DE model (support's `translation_folder`)."""
 
 import copy
 import errno
+import itertools
 import json
 import shutil
 import sys
@@ -294,6 +295,31 @@ def test_the_ctranslate2_engine_decodes_greedily_the_torch_engines_ids(translati
         ours, _ = torch_engine.decode(short, 1, 0.6, 1)
         assert ct2_engine.decode(short, 1, 0.6, 1)[0] == ours == [hypothesis[: len(ids) + 9]
                                                                     for hypothesis, ids in zip(theirs, short)]
+
+
+def test_the_ctranslate2_engine_repeats_no_ngram_where_the_generation_config_says_so(translation_folder, trained,
+                                                                                     tmp_path, monkeypatch):
+    """A generation config's `no_repeat_ngram_size` is CTranslate2's own: with a bias against EOS (outputs that run to
+    their limit and repeat themselves), greedy decoding gives the torch engine's ids, which transformers' processor
+    keeps free of a repeated bigram."""
+    from vaswani_hf.tools.ctranslate2_engine import CTranslate2Engine
+    from vaswani_hf.tools.translate import TorchEngine
+
+    def repeats(ids):
+        return len(set(itertools.pairwise(ids))) < len(ids) - 1
+
+    _, tokenizer = trained
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    folder = Path(shutil.copytree(translation_folder, tmp_path / "once"))
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, add_final_logits_bias=True).eval()
+    model.final_logits_bias[0, tokenizer.eos_token_id] = -30.0
+    batch = tokenizer([source for source, _ in PAIRS[:8]])["input_ids"]
+    assert any(repeats(ids) for ids in TorchEngine(model, tokenizer).decode(batch, 1, 0.6, 1)[0])
+    model.generation_config.no_repeat_ngram_size = 2
+    model.save_pretrained(folder)
+    ours, _ = TorchEngine(model, tokenizer).decode(batch, 1, 0.6, 1)
+    assert CTranslate2Engine(str(folder), model.config, tokenizer).decode(batch, 1, 0.6, 1)[0] == ours
+    assert not any(repeats(ids) for ids in ours)
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])

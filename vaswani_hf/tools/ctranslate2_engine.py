@@ -107,9 +107,10 @@ class CTranslate2Engine:
     Greedy decoding gives the torch model's tokens. Beam search ranks by log P / |Y|^α (CTranslate2's length
     penalty, with the model's α; without one, its generation config's `length_penalty`, else generate()'s 1), not by
     the paper's GNMT penalty: the beams can differ. The generation config's banned words (`bad_words_ids`: an
-    OPUS-MT model's <pad>) are CTranslate2's suppressed sequences; a model whose generation config asks for another
-    logits processor is refused, as CTranslate2 would decode without it; `forced_eos_token_id` (OPUS-MT's) is the
-    last token of a hypothesis cut at its limit (greedy: the torch engine's tokens). `workers`: CTranslate2's
+    OPUS-MT model's <pad>) are CTranslate2's suppressed sequences, its `no_repeat_ngram_size` CTranslate2's; a model
+    whose generation config asks for another logits processor is refused, as CTranslate2 would decode without it;
+    `forced_eos_token_id` (OPUS-MT's) is the last token of a hypothesis cut at its limit (greedy: the torch engine's
+    tokens). `workers`: CTranslate2's
     (`kept_workers`' layout; by default measured on a CPU), each batch decoded in a part for each worker."""
 
     name = "ctranslate2"
@@ -126,7 +127,7 @@ class CTranslate2Engine:
             self.generation_config = GenerationConfig.from_model_config(config)
         generation, defaults = self.generation_config, GenerationConfig._get_default_generation_params()
         unapplied = [f"{key}={getattr(generation, key)}" for key in PROCESSOR_SETTINGS
-                     if key not in ("bad_words_ids", "forced_eos_token_id")
+                     if key not in ("bad_words_ids", "no_repeat_ngram_size", "forced_eos_token_id")
                      and getattr(generation, key) not in (None, False, defaults.get(key))]
         if unapplied:
             raise ValueError(f"--engine ctranslate2 does not apply the generation config's {', '.join(unapplied)}: "
@@ -148,15 +149,15 @@ class CTranslate2Engine:
 
     def decode(self, batch: list[list[int]], num_beams: int, alpha: float | None,
                nbest: int) -> tuple[list[list[int]], list[float]]:
-        extra_length = extra_length_of(self.generation_config)
-        limits = [min(len(ids) + extra_length, self.positions) for ids in batch]  # as gnmt.py's
-        penalty = alpha if alpha is not None else self.generation_config.length_penalty
+        generation = self.generation_config
+        limits = [min(len(ids) + extra_length_of(generation), self.positions) for ids in batch]  # as gnmt.py's
+        penalty = alpha if alpha is not None else generation.length_penalty
         if penalty is None:  # unset in the generation config: generate()'s default
             penalty = 1.0
         results = self.translator.translate_batch(
             [self.tokenizer.convert_ids_to_tokens(ids) for ids in batch], beam_size=num_beams, num_hypotheses=nbest,
             length_penalty=penalty, max_decoding_length=max(limits), min_decoding_length=1, return_scores=True,
-            suppress_sequences=self.banned or None,
+            suppress_sequences=self.banned or None, no_repeat_ngram_size=generation.no_repeat_ngram_size or 0,
             return_end_token=True, max_input_length=0,
             max_batch_size=math.ceil(len(batch) / self.workers["inter_threads"]))  # a part for each worker
         hypotheses, scores = [], []
