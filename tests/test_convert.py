@@ -355,30 +355,33 @@ def test_vaswani_translates_ctranslate2_engine_takes_a_converted_model_greedily_
 def test_the_ctranslate2_engine_bans_what_the_generation_config_bans_and_refuses_what_it_cannot_apply(
         marian_pair, tmp_path, monkeypatch, num_beams):
     """`bad_words_ids` (OPUS-MT's <pad>; here also the token decoded most) is CTranslate2's suppressed sequences: the
-    token never appears, and greedy decoding is the torch engine's (each limited by its source), which bans it as
-    transformers does. A logits processor CTranslate2 is not given (a repetition penalty) is refused in one line
-    before the export is made."""
-    from vaswani_hf.tools.translate import load_engine, translate
+    token never appears, and greedy decoding gives the torch engine's ids (each limited by its source), which bans it
+    as transformers does. A logits processor CTranslate2 is not given (a repetition penalty) is refused in one line
+    before an export is made."""
+    from vaswani_hf.tools.translate import load_engine
 
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
     source, converted = marian_pair
-    tokenizer, sources = MarianTokenizer.from_pretrained(source), SENTENCES[:8]
-    free = translate(load_engine(str(converted), "ctranslate2")[0], tokenizer, sources, num_beams=num_beams, alpha=0.6)
-    common = collections.Counter(" ".join(free).split()).most_common(1)[0][0]
+    ids = MarianTokenizer.from_pretrained(source)(SENTENCES[:8])["input_ids"]
+    free, _ = load_engine(str(converted), "ctranslate2")[0].decode(ids, num_beams, 0.6, 1)
+    common = collections.Counter(token for hypothesis in free for token in hypothesis[:-1]).most_common(1)[0][0]
+    published = json.loads((converted / "generation_config.json").read_text())
     folder = shutil.copytree(converted, tmp_path / "banned")
-    published = json.loads((folder / "generation_config.json").read_text())
-    banned = tokenizer(text_target=[common], add_special_tokens=False)["input_ids"]
     (folder / "generation_config.json").write_text(json.dumps(published | {
-        "bad_words_ids": [*published["bad_words_ids"], *banned]}))
-    ct2 = translate(load_engine(str(folder), "ctranslate2")[0], tokenizer, sources, num_beams=num_beams, alpha=0.6)
-    assert common not in " ".join(ct2).split()
+        "bad_words_ids": [*published["bad_words_ids"], [common]]}))
+    banned, _ = load_engine(str(folder), "ctranslate2")[0].decode(ids, num_beams, 0.6, 1)
+    assert not any(common in hypothesis for hypothesis in banned)
     if num_beams == 1:
-        assert ct2 == translate(load_engine(str(folder), fast=False)[0], tokenizer, sources, num_beams=1, alpha=0.6)
-    (folder / "generation_config.json").write_text(json.dumps(published | {"repetition_penalty": 1.2}))
+        assert banned == load_engine(str(folder), fast=False)[0].decode(ids, 1, 0.6, 1)[0]
+    penalized = shutil.copytree(converted, tmp_path / "penalized")
+    (penalized / "generation_config.json").write_text(json.dumps(published | {"repetition_penalty": 1.2}))
+    with open(penalized / "vocab.json", "a") as file:  # an export of its own (cached_export's key)
+        file.write("\n")
+    exports = sorted((tmp_path / "cache").rglob("*"))
     with pytest.raises(SystemExit, match=r"^error: cannot load a model from .*: --engine ctranslate2 does not "
                        r"apply the generation config's repetition_penalty=1.2: decode with --engine torch$"):
-        load_engine(str(folder), "ctranslate2")
-    assert not any((tmp_path / "cache").rglob(f"*{folder.name}*"))
+        load_engine(str(penalized), "ctranslate2")
+    assert sorted((tmp_path / "cache").rglob("*")) == exports
 
 
 def test_a_converted_model_loads_without_the_package_and_exports(marian_pair, tmp_path):
