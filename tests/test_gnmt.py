@@ -34,24 +34,27 @@ def test_length_penalty_is_gnmts():
 
 
 @torch.no_grad()
-def sequence_log_probs(model, source, hypotheses: list[list[int]]) -> list[float]:
-    """log P(hypothesis | source) of hypotheses of one length, each teacher-forced (one forward pass for them all)."""
+def sequence_log_probs(model, source, hypotheses: list[list[int]], begun: tuple = ()) -> list[float]:
+    """log P(hypothesis | source) of hypotheses of one length, each teacher-forced (one forward pass for them all);
+    with `begun`, log P(hypothesis | source, the output begun with those tokens)."""
     targets = torch.tensor(hypotheses)
-    decoder_input = torch.cat([torch.full((len(hypotheses), 1), BOS), targets[:, :-1]], dim=1)
-    logits = model(input_ids=source.expand(len(hypotheses), -1), decoder_input_ids=decoder_input).logits
+    given = torch.tensor([[BOS, *begun]]).expand(len(hypotheses), -1)
+    logits = model(input_ids=source.expand(len(hypotheses), -1),
+                   decoder_input_ids=torch.cat([given, targets[:, :-1]], dim=1)).logits[:, len(begun):]
     return logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1).sum(-1).tolist()
 
 
-def brute_force(model, source, vocab, max_length, alpha, min_new_tokens):
+def brute_force(model, source, vocab, max_length, alpha, min_new_tokens, begun: tuple = ()):
     """Score every hypothesis: ended by EOS within max_length tokens (after at least min_new_tokens others), or cut
     at max_length. All of them, best first, the cut ones after all that ended (tensor2tensor returns a cut one only
-    where none ended): [(hypothesis, penalized score)]."""
+    where none ended): [(hypothesis, penalized score)]. With `begun`, every continuation of those tokens, scored,
+    counted and limited without them."""
     scored = []
     for length in range(1 + min_new_tokens, max_length + 1):
         prefixes = itertools.product([t for t in range(vocab) if t != EOS], repeat=length - 1)
         ending = [EOS] if length < max_length else range(vocab)
         candidates = [[*prefix, last] for prefix in prefixes for last in ending]
-        log_probs = sequence_log_probs(model, source, candidates)
+        log_probs = sequence_log_probs(model, source, candidates, begun)
         scored += [(hypothesis, log_prob / gnmt_length_penalty(length, alpha))
                    for hypothesis, log_prob in zip(candidates, log_probs, strict=True)]
     return sorted(scored, key=lambda pair: (pair[0][-1] != EOS, -pair[1]))
@@ -76,6 +79,23 @@ def test_an_exhaustive_beam_returns_the_brute_force_best(alpha, min_new_tokens):
         found = gnmt_beam_search(model, source, num_beams=vocab ** max_length, alpha=alpha, max_new_tokens=max_length,
                                  min_new_tokens=min_new_tokens)
         assert hypotheses(found) == [expected], (seed, alpha)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_given_a_beginning_an_exhaustive_beam_returns_the_brute_force_best_continuation(alpha):
+    """`decoder_input_ids` (transformers' decoder prompt): the search returns the beginning and the best continuation
+    of it by brute force, scored, counted and limited without the tokens given, with its score."""
+    vocab, max_length, begun = 5, 3, (4, 3)
+    for seed in range(3):
+        model = sharpened_model(seed, vocab)
+        source = torch.randint(3, vocab, (1, 4), generator=torch.Generator().manual_seed(seed))
+        expected, score = brute_force(model, source, vocab, max_length, alpha, 1, begun)[0]
+        found, scores = gnmt_beam_search(model, source, num_beams=vocab ** max_length, alpha=alpha,
+                                         max_new_tokens=max_length, output_scores=True,
+                                         decoder_input_ids=torch.tensor([[BOS, *begun]]))
+        assert found[0, :3].tolist() == [BOS, *begun]
+        assert hypotheses(torch.cat([found[:, :1], found[:, 3:]], 1)) == [expected], (seed, alpha)
+        torch.testing.assert_close(scores, torch.tensor([score]), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
@@ -564,6 +584,40 @@ def test_generate_applies_the_logits_processors_that_the_call_and_the_generation
     assert transitions.isfinite().all() and out.sequences.shape[1] == 21  # none ended: all cut at 20 tokens
     torch.testing.assert_close(transitions.sum(-1) / gnmt_length_penalty(20, 0.6), out.sequences_scores, rtol=1e-5,
                                atol=0)
+
+
+def test_generate_continues_each_sources_given_beginning_as_the_search_of_it_alone():
+    """`generate(decoder_input_ids=...)`: each output begins with its source's given tokens (the start token put first
+    where no row has it, as transformers does; a decoder_attention_mask of ones taken) and continues them as the search
+    of that source alone; `max_length` and `min_length` count the beginning; the transitions add up to the penalized
+    scores, and the first step's hidden states are the whole beginning's, as in transformers' first step; a padded
+    beginning is refused in one line."""
+    model = tiny_model(seed=2)
+    model.generation_config.update(num_beams=3, gnmt_alpha=0.6, allow_custom_entries=True)
+    source, mask = random_ids(2, 5, seed=5), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    begun = random_ids(2, 2, seed=6)
+    out = model.generate(source, attention_mask=mask, decoder_input_ids=begun, num_return_sequences=2,
+                         decoder_attention_mask=torch.ones_like(begun), output_scores=True,
+                         output_hidden_states=True, return_dict_in_generate=True)
+    assert (out.sequences[:, 0] == BOS).all() and torch.equal(out.sequences[:, 1:3], begun.repeat_interleave(2, 0))
+    for row in range(2):
+        alone = gnmt_beam_search(model, source[row : row + 1, : int(mask[row].sum())], num_beams=3, alpha=0.6,
+                                 num_return_sequences=2, decoder_input_ids=torch.cat([torch.tensor([[BOS]]),
+                                                                                      begun[row : row + 1]], 1))
+        assert torch.equal(out.sequences[2 * row : 2 * row + 2, : alone.shape[1]], alone)
+        assert (out.sequences[2 * row : 2 * row + 2, alone.shape[1] :] == PAD).all()
+    transitions = model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
+    added = (out.beam_indices >= 0).sum(-1)
+    torch.testing.assert_close(transitions.sum(-1) / gnmt_length_penalty(added, 0.6), out.sequences_scores,
+                               rtol=1e-5, atol=0)
+    assert [tuple(step[0].shape[:2]) for step in out.decoder_hidden_states[:2]] == [(4, 3), (4, 1)]
+    assert model.generate(source, decoder_input_ids=begun, max_length=6).shape[1] <= 6
+    hasty = tiny_model(seed=2, add_final_logits_bias=True)
+    hasty.final_logits_bias[..., EOS] = 100.0  # EOS wherever allowed: min_length, counting the beginning, decides
+    hasty.generation_config.update(num_beams=3, gnmt_alpha=0.6, allow_custom_entries=True)
+    assert hasty.generate(source, decoder_input_ids=begun, min_length=6).shape[1] == 7  # EOS the 7th token
+    with pytest.raises(ValueError, match="does not take decoder_attention_mask: leave it out"):
+        model.generate(source, decoder_input_ids=begun, decoder_attention_mask=torch.tensor([[0, 1], [1, 1]]))
 
 
 def test_exponential_decay_length_penalty_is_transformers_processor_applied_by_the_search():

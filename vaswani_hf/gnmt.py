@@ -71,6 +71,7 @@ def gnmt_beam_search(
     output_scores: bool = False,
     synced_gpus: bool = False,
     logits_processor: LogitsProcessorList | None = None,
+    decoder_input_ids: torch.LongTensor | None = None,
 ) -> torch.LongTensor | tuple[torch.LongTensor, torch.Tensor]:
     """Beam search scored with the GNMT length penalty; returns the best hypothesis of each source, or its
     `num_return_sequences` best (at most `num_beams`), best first.
@@ -83,7 +84,9 @@ def gnmt_beam_search(
     `synced_gpus` does. `logits_processor`: transformers' processors (no repeated n-grams, banned words, a prefix
     function, ...), applied to each step's log-probabilities, which are then normalized again (as transformers'
     `renormalize_logits` does: a hypothesis's log P only falls, which the early stop relies on); the sources then stay
-    in the batch until all are done, as the processors may read its layout.
+    in the batch until all are done, as the processors may read its layout. `decoder_input_ids`: each output's
+    beginning, (B, P), the decoder start token first (transformers' decoder prompt): the search continues it, and
+    counts, scores and limits only the tokens it adds, as transformers' beam search does.
     """
     config = model.config
     check_token_ids(input_ids, config.vocab_size, "input_ids", values=False)  # the encoder reads the values
@@ -98,6 +101,11 @@ def gnmt_beam_search(
         raise ValueError(
             f"num_return_sequences must be between 1 and num_beams={num_beams}, got {num_return_sequences}"
         )
+    if decoder_input_ids is not None:
+        check_token_ids(decoder_input_ids, config.vocab_size, "decoder_input_ids")
+        if decoder_input_ids.shape[0] != input_ids.shape[0]:
+            raise ValueError(f"decoder_input_ids has {decoder_input_ids.shape[0]} rows for {input_ids.shape[0]} "
+                             "sources: give one beginning per source")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     elif attention_mask.shape == input_ids.shape:  # (else the encoder's one-line error)
@@ -121,13 +129,16 @@ def gnmt_beam_search(
     cache = EncoderDecoderCache(DynamicCache(config=decoder_config), DynamicCache(config=decoder_config))
     cache.self_attention_cache.layers = [BeamLayer() for _ in cache.self_attention_cache.layers]
 
-    tokens = torch.full((batch_size * num_beams, 1), start, device=device)  # (B*K, t)
+    if decoder_input_ids is None:
+        decoder_input_ids = torch.full((batch_size, 1), start, device=device)
+    given = decoder_input_ids.shape[1]  # the start token and the outputs' given beginning
+    tokens = decoder_input_ids.repeat_interleave(num_beams, 0)  # (B*K, given + t - 1)
     alive_scores = torch.full((batch_size, num_beams), float("-inf"), device=device)  # log P of alive hypotheses
     alive_scores[:, 0] = 0.0  # one start hypothesis per source; the other beams fill at the first step
     n = num_return_sequences  # the n best ended hypotheses of each source, best first
     finished_scores = torch.full((batch_size, n), float("-inf"), device=device)
-    finished = torch.full((batch_size, n, max_limit + 1), pad, device=device)
-    finished_lengths = torch.ones(batch_size, n, dtype=torch.long, device=device)
+    finished = torch.full((batch_size, n, given + max_limit), pad, device=device)
+    finished_lengths = torch.full((batch_size, n), given, device=device)
     finished_by_eos = torch.zeros(batch_size, n, dtype=torch.bool, device=device)
     rows = torch.arange(batch_size, device=device)
     sources = rows  # the index in the batch given of each source still searched
@@ -147,8 +158,8 @@ def gnmt_beam_search(
         elif decoded:
             break
         logits = model(
-            encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_input_ids=tokens[:, -1:],
-            cache=cache, use_cache=True,
+            encoder_outputs=encoder_outputs, attention_mask=attention_mask,
+            decoder_input_ids=tokens[:, -1:] if step > 1 else tokens, cache=cache, use_cache=True,
         ).logits[:, -1]
         log_probs = logits.float().log_softmax(-1)
         if logits_processor:
@@ -168,18 +179,19 @@ def gnmt_beam_search(
         ends = by_eos | (step >= limits).unsqueeze(-1)
         penalized = torch.where(ends, top_scores / gnmt_length_penalty(step, alpha), float("-inf"))  # (B, 2K)
         if (penalized > finished_scores[:, -1:]).any():
-            history = tokens.view(batch_size, num_beams, -1)[rows.unsqueeze(-1), top_beams]  # (B, 2K, t)
-            ended = torch.full((*top_tokens.shape, max_limit + 1), pad, device=device)
-            ended[..., :step] = history
-            ended[..., step] = top_tokens
+            history = tokens.view(batch_size, num_beams, -1)[rows.unsqueeze(-1), top_beams]  # (B, 2K, given + t - 1)
+            ended = torch.full((*top_tokens.shape, given + max_limit), pad, device=device)
+            ended[..., : given + step - 1] = history
+            ended[..., given + step - 1] = top_tokens
             scores, order = torch.cat([finished_scores, penalized], -1).sort(dim=-1, descending=True, stable=True)
             by_eos_first = torch.cat([finished_by_eos, by_eos], -1).gather(1, order).sort(
                 dim=-1, descending=True, stable=True).indices
             scores, order = scores.gather(1, by_eos_first), order.gather(1, by_eos_first)
             keep = order[:, :n]
-            finished = torch.cat([finished, ended], 1).gather(1, keep.unsqueeze(-1).expand(-1, -1, max_limit + 1))
+            finished = torch.cat([finished, ended], 1).gather(1, keep.unsqueeze(-1).expand(-1, -1, given + max_limit))
             finished_scores = scores[:, :n]
-            finished_lengths = torch.cat([finished_lengths, torch.full_like(top_tokens, step + 1)], -1).gather(1, keep)
+            added = torch.full_like(top_tokens, given + step)
+            finished_lengths = torch.cat([finished_lengths, added], -1).gather(1, keep)
             finished_by_eos = torch.cat([finished_by_eos, by_eos], -1).gather(1, keep)
 
         # The K best hypotheses that did not end stay alive.
@@ -296,7 +308,7 @@ def output_limits(config, attention_mask: torch.Tensor, max_new_tokens: int | No
 @torch.no_grad()
 def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequences: torch.Tensor,
               limits: torch.Tensor, scores: bool, logits: bool, attentions: bool, hidden_states: bool,
-              logits_processor: LogitsProcessorList | None = None) -> dict:
+              logits_processor: LogitsProcessorList | None = None, given: int = 1) -> dict:
     """What transformers' beam search returns step by step (as `GenerateBeamEncoderDecoderOutput` names it), for
     the n hypotheses per source the search returned (`sequences`, B·n rows), the model reading each hypothesis
     whole (teacher-forced): `beam_indices`, each generated token's row, its own, or -1 after the hypothesis
@@ -306,34 +318,36 @@ def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequ
     `attentions` each step's weights of every layer (`decoder_attentions` (B·n, h, 1, t), `cross_attentions`
     (B·n, h, 1, S)) and the encoder's (`encoder_attentions`, B rows); with `hidden_states` each step's hidden
     states of every layer, and the encoder's. Attention weights come from the eager kernel, as in transformers'
-    own decoding."""
+    own decoding. `given`: the tokens each hypothesis began with (the start token, and a given beginning), which the
+    first step reads at once, as transformers' first step reads a decoder prompt."""
     n = sequences.shape[0] // input_ids.shape[0]
     out = model(input_ids=input_ids.repeat_interleave(n, 0), attention_mask=attention_mask.repeat_interleave(n, 0),
                 decoder_input_ids=sequences[:, :-1], use_cache=False, output_attentions=attentions,
                 output_hidden_states=hidden_states)
-    generated = sequences[:, 1:]
+    generated, first = sequences[:, given:], given - 1  # first: the position whose logits make the first token
     positions = torch.arange(generated.shape[1], device=generated.device)
     first_eos = torch.where(generated == model.config.eos_token_id, positions, generated.shape[1]).amin(-1)
     lengths = torch.minimum(first_eos + 1, limits.repeat_interleave(n))
     rows = torch.arange(sequences.shape[0], device=generated.device).unsqueeze(-1).expand_as(generated)
     found = {"beam_indices": rows.masked_fill(positions >= lengths.unsqueeze(-1), -1)}
     steps = range(generated.shape[1])
+    read = [slice(0 if t == 0 else first + t, first + t + 1) for t in steps]  # the positions each step reads
     if scores:
-        found["scores"] = out.logits.float().log_softmax(-1).unbind(1)
+        found["scores"] = out.logits[:, first:].float().log_softmax(-1).unbind(1)
         if logits_processor:
-            found["scores"] = tuple(processed(logits_processor, sequences[:, : t + 1], found["scores"][t])
+            found["scores"] = tuple(processed(logits_processor, sequences[:, : given + t], found["scores"][t])
                                     for t in steps)
     if logits:
-        found["logits"] = out.logits.unbind(1)
+        found["logits"] = out.logits[:, first:].unbind(1)
     if attentions:
         found["encoder_attentions"] = tuple(layer[::n] for layer in out.encoder_attentions)
-        found["decoder_attentions"] = tuple(tuple(layer[:, :, t : t + 1, : t + 1] for layer in out.decoder_attentions)
-                                            for t in steps)
-        found["cross_attentions"] = tuple(tuple(layer[:, :, t : t + 1] for layer in out.cross_attentions)
+        found["decoder_attentions"] = tuple(
+            tuple(layer[:, :, read[t], : given + t] for layer in out.decoder_attentions) for t in steps)
+        found["cross_attentions"] = tuple(tuple(layer[:, :, read[t]] for layer in out.cross_attentions)
                                           for t in steps)
     if hidden_states:
         found["encoder_hidden_states"] = tuple(layer[::n] for layer in out.encoder_hidden_states)
-        found["decoder_hidden_states"] = tuple(tuple(layer[:, t : t + 1] for layer in out.decoder_hidden_states)
+        found["decoder_hidden_states"] = tuple(tuple(layer[:, read[t]] for layer in out.decoder_hidden_states)
                                                for t in steps)
     return found
 
@@ -415,14 +429,15 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     (`sequences_scores`) and what `compute_transition_scores` reads (each token's log-probability); with
     `output_logits`, `output_attentions`, `output_hidden_states` those of each step (`each_step`). transformers' logits
     processors (`PROCESSOR_SETTINGS`, `PROCESSOR_INPUTS`: no repeated n-grams, banned words, ...) apply to its
-    log-probabilities, as in transformers' beam search, `forced_eos_token_id` at each source's own limit. The search is
-    never swapped for another behind the call's back: a setting or input it does not take (stopping criteria such as
-    max_time, streamers, ...) is refused in one line naming it; one that names another decoding (`OTHER_DECODINGS`:
-    sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or one beam (greedy: the same tokens) is
-    transformers' decoding of it, at most source length + `extra_length` tokens unless the call sets a length. `labels`
-    are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without `gnmt_alpha` in the
-    generation config or the call, transformers' decoding unchanged: an `extra_length` in the call is refused. The
-    paper's decoding reads left-padded sources right-padded (`right_padded`).
+    log-probabilities, as in transformers' beam search, `forced_eos_token_id` at each source's own limit;
+    `decoder_input_ids` (with a `decoder_attention_mask` of ones, or none) begin the outputs, as transformers' decoder
+    prompt does. The search is never swapped for another behind the call's back: a setting or input it does not take
+    (stopping criteria such as max_time, streamers, ...) is refused in one line naming it; one that names another
+    decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or one beam (greedy:
+    the same tokens) is transformers' decoding of it, at most source length + `extra_length` tokens unless the call
+    sets a length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without
+    `gnmt_alpha` in the generation config or the call, transformers' decoding unchanged: an `extra_length` in the call
+    is refused. The paper's decoding reads left-padded sources right-padded (`right_padded`).
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
@@ -460,13 +475,19 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         synced_gpus = (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model)) and (
             torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1)
     other_inputs = {key for key, value in inputs_of_call.items() if value is not None} - {
-        "input_ids", "attention_mask", *UNREAD_INPUTS}
+        "input_ids", "attention_mask", "decoder_input_ids", *UNREAD_INPUTS}
+    prompt, prompt_mask = inputs_of_call.get("decoder_input_ids"), inputs_of_call.get("decoder_attention_mask")
+    shaped = torch.is_tensor(prompt) and torch.is_tensor(prompt_mask) and prompt_mask.shape == prompt.shape
+    if shaped and prompt_mask.all():  # the outputs' given beginnings, none padded: it changes nothing
+        other_inputs.discard("decoder_attention_mask")
     papers = alpha is not None and not (other_settings | other_inputs) & set(OTHER_DECODINGS)  # else transformers'
     if papers and (config.num_beams or 1) > 1:
         refused = sorted(other_settings - set(PROCESSOR_SETTINGS) | other_inputs - set(PROCESSOR_INPUTS) | {
             key for key in TOKEN_SETTINGS if getattr(config, key) not in (None, getattr(model.config, key))})
         if not torch.is_tensor(source) or source.dim() != 2:
             refused.append("inputs other than a (batch, length) tensor of token ids")
+        if prompt is not None and not (torch.is_tensor(prompt) and prompt.dim() == 2):
+            refused.append("decoder_input_ids other than a (batch, length) tensor of token ids")
         if refused:
             saved_only = [f"{key}=None" for key in refused if key in saved - given]  # a converted model's, ...
             drop = f" (the generation config's: pass {', '.join(saved_only)})" if saved_only else ""
@@ -475,12 +496,16 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
                 f"leave it out{drop}, or pass gnmt_alpha=None for transformers' beam search "
                 "(log P / |Y|^length_penalty)"
             )
+        start = model.config.decoder_start_token_id
+        if prompt is not None and (prompt[:, 0] != start).all():  # as transformers: the start token put first
+            prompt = torch.cat([prompt.new_full((prompt.shape[0], 1), start), prompt], dim=-1)
+        begun = 1 if prompt is None else prompt.shape[1]  # the tokens each output begins with, the start token's too
         max_new_tokens = config.max_new_tokens
         if max_new_tokens is None and "max_length" in saved | given:
-            max_new_tokens = config.max_length - 1  # the decoder start token counts in max_length
+            max_new_tokens = config.max_length - begun  # max_length counts them
         min_new_tokens = 1 if config.min_new_tokens is None else config.min_new_tokens
-        if "min_length" in saved | given:  # it counts the decoder start token too
-            min_new_tokens = max(min_new_tokens, config.min_length - 1)
+        if "min_length" in saved | given:  # so does min_length
+            min_new_tokens = max(min_new_tokens, config.min_length - begun)
         n = 1 if config.num_return_sequences is None else config.num_return_sequences
         limits = output_limits(model.config, torch.ones_like(source) if mask is None else mask, max_new_tokens,
                                extra_length)
@@ -489,7 +514,7 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
             min_new_tokens=min_new_tokens, num_return_sequences=n,
             output_scores=True, synced_gpus=synced_gpus,
             logits_processor=logits_processors(model, config, source, inputs_of_call, config.num_beams, limits)
-            if processed else None)
+            if processed else None, decoder_input_ids=prompt)
         if not config.return_dict_in_generate:
             return sequences
         wanted = {key: bool(getattr(config, f"output_{key}")) for key in STEP_OUTPUTS}
@@ -497,7 +522,7 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
             return GenerateBeamEncoderDecoderOutput(sequences=sequences)
         mask = torch.ones_like(source) if mask is None else mask
         found = each_step(model, source, mask, sequences, limits, **wanted, logits_processor=logits_processors(
-            model, config, source, inputs_of_call, n, limits) if processed and wanted["scores"] else None)
+            model, config, source, inputs_of_call, n, limits) if processed and wanted["scores"] else None, given=begun)
         return GenerateBeamEncoderDecoderOutput(sequences=sequences, **found,
                                                 sequences_scores=scores if wanted["scores"] else None)
     if torch.is_tensor(source) and config.max_new_tokens is None and "max_length" not in saved | given:
