@@ -597,13 +597,14 @@ def test_generate_continues_each_sources_given_beginning_as_the_search_of_it_alo
     source, mask = random_ids(2, 5, seed=5), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     begun = random_ids(2, 2, seed=6)
     out = model.generate(source, attention_mask=mask, decoder_input_ids=begun, num_return_sequences=2,
-                         decoder_attention_mask=torch.ones_like(begun), output_scores=True,
+                         decoder_attention_mask=torch.ones_like(begun), output_scores=True, no_repeat_ngram_size=2,
                          output_hidden_states=True, return_dict_in_generate=True)
     assert (out.sequences[:, 0] == BOS).all() and torch.equal(out.sequences[:, 1:3], begun.repeat_interleave(2, 0))
     for row in range(2):
         alone = gnmt_beam_search(model, source[row : row + 1, : int(mask[row].sum())], num_beams=3, alpha=0.6,
-                                 num_return_sequences=2, decoder_input_ids=torch.cat([torch.tensor([[BOS]]),
-                                                                                      begun[row : row + 1]], 1))
+                                 num_return_sequences=2, logits_processor=LogitsProcessorList(
+                                     [NoRepeatNGramLogitsProcessor(2)]),
+                                 decoder_input_ids=torch.cat([torch.tensor([[BOS]]), begun[row : row + 1]], 1))
         assert torch.equal(out.sequences[2 * row : 2 * row + 2, : alone.shape[1]], alone)
         assert (out.sequences[2 * row : 2 * row + 2, alone.shape[1] :] == PAD).all()
     transitions = model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
@@ -622,7 +623,8 @@ def test_generate_continues_each_sources_given_beginning_as_the_search_of_it_alo
 
 def test_exponential_decay_length_penalty_is_transformers_processor_applied_by_the_search():
     """`exponential_decay_length_penalty` (EOS made likelier after a number of tokens) is transformers' processor,
-    counting the generated tokens as transformers' does for an encoder-decoder: the outputs end sooner."""
+    counting the generated tokens as transformers' does for an encoder-decoder (after a given beginning too): the
+    outputs end sooner."""
     model = tiny_model(seed=1)
     model.generation_config.update(num_beams=4, gnmt_alpha=0.6, allow_custom_entries=True)
     source = random_ids(2, 6, seed=3)
@@ -630,13 +632,18 @@ def test_exponential_decay_length_penalty_is_transformers_processor_applied_by_t
     expected = gnmt_beam_search(model, source, num_beams=4, alpha=0.6, logits_processor=LogitsProcessorList(
         [ExponentialDecayLengthPenalty((2, 3.0), EOS, input_ids_seq_length=1)]))
     assert torch.equal(decayed, expected) and decayed.shape[1] < model.generate(source).shape[1]
+    begun = torch.cat([torch.full((2, 1), BOS), random_ids(2, 2, seed=6)], 1)  # counted from the beginning's end
+    assert torch.equal(model.generate(source, decoder_input_ids=begun, exponential_decay_length_penalty=(2, 3.0)),
+                       gnmt_beam_search(model, source, num_beams=4, alpha=0.6, decoder_input_ids=begun,
+                                        logits_processor=LogitsProcessorList([ExponentialDecayLengthPenalty(
+                                            (2, 3.0), EOS, input_ids_seq_length=3)])))
 
 
 def test_forced_eos_token_id_ends_each_hypothesis_at_its_own_sources_limit():
     """A saved `forced_eos_token_id` (every OPUS-MT model keeps one) is transformers' forced EOS at each source's own
     limit (its length + `extra_length`), not at one max_length for all: with EOS never chosen, every hypothesis
-    ends with EOS as its limit's token; each source's are the search's of it alone with transformers' own processor
-    at its limit; `output_scores` add up to the penalized scores."""
+    ends with EOS as its limit's token, after a given beginning too; each source's are the search's of it alone with
+    transformers' own processor at its limit; `output_scores` add up to the penalized scores."""
     model = tiny_model(add_final_logits_bias=True)
     model.final_logits_bias[..., EOS] = -30.0  # no hypothesis ends before its limit
     model.generation_config.update(num_beams=3, gnmt_alpha=0.6, extra_length=2, allow_custom_entries=True)
@@ -657,6 +664,8 @@ def test_forced_eos_token_id_ends_each_hypothesis_at_its_own_sources_limit():
     lengths = torch.tensor([5, 5, 7, 7])
     torch.testing.assert_close(transitions.sum(-1) / gnmt_length_penalty(lengths, 0.6), out.sequences_scores,
                                rtol=1e-5, atol=0)
+    begun = model.generate(source, attention_mask=mask, decoder_input_ids=random_ids(2, 2, seed=6))  # limits: added
+    assert begun[0, 2 + 5] == begun[1, 2 + 7] == EOS and (begun[0, 2 + 5 + 1 :] == PAD).all()
 
 
 def test_one_beam_of_the_papers_decoding_runs_to_the_longest_unpadded_source_plus_extra_length():

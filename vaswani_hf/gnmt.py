@@ -353,27 +353,27 @@ def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequ
 
 
 def logits_processors(model, config: GenerationConfig, source: torch.Tensor, inputs: dict, rows: int,
-                      limits: torch.Tensor) -> LogitsProcessorList:
+                      limits: torch.Tensor, begun: int = 1) -> LogitsProcessorList:
     """transformers' logits processors that `config`'s `PROCESSOR_SETTINGS` and the call's `PROCESSOR_INPUTS` ask for,
     built as its `generate()` builds them for a beam search of the encoder-decoder's `source`, `rows` rows a source
-    (beams, or the hypotheses returned); `forced_eos_token_id` at each source's own limit (`limits`, (B,)), as
-    `ForcedEndAtLimit`."""
+    (beams, or the hypotheses returned); `forced_eos_token_id` at each source's own limit (`limits`, (B,): the tokens
+    added to the `begun` each output begins with, the start token among them), as `ForcedEndAtLimit`."""
     taken = {key: getattr(config, key) for key in PROCESSOR_SETTINGS if key != "forced_eos_token_id"}
     settings = GenerationConfig(num_beams=rows, num_return_sequences=rows, **taken,
                                 **{key: getattr(model.config, key) for key in TOKEN_SETTINGS})
     model._prepare_special_tokens(settings, True, source.device)
     processors = model._get_logits_processor(
-        settings, input_ids_seq_length=1, encoder_input_ids=source, device=source.device, model_kwargs={},
+        settings, input_ids_seq_length=begun, encoder_input_ids=source, device=source.device, model_kwargs={},
         prefix_allowed_tokens_fn=inputs.get("prefix_allowed_tokens_fn"),
         logits_processor=inputs.get("logits_processor"))
     if config.forced_eos_token_id is not None:
-        processors.append(ForcedEndAtLimit(limits.repeat_interleave(rows), config.forced_eos_token_id))
+        processors.append(ForcedEndAtLimit((limits + begun - 1).repeat_interleave(rows), config.forced_eos_token_id))
     return processors
 
 
 class ForcedEndAtLimit(LogitsProcessor):
-    """transformers' `ForcedEOSTokenLogitsProcessor` at each row's own limit (`limits`, (rows,): its source's,
-    `output_limits`) where transformers' has one for all: a hypothesis's last token is one of `token_ids`."""
+    """transformers' `ForcedEOSTokenLogitsProcessor` at each row's own limit (`limits`, (rows,): the most tokens it
+    may hold after the start token) where transformers' has one for all: its last token is one of `token_ids`."""
 
     def __init__(self, limits: torch.Tensor, token_ids: int | list[int]):
         self.limits, self.token_ids = limits, token_ids
@@ -513,7 +513,7 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
             model, source, mask, config.num_beams, alpha, max_new_tokens=max_new_tokens, extra_length=extra_length,
             min_new_tokens=min_new_tokens, num_return_sequences=n,
             output_scores=True, synced_gpus=synced_gpus,
-            logits_processor=logits_processors(model, config, source, inputs_of_call, config.num_beams, limits)
+            logits_processor=logits_processors(model, config, source, inputs_of_call, config.num_beams, limits, begun)
             if processed else None, decoder_input_ids=prompt)
         if not config.return_dict_in_generate:
             return sequences
@@ -521,8 +521,9 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         if not any(wanted.values()):
             return GenerateBeamEncoderDecoderOutput(sequences=sequences)
         mask = torch.ones_like(source) if mask is None else mask
-        found = each_step(model, source, mask, sequences, limits, **wanted, logits_processor=logits_processors(
-            model, config, source, inputs_of_call, n, limits) if processed and wanted["scores"] else None, given=begun)
+        processors = (logits_processors(model, config, source, inputs_of_call, n, limits, begun)
+                      if processed and wanted["scores"] else None)
+        found = each_step(model, source, mask, sequences, limits, **wanted, logits_processor=processors, given=begun)
         return GenerateBeamEncoderDecoderOutput(sequences=sequences, **found,
                                                 sequences_scores=scores if wanted["scores"] else None)
     if torch.is_tensor(source) and config.max_new_tokens is None and "max_length" not in saved | given:
