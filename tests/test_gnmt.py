@@ -589,9 +589,10 @@ def test_generate_applies_the_logits_processors_that_the_call_and_the_generation
 def test_generate_continues_each_sources_given_beginning_as_the_search_of_it_alone():
     """`generate(decoder_input_ids=...)`: each output begins with its source's given tokens (the start token put first
     where no row has it, as transformers does; a decoder_attention_mask of ones taken) and continues them as the search
-    of that source alone; `max_length` and `min_length` count the beginning; the transitions add up to the penalized
-    scores, and the first step's hidden states are the whole beginning's, as in transformers' first step; a padded
-    beginning is refused in one line."""
+    of that source alone, with processors (no repeated bigram: no source leaves the batch) and without (sources leave
+    it); `max_length` and `min_length` count the beginning; the transitions add up to the penalized scores, and the
+    first step's hidden states are the whole beginning's, as in transformers' first step; a padded beginning is
+    refused in one line."""
     model = tiny_model(seed=2)
     model.generation_config.update(num_beams=3, gnmt_alpha=0.6, allow_custom_entries=True)
     source, mask = random_ids(2, 5, seed=5), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
@@ -607,6 +608,11 @@ def test_generate_continues_each_sources_given_beginning_as_the_search_of_it_alo
                                  decoder_input_ids=torch.cat([torch.tensor([[BOS]]), begun[row : row + 1]], 1))
         assert torch.equal(out.sequences[2 * row : 2 * row + 2, : alone.shape[1]], alone)
         assert (out.sequences[2 * row : 2 * row + 2, alone.shape[1] :] == PAD).all()
+    plain = model.generate(source, attention_mask=mask, decoder_input_ids=begun)
+    for row in range(2):
+        alone = gnmt_beam_search(model, source[row : row + 1, : int(mask[row].sum())], num_beams=3, alpha=0.6,
+                                 decoder_input_ids=torch.cat([torch.tensor([[BOS]]), begun[row : row + 1]], 1))
+        assert torch.equal(plain[row, : alone.shape[1]], alone[0]) and (plain[row, alone.shape[1] :] == PAD).all()
     transitions = model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
     added = (out.beam_indices >= 0).sum(-1)
     torch.testing.assert_close(transitions.sum(-1) / gnmt_length_penalty(added, 0.6), out.sequences_scores,
