@@ -104,14 +104,14 @@ class CTranslate2Engine:
     generation config's `extra_length` where it has one), or at the export's last position (`positions`: the learned
     ones, else its table's rows; a longer source is refused before it is decoded: translate.py's `check_lengths`).
 
-    Greedy decoding gives the torch model's tokens. Beam search ranks by log P / |Y|^α (CTranslate2's length
-    penalty, with the model's α; without one, its generation config's `length_penalty`, else generate()'s 1), not by
-    the paper's GNMT penalty: the beams can differ. The generation config's banned words (`bad_words_ids`: an
-    OPUS-MT model's <pad>) are CTranslate2's suppressed sequences, its `no_repeat_ngram_size` CTranslate2's; a model
-    whose generation config asks for another logits processor is refused, as CTranslate2 would decode without it;
-    `forced_eos_token_id` (OPUS-MT's) is the last token of a hypothesis cut at its limit (greedy: the torch engine's
-    tokens). `workers`: CTranslate2's
-    (`kept_workers`' layout; by default measured on a CPU), each batch decoded in a part for each worker."""
+    Greedy decoding gives the torch model's tokens. Beam search ranks by log P / |Y|^α (CTranslate2's length penalty,
+    with the model's α; without one, its generation config's `length_penalty`, else generate()'s 1), not by the paper's
+    GNMT penalty: the beams can differ. The generation config's banned words (`bad_words_ids`: an OPUS-MT model's
+    <pad>) are CTranslate2's suppressed sequences, its `no_repeat_ngram_size` CTranslate2's; a model whose generation
+    config asks for another logits processor is refused, as CTranslate2 would decode without it; `forced_eos_token_id`
+    (OPUS-MT's) is the last token of a hypothesis cut at its limit (greedy: the torch engine's tokens). `workers`:
+    CTranslate2's (`kept_workers`' layout; by default measured on a CPU), each batch decoded in a part for each
+    worker."""
 
     name = "ctranslate2"
 
