@@ -196,9 +196,9 @@ def decoded_batch(model, tokenizer, batch: list[list[int]], num_beams: int, alph
 
 def search(model, inputs, num_beams: int, alpha: float | None, nbest: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The `nbest` best hypotheses of each row and their scores: the paper's search with GNMT α (log P / penalty),
-    with the logits processors the generation config asks for (an OPUS-MT model's banned <pad>), or, without α,
-    transformers' `generate()` with the model's generation config (log P, divided by |Y|^length_penalty in beam
-    search)."""
+    with the logits processors the generation config asks for (an OPUS-MT model's banned <pad> and forced EOS), or,
+    without α, transformers' `generate()` with the model's generation config (log P, divided by |Y|^length_penalty
+    in beam search)."""
     if alpha is not None:
         config, source, mask = model.generation_config, inputs["input_ids"], inputs["attention_mask"]
         limits = output_limits(model.config, mask, None, extra_length_of(config))
