@@ -99,6 +99,8 @@ def data(tmp_path):
     (["--shuffle_buffer", "0"], "--shuffle_buffer 0"),
     (["--max_tokens", "-1"], "--max_tokens -1"),
     (["--pad_to_multiple_of", "0"], "--pad_to_multiple_of 0"),
+    (["--report_to", "tensorbord"], "--report_to tensorbord: one of aim, comet_ml, mlflow, tensorboard, wandb,"),
+    (["--report_to", "none", "tensorboard"], "--report_to none tensorboard: none stands alone"),
     (["--compile", "inducer"], "--compile inducer"),
     (["--compile", "inductor", "--dropout_epochs", "0", "1"], "add --compile no"),
     (["--train_file", ""], "--train_file is blank"),  # an unset variable: not the embedded data
@@ -118,6 +120,19 @@ def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypat
         pytest.skip("fp16 is refused only where there is no GPU")
     out = tmp_path / "out"
     assert named in refused(monkeypatch, *TINY, *data, "--output_dir", str(out), "--max_steps", "1", *flags)
+    assert not out.exists()
+
+
+def test_a_tracker_whose_package_is_not_installed_is_refused_before_anything_is_written(tmp_path, monkeypatch,
+                                                                                        data):
+    """Accelerate warns of it and trains without it: a run of hours would keep no record of its losses."""
+    from accelerate import tracking
+
+    monkeypatch.setattr(tracking, "get_available_trackers", lambda: [tracking.LoggerType.TENSORBOARD])
+    out = tmp_path / "out"
+    flags = ["--output_dir", str(out), "--max_steps", "1", "--report_to", "tensorboard", "wandb"]
+    assert "error: --report_to wandb: its package is not installed (pip install wandb)" in refused(
+        monkeypatch, *TINY, *data, *flags)
     assert not out.exists()
 
 

@@ -738,6 +738,14 @@ def test_a_greedy_run_saves_its_checkpoints_and_a_model_of_one_beam_and_tries_no
     assert "GNMT α chosen" not in (run / "README.md").read_text()
 
 
+def test_a_run_logs_to_the_trackers_report_to_names(tmp_path, small_data):
+    """tensorboard by default, in the output folder; `--report_to none`: no tracker."""
+    for report_to, logged in ((["tensorboard"], True), (["none"], False)):
+        run = tmp_path / report_to[0]
+        train_here(run, *TINY, *small_data, "--max_steps", "1", "--report_to", *report_to)
+        assert any((run / "vaswani").glob("events.out.tfevents.*")) is logged
+
+
 @pytest.mark.parametrize("converted", [False, True])
 def test_a_runs_decoding_with_one_beam_is_a_generation_config_transformers_saves(tmp_path, converted):
     """A new model's decoding (the paper's search) and a converted start's (transformers' beam search as it was

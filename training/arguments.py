@@ -146,6 +146,10 @@ class RecipeArguments:
         "help": "Only kernels that give the same result from run to run (training/step.py): on a GPU, the same "
                 "command and seed then give the same weights (a CPU run in eager mode gives them without it)."})
     logging_steps: int = 10
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"], metadata={
+        "help": "Where the loss, learning rate and validation scores go, every --logging_steps: Accelerate's "
+                "trackers, tensorboard (in --output_dir), wandb, mlflow, trackio, comet_ml, aim, clearml, dvclive, "
+                "swanlab; all: every one installed; none."})
     eval_steps: int = field(default=5000, metadata={"help": "Validation loss and BLEU every N steps (0: never)."})
     eval_max_sentences: int = field(default=500, metadata={"help": "Validation sentences decoded for BLEU."})
     save_steps: int = field(default=0, metadata={"help": "A checkpoint every N steps (0: off)."})
@@ -176,6 +180,22 @@ class RecipeArguments:
     push_to_hub: bool = False
     hub_model_id: str | None = None
     hub_private_repo: bool = False
+
+
+def refuse_trackers(names: list[str]) -> None:
+    """--report_to names Accelerate's trackers, each installed, or all, or none alone: else a one-line SystemExit (an
+    unknown name was Accelerate's traceback after the data was read; a tracker not installed, a warning and no
+    logs)."""
+    from accelerate import tracking
+
+    known = list(tracking.LOGGER_TYPE_TO_CLASS)
+    if "none" in names and len(names) > 1:
+        raise SystemExit(f"error: --report_to {' '.join(names)}: none stands alone")
+    for name in [name for name in names if name not in ("all", "none")]:
+        if name not in known:
+            raise SystemExit(f"error: --report_to {name}: one of {', '.join(known)}, all, none")
+        if name not in [str(tracker) for tracker in tracking.get_available_trackers()]:
+            raise SystemExit(f"error: --report_to {name}: its package is not installed (pip install {name})")
 
 
 def read_preset(name: str) -> dict:
@@ -283,6 +303,7 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
     if data_args.streaming and epochs is not None:
         raise SystemExit("error: --dropout_epochs counts epochs of a corpus whose size --streaming does not know")
     refuse_unless_alpha(args.length_penalty_alpha)
+    refuse_trackers(args.report_to)
     if not all(0 <= alpha < math.inf for alpha in args.alpha_candidates or []):
         raise SystemExit(f"error: --alpha_candidates {args.alpha_candidates}: each α must be finite and at least 0")
     launched = launcher_backend()

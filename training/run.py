@@ -338,8 +338,9 @@ def start_processes(args) -> tuple[Accelerator, dict]:
     spread over processes (printed first), the cores shared among the processes, and the seed."""
     use_gpu = on_gpu()
     mixed_precision = chosen_precision(args.mixed_precision, use_gpu)
-    accelerator = Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision, log_with="tensorboard",
-                              project_dir=args.output_dir, dynamo_backend="no")  # the step compiles: step.py
+    accelerator = Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision, project_dir=args.output_dir,
+                              log_with=None if args.report_to == ["none"] else args.report_to,
+                              dynamo_backend="no")  # the step compiles: step.py
     distributed = {**describe(accelerator), "device": accelerator.device.type, "mixed_precision": mixed_precision}
     accelerator.print("distributed: " + ", ".join(f"{key} {value}" for key, value in distributed.items()))
     if mixed_precision == "bf16" and not use_gpu and slow_bfloat16():
