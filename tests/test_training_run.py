@@ -903,7 +903,8 @@ def test_without_cpu_affinity_a_runs_processes_share_every_core(tmp_path, monkey
     threads, affinity = [], len(os.sched_getaffinity(0))
     monkeypatch.setattr(torch, "set_num_threads", threads.append)
     monkeypatch.setattr(training.run, "keep_freed_memory", lambda: None)
-    args = SimpleNamespace(output_dir=str(tmp_path), mixed_precision="no", deterministic=False, seed=0)
+    args = SimpleNamespace(output_dir=str(tmp_path), mixed_precision="no", deterministic=False, seed=0,
+                           report_to=["tensorboard"])
     with accelerate_as_in_a_new_process():
         training.run.start_processes(args)
         monkeypatch.delattr(os, "sched_getaffinity")
