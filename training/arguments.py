@@ -147,9 +147,9 @@ class RecipeArguments:
                 "command and seed then give the same weights (a CPU run in eager mode gives them without it)."})
     logging_steps: int = 10
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"], metadata={
-        "help": "Where the loss, learning rate and validation scores go, every --logging_steps: Accelerate's "
-                "trackers, tensorboard (in --output_dir), wandb, mlflow, trackio, comet_ml, aim, clearml, dvclive, "
-                "swanlab; all: every one installed; none."})
+        "help": "Where the loss and learning rate (every --logging_steps) and the validation scores go: "
+                "Accelerate's trackers, tensorboard (in --output_dir), wandb, mlflow, trackio, comet_ml, aim, "
+                "clearml, dvclive, swanlab; all: every one installed; none."})
     eval_steps: int = field(default=5000, metadata={"help": "Validation loss and BLEU every N steps (0: never)."})
     eval_max_sentences: int = field(default=500, metadata={"help": "Validation sentences decoded for BLEU."})
     save_steps: int = field(default=0, metadata={"help": "A checkpoint every N steps (0: off)."})
