@@ -17,6 +17,7 @@ from transformers import (
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
     SuppressTokensLogitsProcessor,
 )
 from transformers.cache_utils import DynamicLayer
@@ -672,6 +673,33 @@ def test_forced_eos_token_id_ends_each_hypothesis_at_its_own_sources_limit():
                                rtol=1e-5, atol=0)
     begun = model.generate(source, attention_mask=mask, decoder_input_ids=random_ids(2, 2, seed=6))  # limits: added
     assert begun[0, 2 + 5] == begun[1, 2 + 7] == EOS and (begun[0, 2 + 5 + 1 :] == PAD).all()
+
+
+def test_one_beam_applies_the_processors_to_the_logits_as_transformers_greedy_search_does():
+    """Beam search processes log-probabilities, greedy search the logits (transformers' both); a repetition penalty
+    tells them apart. The search with one beam (vaswani-translate's, the ONNX engine's) chooses the tokens of
+    transformers' greedy search, which `generate()` runs for one beam; with more beams, those of the search given the
+    processor on log-probabilities."""
+    model = tiny_model()
+    model.generation_config.update(num_beams=1, gnmt_alpha=0.6, allow_custom_entries=True)
+    source = random_ids(8, 6, seed=3)
+    penalty = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)])
+    greedy = model.generate(source, repetition_penalty=1.5, max_new_tokens=12)
+    found = gnmt_beam_search(model, source, num_beams=1, alpha=0.6, max_new_tokens=12, logits_processor=penalty)
+    assert torch.equal(found, greedy)
+    on_log_probs = gnmt_beam_search(model, source, num_beams=1, alpha=0.6, max_new_tokens=12,
+                                    logits_processor=LogitsProcessorList([OnLogProbs(penalty)]))
+    assert not torch.equal(on_log_probs, greedy)  # (a penalty that tells the two apart)
+
+
+class OnLogProbs(LogitsProcessor):
+    """`processors` given log-probabilities in place of logits, as beam search gives them."""
+
+    def __init__(self, processors):
+        self.processors = processors
+
+    def __call__(self, input_ids, scores):
+        return self.processors(input_ids, scores.log_softmax(-1))
 
 
 def test_one_beam_of_the_papers_decoding_runs_to_the_longest_unpadded_source_plus_extra_length():

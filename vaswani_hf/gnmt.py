@@ -76,17 +76,18 @@ def gnmt_beam_search(
     """Beam search scored with the GNMT length penalty; returns the best hypothesis of each source, or its
     `num_return_sequences` best (at most `num_beams`), best first.
 
-    Each source's output is limited to `max_new_tokens` tokens, or, if that is None, to its own length (non-pad
-    tokens) + `extra_length`. Returns (B, T) ids starting with the decoder start token, PAD after EOS — (B·n, T)
-    for n > 1 hypotheses, those of a source together — and with `output_scores` also their penalized scores
-    log P(Y|X) / lp(Y), (B·n,). `synced_gpus`: every process of a sharded model (FSDP, DeepSpeed ZeRO-3), whose
-    forward gathers weights from all, calls the model at each step until all processes are done, as transformers'
-    `synced_gpus` does. `logits_processor`: transformers' processors (no repeated n-grams, banned words, a prefix
-    function, ...), applied to each step's log-probabilities, which are then normalized again (as transformers'
-    `renormalize_logits` does: a hypothesis's log P only falls, which the early stop relies on); the sources then stay
-    in the batch until all are done, as the processors may read its layout. `decoder_input_ids`: each output's
-    beginning, (B, P), the decoder start token first (transformers' decoder prompt): the search continues it, and
-    counts, scores and limits only the tokens it adds, as transformers' beam search does.
+    Each source's output is limited to `max_new_tokens` tokens, or, if that is None, to its own length (non-pad tokens)
+    + `extra_length`. Returns (B, T) ids starting with the decoder start token, PAD after EOS — (B·n, T) for n > 1
+    hypotheses, those of a source together — and with `output_scores` also their penalized scores log P(Y|X) / lp(Y),
+    (B·n,). `synced_gpus`: every process of a sharded model (FSDP, DeepSpeed ZeRO-3), whose forward gathers weights
+    from all, calls the model at each step until all processes are done, as transformers' `synced_gpus` does.
+    `logits_processor`: transformers' processors (no repeated n-grams, banned words, a prefix function, ...), applied
+    to each step's log-probabilities (with one beam to its logits, as transformers' greedy search applies them), which
+    are then normalized again (as transformers' `renormalize_logits` does: a hypothesis's log P only falls, which the
+    early stop relies on); the sources then stay in the batch until all are done, as the processors may read its
+    layout. `decoder_input_ids`: each output's beginning, (B, P), the decoder start token first (transformers' decoder
+    prompt): the search continues it, and counts, scores and limits only the tokens it adds, as transformers' beam
+    search does.
     """
     config = model.config
     check_token_ids(input_ids, config.vocab_size, "input_ids", values=False)  # the encoder reads the values
@@ -162,8 +163,8 @@ def gnmt_beam_search(
             decoder_input_ids=tokens[:, -1:] if step > 1 else tokens, cache=cache, use_cache=True,
         ).logits[:, -1]
         log_probs = logits.float().log_softmax(-1)
-        if logits_processor:
-            log_probs = processed(logits_processor, tokens, log_probs)
+        if logits_processor:  # on the logits with one beam, as in transformers' greedy search; else log P, as its beam
+            log_probs = processed(logits_processor, tokens, logits.float() if num_beams == 1 else log_probs)
         log_probs = log_probs.view(batch_size, num_beams, vocab_size)
         if step <= min_new_tokens:
             log_probs[..., eos] = float("-inf")
