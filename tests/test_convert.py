@@ -356,8 +356,8 @@ def test_the_ctranslate2_engine_bans_what_the_generation_config_bans_and_refuses
         marian_pair, tmp_path, monkeypatch, num_beams):
     """`bad_words_ids` (OPUS-MT's <pad>; here also the token decoded most) is CTranslate2's suppressed sequences: the
     token never appears, and greedy decoding gives the torch engine's ids (each limited by its source), which bans it
-    as transformers does. A logits processor CTranslate2 is not given (a repetition penalty) is refused in one line
-    before an export is made."""
+    as transformers does. A logits processor CTranslate2 has not (a penalty on the source's tokens) is refused in one
+    line before an export is made."""
     from vaswani_hf.tools.translate import load_engine
 
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
@@ -374,12 +374,12 @@ def test_the_ctranslate2_engine_bans_what_the_generation_config_bans_and_refuses
     if num_beams == 1:
         assert banned == load_engine(str(folder), fast=False)[0].decode(ids, 1, 0.6, 1)[0]
     penalized = shutil.copytree(converted, tmp_path / "penalized")
-    (penalized / "generation_config.json").write_text(json.dumps(published | {"repetition_penalty": 1.2}))
+    (penalized / "generation_config.json").write_text(json.dumps(published | {"encoder_repetition_penalty": 1.2}))
     with open(penalized / "vocab.json", "a") as file:  # an export of its own (cached_export's key)
         file.write("\n")
     exports = sorted((tmp_path / "cache").rglob("*"))
     with pytest.raises(SystemExit, match=r"^error: cannot load a model from .*: --engine ctranslate2 does not "
-                       r"apply the generation config's repetition_penalty=1.2: decode with --engine torch$"):
+                       r"apply the generation config's encoder_repetition_penalty=1.2: decode with --engine torch$"):
         load_engine(str(penalized), "ctranslate2")
     assert sorted((tmp_path / "cache").rglob("*")) == exports
 

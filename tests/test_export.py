@@ -297,11 +297,12 @@ def test_the_ctranslate2_engine_decodes_greedily_the_torch_engines_ids(translati
                                                                     for hypothesis, ids in zip(theirs, short)]
 
 
-def test_the_ctranslate2_engine_repeats_no_ngram_where_the_generation_config_says_so(translation_folder, trained,
-                                                                                     tmp_path, monkeypatch):
-    """A generation config's `no_repeat_ngram_size` is CTranslate2's own: with a bias against EOS (outputs that run to
-    their limit and repeat themselves), greedy decoding gives the torch engine's ids, which transformers' processor
-    keeps free of a repeated bigram."""
+def test_the_ctranslate2_engine_applies_a_generation_configs_no_repeat_ngram_size_and_repetition_penalty(
+        translation_folder, trained, tmp_path, monkeypatch):
+    """Both are CTranslate2's own options: with a bias against EOS (outputs that run to their limit and repeat
+    themselves), greedy decoding gives the torch engine's ids, which transformers' processors make: free of a repeated
+    bigram, and, penalized, other than without the penalty (the greedy search penalizes logits, as transformers'
+    does and CTranslate2's)."""
     from vaswani_hf.tools.ctranslate2_engine import CTranslate2Engine
     from vaswani_hf.tools.translate import TorchEngine
 
@@ -310,16 +311,20 @@ def test_the_ctranslate2_engine_repeats_no_ngram_where_the_generation_config_say
 
     _, tokenizer = trained
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
-    folder = Path(shutil.copytree(translation_folder, tmp_path / "once"))
-    model = AutoModelForSeq2SeqLM.from_pretrained(folder, add_final_logits_bias=True).eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(translation_folder, add_final_logits_bias=True).eval()
     model.final_logits_bias[0, tokenizer.eos_token_id] = -30.0
     batch = tokenizer([source for source, _ in PAIRS[:8]])["input_ids"]
-    assert any(repeats(ids) for ids in TorchEngine(model, tokenizer).decode(batch, 1, 0.6, 1)[0])
-    model.generation_config.no_repeat_ngram_size = 2
-    model.save_pretrained(folder)
-    ours, _ = TorchEngine(model, tokenizer).decode(batch, 1, 0.6, 1)
-    assert CTranslate2Engine(str(folder), model.config, tokenizer).decode(batch, 1, 0.6, 1)[0] == ours
-    assert not any(repeats(ids) for ids in ours)
+    plain, _ = TorchEngine(model, tokenizer).decode(batch, 1, 0.6, 1)
+    assert any(repeats(ids) for ids in plain)
+    for setting, value in (("no_repeat_ngram_size", 2), ("repetition_penalty", 1.5)):
+        folder = Path(shutil.copytree(translation_folder, tmp_path / setting))
+        setattr(model.generation_config, setting, value)
+        model.save_pretrained(folder)
+        ours, _ = TorchEngine(model, tokenizer).decode(batch, 1, 0.6, 1)
+        assert CTranslate2Engine(str(folder), model.config, tokenizer).decode(batch, 1, 0.6, 1)[0] == ours != plain
+        if setting == "no_repeat_ngram_size":
+            assert not any(repeats(ids) for ids in ours)
+        setattr(model.generation_config, setting, None)
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])

@@ -97,6 +97,10 @@ def weight_files(name_or_path: str) -> list[str]:
     return [index, *get_checkpoint_shard_files(name_or_path, index)[0]]
 
 
+# The generation config's processor settings the engine applies: CTranslate2's own options (`decode`).
+APPLIED = ("bad_words_ids", "no_repeat_ngram_size", "repetition_penalty", "forced_eos_token_id")
+
+
 class CTranslate2Engine:
     """Decodes batches of token ids with the model's CTranslate2 export (`cached_export`), as translate.py's
     `TorchEngine` does with the torch model: each source's `nbest` hypotheses (ids, EOS included where one ended
@@ -107,11 +111,11 @@ class CTranslate2Engine:
     Greedy decoding gives the torch model's tokens. Beam search ranks by log P / |Y|^α (CTranslate2's length penalty,
     with the model's α; without one, its generation config's `length_penalty`, else generate()'s 1), not by the paper's
     GNMT penalty: the beams can differ. The generation config's banned words (`bad_words_ids`: an OPUS-MT model's
-    <pad>) are CTranslate2's suppressed sequences, its `no_repeat_ngram_size` CTranslate2's; a model whose generation
-    config asks for another logits processor is refused, as CTranslate2 would decode without it; `forced_eos_token_id`
-    (OPUS-MT's) is the last token of a hypothesis cut at its limit (greedy: the torch engine's tokens). `workers`:
-    CTranslate2's (`kept_workers`' layout; by default measured on a CPU), each batch decoded in a part for each
-    worker."""
+    <pad>) are CTranslate2's suppressed sequences, its `no_repeat_ngram_size` and `repetition_penalty` CTranslate2's; a
+    model whose generation config asks for another logits processor is refused, as CTranslate2 would decode without it;
+    `forced_eos_token_id` (OPUS-MT's) is the last token of a hypothesis cut at its limit (greedy: the torch engine's
+    tokens). `workers`: CTranslate2's (`kept_workers`' layout; by default measured on a CPU), each batch decoded in a
+    part for each worker."""
 
     name = "ctranslate2"
 
@@ -127,8 +131,7 @@ class CTranslate2Engine:
             self.generation_config = GenerationConfig.from_model_config(config)
         generation, defaults = self.generation_config, GenerationConfig._get_default_generation_params()
         unapplied = [f"{key}={getattr(generation, key)}" for key in PROCESSOR_SETTINGS
-                     if key not in ("bad_words_ids", "no_repeat_ngram_size", "forced_eos_token_id")
-                     and getattr(generation, key) not in (None, False, defaults.get(key))]
+                     if key not in APPLIED and getattr(generation, key) not in (None, False, defaults.get(key))]
         if unapplied:
             raise ValueError(f"--engine ctranslate2 does not apply the generation config's {', '.join(unapplied)}: "
                              "decode with --engine torch")
@@ -158,6 +161,7 @@ class CTranslate2Engine:
             [self.tokenizer.convert_ids_to_tokens(ids) for ids in batch], beam_size=num_beams, num_hypotheses=nbest,
             length_penalty=penalty, max_decoding_length=max(limits), min_decoding_length=1, return_scores=True,
             suppress_sequences=self.banned or None, no_repeat_ngram_size=generation.no_repeat_ngram_size or 0,
+            repetition_penalty=generation.repetition_penalty or 1.0,
             return_end_token=True, max_input_length=0,
             max_batch_size=math.ceil(len(batch) / self.workers["inter_threads"]))  # a part for each worker
         hypotheses, scores = [], []
