@@ -162,9 +162,10 @@ def gnmt_beam_search(
             encoder_outputs=encoder_outputs, attention_mask=attention_mask,
             decoder_input_ids=tokens[:, -1:] if step > 1 else tokens, cache=cache, use_cache=True,
         ).logits[:, -1]
-        log_probs = logits.float().log_softmax(-1)
-        if logits_processor:  # on the logits with one beam, as in transformers' greedy search; else log P, as its beam
-            log_probs = processed(logits_processor, tokens, logits.float() if num_beams == 1 else log_probs)
+        on_logits = logits_processor and num_beams == 1  # as transformers' greedy search; its beam search: log P
+        log_probs = logits.float() if on_logits else logits.float().log_softmax(-1)
+        if logits_processor:
+            log_probs = processed(logits_processor, tokens, log_probs)
         log_probs = log_probs.view(batch_size, num_beams, vocab_size)
         if step <= min_new_tokens:
             log_probs[..., eos] = float("-inf")
