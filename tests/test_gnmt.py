@@ -690,6 +690,9 @@ def test_one_beam_applies_the_processors_to_the_logits_as_transformers_greedy_se
     on_log_probs = gnmt_beam_search(model, source, num_beams=1, alpha=0.6, max_new_tokens=12,
                                     logits_processor=LogitsProcessorList([OnLogProbs(penalty)]))
     assert not torch.equal(on_log_probs, greedy)  # (a penalty that tells the two apart)
+    beams = model.generate(source, num_beams=4, repetition_penalty=1.5, max_new_tokens=12)
+    assert torch.equal(beams, gnmt_beam_search(model, source, num_beams=4, alpha=0.6, max_new_tokens=12,
+                                               logits_processor=LogitsProcessorList([OnLogProbs(penalty)])))
 
 
 class OnLogProbs(LogitsProcessor):
