@@ -592,8 +592,8 @@ def test_generate_continues_each_sources_given_beginning_as_the_search_of_it_alo
     where no row has it, as transformers does; a decoder_attention_mask of ones taken) and continues them as the search
     of that source alone, with processors (no repeated bigram: no source leaves the batch) and without (sources leave
     it); `max_length` and `min_length` count the beginning; the transitions add up to the penalized scores, and the
-    first step's hidden states are the whole beginning's, as in transformers' first step; a padded beginning is
-    refused in one line."""
+    first step's hidden states are the whole beginning's, as in transformers' first step; a padded or an empty
+    beginning is refused in one line."""
     model = tiny_model(seed=2)
     model.generation_config.update(num_beams=3, gnmt_alpha=0.6, allow_custom_entries=True)
     source, mask = random_ids(2, 5, seed=5), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
@@ -626,6 +626,8 @@ def test_generate_continues_each_sources_given_beginning_as_the_search_of_it_alo
     assert hasty.generate(source, decoder_input_ids=begun, min_length=6).shape[1] == 7  # EOS the 7th token
     with pytest.raises(ValueError, match="does not take decoder_attention_mask: leave it out"):
         model.generate(source, decoder_input_ids=begun, decoder_attention_mask=torch.tensor([[0, 1], [1, 1]]))
+    with pytest.raises(ValueError, match=r"^decoder_input_ids is empty \(shape \(2, 0\)\)"):
+        model.generate(source, decoder_input_ids=begun[:, :0])
 
 
 def test_exponential_decay_length_penalty_is_transformers_processor_applied_by_the_search():

@@ -132,14 +132,14 @@ def gnmt_beam_search(
 
     if decoder_input_ids is None:
         decoder_input_ids = torch.full((batch_size, 1), start, device=device)
-    given = decoder_input_ids.shape[1]  # the start token and the outputs' given beginning
-    tokens = decoder_input_ids.repeat_interleave(num_beams, 0)  # (B*K, given + t - 1)
+    begun = decoder_input_ids.shape[1]  # the start token and the outputs' given beginning
+    tokens = decoder_input_ids.repeat_interleave(num_beams, 0)  # (B*K, begun + t - 1)
     alive_scores = torch.full((batch_size, num_beams), float("-inf"), device=device)  # log P of alive hypotheses
     alive_scores[:, 0] = 0.0  # one start hypothesis per source; the other beams fill at the first step
     n = num_return_sequences  # the n best ended hypotheses of each source, best first
     finished_scores = torch.full((batch_size, n), float("-inf"), device=device)
-    finished = torch.full((batch_size, n, given + max_limit), pad, device=device)
-    finished_lengths = torch.full((batch_size, n), given, device=device)
+    finished = torch.full((batch_size, n, begun + max_limit), pad, device=device)
+    finished_lengths = torch.full((batch_size, n), begun, device=device)
     finished_by_eos = torch.zeros(batch_size, n, dtype=torch.bool, device=device)
     rows = torch.arange(batch_size, device=device)
     sources = rows  # the index in the batch given of each source still searched
@@ -181,18 +181,18 @@ def gnmt_beam_search(
         ends = by_eos | (step >= limits).unsqueeze(-1)
         penalized = torch.where(ends, top_scores / gnmt_length_penalty(step, alpha), float("-inf"))  # (B, 2K)
         if (penalized > finished_scores[:, -1:]).any():
-            history = tokens.view(batch_size, num_beams, -1)[rows.unsqueeze(-1), top_beams]  # (B, 2K, given + t - 1)
-            ended = torch.full((*top_tokens.shape, given + max_limit), pad, device=device)
-            ended[..., : given + step - 1] = history
-            ended[..., given + step - 1] = top_tokens
+            history = tokens.view(batch_size, num_beams, -1)[rows.unsqueeze(-1), top_beams]  # (B, 2K, begun + t - 1)
+            ended = torch.full((*top_tokens.shape, begun + max_limit), pad, device=device)
+            ended[..., : begun + step - 1] = history
+            ended[..., begun + step - 1] = top_tokens
             scores, order = torch.cat([finished_scores, penalized], -1).sort(dim=-1, descending=True, stable=True)
             by_eos_first = torch.cat([finished_by_eos, by_eos], -1).gather(1, order).sort(
                 dim=-1, descending=True, stable=True).indices
             scores, order = scores.gather(1, by_eos_first), order.gather(1, by_eos_first)
             keep = order[:, :n]
-            finished = torch.cat([finished, ended], 1).gather(1, keep.unsqueeze(-1).expand(-1, -1, given + max_limit))
+            finished = torch.cat([finished, ended], 1).gather(1, keep.unsqueeze(-1).expand(-1, -1, begun + max_limit))
             finished_scores = scores[:, :n]
-            added = torch.full_like(top_tokens, given + step)
+            added = torch.full_like(top_tokens, begun + step)
             finished_lengths = torch.cat([finished_lengths, added], -1).gather(1, keep)
             finished_by_eos = torch.cat([finished_by_eos, by_eos], -1).gather(1, keep)
 
@@ -310,7 +310,7 @@ def output_limits(config, attention_mask: torch.Tensor, max_new_tokens: int | No
 @torch.no_grad()
 def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequences: torch.Tensor,
               limits: torch.Tensor, scores: bool, logits: bool, attentions: bool, hidden_states: bool,
-              logits_processor: LogitsProcessorList | None = None, given: int = 1) -> dict:
+              logits_processor: LogitsProcessorList | None = None, begun: int = 1) -> dict:
     """What transformers' beam search returns step by step (as `GenerateBeamEncoderDecoderOutput` names it), for
     the n hypotheses per source the search returned (`sequences`, B·n rows), the model reading each hypothesis
     whole (teacher-forced): `beam_indices`, each generated token's row, its own, or -1 after the hypothesis
@@ -320,13 +320,13 @@ def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequ
     `attentions` each step's weights of every layer (`decoder_attentions` (B·n, h, 1, t), `cross_attentions`
     (B·n, h, 1, S)) and the encoder's (`encoder_attentions`, B rows); with `hidden_states` each step's hidden
     states of every layer, and the encoder's. Attention weights come from the eager kernel, as in transformers'
-    own decoding. `given`: the tokens each hypothesis began with (the start token, and a given beginning), which the
+    own decoding. `begun`: the tokens each hypothesis began with (the start token, and a given beginning), which the
     first step reads at once, as transformers' first step reads a decoder prompt."""
     n = sequences.shape[0] // input_ids.shape[0]
     out = model(input_ids=input_ids.repeat_interleave(n, 0), attention_mask=attention_mask.repeat_interleave(n, 0),
                 decoder_input_ids=sequences[:, :-1], use_cache=False, output_attentions=attentions,
                 output_hidden_states=hidden_states)
-    generated, first = sequences[:, given:], given - 1  # first: the position whose logits make the first token
+    generated, first = sequences[:, begun:], begun - 1  # first: the position whose logits make the first token
     positions = torch.arange(generated.shape[1], device=generated.device)
     first_eos = torch.where(generated == model.config.eos_token_id, positions, generated.shape[1]).amin(-1)
     lengths = torch.minimum(first_eos + 1, limits.repeat_interleave(n))
@@ -337,14 +337,14 @@ def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequ
     if scores:
         found["scores"] = out.logits[:, first:].float().log_softmax(-1).unbind(1)
         if logits_processor:
-            found["scores"] = tuple(processed(logits_processor, sequences[:, : given + t], found["scores"][t])
+            found["scores"] = tuple(processed(logits_processor, sequences[:, : begun + t], found["scores"][t])
                                     for t in steps)
     if logits:
         found["logits"] = out.logits[:, first:].unbind(1)
     if attentions:
         found["encoder_attentions"] = tuple(layer[::n] for layer in out.encoder_attentions)
         found["decoder_attentions"] = tuple(
-            tuple(layer[:, :, read[t], : given + t] for layer in out.decoder_attentions) for t in steps)
+            tuple(layer[:, :, read[t], : begun + t] for layer in out.decoder_attentions) for t in steps)
         found["cross_attentions"] = tuple(tuple(layer[:, :, read[t]] for layer in out.cross_attentions)
                                           for t in steps)
     if hidden_states:
@@ -499,7 +499,7 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
                 "(log P / |Y|^length_penalty)"
             )
         start = model.config.decoder_start_token_id
-        if prompt is not None and (prompt[:, 0] != start).all():  # as transformers: the start token put first
+        if prompt is not None and prompt.shape[1] and (prompt[:, 0] != start).all():  # as transformers: put first
             prompt = torch.cat([prompt.new_full((prompt.shape[0], 1), start), prompt], dim=-1)
         begun = 1 if prompt is None else prompt.shape[1]  # the tokens each output begins with, the start token's too
         max_new_tokens = config.max_new_tokens
@@ -509,8 +509,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         if "min_length" in saved | given:  # so does min_length
             min_new_tokens = max(min_new_tokens, config.min_length - begun)
         n = 1 if config.num_return_sequences is None else config.num_return_sequences
-        limits = output_limits(model.config, torch.ones_like(source) if mask is None else mask, max_new_tokens,
-                               extra_length)
+        mask = torch.ones_like(source) if mask is None else mask
+        limits = output_limits(model.config, mask, max_new_tokens, extra_length)
         sequences, scores = gnmt_beam_search(
             model, source, mask, config.num_beams, alpha, max_new_tokens=max_new_tokens, extra_length=extra_length,
             min_new_tokens=min_new_tokens, num_return_sequences=n,
@@ -522,10 +522,9 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         wanted = {key: bool(getattr(config, f"output_{key}")) for key in STEP_OUTPUTS}
         if not any(wanted.values()):
             return GenerateBeamEncoderDecoderOutput(sequences=sequences)
-        mask = torch.ones_like(source) if mask is None else mask
         processors = (logits_processors(model, config, source, inputs_of_call, n, limits, begun)
                       if processed and wanted["scores"] else None)
-        found = each_step(model, source, mask, sequences, limits, **wanted, logits_processor=processors, given=begun)
+        found = each_step(model, source, mask, sequences, limits, **wanted, logits_processor=processors, begun=begun)
         return GenerateBeamEncoderDecoderOutput(sequences=sequences, **found,
                                                 sequences_scores=scores if wanted["scores"] else None)
     if torch.is_tensor(source) and config.max_new_tokens is None and "max_length" not in saved | given:
