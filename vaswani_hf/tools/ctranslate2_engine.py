@@ -153,7 +153,8 @@ class CTranslate2Engine:
     def decode(self, batch: list[list[int]], num_beams: int, alpha: float | None,
                nbest: int) -> tuple[list[list[int]], list[float]]:
         generation = self.generation_config
-        limits = [min(len(ids) + extra_length_of(generation), self.positions) for ids in batch]  # as gnmt.py's
+        extra_length = extra_length_of(generation)
+        limits = [min(len(ids) + extra_length, self.positions) for ids in batch]  # as gnmt.py's
         penalty = alpha if alpha is not None else generation.length_penalty
         if penalty is None:  # unset in the generation config: generate()'s default
             penalty = 1.0
