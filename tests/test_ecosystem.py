@@ -5,6 +5,7 @@ output folder for a tiny model with a real joint BPE."""
 import errno
 import io
 import json
+import math
 import os
 import pty
 import re
@@ -728,7 +729,7 @@ def test_batches_by_tokens_change_no_translation(translation_folder, cli):
     for max_tokens, window in ((1, 2000), (30, 3), (4096, 1)):  # what the command line runs, in this process
         windows = read_windows(io.BytesIO(text.encode()), "the input", window)
         written = translated_windows(model, tokenizer, windows, max_tokens, num_beams=None, alpha=None, nbest=1)
-        assert "".join(piece for piece, _, _ in written).split("\n") == [*expected, ""], (max_tokens, window)
+        assert "".join(piece for piece, *_ in written).split("\n") == [*expected, ""], (max_tokens, window)
     result = cli("--model", translation_folder, "--quiet", stdin=text)  # and the command line, with its defaults
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n") == [*expected, ""]
@@ -840,6 +841,64 @@ def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_fold
             assert found[index].tokens == int(best.ne(tokenizer.pad_token_id).sum())
     assert refused_translation(capfd, monkeypatch, "--model", translation_folder, "--nbest", "5",
                                stdin=b"A dog.\n") == "error: --nbest 5 is more than the beam size 4"
+
+
+SCORED = generate_default_data()["test"][:11] + [("The small dog sees the old man.", "")]  # an empty translation
+
+
+@pytest.mark.parametrize("divisor", ["none", "--normalize", "--alpha"])
+def test_score_writes_each_translations_log_p_and_the_perplexity_per_token(translation_folder, tmp_path, cli,
+                                                                          divisor):
+    """--score: a line for each pair, log P(translation | source) as the model gives it a sentence at a time
+    (support.summed_nll, no padding: EOS counted, an empty translation's too), divided by its tokens (--normalize) or
+    by the GNMT penalty ((5 + |Y|) / 6)^α (--alpha), in windows and batches of several lengths; on stderr the
+    perplexity per token of them all."""
+    from support import summed_nll
+
+    model, tokenizer = load_local(translation_folder)
+    (tmp_path / "in.txt").write_text("".join(source + "\n" for source, _ in SCORED))
+    (tmp_path / "de.txt").write_text("".join(target + "\n" for _, target in SCORED))
+    flags = {"none": [], "--normalize": ["--normalize"], "--alpha": ["--alpha", "1.5"]}[divisor]
+    result = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--score", tmp_path / "de.txt",
+                 "--window", "5", "--max_tokens", "40", *flags)
+    assert result.returncode == 0, result.stderr
+    found = [float(line) for line in result.stdout.splitlines()]
+    expected, total, tokens = [], 0.0, 0
+    for pair in SCORED:
+        nll, length = summed_nll(model, tokenizer, [pair])
+        divided = {"none": 1, "--normalize": length, "--alpha": ((5 + length) / 6) ** 1.5}[divisor]
+        expected.append(-nll / divided)
+        total, tokens = total + nll, tokens + length
+    assert found == pytest.approx(expected, abs=1e-4)
+    perplexity = float(re.search(r"perplexity (\S+) over the ([\d,]+) tokens", result.stderr)[1])
+    assert perplexity == pytest.approx(math.exp(total / tokens), rel=1e-4)
+    assert f"over the {tokens:,} tokens (EOS included) of the {len(SCORED)} translations scored" in result.stderr
+
+
+def test_a_hypothesis_of_the_search_scores_as_the_search_scored_it(translation_folder):
+    """The search builds log P a step at a time from the cache; the scorer reads each hypothesis whole: divided by
+    the GNMT penalty they agree, for each of the n best of sources in one batch, padded on either side; `score`'s list
+    is in the pairs' order."""
+    from vaswani_hf.gnmt import gnmt_beam_search, gnmt_length_penalty
+    from vaswani_hf.tools.translate import TorchEngine, score
+
+    model, tokenizer = load_local(translation_folder)
+    inputs = tokenizer(SOURCES, padding=True, return_tensors="pt")
+    sequences, scores = gnmt_beam_search(model, inputs["input_ids"], inputs["attention_mask"], num_beams=4,
+                                         alpha=0.6, num_return_sequences=3, output_scores=True)
+    ended = [row for row in sequences[:, 1:].tolist() if tokenizer.eos_token_id in row]  # not cut at the limit
+    assert len(ended) == len(sequences)
+    hypotheses = [row[: row.index(tokenizer.eos_token_id) + 1] for row in ended]
+    sources = [ids for ids in inputs["input_ids"].tolist() for _ in range(3)]
+    sources = [[i for i in ids if i != tokenizer.pad_token_id] for ids in sources]
+    log_probs = TorchEngine(model, tokenizer).score(sources, hypotheses)
+    rescored = [log_p / gnmt_length_penalty(len(ids), 0.6) for log_p, ids in zip(log_probs, hypotheses)]
+    assert rescored == pytest.approx(scores.tolist(), abs=1e-5)
+    tokenizer.padding_side = "left"  # a tokenizer that pads sources on the left: read right-padded, as the search does
+    assert TorchEngine(model, tokenizer).score(sources, hypotheses) == pytest.approx(log_probs, abs=1e-5)
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in hypotheses[::3]]
+    in_order = score(model, tokenizer, SOURCES, texts, max_tokens=1)  # a pair a batch, the longest first
+    assert [pair.index for pair in in_order] == [0, 1, 2]
 
 
 def test_translating_with_a_training_model_decodes_without_dropout_and_leaves_it_training(translation_folder):

@@ -114,8 +114,8 @@ class CTranslate2Engine:
     <pad>) are CTranslate2's suppressed sequences, its `no_repeat_ngram_size` and `repetition_penalty` CTranslate2's; a
     model whose generation config asks for another logits processor is refused, as CTranslate2 would decode without it;
     `forced_eos_token_id` (OPUS-MT's) is the last token of a hypothesis cut at its limit (greedy: the torch engine's
-    tokens). `workers`: CTranslate2's (`kept_workers`' layout; by default measured on a CPU), each batch decoded in a
-    part for each worker."""
+    tokens). `score` gives each target's log P given its source (CTranslate2's `score_batch`). `workers`: CTranslate2's
+    (`kept_workers`' layout; by default measured on a CPU), each batch decoded or scored in a part for each worker."""
 
     name = "ctranslate2"
 
@@ -174,3 +174,12 @@ class CTranslate2Engine:
                 hypotheses.append(ids)
                 scores.append(score)
         return hypotheses, scores
+
+    def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[float]:
+        """Each target's log P given its source (token ids, EOS last: CTranslate2 adds its own), as translate.py's
+        `TorchEngine` scores them."""
+        tokens = self.tokenizer.convert_ids_to_tokens
+        results = self.translator.score_batch(
+            [tokens(ids) for ids in sources], [tokens(ids[:-1]) for ids in targets], max_input_length=0,
+            max_batch_size=math.ceil(len(sources) / self.workers["inter_threads"]))
+        return [sum(result.log_probs) for result in results]

@@ -46,7 +46,16 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils.logging import disable_progress_bar
 
-from ..gnmt import check_alpha, check_whole, extra_length_of, gnmt_beam_search, logits_processors, output_limits
+from ..gnmt import (
+    check_alpha,
+    check_whole,
+    extra_length_of,
+    gnmt_beam_search,
+    gnmt_length_penalty,
+    logits_processors,
+    output_limits,
+    right_padded,
+)
 from ..speed.allocator import keep_freed_memory
 from .loading import check_gpu, checked, device_kind, learned_positions, load, one_line_errors
 from .text import decode_utf8, opened, refused_write, split_lines
@@ -129,11 +138,46 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
             yield Translation(indices[j], list(zip(texts[rows], scores[rows])), len(hypotheses[k * nbest]))
 
 
+class Score(NamedTuple):
+    index: int  # of the pair
+    log_prob: float  # log P(Y|X) of the target given its source, natural log, EOS included
+    tokens: int  # of the target, EOS included
+
+
+def scored(model, tokenizer, sources: list[str], targets: list[str],
+           max_tokens: int = MAX_TOKENS) -> Iterator[Score]:
+    """Each target's log-probability given its source under the model, read whole at once as in training (teacher
+    forcing), batch by batch (`token_batches` by each pair's longer side), yielded as its batch finishes. Both are
+    tokenized as training tokenizes them (`tokenizer(sources)`, `tokenizer(text_target=targets)`); no logits processor
+    applies: the model's own distribution, over every token. `model`: a torch model, or an engine that scores token
+    batches (`TorchEngine`, ctranslate2_engine.py's `CTranslate2Engine`). A source or target longer than the engine's
+    `positions` (learned ones) is a one-line ValueError before any batch is scored."""
+    engine = as_engine(model, tokenizer)
+    check_whole("max_tokens", max_tokens, 1)
+    check_texts("sources", sources)
+    check_texts("targets", targets)
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} sources and {len(targets)} targets: give one target per source")
+    source_ids = tokenizer(list(sources))["input_ids"] if sources else []
+    target_ids = tokenizer(text_target=list(targets))["input_ids"] if targets else []
+    positions, longest = getattr(engine, "positions", None), max(map(len, source_ids + target_ids), default=0)
+    if positions is not None and longest > positions:
+        raise ValueError(f"a source or target has {longest} tokens; this model's positions stop at {positions}")
+    lengths = [max(len(source), len(target)) for source, target in zip(source_ids, target_ids)]
+    for batch in token_batches(lengths, max_tokens):
+        log_probs = engine.score([source_ids[j] for j in batch], [target_ids[j] for j in batch])
+        yield from (Score(j, log_prob, len(target_ids[j])) for j, log_prob in zip(batch, log_probs))
+
+
+def score(model, tokenizer, sources: list[str], targets: list[str], max_tokens: int = MAX_TOKENS) -> list[Score]:
+    """`scored`, in the pairs' order."""
+    return sorted(scored(model, tokenizer, sources, targets, max_tokens))
+
+
 def check_request(sources, num_beams: int, max_tokens: int, nbest: int = 1, alpha: float | None = None) -> None:
     """One line for what a translation cannot take, before anything is decoded: a beam size or `max_tokens` that is
     not a whole number of at least 1, `nbest` hypotheses outside 1 to the beam size, an α that is not a finite number
-    of at least 0 (ValueError); `sources` that are not a list (or tuple) of strings (TypeError: a lone string would be
-    translated a character at a time)."""
+    of at least 0 (ValueError); `sources` that are not a list (or tuple) of strings (`check_texts`)."""
     if alpha is not None:
         check_alpha("alpha", alpha)
     check_whole("num_beams", num_beams, 1)
@@ -141,11 +185,17 @@ def check_request(sources, num_beams: int, max_tokens: int, nbest: int = 1, alph
     check_whole("nbest", nbest, 1)
     if nbest > num_beams:
         raise ValueError(f"nbest must be at most num_beams={num_beams}, got {nbest}")
-    if not isinstance(sources, (list, tuple)):
-        raise TypeError(f"sources: a list of strings, got {type(sources).__name__}")
-    others = [type(source).__name__ for source in sources if not isinstance(source, str)]
+    check_texts("sources", sources)
+
+
+def check_texts(name: str, texts) -> None:
+    """A TypeError in one line unless `texts` is a list (or tuple) of strings: a lone string would be read a character
+    at a time."""
+    if not isinstance(texts, (list, tuple)):
+        raise TypeError(f"{name}: a list of strings, got {type(texts).__name__}")
+    others = [type(text).__name__ for text in texts if not isinstance(text, str)]
     if others:
-        raise TypeError(f"sources: a list of strings, got a list holding {others[0]}")
+        raise TypeError(f"{name}: a list of strings, got a list holding {others[0]}")
 
 
 def papers_decoding(generation) -> bool:
@@ -162,7 +212,8 @@ def as_engine(model, tokenizer):
 class TorchEngine:
     """Decodes batches of token ids with the torch model: the paper's search, or transformers' `generate()` (`search`).
     `decode` returns each source's `nbest` hypotheses (ids after the start token, EOS included where one ended it),
-    best first, and their scores. `positions`: the most tokens a source may have (learned positions), None for any."""
+    best first, and their scores; `score`, each target's log P given its source. `positions`: the most tokens a source
+    may have (learned positions), None for any."""
 
     name = "torch"
 
@@ -174,14 +225,33 @@ class TorchEngine:
     @torch.no_grad()
     def decode(self, batch: list[list[int]], num_beams: int, alpha: float | None,
                nbest: int) -> tuple[list[list[int]], list[float]]:
-        training = self.model.training
-        self.model.eval()
-        try:
-            device = next(self.model.parameters()).device
-            with getattr(self.model, "fast_decoding", lambda beams: contextlib.nullcontext())(num_beams):  # fast_cpu
-                return decoded_batch(self.model, self.tokenizer, batch, num_beams, alpha, nbest, device)
-        finally:
-            self.model.train(training)  # the caller's mode back: a training loop goes on training
+        fast = getattr(self.model, "fast_decoding", lambda beams: contextlib.nullcontext())  # fast_cpu's
+        with evaluating(self.model) as device, fast(num_beams):
+            return decoded_batch(self.model, self.tokenizer, batch, num_beams, alpha, nbest, device)
+
+    @torch.no_grad()
+    def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[float]:
+        """Each target's log P given its source (token ids, as `scored` makes them), the model reading it whole."""
+        with evaluating(self.model) as device:
+            inputs = self.tokenizer.pad({"input_ids": sources}, return_tensors="pt").to(device)
+            source, mask = right_padded(inputs["input_ids"], inputs["attention_mask"])
+            labels = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids in targets], batch_first=True,
+                                                     padding_value=-100).to(device)
+            logits = self.model(input_ids=source, attention_mask=mask,
+                                decoder_input_ids=self.model.prepare_decoder_input_ids_from_labels(labels)).logits
+            nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none")
+            return nll.sum(-1).neg().tolist()  # the padding (-100) counts 0
+
+
+@contextlib.contextmanager
+def evaluating(model):
+    """`model` in eval mode, its device given; the caller's mode back after (a training loop goes on training)."""
+    training = model.training
+    model.eval()
+    try:
+        yield next(model.parameters()).device
+    finally:
+        model.train(training)
 
 
 def decoded_batch(model, tokenizer, batch: list[list[int]], num_beams: int, alpha: float | None, nbest: int,
@@ -244,16 +314,19 @@ def utf8_text(data: bytes, name: str, first_line: int) -> str:
         raise SystemExit(f"error: {error}") from None
 
 
-def check_lengths(engine, tokenizer, sources: list[str], first_line: int = 1) -> None:
+def check_lengths(engine, tokenizer, lines: list[str] | list[tuple[str, str]], first_line: int = 1) -> None:
     """A source longer than the engine's model has positions for (`engine.positions`: learned ones, a table) is a
-    one-line error before it is decoded."""
-    if engine.positions is None:
+    one-line error before it is decoded; of (source, translation) pairs (--score), either side."""
+    if engine.positions is None or not lines:
         return
-    lengths = [len(ids) for ids in tokenizer(sources)["input_ids"]] if sources else []
-    for number, length in enumerate(lengths, first_line):
-        if length > engine.positions:
-            raise SystemExit(f"error: line {number} has {length} tokens; this model's positions stop at "
-                             f"{engine.positions} on the {engine.name} engine")
+    sides = {"": tokenizer(list(lines))} if isinstance(lines[0], str) else {
+        "'s source": tokenizer([source for source, _ in lines]),
+        "'s translation": tokenizer(text_target=[target for _, target in lines])}
+    for side, encoded in sides.items():
+        for number, ids in enumerate(encoded["input_ids"], first_line):
+            if len(ids) > engine.positions:
+                raise SystemExit(f"error: line {number}{side} has {len(ids)} tokens; this model's positions stop at "
+                                 f"{engine.positions} on the {engine.name} engine")
 
 
 def output_lines(source: str, hypotheses: list[tuple[str, float]] | None, index: int, nbest: int) -> str:
@@ -313,10 +386,16 @@ def skipped(stream: Iterable[bytes], count: int, name: str, partial: str) -> Ite
     return lines
 
 
+class Written(NamedTuple):
+    text: str  # to write
+    lines: int  # the input lines it answers
+    tokens: int  # translated, or scored (the targets')
+    log_prob: float = 0.0  # of the targets scored
+
+
 def translated_windows(engine, tokenizer, windows: Iterable[tuple[int, list[str]]], max_tokens: int, num_beams: int,
-                       alpha: float | None, nbest: int) -> Iterator[tuple[str, int, int]]:
-    """(text to write, the input lines it answers, tokens translated) as batches finish, in input order. `engine`: as
-    `translations` takes it."""
+                       alpha: float | None, nbest: int) -> Iterator[Written]:
+    """What to write as batches finish, in input order. `engine`: as `translations` takes it."""
     engine = as_engine(engine, tokenizer)
     for first_line, window in windows:
         check_lengths(engine, tokenizer, window, first_line)
@@ -330,8 +409,36 @@ def translated_windows(engine, tokenizer, windows: Iterable[tuple[int, list[str]
                 ready += 1
             text = "".join(output_lines(window[i], finished.pop(i, None), first_line - 1 + i, nbest)
                            for i in range(written, ready))
-            yield text, ready - written, translation.tokens if translation is not None else 0
+            yield Written(text, ready - written, translation.tokens if translation is not None else 0)
             written = ready
+
+
+def scored_windows(engine, tokenizer, windows: Iterable[tuple[int, list[tuple[str, str]]]], max_tokens: int,
+                   alpha: float | None, normalize: bool) -> Iterator[Written]:
+    """--score: a line for each (source, translation) pair, its log P(Y|X) (`score`), divided by the GNMT penalty
+    lp(|Y|) with `alpha` (as the search ranks hypotheses, as --nbest prints them), or with `normalize` by |Y|; written
+    a window at a time. `engine`: as `scored` takes it."""
+    for first_line, window in windows:
+        check_lengths(engine, tokenizer, window, first_line)
+        found = score(engine, tokenizer, [source for source, _ in window], [target for _, target in window],
+                      max_tokens)
+        divisors = [gnmt_length_penalty(pair.tokens, alpha) if alpha is not None else pair.tokens if normalize else 1
+                    for pair in found]
+        yield Written("".join(f"{pair.log_prob / divisor:.4f}\n" for pair, divisor in zip(found, divisors)),
+                      len(window), sum(pair.tokens for pair in found), sum(pair.log_prob for pair in found))
+
+
+def paired(windows: Iterator[tuple[int, list[str]]], translations: Iterator[tuple[int, list[str]]], name: str,
+           translations_name: str) -> Iterator[tuple[int, list[tuple[str, str]]]]:
+    """Windows of (source, translation) pairs from two files' windows of the same size; files of different lengths
+    stop the program in one line where the shorter ends."""
+    for (first_line, sources), (other_first, targets) in itertools.zip_longest(windows, translations,
+                                                                                fillvalue=(0, [])):
+        if len(sources) != len(targets):
+            end = max(first_line, other_first) + min(len(sources), len(targets)) - 1
+            raise SystemExit(f"error: {name} and --score {translations_name} differ in length, one ending at line "
+                             f"{end}: give a translation per line")
+        yield first_line, list(zip(sources, targets))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -369,6 +476,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="On a CPU, decode as the model files are written, not with what whole calls were "
                         "measured faster with on this machine (vaswani_hf.fast_cpu).")
     parser.add_argument("--quiet", action="store_true", help="No progress bar on stderr.")
+    parser.add_argument("--score", metavar="TRANSLATIONS",
+                        help="Score this file's lines, translations of the input's, instead of translating: a line "
+                        "each, log P(translation | source) (natural log, EOS included; divided by the GNMT penalty "
+                        "with --alpha, as --nbest's scores), and the perplexity per token on stderr.")
+    parser.add_argument("--normalize", action="store_true", help="--score: log P divided by the translation's tokens.")
     args = parser.parse_args(argv)
     for name, value in (("max_tokens", args.max_tokens), ("window", args.window), ("num_beams", args.num_beams),
                         ("nbest", args.nbest)):
@@ -383,6 +495,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"error: --{name} is blank: give a file, or leave the flag out for {default}")
     if args.input and not Path(args.input).is_file():
         raise SystemExit(f"error: --input {args.input}: no such file")
+    check_scoring(args)
     if args.output and (Path(args.output).is_dir() or not Path(args.output).resolve().parent.is_dir()):
         raise SystemExit(f"error: --output {args.output}: not a file in an existing folder")
     if args.output and not os.access(folder := Path(args.output).resolve().parent, os.W_OK | os.X_OK):
@@ -401,10 +514,22 @@ def main(argv: list[str] | None = None) -> None:
 
     typed = not args.input and sys.stdin.isatty()  # lines typed at a terminal: each translated when entered
     total = counted_lines(args.input) if args.input else None  # a file that is not UTF-8 stops before the model loads
-    with contextlib.ExitStack() as files:
+    name = args.input or "the standard input"
+    if args.score and total is not None and total != (given := counted_lines(args.score)):
+        raise SystemExit(f"error: --input {args.input} has {total} lines, --score {args.score} {given}: give a "
+                         "translation per line")
+
+    def windows_after_done(files: contextlib.ExitStack, size: int):
+        """The input's lines after those done, `size` at a time; with --score, (source, translation) pairs."""
         stream = files.enter_context(opened(args.input)) if args.input else sys.stdin.buffer
-        name = args.input or "the standard input"
-        windows = read_windows(skipped(stream, done, name, partial), name, 1 if typed else args.window, done + 1)
+        windows = read_windows(skipped(stream, done, name, partial), name, size, done + 1)
+        if not args.score:
+            return windows
+        translations = skipped(files.enter_context(opened(args.score)), done, args.score, partial)
+        return paired(windows, read_windows(translations, args.score, size, done + 1), name, args.score)
+
+    with contextlib.ExitStack() as files:
+        windows = windows_after_done(files, 1 if typed else args.window)
         first = next(windows, (done + 1, []))  # read before the model loads: a window that is not UTF-8 stops here
         keep_freed_memory()  # the decoding steps reuse the (beams x vocabulary) blocks they free (allocator.py)
         disable_progress_bar()  # transformers' bars; ours counts lines
@@ -418,9 +543,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.nbest > num_beams:
             raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
         if args.input and engine.positions is not None:  # a file's every line, before any is decoded
-            with opened(args.input) as file:
-                rest = skipped(file, done, name, partial)
-                for first_line, window in read_windows(rest, name, args.window, done + 1):
+            with contextlib.ExitStack() as again:
+                for first_line, window in windows_after_done(again, args.window):
                     check_lengths(engine, tokenizer, window, first_line)
         else:  # a stream's first window before the progress bar draws itself, the others as they are read
             check_lengths(engine, tokenizer, first[1], first[0])
@@ -434,13 +558,16 @@ def main(argv: list[str] | None = None) -> None:
                              "model: let that one finish, or give --overwrite") from None
         progress = files.enter_context(tqdm(total=total, initial=done, unit=" lines", file=sys.stderr,
                                             disable=args.quiet or typed, desc=engine.name))
-        start, tokens = time.perf_counter(), 0
+        start, tokens, log_prob, lines_done = time.perf_counter(), 0, 0.0, 0
+        windows = itertools.chain([first], windows)
+        written = (scored_windows(engine, tokenizer, windows, args.max_tokens, args.alpha, args.normalize)
+                   if args.score else
+                   translated_windows(engine, tokenizer, windows, args.max_tokens, num_beams, args.alpha, args.nbest))
         try:
-            for text, lines, new_tokens in translated_windows(engine, tokenizer, itertools.chain([first], windows),
-                                                              args.max_tokens, num_beams, args.alpha, args.nbest):
+            for text, lines, new_tokens, new_log_prob in written:
                 output.write(text)
                 output.flush()
-                tokens += new_tokens
+                tokens, log_prob, lines_done = tokens + new_tokens, log_prob + new_log_prob, lines_done + lines
                 progress.set_postfix_str(f"{tokens / (time.perf_counter() - start):.0f} tokens/s", refresh=False)
                 progress.update(lines)
         except KeyboardInterrupt:  # Ctrl-C: the lines written are whole (a line a stop cuts short, --resume drops)
@@ -460,6 +587,25 @@ def main(argv: list[str] | None = None) -> None:
         if args.output:
             output.close()
             os.replace(partial, args.output)
+    if args.score and tokens:
+        print(f"perplexity {math.exp(-log_prob / tokens):.4f} over the {tokens:,} tokens (EOS included) of the "
+              f"{lines_done:,} translations scored", file=sys.stderr)
+
+
+def check_scoring(args) -> None:
+    """--score's flags, in one line each: its file there, none of the decoding's flags, one divisor of the scores."""
+    if args.score is None:
+        if args.normalize:
+            raise SystemExit("error: --normalize divides --score's scores: give --score TRANSLATIONS")
+        return
+    if not Path(args.score).is_file():
+        raise SystemExit(f"error: --score {args.score}: no such file")
+    decoding = [flag for flag, given in (("--num_beams", args.num_beams is not None), ("--nbest", args.nbest != 1),
+                                         ("--extra_length", args.extra_length is not None)) if given]
+    if decoding:
+        raise SystemExit(f"error: {', '.join(decoding)}: --score scores the translations given, it decodes nothing")
+    if args.normalize and args.alpha is not None:
+        raise SystemExit("error: --normalize and --alpha both divide the scores: give one")
 
 
 if __name__ == "__main__":
