@@ -578,6 +578,29 @@ def test_the_ctranslate2_engine_gives_nbest_lines_and_int8(translation_folder, c
     assert int8.returncode == 0 and len(int8.stdout.splitlines()) == 6
 
 
+def test_the_ctranslate2_engine_scores_translations_as_ctranslate2_does_and_as_the_torch_engine(
+        translation_folder, trained, ct2_folders, cli, tmp_path, monkeypatch):
+    """--score on the CTranslate2 engine: each line the sum of CTranslate2's own `score_batch` of the export (its
+    tokens, EOS added by it), and the torch engine's line; its int8 export scores a line a pair too."""
+    _, tokenizer = trained
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
+    pairs = PAIRS[:12]
+    (tmp_path / "in.txt").write_text("".join(source + "\n" for source, _ in pairs))
+    (tmp_path / "de.txt").write_text("".join(target + "\n" for _, target in pairs))
+    args = ["--model", translation_folder, "--input", tmp_path / "in.txt", "--score", tmp_path / "de.txt", "--quiet"]
+    lines = {}
+    for engine in ("torch", "ctranslate2"):
+        result = cli(*args, "--engine", engine)
+        assert result.returncode == 0, result.stderr
+        lines[engine] = [float(line) for line in result.stdout.splitlines()]
+    found = translator(ct2_folders["float32"]).score_batch(
+        source_tokens(tokenizer)[:12], [tokenizer.tokenize(target) for _, target in pairs])
+    assert lines["ctranslate2"] == pytest.approx([sum(result.log_probs) for result in found], abs=1e-4)
+    assert lines["ctranslate2"] == pytest.approx(lines["torch"], abs=1e-3)
+    int8 = cli(*args, "--engine", "ctranslate2", "--int8")
+    assert int8.returncode == 0 and len(int8.stdout.splitlines()) == len(pairs), int8.stderr
+
+
 @pytest.mark.parametrize("length_penalty", [None, 0.0, 0.6])
 def test_without_gnmt_alpha_the_ctranslate2_engine_scores_log_p_over_length_to_the_configs_penalty(
         translation_folder, trained, tmp_path, monkeypatch, length_penalty):

@@ -917,6 +917,23 @@ def test_a_killed_run_is_continued_by_resume_into_the_output_of_one_run(translat
                                  "standard input has 5: not this input's (--overwrite starts again)")
 
 
+def test_a_killed_scoring_run_is_continued_by_resume_into_the_output_of_one_run(translation_folder, tmp_path, cli):
+    """--score --resume: the whole lines of OUTPUT.partial stay (here made recognisable), and the pairs after them
+    are scored, both files read on from the same line: the one run's output."""
+    pairs = [("The small dog sees the old man.", "Der kleine Hund sieht den alten Mann."), ("", "Ein Hund."),
+             ("A woman reads.", "Eine Frau liest."), ("The children play.", "Die Kinder spielen."), ("A dog.", "")]
+    for name, side in (("in.txt", 0), ("de.txt", 1)):
+        (tmp_path / name).write_text("".join(pair[side] + "\n" for pair in pairs))
+    common = ["--model", translation_folder, "--quiet", "--input", tmp_path / "in.txt", "--score", tmp_path / "de.txt"]
+    code, _, err = cli(*common, "--output", tmp_path / "one.txt")
+    assert code == 0, err
+    whole = (tmp_path / "one.txt").read_text().splitlines(keepends=True)
+    (tmp_path / "out.txt.partial").write_text("kept\nkept\n" + whole[2][:3])  # the third line cut short
+    code, _, err = cli(*common, "--output", tmp_path / "out.txt", "--window", "2", "--resume")
+    assert code == 0, err
+    assert (tmp_path / "out.txt").read_text() == "".join(["kept\n", "kept\n", *whole[2:]])
+
+
 @pytest.mark.parametrize("stop", ["full disk", "Ctrl-C"])
 def test_a_translation_stopped_by_a_full_disk_or_ctrl_c_says_so_in_one_line_and_resume_ends_it_as_one_run(
         translation_folder, tmp_path, cli, monkeypatch, stop):
@@ -1068,7 +1085,8 @@ def test_an_input_file_is_counted_and_checked_as_its_windows_read_it(tmp_path):
 
 def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, tmp_path, capfd, monkeypatch,
                                                              cli):
-    """12 learned positions: on either engine a longer source is refused in one line, and a short one translates,
+    """12 learned positions: on either engine a longer source (or a longer translation to --score) is refused in one
+    line, and a short one translates,
     greedy, to the same tokens, stopped at the last position at the latest. Each engine first times its probes on
     this model (fast_cpu, CTranslate2's workers: a cache of its own), cut to its 12 positions."""
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
@@ -1095,12 +1113,63 @@ def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, 
                                tmp_path / "out.txt", "--window", "1")
             assert code == 1 and err == message.replace("line 2", "line 4")
             assert not (tmp_path / "out.txt.partial").exists()  # lines 1-3 were translated before
+            (tmp_path / "two.txt").write_text("A dog runs.\nA cat.\n")  # --score: a translation too long, on line 2
+            (tmp_path / "de.txt").write_text("Ein Hund.\n" + "der Mann sieht den Hund " * 10 + "\n")
+            code, _, err = cli("--model", folder, "--engine", engine, "--input", tmp_path / "two.txt", "--score",
+                               tmp_path / "de.txt", "--output", tmp_path / "out.txt", "--window", "1")
+            assert code == 1 and re.fullmatch(rf"error: line 2's translation has \d+ tokens; this model's positions "
+                                              rf"stop at 12 on the {engine} engine", err), err
+            assert not (tmp_path / "out.txt.partial").exists()
             code, out, err = cli("--model", folder, "--num_beams", "1", "--engine", engine, stdin=b"A dog runs.\n")
             assert code == 0 and len(out.splitlines()) == 1, err
             translations.append(out)
     finally:
         torch.set_num_threads(threads)
     assert translations[1] == translations[0]
+
+
+def test_scores_are_refused_in_one_line_before_the_model_loads(tmp_path, capfd, monkeypatch):
+    """--score's misuse, each in one line, before the model (here none) loads: files of different lengths (a stream
+    whose first window shows it), its file missing, a decoding flag, two divisors, --normalize alone."""
+    (tmp_path / "in.txt").write_text("A dog.\nA cat.\nA man.\n")
+    (tmp_path / "two.txt").write_text("Ein Hund.\nEine Katze.\n")
+    (tmp_path / "de.txt").write_text("Ein Hund.\nEine Katze.\nEin Mann.\n")
+    model, sources, two, de = tmp_path / "no-model", tmp_path / "in.txt", tmp_path / "two.txt", tmp_path / "de.txt"
+    refusals = {
+        ("--input", sources, "--score", two): f"--input {sources} has 3 lines, --score {two} 2: give a translation "
+                                              "per line",
+        ("--score", two): f"the standard input and --score {two} differ in length, one ending at line 2: give a "
+                          "translation per line",
+        ("--score", tmp_path / "none.txt"): f"--score {tmp_path / 'none.txt'}: no such file",
+        ("--score", de, "--num_beams", "4", "--nbest", "2"): "--num_beams, --nbest: --score scores the translations "
+                                                             "given, it decodes nothing",
+        ("--score", de, "--extra_length", "9"): "--extra_length: --score scores the translations given, it decodes "
+                                                "nothing",
+        ("--score", de, "--normalize", "--alpha", "0.6"): "--normalize and --alpha both divide the scores: give one",
+        ("--normalize",): "--normalize divides --score's scores: give --score TRANSLATIONS"}
+    for args, said in refusals.items():
+        assert refused_translation(capfd, monkeypatch, "--model", model, *args,
+                                   stdin=sources.read_bytes()) == f"error: {said}"
+
+
+def test_a_stream_and_translations_of_different_lengths_stop_where_the_shorter_ends(translation_folder, tmp_path,
+                                                                                    cli):
+    """Read a line at a time, the pairs before are scored, then one line says where the shorter one ended; `score`
+    refuses lists of different lengths, or a lone string, in one line."""
+    from vaswani_hf.tools.translate import score
+
+    (tmp_path / "de.txt").write_text("Ein Hund.\nEine Katze.\n")
+    for stdin, end in ((b"A dog.\nA cat.\nA man.\n", 2), (b"A dog.\n", 1)):
+        code, out, err = cli("--model", translation_folder, "--score", tmp_path / "de.txt", "--window", "1",
+                             "--quiet", stdin=stdin)
+        assert code == 1 and len(out.splitlines()) == end
+        assert err == (f"error: the standard input and --score {tmp_path / 'de.txt'} differ in length, one ending at "
+                       f"line {end}: give a translation per line")
+    model, tokenizer = load(str(translation_folder), "cpu", fast=False)
+    with pytest.raises(ValueError, match="^2 sources and 1 targets: give one target per source$"):
+        score(model, tokenizer, ["A dog.", "A cat."], ["Ein Hund."])
+    with pytest.raises(TypeError, match="^targets: a list of strings, got str$"):
+        score(model, tokenizer, ["A dog."], "Ein Hund.")
 
 
 def test_a_source_is_refused_past_the_last_position_by_its_line_in_the_input(translation_folder):
