@@ -778,6 +778,16 @@ def test_onnx_runtime_workers_sleep_between_runs_not_spin(onnx_model):
     assert spinning == ["0", "0", "0"]
 
 
+def test_onnx_runtime_scores_translations_as_the_torch_model(onnx_model, trained):
+    """`score` with the ONNX graphs: each pair's log P is the torch model's, in batches of several lengths."""
+    from vaswani_hf.tools.translate import score
+
+    model, tokenizer = trained
+    sources, targets = [source for source, _ in PAIRS[:9]], [target for _, target in PAIRS[:9]]
+    found = [pair.log_prob for pair in score(onnx_model, tokenizer, sources, targets, max_tokens=60)]
+    assert found == pytest.approx([pair.log_prob for pair in score(model, tokenizer, sources, targets)], abs=1e-4)
+
+
 def test_onnx_runtimes_decoding_step_transposes_no_cached_keys(onnx_model, tmp_path):
     """The step graph as ONNX Runtime runs it (its optimized graph, saved) transposes none of the keys it is given, of
     self- or encoder-decoder attention, nor their concatenation with the new position's: Q K^T takes them as they are

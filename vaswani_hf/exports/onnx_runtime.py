@@ -6,6 +6,8 @@
     print(model.translate(["A man is riding a bike."]))      # the paper's beam search (gnmt.py), beam 4, α 0.6
     print(model.translate(["A man is riding a bike."], num_beams=1))   # greedy, as vaswani-translate's
 
+`score(model, model.tokenizer, sources, translations)` (translate.py's) gives each translation's log P.
+
 `OnnxSeq2Seq` answers the calls the paper's beam search makes of a model (`get_encoder()`, a forward step with
 transformers' `EncoderDecoderCache`), so `gnmt_beam_search` runs on ONNX Runtime unchanged; `greedy` is
 generate(num_beams=1)'s loop. The cache holds the graphs' keys and values as torch tensors sharing memory with ONNX
@@ -23,8 +25,9 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderC
 from transformers.modeling_outputs import BaseModelOutput
 
 from ..gnmt import extra_length_of, output_limits
+from ..modeling_vaswani import shift_tokens_right
 from ..tools.loading import learned_positions
-from ..tools.translate import MAX_TOKENS, decoded_batch, translate
+from ..tools.translate import MAX_TOKENS, decoded_batch, log_p, scoring_batch, translate
 
 
 class OnnxSeq2Seq:
@@ -135,3 +138,13 @@ class OnnxSeq2Seq:
         """translate.py's engine call: the paper's search, with α 0.6 where none is given (ONNX Runtime runs no
         other decoding)."""
         return decoded_batch(self, self.tokenizer, batch, num_beams, 0.6 if alpha is None else alpha, nbest)
+
+    def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[float]:
+        """translate.py's engine call for `score`: each target's log P given its source, the first step's graph
+        reading it whole."""
+        source, mask, labels = scoring_batch(self.tokenizer, sources, targets)
+        hidden = self.get_encoder()(source, mask).last_hidden_state
+        inputs = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+        logits, *_ = self.sessions["decoder_model"].run(None, {"input_ids": inputs.numpy(), "encoder_hidden_states":
+                                                               hidden.numpy(), "encoder_attention_mask": mask.numpy()})
+        return log_p(torch.from_numpy(logits), labels)

@@ -16,15 +16,18 @@ a terminal are translated one by one, as each is entered.
     vaswani-translate --model outputs/run --int8 < sources.txt     # int8 linear layers on the CPU (quantization.py)
     vaswani-translate --model outputs/run --nbest 4 < sources.txt  # "line ||| translation ||| score", 4 per line
     vaswani-translate --model outputs/run --engine ctranslate2 < sources.txt   # the CTranslate2 export
+    vaswani-translate --model outputs/run --input sources.txt --score translations.txt   # log P of each, perplexity
 
 On a CPU the float32 model is transformed by `vaswani_hf.fast_cpu` (what whole calls were measured faster with, on
 this machine, once); `--no_fast_cpu` decodes as the model files are written. `--engine ctranslate2` decodes with the
 model's CTranslate2 export instead (ctranslate2_engine.py's `CTranslate2Engine`, converted once into a cache): the same
-greedy tokens, its own beam search (log P / |Y|^α). In Python, `load_engine` gives either engine and `translate` or
-`translations` decode with it:
+greedy tokens, its own beam search (log P / |Y|^α). `--score` decodes nothing: it writes the log-probability of each
+given translation (`score`), the model reading it whole, and the perplexity per token of them all (Table 3's PPL).
+In Python, `load_engine` gives either engine, `translate` or `translations` decode with it, `score` scores with it:
 
     engine, tokenizer = load_engine("outputs/run", "ctranslate2")
     translate(engine, tokenizer, ["A man is riding a bike."])
+    score(engine, tokenizer, ["A man is riding a bike."], ["Ein Mann fährt Fahrrad."])[0].log_prob
 """
 
 import argparse
@@ -150,8 +153,8 @@ def scored(model, tokenizer, sources: list[str], targets: list[str],
     forcing), batch by batch (`token_batches` by each pair's longer side), yielded as its batch finishes. Both are
     tokenized as training tokenizes them (`tokenizer(sources)`, `tokenizer(text_target=targets)`); no logits processor
     applies: the model's own distribution, over every token. `model`: a torch model, or an engine that scores token
-    batches (`TorchEngine`, ctranslate2_engine.py's `CTranslate2Engine`). A source or target longer than the engine's
-    `positions` (learned ones) is a one-line ValueError before any batch is scored."""
+    batches (`TorchEngine`, ctranslate2_engine.py's `CTranslate2Engine`, onnx_runtime.py's `OnnxSeq2Seq`). A source or
+    target longer than the engine's `positions` (learned ones) is a one-line ValueError before any batch is scored."""
     engine = as_engine(model, tokenizer)
     check_whole("max_tokens", max_tokens, 1)
     check_texts("sources", sources)
@@ -233,14 +236,26 @@ class TorchEngine:
     def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[float]:
         """Each target's log P given its source (token ids, as `scored` makes them), the model reading it whole."""
         with evaluating(self.model) as device:
-            inputs = self.tokenizer.pad({"input_ids": sources}, return_tensors="pt").to(device)
-            source, mask = right_padded(inputs["input_ids"], inputs["attention_mask"])
-            labels = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids in targets], batch_first=True,
-                                                     padding_value=-100).to(device)
+            source, mask, labels = scoring_batch(self.tokenizer, sources, targets, device)
             logits = self.model(input_ids=source, attention_mask=mask,
                                 decoder_input_ids=self.model.prepare_decoder_input_ids_from_labels(labels)).logits
-            nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none")
-            return nll.sum(-1).neg().tolist()  # the padding (-100) counts 0
+            return log_p(logits, labels)
+
+
+def scoring_batch(tokenizer, sources: list[list[int]], targets: list[list[int]],
+                  device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An engine's `score` inputs: the sources padded (on the right, as the search reads them) and their mask, and the
+    targets as labels, -100 after each."""
+    inputs = tokenizer.pad({"input_ids": sources}, return_tensors="pt").to(device)
+    labels = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids in targets], batch_first=True,
+                                             padding_value=-100)
+    return *right_padded(inputs["input_ids"], inputs["attention_mask"]), labels.to(device)
+
+
+def log_p(logits: torch.Tensor, labels: torch.Tensor) -> list[float]:
+    """Each row's log-probability of its labels (-100: none) under the logits, (B, T, V)."""
+    nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none")
+    return nll.sum(-1).neg().tolist()
 
 
 @contextlib.contextmanager
