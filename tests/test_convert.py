@@ -202,6 +202,25 @@ def searched_alone(model, tokenizer, sources: list[str], banned: list[list[int]]
     return tokenizer.batch_decode(found, skip_special_tokens=True)
 
 
+def test_vaswani_translate_scores_a_converted_model_as_marian_gives_its_log_p(marian_pair, cli, tmp_path):
+    """--score on a converted model: each line MarianMTModel's own log P of the pair (its tokenizer, `text_target`
+    for the translation, its labels shifted into decoder inputs), no processor applied (the banned <pad> too)."""
+    source, converted = marian_pair
+    marian, tokenizer = MarianMTModel.from_pretrained(source).eval(), MarianTokenizer.from_pretrained(source)
+    pairs = generate()["test"][:10]
+    (tmp_path / "in.txt").write_text("".join(en + "\n" for en, _ in pairs))
+    (tmp_path / "de.txt").write_text("".join(de + "\n" for _, de in pairs))
+    result = cli("--model", converted, "--quiet", "--input", tmp_path / "in.txt", "--score", tmp_path / "de.txt")
+    assert result.returncode == 0, result.stderr
+    expected = []
+    for en, de in pairs:
+        labels = tokenizer(text_target=[de], return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            logits = marian(**tokenizer([en], return_tensors="pt"), labels=labels).logits
+        expected.append(logits.log_softmax(-1).gather(-1, labels[..., None]).sum().item())
+    assert [float(line) for line in result.stdout.splitlines()] == pytest.approx(expected, abs=1e-4)
+
+
 def test_vaswani_translate_alpha_bans_what_the_generation_config_bans(marian_pair, cli, tmp_path):
     """With --alpha the paper's search still bans the words the generation config bans (OPUS-MT's <pad>; here also
     the token the search picks most): its translations are the search's given transformers' own processors, and
