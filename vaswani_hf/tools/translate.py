@@ -604,7 +604,7 @@ def main(argv: list[str] | None = None) -> None:
             os.replace(partial, args.output)
     if args.score and tokens:
         print(f"perplexity {math.exp(-log_prob / tokens):.4f} over the {tokens:,} tokens (EOS included) of the "
-              f"{lines_done:,} translations scored", file=sys.stderr)
+              f"{lines_done:,} translation{'s' * (lines_done != 1)} scored", file=sys.stderr)
 
 
 def check_scoring(args) -> None:
