@@ -491,6 +491,7 @@ def table_rows(markdown: str) -> list[list[str]]:
 
 SCORES = {split: {"bleu": bleu, "chrf": chrf, "bleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nrefs:1|nc:6"}
           for split, bleu, chrf in (("validation", 31.234, 55.5), ("test", 29.876, 54.321))}
+SCORES["validation"] |= {"loss": 2.156, "perplexity": 8.637}  # run.py measures the validation set's
 
 
 @pytest.mark.parametrize("source", ["files", "files with an id and a license", "a Hub dataset",
@@ -536,12 +537,14 @@ def test_the_model_card_names_the_data_as_given_and_claims_no_license(translatio
     dataset_id = {"files with an id and a license": "org/captions", "a Hub dataset": "org/news"}.get(source)
     assert metadata.get("datasets") == ([dataset_id] if dataset_id else None)
     results = card.data.eval_results or []
-    assert {(r.dataset_type, r.dataset_split, r.metric_type, r.metric_value, r.metric_args["signature"])
-            for r in results} == ({(dataset_id, split, metric, round(values[metric], 2), values[metric + "_signature"])
-                                   for split, values in scores.items() for metric in ("bleu", "chrf")}
-                                  if dataset_id else set())
+    expected = {(dataset_id, split, metric, round(values[metric], 2), values.get(f"{metric}_signature"))
+                for split, values in scores.items() for metric in ("bleu", "chrf", "perplexity") if metric in values}
+    assert {(r.dataset_type, r.dataset_split, r.metric_type, r.metric_value, (r.metric_args or {}).get("signature"))
+            for r in results} == (expected if dataset_id else set())
     for split, values in scores.items():  # the text always has the scores
         assert [split, "sacreBLEU", f"{values['bleu']:.2f}", f"`{values['bleu_signature']}`"] in table_rows(card.text)
+    assert ["validation", "perplexity", "8.64", "per target token, EOS counted"] in table_rows(card.text)
+    assert "the perplexity, as Table 3's, is the model's own per token of the references" in text
     if source == "a Hub dataset":
         assert "Data: the Hub dataset org/news (de-en); 3 train pairs, 3 validation pairs." in text
         assert "| test |" not in text

@@ -5,6 +5,7 @@ import contextlib
 import errno
 import importlib.util
 import json
+import math
 import os
 import random
 import shutil
@@ -198,6 +199,18 @@ def test_the_embedded_default_run_learns(tmp_path):
     rates = [h["learning_rate"] for h in metrics["history"]]
     assert rates.index(max(rates)) + 1 == round(preset["warmup_share"] * 200) != preset["warmup_steps"]
     assert metrics["averaged_checkpoints"] == [f"checkpoint-{step}" for step in range(184, 201, 4)]
+    # Its validation perplexity (the averaged model's, training/evaluation.py's loss) is what `vaswani-translate
+    # --score` finds over the same pairs, and the card gives it.
+    from vaswani_hf.tools.loading import load
+    from vaswani_hf.tools.translate import score
+
+    pairs = [json.loads(line)["translation"] for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
+    found = score(*load(str(tmp_path / "main"), "cpu", fast=False), [pair["en"] for pair in pairs],
+                  [pair["de"] for pair in pairs])
+    perplexity = math.exp(-sum(pair.log_prob for pair in found) / sum(pair.tokens for pair in found))
+    assert perplexity == pytest.approx(metrics["validation"]["perplexity"], rel=1e-4)
+    assert (f"| validation | perplexity | {metrics['validation']['perplexity']:.2f} | per target token, EOS counted |"
+            in (tmp_path / "main" / "README.md").read_text())
 
 
 @pytest.mark.xdist_group("one_process_run")

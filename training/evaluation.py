@@ -96,7 +96,7 @@ def final_evaluation(final, tokenizer, pairs, validation, args, say) -> tuple[di
             say(f"GNMT α by validation {by}: {searched} -> {alpha}")
         loss = validation_loss(final, *validation, tokenizer.pad_token_id, args.max_tokens, device)
         metrics["validation"] = {"loss": loss, "perplexity": math.exp(min(loss, 50)), **scores[alpha]}
-        say(f"validation: {reported(metrics['validation'])}")
+        say(f"validation: {reported(metrics['validation'])}  perplexity {metrics['validation']['perplexity']:.2f}")
     if "test" in pairs:
         sources = [s for s, _ in pairs["test"]]
         predictions = translate(final, tokenizer, sources, num_beams=args.num_beams, alpha=alpha)

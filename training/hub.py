@@ -166,7 +166,8 @@ def card_metadata(data: TrainingData, scores: dict[str, dict], source_lang: str,
     """The card's YAML header, made by huggingface_hub: the results (model-index) only where the data has a Hub id
     (the metadata's dataset fields take one), and only the splits that were scored; the Hub id of the model a
     fine-tuning run started from. A parser's (`trees`) has one language, its sentences', and is tagged and its results
-    named as parsing (its pipeline is still the translation pipeline: text in, text out)."""
+    named as parsing (its pipeline is still the translation pipeline: text in, text out). A split's perplexity (the
+    validation set's, run.py's) is a result too."""
     task = f"Constituency parsing {source_lang}" if trees else f"Translation {source_lang}-{target_lang}"
     results = [
         EvalResult(task_type="translation", task_name=task,
@@ -174,6 +175,11 @@ def card_metadata(data: TrainingData, scores: dict[str, dict], source_lang: str,
                    metric_type=metric, metric_name=name, metric_value=round(split_scores[metric], 2),
                    metric_args={"signature": split_scores[f"{metric}_signature"]})
         for split, split_scores in scores.items() for metric, name in METRICS if metric in split_scores
+    ] + [
+        EvalResult(task_type="translation", task_name=task, dataset_type=data.dataset_id,
+                   dataset_name=data.dataset_id, dataset_split=split, metric_type="perplexity",
+                   metric_name="perplexity per target token", metric_value=round(split_scores["perplexity"], 2))
+        for split, split_scores in scores.items() if "perplexity" in split_scores
     ] if data.dataset_id else None
     return ModelCardData(
         language=[source_lang] if trees else [source_lang, target_lang], license=data.license,
@@ -209,8 +215,13 @@ def evaluation_text(scores: dict[str, dict], decoding: str, trees: bool = False)
         return "No validation or test set was given to this run: it was not evaluated."
     rows = [f"| {split} | {name} | {split_scores[metric]:.2f} | `{cell(split_scores[f'{metric}_signature'])}` |"
             for split, split_scores in scores.items() for metric, name in METRICS if metric in split_scores]
+    rows += [f"| {split} | perplexity | {split_scores['perplexity']:.2f} | per target token, EOS counted |"
+             for split, split_scores in scores.items() if "perplexity" in split_scores]
     evalb = " and as linearized trees with EVALB (COLLINS.prm)" * trees
-    return "\n".join([f"Decoded with {decoding}, scored on detokenized text with sacreBLEU{evalb}:", "",
+    measured = any("perplexity" in found for found in scores.values())
+    perplexity = ("; the perplexity, as Table 3's, is the model's own per token of the references, each read whole "
+                  "(`vaswani-translate --score` gives it for any file)") * measured
+    return "\n".join([f"Decoded with {decoding}, scored on detokenized text with sacreBLEU{evalb}{perplexity}:", "",
                       "| split | metric | value | signature |", "|---|---|---|---|", *rows])
 
 
