@@ -213,10 +213,12 @@ def evaluation_text(scores: dict[str, dict], decoding: str, trees: bool = False)
     parser's, `trees`, scored by EVALB too)."""
     if not scores:
         return "No validation or test set was given to this run: it was not evaluated."
-    rows = [f"| {split} | {name} | {split_scores[metric]:.2f} | `{cell(split_scores[f'{metric}_signature'])}` |"
-            for split, split_scores in scores.items() for metric, name in METRICS if metric in split_scores]
-    rows += [f"| {split} | perplexity | {split_scores['perplexity']:.2f} | per target token, EOS counted |"
-             for split, split_scores in scores.items() if "perplexity" in split_scores]
+    rows = []
+    for split, split_scores in scores.items():
+        rows += [f"| {split} | {name} | {split_scores[metric]:.2f} | `{cell(split_scores[f'{metric}_signature'])}` |"
+                 for metric, name in METRICS if metric in split_scores]
+        if "perplexity" in split_scores:
+            rows.append(f"| {split} | perplexity | {split_scores['perplexity']:.2f} | per target token, EOS counted |")
     evalb = " and as linearized trees with EVALB (COLLINS.prm)" * trees
     measured = any("perplexity" in found for found in scores.values())
     perplexity = ("; the perplexity, as Table 3's, is the model's own per token of the references, each read whole "
