@@ -1086,9 +1086,9 @@ def test_an_input_file_is_counted_and_checked_as_its_windows_read_it(tmp_path):
 def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, tmp_path, capfd, monkeypatch,
                                                              cli):
     """12 learned positions: on either engine a longer source (or a longer translation to --score) is refused in one
-    line, and a short one translates,
-    greedy, to the same tokens, stopped at the last position at the latest. Each engine first times its probes on
-    this model (fast_cpu, CTranslate2's workers: a cache of its own), cut to its 12 positions."""
+    line, and a short one translates, greedy, to the same tokens, stopped at the last position at the latest. Each
+    engine first times its probes on this model (fast_cpu, CTranslate2's workers: a cache of its own), cut to its 12
+    positions."""
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "learned"
     shutil.copytree(translation_folder, folder)
