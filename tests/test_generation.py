@@ -243,9 +243,39 @@ def test_the_papers_search_stops_at_the_last_learned_position():
     assert out.sequences.shape == (3, 13) and len(out.scores) == 12 and (out.beam_indices >= 0).all()
 
 
+@pytest.mark.parametrize("processed", [False, True])
+def test_max_time_makes_the_step_under_way_every_sources_last_as_a_length_limit_does(monkeypatch, processed):
+    """A clock that moves a second each time it is read (at the search's start, then once a step): with max_time 2.5
+    the third step is the last, and generate() gives what max_new_tokens=3 gives (a source that ends sooner as it
+    ends): the hypotheses, their scores and the per-step outputs, with transformers' processors too. max_time 0 on the
+    real clock ends the search at its first step; a negative one is one line."""
+    from types import SimpleNamespace
+
+    from vaswani_hf import gnmt
+
+    model = tiny_model()
+    source, mask = padded_sources()
+    common = {"attention_mask": mask, "num_beams": 3, "gnmt_alpha": 0.6, "num_return_sequences": 2,
+              "output_scores": True, "return_dict_in_generate": True,
+              **({"no_repeat_ngram_size": 2} if processed else {})}
+    expected = model.generate(source, max_new_tokens=3, **common)
+    ticks = iter(range(100))
+    with monkeypatch.context() as patch:
+        patch.setattr(gnmt, "time", SimpleNamespace(monotonic=lambda: float(next(ticks))))
+        found = model.generate(source, max_time=2.5, **common)
+    assert torch.equal(found.sequences, expected.sequences) and found.sequences.shape[1] == 4
+    torch.testing.assert_close(found.sequences_scores, expected.sequences_scores)
+    assert torch.equal(found.beam_indices, expected.beam_indices)
+    torch.testing.assert_close(found.scores, expected.scores)
+    first = model.generate(source, attention_mask=mask, num_beams=3, gnmt_alpha=0.6, max_time=0.0)
+    assert torch.equal(first, model.generate(source, attention_mask=mask, num_beams=3, gnmt_alpha=0.6,
+                                             max_new_tokens=1))
+    with pytest.raises(ValueError, match=r"^max_time must be a finite number of at least 0, got -1\.0$"):
+        model.generate(source, attention_mask=mask, num_beams=3, gnmt_alpha=0.6, max_time=-1.0)
+
+
 @pytest.mark.parametrize(("option", "named"), [
     ({"stopping_criteria": [lambda ids, scores: False]}, "stopping_criteria"),
-    ({"max_time": 60.0}, "max_time"),
     ({"eos_token_id": 5}, "eos_token_id"),
 ])
 def test_what_the_papers_search_does_not_take_is_refused_in_one_line_not_sent_elsewhere(option, named):

@@ -533,12 +533,12 @@ def test_a_saved_setting_the_search_does_not_take_is_refused_and_a_saved_min_new
     model.final_logits_bias[..., EOS] = 100.0  # EOS first, always
     model.generation_config.update(num_beams=4, gnmt_alpha=0.6, min_new_tokens=0, allow_custom_entries=True)
     assert model.generate(source).tolist() == [[BOS, EOS]]
-    model.generation_config.max_time = 60.0  # a stopping criterion
-    message = ("does not take max_time: leave it out (the generation config's: pass max_time=None), or pass "
+    model.generation_config.stop_strings = ["."]  # a stopping criterion
+    message = ("does not take stop_strings: leave it out (the generation config's: pass stop_strings=None), or pass "
                "gnmt_alpha=None")
     with pytest.raises(ValueError, match=re.escape(message)):
         model.generate(source)
-    assert model.generate(source, max_time=None).tolist() == [[BOS, EOS]]  # as the message says
+    assert model.generate(source, stop_strings=None).tolist() == [[BOS, EOS]]  # as the message says
 
 
 def test_generate_applies_the_logits_processors_that_the_call_and_the_generation_config_ask_for():

@@ -30,6 +30,7 @@ import copy
 import itertools
 import math
 import numbers
+import time
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
@@ -72,6 +73,7 @@ def gnmt_beam_search(
     synced_gpus: bool = False,
     logits_processor: LogitsProcessorList | None = None,
     decoder_input_ids: torch.LongTensor | None = None,
+    max_time: float | None = None,
 ) -> torch.LongTensor | tuple[torch.LongTensor, torch.Tensor]:
     """Beam search scored with the GNMT length penalty; returns the best hypothesis of each source, or its
     `num_return_sequences` best (at most `num_beams`), best first.
@@ -87,7 +89,9 @@ def gnmt_beam_search(
     early stop relies on); the sources then stay in the batch until all are done, as the processors may read its
     layout. `decoder_input_ids`: each output's beginning, (B, P), the decoder start token first (transformers' decoder
     prompt): the search continues it, and counts, scores and limits only the tokens it adds, as transformers' beam
-    search does.
+    search does. `max_time`: seconds from the search's start after which the step under way is every source's last,
+    as transformers' `max_time` ends its beam search: its candidates compete for the finished slots as at a length
+    limit.
     """
     config = model.config
     check_token_ids(input_ids, config.vocab_size, "input_ids", values=False)  # the encoder reads the values
@@ -98,6 +102,9 @@ def gnmt_beam_search(
         check_whole("max_new_tokens (max_length counts the decoder start token)", max_new_tokens, 1)
     check_whole("extra_length", extra_length, 0)
     check_alpha("gnmt_alpha", alpha)  # the early stop below relies on lp growing with length, as it does for α >= 0
+    if max_time is not None:
+        check_alpha("max_time", max_time)
+        deadline = time.monotonic() + max_time
     if not 1 <= num_return_sequences <= num_beams:
         raise ValueError(
             f"num_return_sequences must be between 1 and num_beams={num_beams}, got {num_return_sequences}"
@@ -173,6 +180,8 @@ def gnmt_beam_search(
         width = 2 * num_beams if num_beams > 1 else 1  # one beam: greedy, the most probable token alone
         top_scores, top_index = candidates.topk(min(width, candidates.shape[1]), dim=-1)  # (B, 2K)
         top_beams, top_tokens = top_index // vocab_size, top_index % vocab_size
+        if max_time is not None and time.monotonic() > deadline:  # this step ends every hypothesis
+            limits = limits.clamp(max=step)
 
         # Hypotheses that end here (EOS, or the source's length limit) compete for the n finished slots: those ended
         # by EOS first, then by penalized score; at equal scores the earlier one keeps its slot (stable sorts, the
@@ -394,7 +403,7 @@ def check_whole(name: str, value, least: int) -> None:
 
 
 def check_alpha(name: str, value) -> None:
-    """A one-line ValueError unless `value` is a finite number (not a bool) of at least 0: a GNMT α."""
+    """A one-line ValueError unless `value` is a finite number (not a bool) of at least 0: a GNMT α, a time."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
         raise ValueError(f"{name} must be a finite number of at least 0, got {value!r}")
 
@@ -402,9 +411,9 @@ def check_alpha(name: str, value) -> None:
 # What the search takes of a generation config or a call: a saved config's or the call's own (other than None or
 # False). max_length and min_length count the decoder start token, as transformers' do for encoder-decoder models.
 SEARCH_SETTINGS = ("num_beams", "gnmt_alpha", "extra_length", "max_new_tokens", "max_length", "min_new_tokens",
-                   "min_length", "num_return_sequences", "early_stopping", "use_cache", "return_dict_in_generate",
-                   "output_scores", "output_logits", "output_attentions", "output_hidden_states",
-                   "transformers_version")
+                   "min_length", "num_return_sequences", "early_stopping", "use_cache", "max_time",
+                   "return_dict_in_generate", "output_scores", "output_logits", "output_attentions",
+                   "output_hidden_states", "transformers_version")
 # What `return_dict_in_generate` returns step by step, each asked for by its `output_*` setting (`each_step`).
 STEP_OUTPUTS = ("scores", "logits", "attentions", "hidden_states")
 TOKEN_SETTINGS = ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id")  # must be the model's
@@ -433,13 +442,14 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     processors (`PROCESSOR_SETTINGS`, `PROCESSOR_INPUTS`: no repeated n-grams, banned words, ...) apply to its
     log-probabilities, as in transformers' beam search, `forced_eos_token_id` at each source's own limit;
     `decoder_input_ids` (with a `decoder_attention_mask` of ones, or none) begin the outputs, as transformers' decoder
-    prompt does. The search is never swapped for another behind the call's back: a setting or input it does not take
-    (stopping criteria such as max_time, streamers, ...) is refused in one line naming it; one that names another
-    decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or one beam (greedy:
-    the same tokens) is transformers' decoding of it, at most source length + `extra_length` tokens unless the call
-    sets a length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without
-    `gnmt_alpha` in the generation config or the call, transformers' decoding unchanged: an `extra_length` in the call
-    is refused. The paper's decoding reads left-padded sources right-padded (`right_padded`).
+    prompt does; `max_time` ends it as transformers' beam search. The search is never swapped for another behind the
+    call's back: a setting or input it does not take (other stopping criteria, streamers, ...) is refused in one
+    line naming it; one that names another decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`,
+    ...), `gnmt_alpha=None` or one beam (greedy: the same tokens) is transformers' decoding of it, at most source
+    length + `extra_length` tokens unless the call sets a length. `labels` are not read and `synced_gpus` is
+    transformers' (Seq2SeqTrainer passes both). Without `gnmt_alpha` in the generation config or the call,
+    transformers' decoding unchanged: an `extra_length` in the call is refused. The paper's decoding reads
+    left-padded sources right-padded (`right_padded`).
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
@@ -514,7 +524,7 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         sequences, scores = gnmt_beam_search(
             model, source, mask, config.num_beams, alpha, max_new_tokens=max_new_tokens, extra_length=extra_length,
             min_new_tokens=min_new_tokens, num_return_sequences=n,
-            output_scores=True, synced_gpus=synced_gpus,
+            output_scores=True, synced_gpus=synced_gpus, max_time=config.max_time,
             logits_processor=logits_processors(model, config, source, inputs_of_call, config.num_beams, limits, begun)
             if processed else None, decoder_input_ids=prompt)
         if not config.return_dict_in_generate:
