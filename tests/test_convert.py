@@ -372,11 +372,11 @@ def test_vaswani_translates_ctranslate2_engine_takes_a_converted_model_greedily_
 
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_the_ctranslate2_engine_bans_what_the_generation_config_bans_and_refuses_what_it_cannot_apply(
-        marian_pair, tmp_path, monkeypatch, num_beams):
+        marian_pair, tmp_path, monkeypatch, cli, num_beams):
     """`bad_words_ids` (OPUS-MT's <pad>; here also the token decoded most) is CTranslate2's suppressed sequences: the
     token never appears, and greedy decoding gives the torch engine's ids (each limited by its source), which bans it
     as transformers does. A logits processor CTranslate2 has not (a penalty on the source's tokens) is refused in one
-    line before an export is made."""
+    line before an export is made, unless the engine is to score alone."""
     from vaswani_hf.tools.translate import load_engine
 
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
@@ -401,6 +401,15 @@ def test_the_ctranslate2_engine_bans_what_the_generation_config_bans_and_refuses
                        r"apply the generation config's encoder_repetition_penalty=1.2: decode with --engine torch$"):
         load_engine(str(penalized), "ctranslate2")
     assert sorted((tmp_path / "cache").rglob("*")) == exports
+    if num_beams == 1:  # to score translations alone, no processor applies: the engine is not refused
+        targets = load_engine(str(penalized), fast=False)[0].decode(ids, 1, 0.6, 1)[0]
+        scored = load_engine(str(penalized), "ctranslate2", scoring=True)[0].score(ids, targets)
+        assert scored == pytest.approx(load_engine(str(penalized), fast=False)[0].score(ids, targets), abs=1e-4)
+        for side, name in ((0, "in.txt"), (1, "de.txt")):
+            (tmp_path / name).write_text("".join(pair[side] + "\n" for pair in generate()["test"][:8]))
+        result = cli("--model", penalized, "--engine", "ctranslate2", "--input", tmp_path / "in.txt", "--score",
+                     tmp_path / "de.txt", "--quiet")
+        assert result.returncode == 0 and len(result.stdout.splitlines()) == 8, result.stderr
 
 
 def test_a_converted_model_loads_without_the_package_and_exports(marian_pair, tmp_path):

@@ -114,13 +114,14 @@ class CTranslate2Engine:
     <pad>) are CTranslate2's suppressed sequences, its `no_repeat_ngram_size` and `repetition_penalty` CTranslate2's; a
     model whose generation config asks for another logits processor is refused, as CTranslate2 would decode without it;
     `forced_eos_token_id` (OPUS-MT's) is the last token of a hypothesis cut at its limit (greedy: the torch engine's
-    tokens). `score` gives each target's log P given its source (CTranslate2's `score_batch`). `workers`: CTranslate2's
-    (`kept_workers`' layout; by default measured on a CPU), each batch decoded or scored in a part for each worker."""
+    tokens). `score` gives each target's log P given its source (CTranslate2's `score_batch`; with `scoring`, an
+    engine for that alone, another processor is not refused). `workers`: CTranslate2's (`kept_workers`' layout; by
+    default measured on a CPU), each batch decoded or scored in a part for each worker."""
 
     name = "ctranslate2"
 
     def __init__(self, name_or_path: str, config, tokenizer, device: str = "cpu", int8: bool = False,
-                 workers: dict | None = None):
+                 workers: dict | None = None, scoring: bool = False):
         from transformers import GenerationConfig
 
         self.config, self.tokenizer = config, tokenizer
@@ -132,7 +133,7 @@ class CTranslate2Engine:
         generation, defaults = self.generation_config, GenerationConfig._get_default_generation_params()
         unapplied = [f"{key}={getattr(generation, key)}" for key in PROCESSOR_SETTINGS
                      if key not in APPLIED and getattr(generation, key) not in (None, False, defaults.get(key))]
-        if unapplied:
+        if unapplied and not scoring:  # scores take no processor
             raise ValueError(f"--engine ctranslate2 does not apply the generation config's {', '.join(unapplied)}: "
                              "decode with --engine torch")
         self.banned = [tokenizer.convert_ids_to_tokens(ids) for ids in generation.bad_words_ids or []]

@@ -68,9 +68,10 @@ WINDOW = 2000  # lines read, sorted by length and batched together
 
 
 def load_engine(name_or_path: str, engine: str = "torch", device: str = "auto", int8: bool = False,
-                fast: bool = True):
+                fast: bool = True, scoring: bool = False):
     """(engine, tokenizer): the torch model (`load`, `TorchEngine`) or its CTranslate2 export (ctranslate2_engine.py's
-    `CTranslate2Engine`) on `device` (auto: a GPU if the engine finds one), int8 with `int8`."""
+    `CTranslate2Engine`) on `device` (auto: a GPU if the engine finds one), int8 with `int8`; `scoring`: to score
+    alone (no logits processor is refused)."""
     if engine == "torch":
         model, tokenizer = load(name_or_path, device, int8, fast)
         return TorchEngine(model, tokenizer), tokenizer
@@ -91,7 +92,7 @@ def load_engine(name_or_path: str, engine: str = "torch", device: str = "auto", 
         check_gpu(device, gpus, "CTranslate2")
     config, tokenizer = checked(name_or_path)
     with one_line_errors(name_or_path):  # weights missing or damaged, a model CTranslate2 cannot hold
-        return CTranslate2Engine(name_or_path, config, tokenizer, device, int8), tokenizer
+        return CTranslate2Engine(name_or_path, config, tokenizer, device, int8, scoring=scoring), tokenizer
 
 
 class Translation(NamedTuple):
@@ -548,7 +549,8 @@ def main(argv: list[str] | None = None) -> None:
         first = next(windows, (done + 1, []))  # read before the model loads: a window that is not UTF-8 stops here
         keep_freed_memory()  # the decoding steps reuse the (beams x vocabulary) blocks they free (allocator.py)
         disable_progress_bar()  # transformers' bars; ours counts lines
-        engine, tokenizer = load_engine(args.model, args.engine, args.device, args.int8, fast=not args.no_fast_cpu)
+        engine, tokenizer = load_engine(args.model, args.engine, args.device, args.int8, fast=not args.no_fast_cpu,
+                                        scoring=bool(args.score))
         num_beams = args.num_beams or getattr(engine.generation_config, "num_beams", None) or 4
         if args.extra_length is not None:
             if args.alpha is None and not papers_decoding(engine.generation_config):
