@@ -672,7 +672,7 @@ def test_the_ctranslate2_engines_auto_device_is_a_gpu_where_ctranslate2_counts_o
     from vaswani_hf.tools.translate import load_engine
 
     monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: gpus)
-    monkeypatch.setattr(ctranslate2_engine, "CTranslate2Engine", lambda *args: args)
+    monkeypatch.setattr(ctranslate2_engine, "CTranslate2Engine", lambda *args, scoring: args)
     (*_, device, int8), _ = load_engine(str(translation_folder), "ctranslate2")
     assert (device, int8) == ("cuda" if gpus else "cpu", False)
 
