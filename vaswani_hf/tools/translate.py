@@ -131,9 +131,7 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
         alpha = getattr(config, "gnmt_alpha", 0.6)
     indices = [i for i, source in enumerate(sources) if source.strip()]
     encoded = tokenizer([sources[i] for i in indices])["input_ids"] if indices else []
-    positions, longest = getattr(engine, "positions", None), max(map(len, encoded), default=0)
-    if positions is not None and longest > positions:
-        raise ValueError(f"a source has {longest} tokens; this model's positions stop at {positions}")
+    check_positions(engine, encoded, "a source")
     for batch in token_batches([len(ids) for ids in encoded], max_tokens):
         hypotheses, scores = engine.decode([encoded[j] for j in batch], num_beams, alpha, nbest)
         texts = tokenizer.batch_decode(hypotheses, skip_special_tokens=True)
@@ -164,9 +162,7 @@ def scored(model, tokenizer, sources: list[str], targets: list[str],
         raise ValueError(f"{len(sources)} sources and {len(targets)} targets: give one target per source")
     source_ids = tokenizer(list(sources))["input_ids"] if sources else []
     target_ids = tokenizer(text_target=list(targets))["input_ids"] if targets else []
-    positions, longest = getattr(engine, "positions", None), max(map(len, source_ids + target_ids), default=0)
-    if positions is not None and longest > positions:
-        raise ValueError(f"a source or target has {longest} tokens; this model's positions stop at {positions}")
+    check_positions(engine, source_ids + target_ids, "a source or target")
     lengths = [max(len(source), len(target)) for source, target in zip(source_ids, target_ids)]
     for batch in token_batches(lengths, max_tokens):
         log_probs = engine.score([source_ids[j] for j in batch], [target_ids[j] for j in batch])
@@ -190,6 +186,13 @@ def check_request(sources, num_beams: int, max_tokens: int, nbest: int = 1, alph
     if nbest > num_beams:
         raise ValueError(f"nbest must be at most num_beams={num_beams}, got {nbest}")
     check_texts("sources", sources)
+
+
+def check_positions(engine, encoded: list[list[int]], what: str) -> None:
+    """A one-line ValueError where a sequence of token ids is longer than the engine's `positions` (learned ones)."""
+    positions, longest = getattr(engine, "positions", None), max(map(len, encoded), default=0)
+    if positions is not None and longest > positions:
+        raise ValueError(f"{what} has {longest} tokens; this model's positions stop at {positions}")
 
 
 def check_texts(name: str, texts) -> None:
