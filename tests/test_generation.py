@@ -275,7 +275,7 @@ def test_max_time_makes_the_step_under_way_every_sources_last_as_a_length_limit_
 
 
 @pytest.mark.parametrize(("option", "named"), [
-    ({"stopping_criteria": [lambda ids, scores: False]}, "stopping_criteria"),
+    ({"top_k": 5}, "top_k"),
     ({"eos_token_id": 5}, "eos_token_id"),
 ])
 def test_what_the_papers_search_does_not_take_is_refused_in_one_line_not_sent_elsewhere(option, named):

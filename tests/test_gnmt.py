@@ -9,6 +9,8 @@ import re
 import pytest
 import torch
 from support import BOS, EOS, PAD, random_ids, tiny_config, tiny_model
+from tokenizers import Tokenizer, decoders
+from tokenizers.models import WordLevel
 from transformers import (
     ExponentialDecayLengthPenalty,
     ForcedEOSTokenLogitsProcessor,
@@ -17,7 +19,10 @@ from transformers import (
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     PrefixConstrainedLogitsProcessor,
+    PreTrainedTokenizerFast,
     RepetitionPenaltyLogitsProcessor,
+    StoppingCriteria,
+    StoppingCriteriaList,
     SuppressTokensLogitsProcessor,
 )
 from transformers.cache_utils import DynamicLayer
@@ -45,27 +50,33 @@ def sequence_log_probs(model, source, hypotheses: list[list[int]], begun: tuple 
     return logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1).sum(-1).tolist()
 
 
-def brute_force(model, source, vocab, max_length, alpha, min_new_tokens, begun: tuple = ()):
+def ends(hypothesis: list[int], stop: tuple = ()) -> bool:
+    """Whether a hypothesis ended as asked: by EOS, or, with `stop`, by a stopping criterion that ends one whose last
+    tokens are those."""
+    return hypothesis[-1] == EOS or bool(stop) and tuple(hypothesis[-len(stop):]) == stop
+
+
+def brute_force(model, source, vocab, max_length, alpha, min_new_tokens, begun: tuple = (), stop: tuple = ()):
     """Score every hypothesis: ended by EOS within max_length tokens (after at least min_new_tokens others), or cut
     at max_length. All of them, best first, the cut ones after all that ended (tensor2tensor returns a cut one only
     where none ended): [(hypothesis, penalized score)]. With `begun`, every continuation of those tokens, scored,
-    counted and limited without them."""
+    counted and limited without them. With `stop`, a hypothesis also ends, as by EOS, once its last tokens are them."""
     scored = []
-    for length in range(1 + min_new_tokens, max_length + 1):
-        prefixes = itertools.product([t for t in range(vocab) if t != EOS], repeat=length - 1)
-        ending = [EOS] if length < max_length else range(vocab)
-        candidates = [[*prefix, last] for prefix in prefixes for last in ending]
-        log_probs = sequence_log_probs(model, source, candidates, begun)
+    for length in range(1, max_length + 1):
+        candidates = [hypothesis for hypothesis in map(list, itertools.product(range(vocab), repeat=length))
+                      if EOS not in hypothesis[:min_new_tokens] and (length == max_length or ends(hypothesis, stop))
+                      and not any(ends(hypothesis[:end], stop) for end in range(1, length))]
+        log_probs = sequence_log_probs(model, source, candidates, begun) if candidates else []
         scored += [(hypothesis, log_prob / gnmt_length_penalty(length, alpha))
                    for hypothesis, log_prob in zip(candidates, log_probs, strict=True)]
-    return sorted(scored, key=lambda pair: (pair[0][-1] != EOS, -pair[1]))
+    return sorted(scored, key=lambda pair: (not ends(pair[0], stop), -pair[1]))
 
 
-def hypotheses(found: torch.Tensor) -> list[list[int]]:
-    """Rows without the start token, cut after EOS."""
+def hypotheses(found: torch.Tensor, stop: tuple = ()) -> list[list[int]]:
+    """Rows without the start token, cut where they ended: after EOS, or after `stop`'s tokens."""
     assert (found[:, 0] == BOS).all()
     rows = [row[1:].tolist() for row in found]
-    return [row[: row.index(EOS) + 1] if EOS in row else row for row in rows]
+    return [next((row[:end] for end in range(1, len(row) + 1) if ends(row[:end], stop)), row) for row in rows]
 
 
 @pytest.mark.parametrize("min_new_tokens", [0, 1])
@@ -115,6 +126,41 @@ def test_the_n_best_are_the_brute_force_n_best_with_their_scores(alpha, max_leng
             assert hypotheses(found[row * n : (row + 1) * n]) == [hypothesis for hypothesis, _ in expected]
             torch.testing.assert_close(scores[row * n : (row + 1) * n], torch.tensor([s for _, s in expected]),
                                        atol=1e-5, rtol=0)
+
+
+class EndsWith(StoppingCriteria):
+    """A stopping criterion, as transformers' `StopStringCriteria` is one: it stops the rows whose last tokens are
+    `tail`."""
+
+    def __init__(self, tail: tuple):
+        self.tail = torch.tensor(tail)
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        return (input_ids[:, -len(self.tail):] == self.tail).all(-1)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+@pytest.mark.parametrize(("stop", "max_length"), [((4,), 3), ((3, 4), 3), ((4,), 1)])  # 1: one stops, two are cut
+def test_a_stopping_criterion_ends_hypotheses_as_eos_does_and_the_n_best_are_the_brute_force_n_best(
+        stop, max_length, alpha):
+    """transformers' stopping criteria (stop strings, a criterion of the caller's), asked of every candidate as its
+    beam search asks them: a hypothesis they stop has ended, as one ended by EOS, and competes for the finished slots
+    with its score. An exhaustive beam returns the brute-force n best of each source of a batch, with their scores."""
+    vocab, n, changed = 5, 3, 0
+    criteria = StoppingCriteriaList([EndsWith(stop)])
+    for seed in range(3):
+        model = sharpened_model(seed, vocab)
+        source = torch.randint(3, vocab, (2, 4), generator=torch.Generator().manual_seed(seed))
+        search = functools.partial(gnmt_beam_search, model, source, num_beams=vocab ** max_length, alpha=alpha,
+                                   max_new_tokens=max_length, num_return_sequences=n, output_scores=True)
+        found, scores = search(stopping_criteria=criteria)
+        for row in range(2):
+            expected = brute_force(model, source[row : row + 1], vocab, max_length, alpha, 1, stop=stop)[:n]
+            assert hypotheses(found[row * n : (row + 1) * n], stop) == [hypothesis for hypothesis, _ in expected]
+            torch.testing.assert_close(scores[row * n : (row + 1) * n], torch.tensor([s for _, s in expected]),
+                                       atol=1e-5, rtol=0)
+        changed += not torch.equal(found, search()[0])
+    assert changed  # the criterion made a difference here
 
 
 @torch.no_grad()
@@ -168,11 +214,12 @@ def test_with_a_logits_processor_an_exhaustive_beam_returns_the_brute_force_best
 
 
 @torch.no_grad()
-def textbook_beam_search(model, source, num_beams, alpha, max_length, min_new_tokens, n=1):
+def textbook_beam_search(model, source, num_beams, alpha, max_length, min_new_tokens, n=1, stop: tuple = ()):
     """tensor2tensor's search for one source, written plainly: each alive hypothesis teacher-forced anew (no cache),
     the 2K best candidates of a step taken, those ending (EOS, or the length limit) scored log P / lp(|Y|), the K
     best others kept alive. The n best that ended by EOS win, then the best cut ones. It runs to the limit: log P
-    only falls and lp only grows up to lp(limit), so stopping early, as the search does, cannot change the winners."""
+    only falls and lp only grows up to lp(limit), so stopping early, as the search does, cannot change the winners.
+    With `stop`, a candidate whose last tokens are those ends too, as by EOS."""
     alive, ended = [([], 0.0)], []  # (hypothesis, log P); (by EOS, penalized score, hypothesis)
     for step in range(1, max_length + 1):
         hypotheses = torch.tensor([[BOS, *hypothesis] for hypothesis, _ in alive])
@@ -183,27 +230,30 @@ def textbook_beam_search(model, source, num_beams, alpha, max_length, min_new_to
         candidates = sorted(((hypothesis + [token], log_p + float(log_probs[row, token]))
                              for row, (hypothesis, log_p) in enumerate(alive) for token in range(logits.shape[-1])),
                             key=lambda candidate: -candidate[1])[: 2 * num_beams]
-        ends = [candidate[0][-1] == EOS or step == max_length for candidate in candidates]
-        ended += [(hypothesis[-1] == EOS, log_p / gnmt_length_penalty(step, alpha), hypothesis)
-                  for (hypothesis, log_p), end in zip(candidates, ends, strict=True) if end]
-        alive = [candidate for candidate, end in zip(candidates, ends, strict=True) if not end][:num_beams]
+        ending = [ends(candidate[0], stop) or step == max_length for candidate in candidates]
+        ended += [(ends(hypothesis, stop), log_p / gnmt_length_penalty(step, alpha), hypothesis)
+                  for (hypothesis, log_p), end in zip(candidates, ending, strict=True) if end]
+        alive = [candidate for candidate, end in zip(candidates, ending, strict=True) if not end][:num_beams]
     return [hypothesis for *_, hypothesis in sorted(ended, reverse=True)[:n]]
 
 
+@pytest.mark.parametrize("stop", [(), (5, 3)], ids=["EOS", "a stopping criterion"])
 @pytest.mark.parametrize("alpha", [0.6, 2.0])  # 2.0: lengths reward enough to punish an early stop
 @pytest.mark.parametrize("num_beams", [2, 3])
-def test_a_narrow_beam_keeps_what_tensor2tensors_keeps(num_beams, alpha):
+def test_a_narrow_beam_keeps_what_tensor2tensors_keeps(num_beams, alpha, stop):
     """With K < the vocabulary the search is no longer exhaustive: it must keep exactly tensor2tensor's hypotheses
     (2K candidates a step, an ended one never taking an alive one's place) to return the textbook search's winner, for
-    each source of a batch, with a cache."""
+    each source of a batch, with a cache; a stopping criterion ends hypotheses as EOS does."""
     vocab, max_length = 8, 6
+    criteria = StoppingCriteriaList([EndsWith(stop)]) if stop else None
     for seed in range(4):
         model = sharpened_model(seed, vocab)
         sources = torch.randint(3, vocab, (4, 5), generator=torch.Generator().manual_seed(seed))
-        found = gnmt_beam_search(model, sources, num_beams=num_beams, alpha=alpha, max_new_tokens=max_length)
-        expected = [textbook_beam_search(model, source[None], num_beams, alpha, max_length, min_new_tokens=1)[0]
+        found = gnmt_beam_search(model, sources, num_beams=num_beams, alpha=alpha, max_new_tokens=max_length,
+                                 stopping_criteria=criteria)
+        expected = [textbook_beam_search(model, source[None], num_beams, alpha, max_length, 1, stop=stop)[0]
                     for source in sources]
-        assert hypotheses(found) == expected, (seed, alpha)
+        assert hypotheses(found, stop) == expected, (seed, alpha)
 
 
 class ChainModel(torch.nn.Module):
@@ -533,12 +583,11 @@ def test_a_saved_setting_the_search_does_not_take_is_refused_and_a_saved_min_new
     model.final_logits_bias[..., EOS] = 100.0  # EOS first, always
     model.generation_config.update(num_beams=4, gnmt_alpha=0.6, min_new_tokens=0, allow_custom_entries=True)
     assert model.generate(source).tolist() == [[BOS, EOS]]
-    model.generation_config.stop_strings = ["."]  # a stopping criterion
-    message = ("does not take stop_strings: leave it out (the generation config's: pass stop_strings=None), or pass "
-               "gnmt_alpha=None")
+    model.generation_config.top_k = 5  # sampling's
+    message = "does not take top_k: leave it out (the generation config's: pass top_k=None), or pass gnmt_alpha=None"
     with pytest.raises(ValueError, match=re.escape(message)):
         model.generate(source)
-    assert model.generate(source, stop_strings=None).tolist() == [[BOS, EOS]]  # as the message says
+    assert model.generate(source, top_k=None).tolist() == [[BOS, EOS]]  # as the message says
 
 
 def test_generate_applies_the_logits_processors_that_the_call_and_the_generation_config_ask_for():
@@ -585,6 +634,41 @@ def test_generate_applies_the_logits_processors_that_the_call_and_the_generation
     assert transitions.isfinite().all() and out.sequences.shape[1] == 21  # none ended: all cut at 20 tokens
     torch.testing.assert_close(transitions.sum(-1) / gnmt_length_penalty(20, 0.6), out.sequences_scores, rtol=1e-5,
                                atol=0)
+
+
+def test_generate_asks_the_stopping_criteria_that_the_call_and_the_generation_config_ask_for():
+    """`stop_strings` read with the call's `tokenizer`, and a call's own `stopping_criteria`: the search asks the
+    criteria transformers builds of them, as gnmt_beam_search does given them; `output_scores` ends each hypothesis's
+    steps where a criterion stopped it, and its tokens' scores add up to its penalized score's log P."""
+    model = tiny_model(seed=1, add_final_logits_bias=True)
+    model.final_logits_bias[0, EOS] = -1e9  # outputs that EOS never ends
+    model.generation_config.update(num_beams=4, gnmt_alpha=0.6, allow_custom_entries=True)
+    source = random_ids(2, 6, seed=3)
+    words = Tokenizer(WordLevel({"abcdef": PAD} | {f"w{i}": i for i in range(1, model.config.vocab_size)}, "abcdef"))
+    words.decoder = decoders.Fuse()  # (StopStringCriteria reads each token's string after the word "abcdef")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words)  # token i > 0 is the string "w{i}", tokens joined
+
+    def search(stop):
+        return gnmt_beam_search(model, source, num_beams=4, alpha=0.6, max_new_tokens=12, num_return_sequences=2,
+                                stopping_criteria=StoppingCriteriaList([EndsWith(stop)]))
+
+    plain = model.generate(source, max_new_tokens=12, num_return_sequences=2)
+    first, second = plain[0, 3].item(), plain[0, 4].item()
+    by_string = model.generate(source, max_new_tokens=12, num_return_sequences=2, stop_strings=[f"w{first}"],
+                               tokenizer=tokenizer)
+    assert torch.equal(by_string, search((first,))) and not torch.equal(by_string, plain[:, : by_string.shape[1]])
+    model.generation_config.stop_strings = [f"w{first}w{second}"]  # two tokens, saved: the call gives the tokenizer
+    assert torch.equal(model.generate(source, max_new_tokens=12, num_return_sequences=2, tokenizer=tokenizer),
+                       search((first, second)))
+    model.generation_config.stop_strings = None
+    out = model.generate(source, max_new_tokens=12, num_return_sequences=2, output_scores=True,
+                         return_dict_in_generate=True, stopping_criteria=StoppingCriteriaList([EndsWith((first,))]))
+    assert torch.equal(out.sequences, by_string)
+    lengths = torch.tensor([len(hypothesis) for hypothesis in hypotheses(out.sequences, (first,))])
+    assert lengths.min() < 12 and torch.equal((out.beam_indices >= 0).sum(-1), lengths)
+    transitions = model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
+    torch.testing.assert_close(transitions.sum(-1) / gnmt_length_penalty(lengths, 0.6), out.sequences_scores,
+                               rtol=1e-5, atol=0)
 
 
 def test_generate_continues_each_sources_given_beginning_as_the_search_of_it_alone():

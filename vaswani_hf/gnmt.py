@@ -33,7 +33,7 @@ import numbers
 import time
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteriaList
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
@@ -74,6 +74,7 @@ def gnmt_beam_search(
     logits_processor: LogitsProcessorList | None = None,
     decoder_input_ids: torch.LongTensor | None = None,
     max_time: float | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
 ) -> torch.LongTensor | tuple[torch.LongTensor, torch.Tensor]:
     """Beam search scored with the GNMT length penalty; returns the best hypothesis of each source, or its
     `num_return_sequences` best (at most `num_beams`), best first.
@@ -91,7 +92,9 @@ def gnmt_beam_search(
     prompt): the search continues it, and counts, scores and limits only the tokens it adds, as transformers' beam
     search does. `max_time`: seconds from the search's start after which the step under way is every source's last,
     as transformers' `max_time` ends its beam search: its candidates compete for the finished slots as at a length
-    limit.
+    limit. `stopping_criteria`: transformers' criteria (stop strings, ...), asked of each step's 2K candidates (B·2K
+    rows, the beginning and start token included), as its beam search asks them: a candidate they stop has ended, as
+    one that ends with EOS; the sources then stay in the batch, as with processors.
     """
     config = model.config
     check_token_ids(input_ids, config.vocab_size, "input_ids", values=False)  # the encoder reads the values
@@ -147,7 +150,7 @@ def gnmt_beam_search(
     finished_scores = torch.full((batch_size, n), float("-inf"), device=device)
     finished = torch.full((batch_size, n, begun + max_limit), pad, device=device)
     finished_lengths = torch.full((batch_size, n), begun, device=device)
-    finished_by_eos = torch.zeros(batch_size, n, dtype=torch.bool, device=device)
+    finished_stopped = torch.zeros(batch_size, n, dtype=torch.bool, device=device)  # ended by EOS or a criterion
     rows = torch.arange(batch_size, device=device)
     sources = rows  # the index in the batch given of each source still searched
     searched = batch_size  # how many
@@ -183,27 +186,31 @@ def gnmt_beam_search(
         if max_time is not None and time.monotonic() > deadline:  # this step ends every hypothesis
             limits = limits.clamp(max=step)
 
-        # Hypotheses that end here (EOS, or the source's length limit) compete for the n finished slots: those ended
-        # by EOS first, then by penalized score; at equal scores the earlier one keeps its slot (stable sorts, the
-        # finished ones first).
-        by_eos = (top_tokens == eos) & top_scores.isfinite()  # (not the -inf candidates of empty beams)
-        ends = by_eos | (step >= limits).unsqueeze(-1)
+        # Hypotheses that end here (EOS or a stopping criterion, or the source's length limit) compete for the n
+        # finished slots: those stopped (not cut) first, then by penalized score; at equal scores the earlier one
+        # keeps its slot (stable sorts, the finished ones first).
+        history = tokens.view(batch_size, num_beams, -1)[rows.unsqueeze(-1), top_beams]  # (B, 2K, begun + t - 1)
+        stopped = top_tokens == eos
+        if stopping_criteria:  # as transformers' beam search asks them: of every candidate's tokens, scores unkept
+            candidate_tokens = torch.cat([history, top_tokens.unsqueeze(-1)], -1).flatten(0, 1)
+            stopped |= stopping_criteria(candidate_tokens, None).view(stopped.shape)
+        stopped &= top_scores.isfinite()  # (not the -inf candidates of empty beams)
+        ends = stopped | (step >= limits).unsqueeze(-1)
         penalized = torch.where(ends, top_scores / gnmt_length_penalty(step, alpha), float("-inf"))  # (B, 2K)
         if (penalized > finished_scores[:, -1:]).any():
-            history = tokens.view(batch_size, num_beams, -1)[rows.unsqueeze(-1), top_beams]  # (B, 2K, begun + t - 1)
             ended = torch.full((*top_tokens.shape, begun + max_limit), pad, device=device)
             ended[..., : begun + step - 1] = history
             ended[..., begun + step - 1] = top_tokens
             scores, order = torch.cat([finished_scores, penalized], -1).sort(dim=-1, descending=True, stable=True)
-            by_eos_first = torch.cat([finished_by_eos, by_eos], -1).gather(1, order).sort(
+            stopped_first = torch.cat([finished_stopped, stopped], -1).gather(1, order).sort(
                 dim=-1, descending=True, stable=True).indices
-            scores, order = scores.gather(1, by_eos_first), order.gather(1, by_eos_first)
+            scores, order = scores.gather(1, stopped_first), order.gather(1, stopped_first)
             keep = order[:, :n]
             finished = torch.cat([finished, ended], 1).gather(1, keep.unsqueeze(-1).expand(-1, -1, begun + max_limit))
             finished_scores = scores[:, :n]
             added = torch.full_like(top_tokens, begun + step)
             finished_lengths = torch.cat([finished_lengths, added], -1).gather(1, keep)
-            finished_by_eos = torch.cat([finished_by_eos, by_eos], -1).gather(1, keep)
+            finished_stopped = torch.cat([finished_stopped, stopped], -1).gather(1, keep)
 
         # The K best hypotheses that did not end stay alive.
         alive_scores, keep = torch.where(ends, float("-inf"), top_scores).topk(num_beams, dim=-1)  # (B, K)
@@ -217,16 +224,16 @@ def gnmt_beam_search(
         searched = batch_size - int(done.sum())
 
         # A source that is done leaves the batch, its n best hypotheses kept (as fairseq's search does): the later
-        # steps compute only the sources still searched. With processors, which may read the batch's layout, it stays
-        # in the batch: its alive hypotheses can no longer win (at its limit none is alive).
-        if 0 < searched < batch_size and not logits_processor:
+        # steps compute only the sources still searched. With processors or stopping criteria, which may read the
+        # batch's layout, it stays in the batch: its alive hypotheses can no longer win (at its limit none is alive).
+        if 0 < searched < batch_size and not logits_processor and not stopping_criteria:
             for kept, value in zip(output, (finished, finished_scores, finished_lengths)):
                 kept[sources[done]] = value[done]
             stay = (~done).nonzero().squeeze(1)
             sources, parents, next_tokens, alive_scores, limits = (
                 t[stay] for t in (sources, parents, next_tokens, alive_scores, limits))
-            finished, finished_scores, finished_lengths, finished_by_eos = (
-                t[stay] for t in (finished, finished_scores, finished_lengths, finished_by_eos))
+            finished, finished_scores, finished_lengths, finished_stopped = (
+                t[stay] for t in (finished, finished_scores, finished_lengths, finished_stopped))
             encoder_outputs.last_hidden_state = encoder_outputs.last_hidden_state[rows_of(stay, num_beams)]
             attention_mask = attention_mask[rows_of(stay, num_beams)]
             keep_sources(cache.cross_attention_cache, stay, batch_size)
@@ -319,13 +326,15 @@ def output_limits(config, attention_mask: torch.Tensor, max_new_tokens: int | No
 @torch.no_grad()
 def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequences: torch.Tensor,
               limits: torch.Tensor, scores: bool, logits: bool, attentions: bool, hidden_states: bool,
-              logits_processor: LogitsProcessorList | None = None, begun: int = 1) -> dict:
+              logits_processor: LogitsProcessorList | None = None, begun: int = 1,
+              stopping_criteria: StoppingCriteriaList | None = None) -> dict:
     """What transformers' beam search returns step by step (as `GenerateBeamEncoderDecoderOutput` names it), for
     the n hypotheses per source the search returned (`sequences`, B·n rows), the model reading each hypothesis
     whole (teacher-forced): `beam_indices`, each generated token's row, its own, or -1 after the hypothesis
-    ended (at its EOS, or cut at its source's limit); with `scores` each step's log-probabilities over the
-    vocabulary, (B·n, V) a step, which `compute_transition_scores` reads (with `logits_processor`, built for n
-    rows a source, processed and normalized again as the search had them); with `logits` the logits; with
+    ended (at its EOS or where the search's `stopping_criteria` stopped it, or cut at its source's limit); with
+    `scores` each step's log-probabilities over the vocabulary, (B·n, V) a step, which `compute_transition_scores`
+    reads (with `logits_processor`, built for n rows a source, processed and normalized again as the search had
+    them); with `logits` the logits; with
     `attentions` each step's weights of every layer (`decoder_attentions` (B·n, h, 1, t), `cross_attentions`
     (B·n, h, 1, S)) and the encoder's (`encoder_attentions`, B rows); with `hidden_states` each step's hidden
     states of every layer, and the encoder's. Attention weights come from the eager kernel, as in transformers'
@@ -337,11 +346,14 @@ def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequ
                 output_hidden_states=hidden_states)
     generated, first = sequences[:, begun:], begun - 1  # first: the position whose logits make the first token
     positions = torch.arange(generated.shape[1], device=generated.device)
-    first_eos = torch.where(generated == model.config.eos_token_id, positions, generated.shape[1]).amin(-1)
-    lengths = torch.minimum(first_eos + 1, limits.repeat_interleave(n))
+    steps = range(generated.shape[1])
+    stops = generated == model.config.eos_token_id
+    if stopping_criteria:
+        stops |= torch.stack([stopping_criteria(sequences[:, : begun + t + 1], None) for t in steps], 1)
+    first_stop = torch.where(stops, positions, generated.shape[1]).amin(-1)
+    lengths = torch.minimum(first_stop + 1, limits.repeat_interleave(n))
     rows = torch.arange(sequences.shape[0], device=generated.device).unsqueeze(-1).expand_as(generated)
     found = {"beam_indices": rows.masked_fill(positions >= lengths.unsqueeze(-1), -1)}
-    steps = range(generated.shape[1])
     read = [slice(0 if t == 0 else first + t, first + t + 1) for t in steps]  # the positions each step reads
     if scores:
         found["scores"] = out.logits[:, first:].float().log_softmax(-1).unbind(1)
@@ -380,6 +392,18 @@ def logits_processors(model, config: GenerationConfig, source: torch.Tensor, inp
     if config.forced_eos_token_id is not None:
         processors.append(ForcedEndAtLimit((limits + begun - 1).repeat_interleave(rows), config.forced_eos_token_id))
     return processors
+
+
+def stopping_criteria_of(model, config: GenerationConfig, inputs: dict) -> StoppingCriteriaList | None:
+    """transformers' stopping criteria that `config`'s `stop_strings` (read with the call's `tokenizer`) and the call's
+    `stopping_criteria` ask for, built as its `generate()` builds them, but for its length, time and EOS criteria:
+    those are the search's own limits. None where there are none."""
+    if config.stop_strings is None and not inputs.get("stopping_criteria"):
+        return None
+    settings = GenerationConfig(stop_strings=config.stop_strings)
+    settings._eos_token_tensor = None  # (what `_prepare_special_tokens` sets): EOS ends hypotheses in the search
+    return model._get_stopping_criteria(settings, inputs.get("stopping_criteria") or StoppingCriteriaList(),
+                                        tokenizer=inputs.get("tokenizer"))
 
 
 class ForcedEndAtLimit(LogitsProcessor):
@@ -426,6 +450,8 @@ PROCESSOR_SETTINGS = ("repetition_penalty", "encoder_repetition_penalty", "no_re
                       "begin_suppress_tokens", "forced_bos_token_id", "renormalize_logits", "remove_invalid_values",
                       "exponential_decay_length_penalty", "forced_eos_token_id")
 PROCESSOR_INPUTS = ("logits_processor", "prefix_allowed_tokens_fn")
+# A setting and inputs that make transformers' stopping criteria, which the search asks as its beam search does.
+STOPPING_SETTINGS, STOPPING_INPUTS = ("stop_strings",), ("stopping_criteria", "tokenizer")
 # Inputs no decoding reads: transformers' generate never forwards `labels` (Seq2SeqTrainer passes the references).
 UNREAD_INPUTS = ("labels",)
 
@@ -442,14 +468,15 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     processors (`PROCESSOR_SETTINGS`, `PROCESSOR_INPUTS`: no repeated n-grams, banned words, ...) apply to its
     log-probabilities, as in transformers' beam search, `forced_eos_token_id` at each source's own limit;
     `decoder_input_ids` (with a `decoder_attention_mask` of ones, or none) begin the outputs, as transformers' decoder
-    prompt does; `max_time` ends it as transformers' beam search. The search is never swapped for another behind the
-    call's back: a setting or input it does not take (other stopping criteria, streamers, ...) is refused in one
-    line naming it; one that names another decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`,
-    ...), `gnmt_alpha=None` or one beam (greedy: the same tokens) is transformers' decoding of it, at most source
-    length + `extra_length` tokens unless the call sets a length. `labels` are not read and `synced_gpus` is
-    transformers' (Seq2SeqTrainer passes both). Without `gnmt_alpha` in the generation config or the call,
-    transformers' decoding unchanged: an `extra_length` in the call is refused. The paper's decoding reads
-    left-padded sources right-padded (`right_padded`).
+    prompt does; `max_time` ends it, and stopping criteria (`stop_strings` with a `tokenizer`, `stopping_criteria`)
+    end hypotheses, as in transformers' beam search. The search is never swapped for another behind the call's back:
+    a setting or input it does not take (streamers, `encoder_outputs`, ...) is refused in one line naming it; one that
+    names another decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or
+    one beam (greedy: the same tokens) is transformers' decoding of it, at most source length + `extra_length` tokens
+    unless the call sets a length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes
+    both). Without `gnmt_alpha` in the generation config or the call, transformers' decoding unchanged: an
+    `extra_length` in the call is refused. The paper's decoding reads left-padded sources right-padded
+    (`right_padded`).
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
@@ -494,7 +521,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         other_inputs.discard("decoder_attention_mask")
     papers = alpha is not None and not (other_settings | other_inputs) & set(OTHER_DECODINGS)  # else transformers'
     if papers and (config.num_beams or 1) > 1:
-        refused = sorted(other_settings - set(PROCESSOR_SETTINGS) | other_inputs - set(PROCESSOR_INPUTS) | {
+        refused = sorted(other_settings - set(PROCESSOR_SETTINGS + STOPPING_SETTINGS)
+                         | other_inputs - set(PROCESSOR_INPUTS + STOPPING_INPUTS) | {
             key for key in TOKEN_SETTINGS if getattr(config, key) not in (None, getattr(model.config, key))})
         if not torch.is_tensor(source) or source.dim() != 2:
             refused.append("inputs other than a (batch, length) tensor of token ids")
@@ -521,9 +549,10 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         n = 1 if config.num_return_sequences is None else config.num_return_sequences
         mask = torch.ones_like(source) if mask is None else mask
         limits = output_limits(model.config, mask, max_new_tokens, extra_length)
+        criteria = stopping_criteria_of(model, config, inputs_of_call)
         sequences, scores = gnmt_beam_search(
             model, source, mask, config.num_beams, alpha, max_new_tokens=max_new_tokens, extra_length=extra_length,
-            min_new_tokens=min_new_tokens, num_return_sequences=n,
+            min_new_tokens=min_new_tokens, num_return_sequences=n, stopping_criteria=criteria,
             output_scores=True, synced_gpus=synced_gpus, max_time=config.max_time,
             logits_processor=logits_processors(model, config, source, inputs_of_call, config.num_beams, limits, begun)
             if processed else None, decoder_input_ids=prompt)
@@ -534,7 +563,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
             return GenerateBeamEncoderDecoderOutput(sequences=sequences)
         processors = (logits_processors(model, config, source, inputs_of_call, n, limits, begun)
                       if processed and wanted["scores"] else None)
-        found = each_step(model, source, mask, sequences, limits, **wanted, logits_processor=processors, begun=begun)
+        found = each_step(model, source, mask, sequences, limits, **wanted, logits_processor=processors, begun=begun,
+                          stopping_criteria=criteria)
         return GenerateBeamEncoderDecoderOutput(sequences=sequences, **found,
                                                 sequences_scores=scores if wanted["scores"] else None)
     if torch.is_tensor(source) and config.max_new_tokens is None and "max_length" not in saved | given:
