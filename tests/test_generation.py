@@ -274,6 +274,61 @@ def test_max_time_makes_the_step_under_way_every_sources_last_as_a_length_limit_
         model.generate(source, attention_mask=mask, num_beams=3, gnmt_alpha=0.6, max_time=-1.0)
 
 
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_given_encoder_outputs_decode_as_the_sources_they_encode(num_beams):
+    """transformers' `encoder_outputs`: the sources encoded already, read with their mask in place of encoding the
+    call's input_ids (other sources here). The paper's search (its n best, what each step returns, the encoder's
+    attentions and hidden states as given) and its greedy decoding give what the sources encoded give, from a
+    `BaseModelOutput` or a tuple, with input_ids or without."""
+    model = tiny_model(attn_implementation="eager")
+    model.generation_config.update(num_beams=num_beams, gnmt_alpha=0.6, allow_custom_entries=True)
+    source, mask = padded_sources()
+    encoded = model.get_encoder()(input_ids=source, attention_mask=mask, output_attentions=True,
+                                  output_hidden_states=True)
+    wanted = {"num_return_sequences": num_beams, "return_dict_in_generate": True, "output_scores": True,
+              "output_logits": True, "output_attentions": True, "output_hidden_states": True}
+    expected, others = model.generate(source, attention_mask=mask, **wanted), random_ids(3, 7, seed=12)
+    assert not torch.equal(model.generate(others, attention_mask=mask), expected.sequences[::num_beams])
+    for given in (encoded, encoded.to_tuple()):
+        found = model.generate(others, attention_mask=mask, encoder_outputs=given, **wanted)
+        assert torch.equal(found.sequences, expected.sequences) and found.keys() == expected.keys()
+        for key in found.keys() - {"sequences", "cache"}:
+            torch.testing.assert_close(found[key], expected[key], msg=key)
+        alone = model.generate(encoder_outputs=given, attention_mask=mask, num_return_sequences=num_beams)
+        assert torch.equal(alone, expected.sequences)
+    # Left-padded as given: attention reads a set of positions, so the states moved with their mask decode the same.
+    shifts = (mask == 0).sum(-1).tolist()
+    moved = [torch.stack([row.roll(shift, 0) for row, shift in zip(t, shifts, strict=True)])
+             for t in (encoded.last_hidden_state, mask)]
+    assert moved[1][1].tolist() == [0, 0, 0, 1, 1, 1, 1]
+    left = model.generate(others, attention_mask=moved[1], encoder_outputs=(moved[0],), num_return_sequences=num_beams)
+    assert torch.equal(left, expected.sequences)
+
+
+NOT_STATES = "encoder_outputs must hold the encoder's last hidden states, (batch, length, 24), first: got "
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"encoder_outputs": (torch.zeros(3, 7),)}, NOT_STATES + "shape (3, 7)"),
+    ({"encoder_outputs": BaseModelOutput(last_hidden_state=torch.zeros(3, 7, 8))}, NOT_STATES + "shape (3, 7, 8)"),
+    ({"encoder_outputs": [torch.zeros(3, 7, 24)]}, NOT_STATES + "list"),
+    ({"encoder_outputs": (torch.zeros(3, 7, 24),), "attention_mask": torch.ones(3, 6)},
+     "attention_mask has shape (3, 6) but encoder_outputs needs (3, 7): one entry per source token, 1 for tokens"),
+    ({"encoder_outputs": (torch.zeros(3, 7, 24),), "encoder_no_repeat_ngram_size": 2},
+     "generate(): the paper's beam search (gnmt_alpha=0.6) does not take encoder_no_repeat_ngram_size without input"),
+], ids=["2 dimensions", "not d_model", "a list", "its mask", "a processor reading the source"])
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_encoder_outputs_that_the_paper_decoding_cannot_read_are_refused_in_one_line(given, message, num_beams):
+    """Before any decoding. One beam is transformers' greedy decoding, which warns that it ignores the processor."""
+    model = tiny_model()
+    model.generation_config.update(num_beams=num_beams, gnmt_alpha=0.6, allow_custom_entries=True)
+    refusal = pytest.raises(ValueError, match=f"^{re.escape(message)}")
+    if num_beams == 1 and "without input" in message:
+        refusal = pytest.warns(UserWarning, match="requires some form of `input_ids`")
+    with refusal:
+        model.generate(**given)
+
+
 @pytest.mark.parametrize(("option", "named"), [
     ({"top_k": 5}, "top_k"),
     ({"eos_token_id": 5}, "eos_token_id"),

@@ -38,6 +38,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderC
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 from transformers.integrations.fsdp import is_fsdp_managed_module
+from transformers.modeling_outputs import BaseModelOutput
 
 from .checks import check_token_ids
 
@@ -75,6 +76,7 @@ def gnmt_beam_search(
     decoder_input_ids: torch.LongTensor | None = None,
     max_time: float | None = None,
     stopping_criteria: StoppingCriteriaList | None = None,
+    encoder_outputs: BaseModelOutput | tuple | None = None,
 ) -> torch.LongTensor | tuple[torch.LongTensor, torch.Tensor]:
     """Beam search scored with the GNMT length penalty; returns the best hypothesis of each source, or its
     `num_return_sequences` best (at most `num_beams`), best first.
@@ -94,10 +96,19 @@ def gnmt_beam_search(
     as transformers' `max_time` ends its beam search: its candidates compete for the finished slots as at a length
     limit. `stopping_criteria`: transformers' criteria (stop strings, ...), asked of each step's 2K candidates (B·2K
     rows, the beginning and start token included), as its beam search asks them: a candidate they stop has ended, as
-    one that ends with EOS; the sources then stay in the batch, as with processors.
+    one that ends with EOS; the sources then stay in the batch, as with processors. `encoder_outputs`: the sources
+    encoded already (transformers' input of that name, `encoding_of`), read with `attention_mask` as they are, in
+    place of encoding `input_ids` (then unread: None will do).
     """
     config = model.config
-    check_token_ids(input_ids, config.vocab_size, "input_ids", values=False)  # the encoder reads the values
+    if encoder_outputs is None:
+        check_token_ids(input_ids, config.vocab_size, "input_ids", values=False)  # the encoder reads the values
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        elif attention_mask.shape == input_ids.shape:  # (else the encoder's one-line error)
+            input_ids, attention_mask = right_padded(input_ids, attention_mask)
+    else:
+        encoded, attention_mask = encoding_of(encoder_outputs, attention_mask, config.d_model)
     check_whole("num_beams", num_beams, 1)
     check_whole("min_new_tokens", min_new_tokens, 0)
     check_whole("num_return_sequences", num_return_sequences, 1)
@@ -112,16 +123,13 @@ def gnmt_beam_search(
         raise ValueError(
             f"num_return_sequences must be between 1 and num_beams={num_beams}, got {num_return_sequences}"
         )
+    source = input_ids if encoder_outputs is None else encoded  # (B, S) ids or (B, S, D) states
+    batch_size, vocab_size, device = source.shape[0], config.vocab_size, source.device
     if decoder_input_ids is not None:
         check_token_ids(decoder_input_ids, config.vocab_size, "decoder_input_ids")
-        if decoder_input_ids.shape[0] != input_ids.shape[0]:
-            raise ValueError(f"decoder_input_ids has {decoder_input_ids.shape[0]} rows for {input_ids.shape[0]} "
+        if decoder_input_ids.shape[0] != batch_size:
+            raise ValueError(f"decoder_input_ids has {decoder_input_ids.shape[0]} rows for {batch_size} "
                              "sources: give one beginning per source")
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    elif attention_mask.shape == input_ids.shape:  # (else the encoder's one-line error)
-        input_ids, attention_mask = right_padded(input_ids, attention_mask)
-    batch_size, vocab_size, device = input_ids.shape[0], config.vocab_size, input_ids.device
     pad, eos, start = config.pad_token_id, config.eos_token_id, config.decoder_start_token_id
     eos_ids = eos if isinstance(eos, list) else [eos]
     if len(eos_ids) != 1 or eos_ids[0] is None:  # tensor2tensor's search, like the paper's models, ends at one token
@@ -132,9 +140,11 @@ def gnmt_beam_search(
     max_limit = int(limits.max())
 
     # The source encoded once, its output repeated for each of its K beams, as transformers' beam search does.
-    encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)  # (B, S, D)
+    if encoder_outputs is None:
+        encoded = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    encoder_outputs = BaseModelOutput(last_hidden_state=encoded)  # (B, S, D), not the caller's: the search changes it
     if num_beams > 1:  # greedy: the rows as they are, no copy
-        encoder_outputs.last_hidden_state = encoder_outputs.last_hidden_state.repeat_interleave(num_beams, 0)
+        encoder_outputs.last_hidden_state = encoded.repeat_interleave(num_beams, 0)
         attention_mask = attention_mask.repeat_interleave(num_beams, 0)  # (B*K, S)
     decoder_config = config.get_text_config(decoder=True)
     cache = EncoderDecoderCache(DynamicCache(config=decoder_config), DynamicCache(config=decoder_config))
@@ -293,6 +303,23 @@ def processed(logits_processor: LogitsProcessorList, tokens: torch.Tensor, log_p
     return logits_processor(tokens, log_probs).log_softmax(-1).nan_to_num(-math.inf, neginf=-math.inf)
 
 
+def encoding_of(encoder_outputs, attention_mask: torch.Tensor | None, d_model: int) -> tuple[torch.Tensor, ...]:
+    """The sources' encoding that transformers' `encoder_outputs` holds (a `BaseModelOutput`, or a tuple, the last
+    hidden states first), (B, S, d_model), and its padding mask, (B, S): `attention_mask`, or ones; else a one-line
+    ValueError."""
+    states = encoder_outputs[0] if isinstance(encoder_outputs, (tuple, BaseModelOutput)) else encoder_outputs
+    if not torch.is_tensor(states) or states.dim() != 3 or states.shape[-1] != d_model or 0 in states.shape:
+        got = f"shape {tuple(states.shape)}" if torch.is_tensor(states) else type(states).__name__
+        raise ValueError(f"encoder_outputs must hold the encoder's last hidden states, (batch, length, {d_model}), "
+                         f"first: got {got}")
+    if attention_mask is None:
+        attention_mask = torch.ones(states.shape[:2], dtype=torch.long, device=states.device)
+    if attention_mask.shape != states.shape[:2]:
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but encoder_outputs needs "
+                         f"{tuple(states.shape[:2])}: one entry per source token, 1 for tokens and 0 for padding")
+    return states, attention_mask
+
+
 def right_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each source's tokens moved, in order, before its padding: a tokenizer with `padding_side="left"` would start
     a sentence's positions (§3.5) after its padding, and its translation would change with the batch's longest."""
@@ -327,7 +354,7 @@ def output_limits(config, attention_mask: torch.Tensor, max_new_tokens: int | No
 def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequences: torch.Tensor,
               limits: torch.Tensor, scores: bool, logits: bool, attentions: bool, hidden_states: bool,
               logits_processor: LogitsProcessorList | None = None, begun: int = 1,
-              stopping_criteria: StoppingCriteriaList | None = None) -> dict:
+              stopping_criteria: StoppingCriteriaList | None = None, encoder_outputs=None) -> dict:
     """What transformers' beam search returns step by step (as `GenerateBeamEncoderDecoderOutput` names it), for
     the n hypotheses per source the search returned (`sequences`, B·n rows), the model reading each hypothesis
     whole (teacher-forced): `beam_indices`, each generated token's row, its own, or -1 after the hypothesis
@@ -339,11 +366,18 @@ def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequ
     (B·n, h, 1, S)) and the encoder's (`encoder_attentions`, B rows); with `hidden_states` each step's hidden
     states of every layer, and the encoder's. Attention weights come from the eager kernel, as in transformers'
     own decoding. `begun`: the tokens each hypothesis began with (the start token, and a given beginning), which the
-    first step reads at once, as transformers' first step reads a decoder prompt."""
-    n = sequences.shape[0] // input_ids.shape[0]
-    out = model(input_ids=input_ids.repeat_interleave(n, 0), attention_mask=attention_mask.repeat_interleave(n, 0),
-                decoder_input_ids=sequences[:, :-1], use_cache=False, output_attentions=attentions,
-                output_hidden_states=hidden_states)
+    first step reads at once, as transformers' first step reads a decoder prompt. `encoder_outputs`: the search's
+    (`gnmt_beam_search`), whose attentions and hidden states are returned as given, as transformers' beam search
+    returns them."""
+    if encoder_outputs is None:
+        encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                              output_attentions=attentions, output_hidden_states=hidden_states)
+    elif not isinstance(encoder_outputs, BaseModelOutput):
+        encoder_outputs = BaseModelOutput(*encoder_outputs)
+    n = sequences.shape[0] // attention_mask.shape[0]
+    out = model(encoder_outputs=(encoder_outputs.last_hidden_state.repeat_interleave(n, 0),),
+                attention_mask=attention_mask.repeat_interleave(n, 0), decoder_input_ids=sequences[:, :-1],
+                use_cache=False, output_attentions=attentions, output_hidden_states=hidden_states)
     generated, first = sequences[:, begun:], begun - 1  # first: the position whose logits make the first token
     positions = torch.arange(generated.shape[1], device=generated.device)
     steps = range(generated.shape[1])
@@ -363,30 +397,31 @@ def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequ
     if logits:
         found["logits"] = out.logits[:, first:].unbind(1)
     if attentions:
-        found["encoder_attentions"] = tuple(layer[::n] for layer in out.encoder_attentions)
+        found["encoder_attentions"] = encoder_outputs.attentions
         found["decoder_attentions"] = tuple(
             tuple(layer[:, :, read[t], : begun + t] for layer in out.decoder_attentions) for t in steps)
         found["cross_attentions"] = tuple(tuple(layer[:, :, read[t]] for layer in out.cross_attentions)
                                           for t in steps)
     if hidden_states:
-        found["encoder_hidden_states"] = tuple(layer[::n] for layer in out.encoder_hidden_states)
+        found["encoder_hidden_states"] = encoder_outputs.hidden_states
         found["decoder_hidden_states"] = tuple(tuple(layer[:, read[t]] for layer in out.decoder_hidden_states)
                                                for t in steps)
     return found
 
 
-def logits_processors(model, config: GenerationConfig, source: torch.Tensor, inputs: dict, rows: int,
+def logits_processors(model, config: GenerationConfig, source: torch.Tensor | None, inputs: dict, rows: int,
                       limits: torch.Tensor, begun: int = 1) -> LogitsProcessorList:
     """transformers' logits processors that `config`'s `PROCESSOR_SETTINGS` and the call's `PROCESSOR_INPUTS` ask for,
-    built as its `generate()` builds them for a beam search of the encoder-decoder's `source`, `rows` rows a source
+    built as its `generate()` builds them for a beam search of the encoder-decoder's `source` (None: given encoded,
+    read by no `SOURCE_SETTINGS`), `rows` rows a source
     (beams, or the hypotheses returned); `forced_eos_token_id` at each source's own limit (`limits`, (B,): the tokens
     added to the `begun` each output begins with, the start token among them), as `ForcedEndAtLimit`."""
     taken = {key: getattr(config, key) for key in PROCESSOR_SETTINGS if key != "forced_eos_token_id"}
     settings = GenerationConfig(num_beams=rows, num_return_sequences=rows, **taken,
                                 **{key: getattr(model.config, key) for key in TOKEN_SETTINGS})
-    model._prepare_special_tokens(settings, True, source.device)
+    model._prepare_special_tokens(settings, True, limits.device)
     processors = model._get_logits_processor(
-        settings, input_ids_seq_length=begun, encoder_input_ids=source, device=source.device, model_kwargs={},
+        settings, input_ids_seq_length=begun, encoder_input_ids=source, device=limits.device, model_kwargs={},
         prefix_allowed_tokens_fn=inputs.get("prefix_allowed_tokens_fn"),
         logits_processor=inputs.get("logits_processor"))
     if config.forced_eos_token_id is not None:
@@ -450,6 +485,7 @@ PROCESSOR_SETTINGS = ("repetition_penalty", "encoder_repetition_penalty", "no_re
                       "begin_suppress_tokens", "forced_bos_token_id", "renormalize_logits", "remove_invalid_values",
                       "exponential_decay_length_penalty", "forced_eos_token_id")
 PROCESSOR_INPUTS = ("logits_processor", "prefix_allowed_tokens_fn")
+SOURCE_SETTINGS = ("encoder_repetition_penalty", "encoder_no_repeat_ngram_size")  # processors that read the source
 # A setting and inputs that make transformers' stopping criteria, which the search asks as its beam search does.
 STOPPING_SETTINGS, STOPPING_INPUTS = ("stop_strings",), ("stopping_criteria", "tokenizer")
 # Inputs no decoding reads: transformers' generate never forwards `labels` (Seq2SeqTrainer passes the references).
@@ -469,14 +505,14 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     log-probabilities, as in transformers' beam search, `forced_eos_token_id` at each source's own limit;
     `decoder_input_ids` (with a `decoder_attention_mask` of ones, or none) begin the outputs, as transformers' decoder
     prompt does; `max_time` ends it, and stopping criteria (`stop_strings` with a `tokenizer`, `stopping_criteria`)
-    end hypotheses, as in transformers' beam search. The search is never swapped for another behind the call's back:
-    a setting or input it does not take (streamers, `encoder_outputs`, ...) is refused in one line naming it; one that
-    names another decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or
-    one beam (greedy: the same tokens) is transformers' decoding of it, at most source length + `extra_length` tokens
-    unless the call sets a length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes
-    both). Without `gnmt_alpha` in the generation config or the call, transformers' decoding unchanged: an
-    `extra_length` in the call is refused. The paper's decoding reads left-padded sources right-padded
-    (`right_padded`).
+    end hypotheses, as in transformers' beam search; `encoder_outputs` are read with their mask as given, in place of
+    encoding the sources. The search is never swapped for another behind the call's back: a setting or input it does
+    not take (streamers, `inputs_embeds`, ...) is refused in one line naming it; one that names another decoding
+    (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or one beam (greedy: the
+    same tokens) is transformers' decoding of it, at most source length + `extra_length` tokens unless the call sets a
+    length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without
+    `gnmt_alpha` in the generation config or the call, transformers' decoding unchanged: an `extra_length` in the call
+    is refused. The paper's decoding reads left-padded sources right-padded (`right_padded`).
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
@@ -496,8 +532,12 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     if config.num_beams is not None:
         check_whole("generate(): num_beams", config.num_beams, 1)
     source = inputs if inputs is not None else inputs_of_call.get("input_ids")
-    mask = inputs_of_call.get("attention_mask")
-    if torch.is_tensor(source) and torch.is_tensor(mask) and source.dim() == 2 and mask.shape == source.shape:
+    mask, encoded = inputs_of_call.get("attention_mask"), inputs_of_call.get("encoder_outputs")
+    if isinstance(encoded, tuple):  # (last hidden states, ...) as the model takes them; transformers' decoding too
+        encoded = kwargs["encoder_outputs"] = BaseModelOutput(*encoded)
+    if encoded is not None:  # read as given, with its mask
+        mask = encoding_of(encoded, mask, model.config.d_model)[1]
+    elif torch.is_tensor(source) and torch.is_tensor(mask) and source.dim() == 2 and mask.shape == source.shape:
         source, mask = right_padded(source, mask)
     defaults, plain = GenerationConfig._get_default_generation_params(), GenerationConfig()
     # transformers' `from_pretrained(folder, dropout=0.2)` copies the model config's keyword arguments into the loaded
@@ -514,7 +554,7 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         synced_gpus = (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model)) and (
             torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1)
     other_inputs = {key for key, value in inputs_of_call.items() if value is not None} - {
-        "input_ids", "attention_mask", "decoder_input_ids", *UNREAD_INPUTS}
+        "input_ids", "attention_mask", "decoder_input_ids", "encoder_outputs", *UNREAD_INPUTS}
     prompt, prompt_mask = inputs_of_call.get("decoder_input_ids"), inputs_of_call.get("decoder_attention_mask")
     shaped = torch.is_tensor(prompt) and torch.is_tensor(prompt_mask) and prompt_mask.shape == prompt.shape
     if shaped and prompt_mask.all():  # the outputs' given beginnings, none padded: it changes nothing
@@ -524,8 +564,10 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         refused = sorted(other_settings - set(PROCESSOR_SETTINGS + STOPPING_SETTINGS)
                          | other_inputs - set(PROCESSOR_INPUTS + STOPPING_INPUTS) | {
             key for key in TOKEN_SETTINGS if getattr(config, key) not in (None, getattr(model.config, key))})
-        if not torch.is_tensor(source) or source.dim() != 2:
+        if encoded is None and (not torch.is_tensor(source) or source.dim() != 2):
             refused.append("inputs other than a (batch, length) tensor of token ids")
+        if source is None:  # (encoded)
+            refused += [f"{key} without input_ids" for key in sorted(other_settings & set(SOURCE_SETTINGS))]
         if prompt is not None and not (torch.is_tensor(prompt) and prompt.dim() == 2):
             refused.append("decoder_input_ids other than a (batch, length) tensor of token ids")
         if refused:
@@ -552,7 +594,7 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         criteria = stopping_criteria_of(model, config, inputs_of_call)
         sequences, scores = gnmt_beam_search(
             model, source, mask, config.num_beams, alpha, max_new_tokens=max_new_tokens, extra_length=extra_length,
-            min_new_tokens=min_new_tokens, num_return_sequences=n, stopping_criteria=criteria,
+            min_new_tokens=min_new_tokens, num_return_sequences=n, stopping_criteria=criteria, encoder_outputs=encoded,
             output_scores=True, synced_gpus=synced_gpus, max_time=config.max_time,
             logits_processor=logits_processors(model, config, source, inputs_of_call, config.num_beams, limits, begun)
             if processed else None, decoder_input_ids=prompt)
@@ -564,10 +606,11 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         processors = (logits_processors(model, config, source, inputs_of_call, n, limits, begun)
                       if processed and wanted["scores"] else None)
         found = each_step(model, source, mask, sequences, limits, **wanted, logits_processor=processors, begun=begun,
-                          stopping_criteria=criteria)
+                          stopping_criteria=criteria, encoder_outputs=encoded)
         return GenerateBeamEncoderDecoderOutput(sequences=sequences, **found,
                                                 sequences_scores=scores if wanted["scores"] else None)
-    if torch.is_tensor(source) and config.max_new_tokens is None and "max_length" not in saved | given:
+    if (torch.is_tensor(source) or encoded is not None) and config.max_new_tokens is None and (
+            "max_length" not in saved | given):
         source_length = int(mask.sum(-1).max()) if torch.is_tensor(mask) and mask.dim() == 2 else source.shape[-1]
         kwargs["max_new_tokens"] = source_length + extra_length
     if papers and config.min_new_tokens is None:
