@@ -303,7 +303,8 @@ def processed(logits_processor: LogitsProcessorList, tokens: torch.Tensor, log_p
     return logits_processor(tokens, log_probs).log_softmax(-1).nan_to_num(-math.inf, neginf=-math.inf)
 
 
-def encoding_of(encoder_outputs, attention_mask: torch.Tensor | None, d_model: int) -> tuple[torch.Tensor, ...]:
+def encoding_of(encoder_outputs, attention_mask: torch.Tensor | None,
+                d_model: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The sources' encoding that transformers' `encoder_outputs` holds (a `BaseModelOutput`, or a tuple, the last
     hidden states first), (B, S, d_model), and its padding mask, (B, S): `attention_mask`, or ones; else a one-line
     ValueError."""
@@ -361,14 +362,13 @@ def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequ
     ended (at its EOS or where the search's `stopping_criteria` stopped it, or cut at its source's limit); with
     `scores` each step's log-probabilities over the vocabulary, (B·n, V) a step, which `compute_transition_scores`
     reads (with `logits_processor`, built for n rows a source, processed and normalized again as the search had
-    them); with `logits` the logits; with
-    `attentions` each step's weights of every layer (`decoder_attentions` (B·n, h, 1, t), `cross_attentions`
-    (B·n, h, 1, S)) and the encoder's (`encoder_attentions`, B rows); with `hidden_states` each step's hidden
-    states of every layer, and the encoder's. Attention weights come from the eager kernel, as in transformers'
-    own decoding. `begun`: the tokens each hypothesis began with (the start token, and a given beginning), which the
-    first step reads at once, as transformers' first step reads a decoder prompt. `encoder_outputs`: the search's
-    (`gnmt_beam_search`), whose attentions and hidden states are returned as given, as transformers' beam search
-    returns them."""
+    them); with `logits` the logits; with `attentions` each step's weights of every layer (`decoder_attentions`
+    (B·n, h, 1, t), `cross_attentions` (B·n, h, 1, S)) and the encoder's (`encoder_attentions`, B rows); with
+    `hidden_states` each step's hidden states of every layer, and the encoder's. Attention weights come from the
+    eager kernel, as in transformers' own decoding. `begun`: the tokens each hypothesis began with (the start token,
+    and a given beginning), which the first step reads at once, as transformers' first step reads a decoder prompt.
+    `encoder_outputs`: the search's (`gnmt_beam_search`), whose attentions and hidden states are returned as given,
+    as transformers' beam search returns them."""
     if encoder_outputs is None:
         encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask,
                                               output_attentions=attentions, output_hidden_states=hidden_states)
@@ -413,9 +413,9 @@ def logits_processors(model, config: GenerationConfig, source: torch.Tensor | No
                       limits: torch.Tensor, begun: int = 1) -> LogitsProcessorList:
     """transformers' logits processors that `config`'s `PROCESSOR_SETTINGS` and the call's `PROCESSOR_INPUTS` ask for,
     built as its `generate()` builds them for a beam search of the encoder-decoder's `source` (None: given encoded,
-    read by no `SOURCE_SETTINGS`), `rows` rows a source
-    (beams, or the hypotheses returned); `forced_eos_token_id` at each source's own limit (`limits`, (B,): the tokens
-    added to the `begun` each output begins with, the start token among them), as `ForcedEndAtLimit`."""
+    read by no `SOURCE_SETTINGS`), `rows` rows a source (beams, or the hypotheses returned); `forced_eos_token_id` at
+    each source's own limit (`limits`, (B,): the tokens added to the `begun` each output begins with, the start token
+    among them), as `ForcedEndAtLimit`."""
     taken = {key: getattr(config, key) for key in PROCESSOR_SETTINGS if key != "forced_eos_token_id"}
     settings = GenerationConfig(num_beams=rows, num_return_sequences=rows, **taken,
                                 **{key: getattr(model.config, key) for key in TOKEN_SETTINGS})
