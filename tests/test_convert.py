@@ -26,6 +26,8 @@ from transformers import (
     MarianMTModel,
     MarianTokenizer,
     NoBadWordsLogitsProcessor,
+    StoppingCriteriaList,
+    StopStringCriteria,
 )
 
 from training import run_trainer
@@ -188,17 +190,18 @@ def test_vaswani_translate_decodes_a_converted_model_as_published(marian_pair, c
         ours, **batch(source, sources), num_beams=4, alpha=0.6, max_new_tokens=39, logits_processor=published))
 
 
-def searched_alone(model, tokenizer, sources: list[str], banned: list[list[int]]) -> list[str]:
+def searched_alone(model, tokenizer, sources: list[str], banned: list[list[int]], stop: list[str] = ()) -> list[str]:
     """Each source's translation by the paper's search (beam 4, α 0.6) of it alone, given transformers' processors
     for what a converted OPUS-MT model's generation config asks: `banned` words, EOS forced at the source's limit
-    (its length + 50; transformers' max_length counts the start token)."""
+    (its length + 50; transformers' max_length counts the start token); with `stop`, its StopStringCriteria."""
     eos, found = model.config.eos_token_id, []
+    criteria = StoppingCriteriaList([StopStringCriteria(tokenizer, stop)]) if stop else None
     for ids in tokenizer(sources)["input_ids"]:
         limit = len(ids) + 50
         processors = LogitsProcessorList([NoBadWordsLogitsProcessor(banned, eos_token_id=eos),
                                           ForcedEOSTokenLogitsProcessor(limit + 1, eos)])
         found += gnmt_beam_search(model, torch.tensor([ids]), num_beams=4, alpha=0.6, max_new_tokens=limit,
-                                  logits_processor=processors).tolist()
+                                  logits_processor=processors, stopping_criteria=criteria).tolist()
     return tokenizer.batch_decode(found, skip_special_tokens=True)
 
 
@@ -239,6 +242,28 @@ def test_vaswani_translate_alpha_bans_what_the_generation_config_bans(marian_pai
     assert paper.stdout.splitlines() == searched_alone(ours, tokenizer, sources, banned)
     assert tokenizer.decode([common]) not in paper.stdout
     assert paper.stdout.splitlines() != searched_alone(ours, tokenizer, sources, [[ours.config.pad_token_id]])
+
+
+def test_vaswani_translate_ends_translations_at_the_generation_configs_stop_strings(marian_pair, cli, tmp_path):
+    """A generation config's `stop_strings` (transformers' StopStringCriteria, read with the model's tokenizer):
+    `vaswani-translate --alpha` ends each hypothesis where its text ends with one, as the search given that
+    criterion does; the CTranslate2 engine, which has no such criterion, is refused in one line."""
+    from vaswani_hf.tools.translate import load_engine
+
+    source, converted = marian_pair
+    tokenizer, sources = MarianTokenizer.from_pretrained(source), SENTENCES[:12]
+    ours, pad = AutoModelForSeq2SeqLM.from_pretrained(converted).eval(), [[0]]
+    free = searched_alone(ours, tokenizer, sources, pad)
+    word = collections.Counter(w for line in free for w in line.split()[1:-1]).most_common(1)[0][0]  # within lines
+    folder = shutil.copytree(converted, tmp_path / "stopped")
+    published = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps(published | {"stop_strings": [word]}))
+    paper = cli("--model", folder, "--quiet", "--no_fast_cpu", "--alpha", "0.6", stdin="\n".join(sources) + "\n")
+    assert paper.returncode == 0, paper.stderr
+    assert paper.stdout.splitlines() == searched_alone(ours, tokenizer, sources, pad, stop=[word]) != free
+    with pytest.raises(SystemExit, match=r"^error: cannot load a model from .*: --engine ctranslate2 does not "
+                       rf"apply the generation config's stop_strings=\['{word}'\]: decode with --engine torch$"):
+        load_engine(str(folder), "ctranslate2")
 
 
 def test_a_converted_model_fine_tunes_with_the_decoding_it_was_published_with(marian_pair, tmp_path):

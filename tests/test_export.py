@@ -919,9 +919,10 @@ def test_the_papers_beam_search_runs_on_onnx_runtime_as_on_torch(trained, onnx_m
     assert onnx_model.translate(["", " "]) == ["", ""]
 
 
-def test_onnx_translate_bans_the_words_its_generation_config_bans_as_torch_does(trained, onnx_model, monkeypatch):
+def test_onnx_translate_bans_and_stops_where_its_generation_config_says_as_torch(trained, onnx_model, monkeypatch):
     """A generation config's `bad_words_ids` (an OPUS-MT model's <pad>; here the token decoded most) bans the token
-    on ONNX Runtime as in the torch model's search: the same translations, none holding it."""
+    on ONNX Runtime as in the torch model's search: the same translations, none holding it. Its `stop_strings` (that
+    token's text) end translations there, as in the torch model's search."""
     model, tokenizer = trained
     sources = [source for source, _ in PAIRS[:12]]
     free = gnmt_beam_search(model, **padded_sources(tokenizer), num_beams=4, alpha=0.6)[:, 1:]
@@ -933,6 +934,8 @@ def test_onnx_translate_bans_the_words_its_generation_config_bans_as_torch_does(
         monkeypatch.setattr(decoder, "generation_config", banning)
     ids = tokenizer(sources)["input_ids"]
     assert not any(common in hypothesis for hypothesis in onnx_model.decode(ids, 4, 0.6, 1)[0])
+    assert before != onnx_model.translate(sources) == translate(model, tokenizer, sources)
+    banning.bad_words_ids, banning.stop_strings = None, [tokenizer.decode([common]).strip()]
     assert before != onnx_model.translate(sources) == translate(model, tokenizer, sources)
 
 

@@ -33,10 +33,11 @@ from ..tools.translate import MAX_TOKENS, decoded_batch, log_p, scoring_batch, t
 class OnnxSeq2Seq:
     """The three exported graphs in ONNX Runtime sessions, with the folder's config and tokenizer."""
 
-    # What gnmt.py's `logits_processors` calls of a model to build the generation config's processors (an OPUS-MT
-    # model's banned <pad>): transformers' own.
+    # What gnmt.py's `logits_processors` and `stopping_criteria_of` call of a model to build the generation config's
+    # processors (an OPUS-MT model's banned <pad>) and stop strings: transformers' own.
     _prepare_special_tokens = GenerationMixin._prepare_special_tokens
     _get_logits_processor = GenerationMixin._get_logits_processor
+    _get_stopping_criteria = GenerationMixin._get_stopping_criteria
     _merge_criteria_processor_list = GenerationMixin._merge_criteria_processor_list
 
     def __init__(self, folder, providers: list[str] | None = None, threads: int | None = None):

@@ -16,7 +16,7 @@ from transformers.utils import cached_file
 from transformers.utils.hub import get_checkpoint_shard_files
 
 from ..exports import to_ctranslate2
-from ..gnmt import PROCESSOR_SETTINGS, extra_length_of
+from ..gnmt import PROCESSOR_SETTINGS, STOPPING_SETTINGS, extra_length_of
 from ..speed.fast_cpu import chosen, round_seconds, rule
 from ..speed.kernels import cache_root, cpu_name, kept, writable
 from .export import written_whole
@@ -131,7 +131,7 @@ class CTranslate2Engine:
         except OSError:  # no generation_config.json: the model config's tokens, as from_pretrained makes it
             self.generation_config = GenerationConfig.from_model_config(config)
         generation, defaults = self.generation_config, GenerationConfig._get_default_generation_params()
-        unapplied = [f"{key}={getattr(generation, key)}" for key in PROCESSOR_SETTINGS
+        unapplied = [f"{key}={getattr(generation, key)}" for key in (*PROCESSOR_SETTINGS, *STOPPING_SETTINGS)
                      if key not in APPLIED and getattr(generation, key) not in (None, False, defaults.get(key))]
         if unapplied and not scoring:  # scores take no processor
             raise ValueError(f"--engine ctranslate2 does not apply the generation config's {', '.join(unapplied)}: "

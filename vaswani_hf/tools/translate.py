@@ -58,6 +58,7 @@ from ..gnmt import (
     logits_processors,
     output_limits,
     right_padded,
+    stopping_criteria_of,
 )
 from ..speed.allocator import keep_freed_memory
 from .loading import check_gpu, checked, device_kind, learned_positions, load, one_line_errors
@@ -278,24 +279,26 @@ def decoded_batch(model, tokenizer, batch: list[list[int]], num_beams: int, alph
     """An engine's `decode` by `search`: each source's `nbest` hypotheses (ids after the start token, no padding),
     best first, and their scores."""
     inputs = tokenizer.pad({"input_ids": batch}, return_tensors="pt").to(device)
-    sequences, scores = search(model, inputs, num_beams, alpha, nbest)
+    sequences, scores = search(model, tokenizer, inputs, num_beams, alpha, nbest)
     pad = tokenizer.pad_token_id
     return [[i for i in row if i != pad] for row in sequences[:, 1:].tolist()], scores.tolist()
 
 
-def search(model, inputs, num_beams: int, alpha: float | None, nbest: int) -> tuple[torch.Tensor, torch.Tensor]:
+def search(model, tokenizer, inputs, num_beams: int, alpha: float | None,
+           nbest: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The `nbest` best hypotheses of each row and their scores: the paper's search with GNMT α (log P / penalty),
-    with the logits processors the generation config asks for (an OPUS-MT model's banned <pad> and forced EOS), or,
-    without α, transformers' `generate()` with the model's generation config (log P, divided by |Y|^length_penalty
-    in beam search)."""
+    with the logits processors the generation config asks for (an OPUS-MT model's banned <pad> and forced EOS) and
+    its `stop_strings` (read with `tokenizer`), or, without α, transformers' `generate()` with the model's generation
+    config (log P, divided by |Y|^length_penalty in beam search)."""
     if alpha is not None:
         config, source, mask = model.generation_config, inputs["input_ids"], inputs["attention_mask"]
         limits = output_limits(model.config, mask, None, extra_length_of(config))
         return gnmt_beam_search(model, source, mask, num_beams, alpha, extra_length=extra_length_of(config),
                                 num_return_sequences=nbest, output_scores=True,
-                                logits_processor=logits_processors(model, config, source, {}, num_beams, limits))
+                                logits_processor=logits_processors(model, config, source, {}, num_beams, limits),
+                                stopping_criteria=stopping_criteria_of(model, config, {"tokenizer": tokenizer}))
     found = model.generate(**inputs, num_beams=num_beams, num_return_sequences=nbest, output_scores=True,
-                           return_dict_in_generate=True)
+                           return_dict_in_generate=True, tokenizer=tokenizer)
     if num_beams > 1:
         return found.sequences, found.sequences_scores
     steps = model.compute_transition_scores(found.sequences, found.scores, normalize_logits=True)  # (B, T - 1)
