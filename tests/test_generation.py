@@ -297,12 +297,38 @@ def test_given_encoder_outputs_decode_as_the_sources_they_encode(num_beams):
         alone = model.generate(encoder_outputs=given, attention_mask=mask, num_return_sequences=num_beams)
         assert torch.equal(alone, expected.sequences)
     # Left-padded as given: attention reads a set of positions, so the states moved with their mask decode the same.
-    shifts = (mask == 0).sum(-1).tolist()
-    moved = [torch.stack([row.roll(shift, 0) for row, shift in zip(t, shifts, strict=True)])
-             for t in (encoded.last_hidden_state, mask)]
-    assert moved[1][1].tolist() == [0, 0, 0, 1, 1, 1, 1]
-    left = model.generate(others, attention_mask=moved[1], encoder_outputs=(moved[0],), num_return_sequences=num_beams)
+    left_mask, left_states = moved_left(mask, encoded.last_hidden_state)
+    assert left_mask[1].tolist() == [0, 0, 0, 1, 1, 1, 1]
+    left = model.generate(others, attention_mask=left_mask, encoder_outputs=(left_states,),
+                          num_return_sequences=num_beams)
     assert torch.equal(left, expected.sequences)
+
+
+def moved_left(mask: torch.Tensor, *batches: torch.Tensor) -> list[torch.Tensor]:
+    """A right-padded batch's mask and `batches` (ids, embeddings, states: a row per source) left-padded: each row's
+    entries moved, in order, after its padding."""
+    shifts = (mask == 0).sum(-1).tolist()
+    return [torch.stack([row.roll(shift, 0) for row, shift in zip(t, shifts, strict=True)]) for t in (mask, *batches)]
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_inputs_embeds_decode_as_the_ids_whose_embedding_rows_they_are(num_beams):
+    """transformers' `inputs_embeds`: rows of the embedding matrix (`get_input_embeddings()`'s), encoded in place of
+    ids and, left-padded, right-padded first as ids are. The paper's search (its n best, each step's scores) and its
+    greedy decoding give what the ids give."""
+    model = tiny_model()
+    model.generation_config.update(num_beams=num_beams, gnmt_alpha=0.6, allow_custom_entries=True)
+    source, mask = padded_sources()
+    wanted = {"num_return_sequences": num_beams, "return_dict_in_generate": True, "output_scores": True}
+    expected = model.generate(source, attention_mask=mask, **wanted)
+    embeds = model.get_input_embeddings()(source).detach()
+    for given_mask, given in ((mask, embeds), moved_left(mask, embeds)):
+        found = model.generate(inputs_embeds=given, attention_mask=given_mask, **wanted)
+        assert torch.equal(found.sequences, expected.sequences)
+        torch.testing.assert_close(found.scores, expected.scores)
+        theirs = {"num_beams": 2, "length_penalty": 1.0}  # transformers' beam search: the same encoding read
+        assert torch.equal(model.generate(inputs_embeds=given, attention_mask=given_mask, **theirs),
+                           model.generate(inputs_embeds=embeds, attention_mask=mask, **theirs))
 
 
 NOT_STATES = "encoder_outputs must hold the encoder's last hidden states, (batch, length, 24), first: got "
@@ -314,11 +340,14 @@ NOT_STATES = "encoder_outputs must hold the encoder's last hidden states, (batch
     ({"encoder_outputs": [torch.zeros(3, 7, 24)]}, NOT_STATES + "list"),
     ({"encoder_outputs": (torch.zeros(3, 7, 24),), "attention_mask": torch.ones(3, 6)},
      "attention_mask has shape (3, 6) but encoder_outputs needs (3, 7): one entry per source token, 1 for tokens"),
+    ({"inputs_embeds": torch.zeros(3, 7, 8)}, "inputs_embeds must have shape (batch, length >= 1, d_model=24)"),
+    ({"inputs_embeds": torch.zeros(3, 7, 24), "attention_mask": torch.ones(3, 6)}, "attention_mask has shape (3, 6)"),
     ({"encoder_outputs": (torch.zeros(3, 7, 24),), "encoder_no_repeat_ngram_size": 2},
      "generate(): the paper's beam search (gnmt_alpha=0.6) does not take encoder_no_repeat_ngram_size without input"),
-], ids=["2 dimensions", "not d_model", "a list", "its mask", "a processor reading the source"])
+], ids=["2 dimensions", "not d_model", "a list", "its mask", "embeddings not d_model", "the embeddings' mask",
+        "a processor reading the source"])
 @pytest.mark.parametrize("num_beams", [1, 3])
-def test_encoder_outputs_that_the_paper_decoding_cannot_read_are_refused_in_one_line(given, message, num_beams):
+def test_encodings_that_the_paper_decoding_cannot_read_are_refused_in_one_line(given, message, num_beams):
     """Before any decoding. One beam is transformers' greedy decoding, which warns that it ignores the processor."""
     model = tiny_model()
     model.generation_config.update(num_beams=num_beams, gnmt_alpha=0.6, allow_custom_entries=True)

@@ -322,10 +322,12 @@ def encoding_of(encoder_outputs, attention_mask: torch.Tensor | None,
 
 
 def right_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each source's tokens moved, in order, before its padding: a tokenizer with `padding_side="left"` would start
-    a sentence's positions (§3.5) after its padding, and its translation would change with the batch's longest."""
+    """Each source's tokens (ids, (B, S), or embeddings, (B, S, D)) moved, in order, before its padding: a tokenizer
+    with `padding_side="left"` would start a sentence's positions (§3.5) after its padding, and its translation would
+    change with the batch's longest."""
     order = (attention_mask == 0).int().argsort(dim=-1, stable=True)
-    return input_ids.gather(1, order), attention_mask.gather(1, order)
+    moved = order.view(*order.shape, *[1] * (input_ids.dim() - 2)).expand(*order.shape, *input_ids.shape[2:])
+    return input_ids.gather(1, moved), attention_mask.gather(1, order)
 
 
 def rows_of(sources: torch.Tensor, per_source: int) -> torch.Tensor:
@@ -506,13 +508,14 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     `decoder_input_ids` (with a `decoder_attention_mask` of ones, or none) begin the outputs, as transformers' decoder
     prompt does; `max_time` ends it, and stopping criteria (`stop_strings` with a `tokenizer`, `stopping_criteria`)
     end hypotheses, as in transformers' beam search; `encoder_outputs` are read with their mask as given, in place of
-    encoding the sources. The search is never swapped for another behind the call's back: a setting or input it does
-    not take (streamers, `inputs_embeds`, ...) is refused in one line naming it; one that names another decoding
-    (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None` or one beam (greedy: the
-    same tokens) is transformers' decoding of it, at most source length + `extra_length` tokens unless the call sets a
-    length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer passes both). Without
-    `gnmt_alpha` in the generation config or the call, transformers' decoding unchanged: an `extra_length` in the call
-    is refused. The paper's decoding reads left-padded sources right-padded (`right_padded`).
+    encoding the sources, and `inputs_embeds` encoded, right-padded as ids are. The search is never swapped for another
+    behind the call's back: a setting or input it does not take (streamers, ...) is refused in one line naming it; one
+    that names another decoding (`OTHER_DECODINGS`: sampling, transformers' `length_penalty`, ...), `gnmt_alpha=None`
+    or one beam (greedy: the same tokens) is transformers' decoding of it, at most source length + `extra_length`
+    tokens unless the call sets a length. `labels` are not read and `synced_gpus` is transformers' (Seq2SeqTrainer
+    passes both). Without `gnmt_alpha` in the generation config or the call, transformers' decoding unchanged: an
+    `extra_length` in the call is refused. The paper's decoding reads left-padded sources right-padded
+    (`right_padded`).
     """
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     if generation_config is not None:  # as transformers merges them: the model's entries fill what is unset
@@ -535,6 +538,15 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     mask, encoded = inputs_of_call.get("attention_mask"), inputs_of_call.get("encoder_outputs")
     if isinstance(encoded, tuple):  # (last hidden states, ...) as the model takes them; transformers' decoding too
         encoded = kwargs["encoder_outputs"] = BaseModelOutput(*encoded)
+    embeds = inputs_of_call.pop("inputs_embeds", None)
+    if encoded is None and embeds is not None:  # encoded here, as transformers' generate encodes them, right-padded
+        if torch.is_tensor(embeds) and torch.is_tensor(mask) and mask.shape == embeds.shape[:2]:
+            embeds, mask = right_padded(embeds, mask)
+        with torch.no_grad():
+            encoded = model.get_encoder()(inputs_embeds=embeds, attention_mask=mask)
+        kwargs.update(encoder_outputs=encoded, attention_mask=mask)  # what the call gives, and transformers' decoding
+        inputs_of_call.update(encoder_outputs=encoded, attention_mask=mask)
+        del kwargs["inputs_embeds"]
     if encoded is not None:  # read as given, with its mask
         mask = encoding_of(encoded, mask, model.config.d_model)[1]
     elif torch.is_tensor(source) and torch.is_tensor(mask) and source.dim() == 2 and mask.shape == source.shape:
