@@ -572,14 +572,15 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
     if shaped and prompt_mask.all():  # the outputs' given beginnings, none padded: it changes nothing
         other_inputs.discard("decoder_attention_mask")
     papers = alpha is not None and not (other_settings | other_inputs) & set(OTHER_DECODINGS)  # else transformers'
+    if papers and source is None and other_settings & set(SOURCE_SETTINGS):  # (given encoded; greedy would ignore it)
+        raise ValueError(f"generate(): {', '.join(sorted(other_settings & set(SOURCE_SETTINGS)))} reads the sources' "
+                         "input_ids, which this call does not give: pass them beside the encoding, or leave it out")
     if papers and (config.num_beams or 1) > 1:
         refused = sorted(other_settings - set(PROCESSOR_SETTINGS + STOPPING_SETTINGS)
                          | other_inputs - set(PROCESSOR_INPUTS + STOPPING_INPUTS) | {
             key for key in TOKEN_SETTINGS if getattr(config, key) not in (None, getattr(model.config, key))})
         if encoded is None and (not torch.is_tensor(source) or source.dim() != 2):
             refused.append("inputs other than a (batch, length) tensor of token ids")
-        if source is None:  # (encoded)
-            refused += [f"{key} without input_ids" for key in sorted(other_settings & set(SOURCE_SETTINGS))]
         if prompt is not None and not (torch.is_tensor(prompt) and prompt.dim() == 2):
             refused.append("decoder_input_ids other than a (batch, length) tensor of token ids")
         if refused:
