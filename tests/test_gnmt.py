@@ -24,6 +24,10 @@ from transformers import (
     StoppingCriteria,
     StoppingCriteriaList,
     SuppressTokensLogitsProcessor,
+    SynthIDTextWatermarkingConfig,
+    WatermarkDetector,
+    WatermarkingConfig,
+    WatermarkLogitsProcessor,
 )
 from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
@@ -730,6 +734,27 @@ def test_exponential_decay_length_penalty_is_transformers_processor_applied_by_t
                        gnmt_beam_search(model, source, num_beams=4, alpha=0.6, decoder_input_ids=begun,
                                         logits_processor=LogitsProcessorList([ExponentialDecayLengthPenalty(
                                             (2, 3.0), EOS, input_ids_seq_length=3)])))
+
+
+def test_a_watermark_is_transformers_processor_applied_by_the_search_and_its_detector_finds_it():
+    """`watermarking_config` (Kirchenbauer et al.'s: a bias on a "green" part of the vocabulary drawn from each row's
+    previous token) is transformers' processor, applied by the search as it applies any: the outputs are the search's
+    given it, and transformers' detector finds its mark in them, not in the unmarked ones. SynthID's, whose processor
+    keeps each row's past from call to call (and so misreads beams that change places), is refused in one line."""
+    model = tiny_model(seed=1, add_final_logits_bias=True)
+    model.final_logits_bias[0, EOS] = -1e9  # long outputs, for the detector to count
+    model.generation_config.update(num_beams=4, gnmt_alpha=0.6, allow_custom_entries=True)
+    source, mark = random_ids(2, 6, seed=3), WatermarkingConfig(bias=5.0)
+    marked = model.generate(source, max_new_tokens=20, watermarking_config=mark)
+    assert torch.equal(marked, gnmt_beam_search(
+        model, source, num_beams=4, alpha=0.6, max_new_tokens=20,
+        logits_processor=LogitsProcessorList([WatermarkLogitsProcessor(model.config.vocab_size, "cpu", bias=5.0)])))
+    detector = WatermarkDetector(model.config, "cpu", mark)
+    assert detector(marked[:, 1:], return_dict=True).prediction.all()
+    assert not detector(model.generate(source, max_new_tokens=20)[:, 1:], return_dict=True).prediction.any()
+    refusal = "generate(): the paper's beam search (gnmt_alpha=0.6) does not take SynthID's watermarking_config"
+    with pytest.raises(ValueError, match="^" + re.escape(refusal)):
+        model.generate(source, watermarking_config=SynthIDTextWatermarkingConfig(keys=[5, 7], ngram_len=2))
 
 
 def test_forced_eos_token_id_ends_each_hypothesis_at_its_own_sources_limit():

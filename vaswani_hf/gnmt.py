@@ -35,6 +35,7 @@ import time
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteriaList
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.generation import SynthIDTextWatermarkingConfig
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 from transformers.integrations.fsdp import is_fsdp_managed_module
@@ -485,7 +486,7 @@ OTHER_DECODINGS = ("do_sample", "length_penalty", "num_beam_groups", "diversity_
 PROCESSOR_SETTINGS = ("repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size",
                       "encoder_no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "suppress_tokens",
                       "begin_suppress_tokens", "forced_bos_token_id", "renormalize_logits", "remove_invalid_values",
-                      "exponential_decay_length_penalty", "forced_eos_token_id")
+                      "exponential_decay_length_penalty", "watermarking_config", "forced_eos_token_id")
 PROCESSOR_INPUTS = ("logits_processor", "prefix_allowed_tokens_fn")
 SOURCE_SETTINGS = ("encoder_repetition_penalty", "encoder_no_repeat_ngram_size")  # processors that read the source
 # A setting and inputs that make transformers' stopping criteria, which the search asks as its beam search does.
@@ -583,6 +584,8 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
             refused.append("inputs other than a (batch, length) tensor of token ids")
         if prompt is not None and not (torch.is_tensor(prompt) and prompt.dim() == 2):
             refused.append("decoder_input_ids other than a (batch, length) tensor of token ids")
+        if isinstance(config.watermarking_config, SynthIDTextWatermarkingConfig):  # made for sampling
+            refused.append("SynthID's watermarking_config (its processor keeps each row's past: beams reorder rows)")
         if refused:
             saved_only = [f"{key}=None" for key in refused if key in saved - given]  # a converted model's, ...
             drop = f" (the generation config's: pass {', '.join(saved_only)})" if saved_only else ""
