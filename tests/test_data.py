@@ -344,10 +344,13 @@ def test_joint_bpe_round_trips_through_auto_tokenizer(tmp_path):
     assert ids[-1] == loaded.eos_token_id and ids == tokenizer(sentence)["input_ids"]
     assert loaded.decode(ids, skip_special_tokens=True) == sentence
     assert loaded("Heute \u263a")["input_ids"][-2] == loaded.unk_token_id == 3  # a character no pair holds
+    # However the words are spaced (tabs, line breaks, no-break and ideographic spaces, several): one space's tokens.
+    assert loaded(" Heute\tsieht der\u00a0 große\nHund\u3000eine  Katze im Garten. \r")["input_ids"] == ids
 
 
 def test_only_the_joint_bpes_pipeline_takes_the_word_cached_encoder():
-    """is_joint_bpe: NFKC, Metaspace, BPE without dropout, </s> appended; any other part, or no </s>, is not it."""
+    """is_joint_bpe: its normalizer (or NFKC alone), Metaspace, BPE without dropout, </s> appended; any other part, or
+    no </s>, is not it."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
     from training.tokenizer import is_joint_bpe
@@ -356,8 +359,11 @@ def test_only_the_joint_bpes_pipeline_takes_the_word_cached_encoder():
     joint = train_joint_bpe((side for pair in pairs for side in pair), 120).backend_tokenizer
     assert is_joint_bpe(joint)
     spec = json.loads(joint.to_str())
+    nfkc = {**spec, "normalizer": json.loads(normalizers.NFKC().__getstate__())}  # earlier runs' tokenizers
+    assert is_joint_bpe(Tokenizer.from_str(json.dumps(nfkc)))
     changed = {"dropout": {**spec, "model": {**spec["model"], "dropout": 0.1}},
-               "pre_tokenizer": {**spec, "pre_tokenizer": json.loads(pre_tokenizers.Whitespace().__getstate__())}}
+               "pre_tokenizer": {**spec, "pre_tokenizer": json.loads(pre_tokenizers.Whitespace().__getstate__())},
+               "normalizer": {**spec, "normalizer": json.loads(normalizers.NFC().__getstate__())}}
     for name, other in changed.items():
         assert not is_joint_bpe(Tokenizer.from_str(json.dumps(other))), name
     no_eos = Tokenizer(models.BPE(vocab={"a": 0, "<unk>": 1}, merges=[], unk_token="<unk>"))
@@ -471,27 +477,32 @@ def test_the_processes_read_the_ids_of_their_share_of_each_steps_batches_leaving
         EpochBatches(train, 9, 40, seed=2, accumulation=500, rank=0, world=4)  # a step: 500 batches on 4 processes
 
 
-def test_the_word_cached_encoder_gives_the_tokenizers_ids_on_any_text():
+@pytest.mark.parametrize("spaces", [True, False])  # the normalizer, and NFKC alone (earlier runs' tokenizers)
+def test_the_word_cached_encoder_gives_the_tokenizers_ids_on_any_text(spaces):
     """training/tokens.py WordEncoder against the tokenizer itself: the embedded data, and random text mixing the
-    cases its shortcuts must get right (spaces and ▁, tabs, Latin-1's compatibility characters, combining marks,
-    full-width letters, ligatures, special tokens' strings, text NFKC changes into spaces or special tokens), with
-    a cache small enough to be emptied along the way."""
+    cases its shortcuts must get right (spaces and ▁, tabs, line breaks, Latin-1's compatibility characters and white
+    space, combining marks, full-width letters, ligatures, special tokens' strings, text NFKC changes into spaces or
+    special tokens), with a cache small enough to be emptied along the way."""
     import random
 
     from tokenizers import Tokenizer
 
+    from training.tokenizer import normalizer
     from training.tokens import TokenizerEncoder, WordEncoder, pair_encoder
 
     pairs = generate()["train"][:2000]
     tokenizer = train_joint_bpe((side for pair in pairs for side in pair), 300)
+    tokenizer.backend_tokenizer.normalizer = normalizer(spaces)
     encoder = WordEncoder(tokenizer)
     encoder.CACHE_WORDS = 50
     texts = [side for pair in pairs for side in pair]
-    pieces = [" ", "  ", "\t", "\u2581", "\u00a0", "\u00b2", "\u00bd", "\u00e4", "a\u0308", "\u00df", "\ufb01",
-              "\uff21", "\uff1c/s\uff1e", "</s>", "<pad>", "<unk", "\u201ehallo\u201c", "\u2013", "\u3000",
-              "\U0001d400", "e", "The", "Hund", "x\u0301y", "\u212b", "\u2460", "."]
+    pieces = [" ", "  ", "\t", "\n", "\x0b", "\x85", "\x1f", "\u2581", "\u00a0", "\u2028", "\u00b2", "\u00bd",
+              "\u00e4", "a\u0308", "\u00df", "\ufb01", "\uff21", "\uff1c/s\uff1e", "</s>", "<pad>", "<unk",
+              "\u201ehallo\u201c", "\u2013", "\u3000", "\U0001d400", "e", "The", "Hund", "x\u0301y", "\u212b",
+              "\u2460", "."]
     rng = random.Random(0)
-    texts += ["".join(rng.choices(pieces, k=rng.randint(0, 12))) for _ in range(3000)] + ["", " ", "\u2581"]
+    texts += ["".join(rng.choices(pieces, k=rng.randint(0, 12))) for _ in range(3000)]
+    texts += ["", " ", "\u2581", "The  Hund", " The", "The "]
     expected = tokenizer(texts)["input_ids"]
     assert encoder(texts) == expected and isinstance(pair_encoder(tokenizer), WordEncoder)
     tokenizer.backend_tokenizer.enable_truncation(4)  # as a tokenizer.json saved with a limit may ask

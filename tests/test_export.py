@@ -650,7 +650,7 @@ def test_the_ctranslate2_engine_refuses_in_one_line(translation_folder, cli, mon
                        stdin="A dog.\n").stderr.strip() == f"error: --device {device}: {message}"
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
     long = cli("--model", translation_folder, "--engine", "ctranslate2", stdin="A dog.\n" + "dog " * POSITIONS + "\n")
-    assert long.stderr.strip() == (f"error: line 2 has {POSITIONS + 2} tokens; this model's positions stop at "
+    assert long.stderr.strip() == (f"error: line 2 has {POSITIONS + 1} tokens; this model's positions stop at "
                                    f"{POSITIONS} on the ctranslate2 engine")
     weightless = tmp_path / "weightless"
     shutil.copytree(translation_folder, weightless, ignore=shutil.ignore_patterns("model.safetensors"))

@@ -1107,7 +1107,7 @@ def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, 
             lines = "A dog runs.\n" + "the man sees the dog " * 10 + "\n"
             message = refused_translation(capfd, monkeypatch, "--model", folder, "--num_beams", "2", "--engine",
                                           engine, stdin=lines.encode())
-            assert message == f"error: line 2 has 72 tokens; this model's positions stop at 12 on the {engine} engine"
+            assert message == f"error: line 2 has 71 tokens; this model's positions stop at 12 on the {engine} engine"
             (tmp_path / "in.txt").write_text("A dog runs.\nA cat.\n" + lines)  # a file: its every line checked first
             code, _, err = cli("--model", folder, "--engine", engine, "--input", tmp_path / "in.txt", "--output",
                                tmp_path / "out.txt", "--window", "1")

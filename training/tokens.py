@@ -31,9 +31,12 @@ FOLDER = "tokens"
 FEATURES = datasets.Features({"source_ids": datasets.Sequence(datasets.Value("int32")),
                               "target_ids": datasets.Sequence(datasets.Value("int32")),
                               "source_length": datasets.Value("int32"), "target_length": datasets.Value("int32")})
-# Text of only these characters (Latin-1 less its compatibility characters) is what NFKC makes of it.
-NOT_NFKC_INVARIANT = "[^" + "".join(f"\\x{{{c:x}}}" for c in range(256)
-                                    if unicodedata.normalize("NFKC", chr(c)) == chr(c)) + "]"
+# Text the joint BPE's normalizer may change: a character other than Latin-1's that NFKC and the white space rule
+# leave as they are (Latin-1 less its compatibility characters and white space but the space), two spaces, or a space
+# at the end (one at the start starts no word either way). Other text is what either normalizer of
+# training/tokenizer.py's (with or without spaces) makes of it.
+NORMALIZED = "[^" + "".join(f"\\x{{{c:x}}}" for c in range(256) if unicodedata.normalize("NFKC", chr(c)) == chr(c)
+                            and (c == 32 or not chr(c).isspace())) + "]|  | $"
 # Rows per Arrow record batch: opening a file maps every batch's header page, with the pages the kernel maps around
 # it (64 KB), so 1,000-row batches put a fifth of the file in each process's resident memory; 10,000, a fiftieth.
 RECORD_BATCH = 10_000
@@ -72,12 +75,13 @@ class WordEncoder:
     """`tokenizer(texts)["input_ids"]` for the joint BPE of training/tokenizer.py, several times faster on a corpus:
     a column of text at a time, in Arrow's compute functions, with each distinct word through the BPE model once.
 
-    That tokenizer normalizes (NFKC), turns every space into ▁ and starts a word at each (Metaspace), runs BPE on
-    each word, and appends </s>. Here the normalizer runs only on text it could change: NFKC leaves Latin-1 text
-    without compatibility characters as it is, whatever the Unicode version (Latin-1 holds no combining marks). The
-    words of a column are split and numbered by Arrow (`dictionary_encode`), each distinct word is looked up in a
-    bounded cache of its BPE ids, and the ids are gathered with numpy. Text that holds a special token's string
-    takes the tokenizer's own path. tests/test_data.py checks the ids against the tokenizer's, odd text included.
+    That tokenizer normalizes (NFKC, white space as single spaces), turns every space into ▁ and starts a word at each
+    (Metaspace), runs BPE on each word, and appends </s>. Here the normalizer runs only on text it could change
+    (`NORMALIZED`): NFKC leaves Latin-1 text without compatibility characters as it is, whatever the Unicode version
+    (Latin-1 holds no combining marks), and the white space rule single spaces between words. The words of a column
+    are split and numbered by Arrow (`dictionary_encode`), each distinct word is looked up in a bounded cache of its
+    BPE ids, and the ids are gathered with numpy. Text that holds a special token's string takes the tokenizer's own
+    path. tests/test_data.py checks the ids against the tokenizer's (either normalizer), odd text included.
     """
 
     CACHE_WORDS = 500_000  # about 100 MB at most; a corpus's frequent words stay (it is emptied when full)
@@ -100,7 +104,7 @@ class WordEncoder:
         if isinstance(texts, pa.ChunkedArray):
             texts = texts.combine_chunks()
         original = texts
-        odd = pc.match_substring_regex(texts, NOT_NFKC_INVARIANT)
+        odd = pc.match_substring_regex(texts, NORMALIZED)
         if pc.any(odd).as_py():
             changed = [self.backend.normalizer.normalize_str(text) for text in texts.filter(odd).to_pylist()]
             texts = pc.replace_with_mask(texts, odd, pa.array(changed, texts.type))
