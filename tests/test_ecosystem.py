@@ -738,6 +738,23 @@ def test_batches_by_tokens_change_no_translation(translation_folder, cli):
     assert result.stdout.split("\n") == [*expected, ""]
 
 
+def test_scores_are_written_in_input_order_as_batches_finish(translation_folder):
+    """--score's lines come in input order as the batches finish, not a window at a time: with a batch a pair, the
+    window's lines in several pieces, each piece the lines whose pairs and predecessors are scored, with their tokens
+    and log P; together, `score`'s lines (blank lines among them)."""
+    from vaswani_hf.tools.translate import score, scored_windows
+
+    model, tokenizer = load_local(translation_folder)
+    pairs = list(zip(MANY, reversed(MANY)))
+    found = score(model, tokenizer, *zip(*pairs))
+    pieces = list(scored_windows(model, tokenizer, [(1, pairs)], max_tokens=1, alpha=None, normalize=False))
+    assert "".join(piece.text for piece in pieces) == "".join(f"{pair.log_prob:.4f}\n" for pair in found)
+    assert sum(piece.lines > 0 for piece in pieces) > 1 and all(
+        piece.text.count("\n") == piece.lines for piece in pieces)
+    assert sum(piece.tokens for piece in pieces) == sum(pair.tokens for pair in found)
+    assert sum(piece.log_prob for piece in pieces) == pytest.approx(sum(pair.log_prob for pair in found))
+
+
 def test_token_batches_hold_at_most_max_tokens_sorted_by_length():
     from vaswani_hf.tools.translate import token_batches
 

@@ -437,17 +437,24 @@ def translated_windows(engine, tokenizer, windows: Iterable[tuple[int, list[str]
 
 def scored_windows(engine, tokenizer, windows: Iterable[tuple[int, list[tuple[str, str]]]], max_tokens: int,
                    alpha: float | None, normalize: bool) -> Iterator[Written]:
-    """--score: a line for each (source, translation) pair, its log P(Y|X) (`score`), divided by the GNMT penalty
+    """--score: a line for each (source, translation) pair, its log P(Y|X) (`scored`), divided by the GNMT penalty
     lp(|Y|) with `alpha` (as the search ranks hypotheses, as --nbest prints them), or with `normalize` by |Y|; written
-    a window at a time. `engine`: as `scored` takes it."""
+    in input order as batches finish. `engine`: as `scored` takes it."""
+    engine = as_engine(engine, tokenizer)
     for first_line, window in windows:
         check_lengths(engine, tokenizer, window, first_line)
-        found = score(engine, tokenizer, [source for source, _ in window], [target for _, target in window],
-                      max_tokens)
-        divisors = [gnmt_length_penalty(pair.tokens, alpha) if alpha is not None else pair.tokens if normalize else 1
-                    for pair in found]
-        yield Written("".join(f"{pair.log_prob / divisor:.4f}\n" for pair, divisor in zip(found, divisors)),
-                      len(window), sum(pair.tokens for pair in found), sum(pair.log_prob for pair in found))
+        finished, written = {}, 0
+        for pair in scored(engine, tokenizer, [source for source, _ in window], [target for _, target in window],
+                           max_tokens):
+            finished[pair.index] = pair
+            ready = []
+            while written + len(ready) in finished:
+                ready.append(finished.pop(written + len(ready)))
+            divisors = [gnmt_length_penalty(pair.tokens, alpha) if alpha is not None else pair.tokens if normalize
+                        else 1 for pair in ready]
+            yield Written("".join(f"{pair.log_prob / divisor:.4f}\n" for pair, divisor in zip(ready, divisors)),
+                          len(ready), sum(pair.tokens for pair in ready), sum(pair.log_prob for pair in ready))
+            written += len(ready)
 
 
 def paired(windows: Iterator[tuple[int, list[str]]], translations: Iterator[tuple[int, list[str]]], name: str,
