@@ -444,9 +444,9 @@ def scored_windows(engine, tokenizer, windows: Iterable[tuple[int, list[tuple[st
     for first_line, window in windows:
         check_lengths(engine, tokenizer, window, first_line)
         finished, written = {}, 0
-        for pair in scored(engine, tokenizer, [source for source, _ in window], [target for _, target in window],
-                           max_tokens):
-            finished[pair.index] = pair
+        for result in scored(engine, tokenizer, [source for source, _ in window], [target for _, target in window],
+                             max_tokens):
+            finished[result.index] = result
             ready = []
             while written + len(ready) in finished:
                 ready.append(finished.pop(written + len(ready)))
