@@ -675,6 +675,12 @@ def test_a_converted_fairseq_checkpoint_gives_fairseqs_logits_translations_and_i
     assert (config.position_encoding_frequencies, config.position_offset) == ("fairseq", 2)
     assert (config.dropout, config.attention_dropout, config.activation_dropout, config.max_position_embeddings) == (
         0.3, 0.1, 0.2, 128)
+    assert_computes_as_fsmt(ours, fsmt, tokenizer, sentences, {"length_penalty": 0.6, "early_stopping": True})
+
+
+def assert_computes_as_fsmt(ours, fsmt, tokenizer, sentences: list[str], beam: dict):
+    """Logits within 1e-5 of FSMT's over a padded batch, and the same outputs of greedy and beam-4 search (with
+    `beam`'s settings), token for token."""
     inputs = tokenizer(sentences[:8], return_tensors="pt", padding=True)
     targets = tokenizer(sentences[8:16], return_tensors="pt", padding=True)["input_ids"][:, :5]
     decoder_inputs = torch.cat([torch.full((8, 1), 2), targets[:, :-1]], dim=1)  # </s> starts, as in fairseq
@@ -683,7 +689,7 @@ def test_a_converted_fairseq_checkpoint_gives_fairseqs_logits_translations_and_i
         found = ours(**inputs, labels=targets).logits  # shifted from the config's start token, as fine-tuning does
     torch.testing.assert_close(found, expected, atol=1e-5, rtol=0)
     inputs = tokenizer(SENTENCES[:24], return_tensors="pt", padding=True)
-    for options in ({"num_beams": 1}, {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True}):
+    for options in ({"num_beams": 1}, {"num_beams": 4, **beam}):
         assert torch.equal(ours.generate(**inputs, max_new_tokens=30, **options),
                            fsmt.generate(**inputs, max_new_tokens=30, **options)), options
 
@@ -787,6 +793,71 @@ def test_fairseqs_dictionary_lines_with_the_overwrite_flag_are_words(tmp_path):
     """fairseq's Dictionary reads "word count #fairseq:overwrite" (a symbol that may repeat one) as that word."""
     (tmp_path / "dict.en.txt").write_text("Hund 12\n<mask> 1 #fairseq:overwrite\nHaus 3\n")
     assert convert.read_dictionary(tmp_path / "dict.en.txt") == [*convert.FAIRSEQ_SPECIALS, "Hund", "<mask>", "Haus"]
+
+
+def write_fsmt(folder, share_all: bool = True, scale_embedding: bool = True, activation: str = "relu"):
+    """An FSMT folder as the Hub holds facebook/wmt19-en-de, and the FSMT model in it: write_fairseq's random model
+    with its tokenizer (`FSMTTokenizer`), its training's dropouts, decoding with a beam of 5 and length penalty 1.1
+    (as the Hub's do)."""
+    release = folder.parent / f"{folder.name}-release"
+    fsmt = write_fairseq(release, fused=False, old_names=False, share_all=share_all, scale_embedding=scale_embedding,
+                         activation=activation)
+    words = convert.read_dictionary(release / "dict.en.txt")
+    fsmt.config.update({"dropout": 0.3, "attention_dropout": 0.1, "activation_dropout": 0.2})
+    fsmt.generation_config.update(num_beams=5, length_penalty=1.1, max_length=40)
+    fsmt.save_pretrained(folder)
+    convert.fsmt_tokenizer(words, release / "bpecodes", "en", "de").save_pretrained(folder)
+    return fsmt
+
+
+@pytest.mark.parametrize("layout", [{}, {"share_all": False, "scale_embedding": False, "activation": "gelu"}],
+                         ids=["one embedding matrix", "own source embedding, unscaled, GELU"])
+def test_a_converted_fsmt_model_gives_fsmts_logits_translations_and_ids(tmp_path, layout):
+    """`vaswani-convert fsmt`, against the FSMT model converted: its tokenizer's ids, logits within 1e-5, greedy and
+    beam outputs token for token, and its own decoding (its generation config: beam 5, length penalty 1.1); the three
+    embeddings tied only where FSMT's are one matrix; its dropouts and positions."""
+    fsmt, share_all = write_fsmt(tmp_path / "fsmt", **layout), not layout
+    convert.main(["fsmt", str(tmp_path / "fsmt"), str(tmp_path / "converted")])
+    ours = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "converted").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "converted")
+    sentences = SENTENCES + MOSES_SENTENCES
+    reference = AutoTokenizer.from_pretrained(tmp_path / "fsmt")
+    assert tokenizer(sentences)["input_ids"] == reference(sentences)["input_ids"]
+    config = ours.config
+    assert (config.tie_word_embeddings, config.scale_embedding) == (share_all, share_all)
+    assert (config.dropout, config.attention_dropout, config.activation_dropout, config.max_position_embeddings) == (
+        0.3, 0.1, 0.2, 128)
+    assert_computes_as_fsmt(ours, fsmt, tokenizer, sentences, {"length_penalty": 1.1})
+    inputs = tokenizer(SENTENCES[:24], return_tensors="pt", padding=True)
+    assert torch.equal(ours.generate(**inputs), fsmt.generate(**inputs))  # each with its generation config
+    assert "The weights of the FSMT model" in (tmp_path / "converted" / "README.md").read_text()
+
+
+def test_an_fsmt_model_that_cannot_be_converted_is_one_line_before_anything_is_written(tmp_path, capfd):
+    """Another kind of model, what FSMT computes and vaswani_hf does not (vocabularies of two sizes or of different
+    words, other encoder and decoder widths), a tokenizer that does not fit: one line each, and OUT is not written."""
+    source, out = tmp_path / "fsmt", tmp_path / "out"
+    write_fsmt(source)
+    vocab = json.loads((source / "vocab-tgt.json").read_text())
+    words = list(vocab)
+    cases = {
+        "holds a 'marian' model, not an FSMT one": {"config": {"model_type": "marian"}},
+        "has vocabularies of": {"config": {"tgt_vocab_size": 7}},
+        "has encoder_ffn_dim != decoder_ffn_dim, activation_function='tanh', which": {
+            "config": {"decoder_ffn_dim": 8, "activation_function": "tanh"}},
+        "its source and target vocabularies differ": {
+            "vocab-tgt.json": {**vocab, words[9]: vocab[words[10]], words[10]: vocab[words[9]]}},
+        "tokens but its embeddings": {"vocab-src.json": dict(list(vocab.items())[:-1]),
+                                      "vocab-tgt.json": dict(list(vocab.items())[:-1])},
+    }
+    for number, (expected, edits) in enumerate(cases.items()):
+        edited = shutil.copytree(source, tmp_path / f"case{number}")
+        for name, values in edits.items():
+            path = edited / ("config.json" if name == "config" else name)
+            path.write_text(json.dumps({**json.loads(path.read_text()), **values} if name == "config" else values))
+        message = refusal(capfd, convert.main, "fsmt", edited, out)
+        assert expected in message, message
+        assert not out.exists() and not list(tmp_path.glob(".out.*"))
 
 
 def test_a_converted_fairseq_folder_translates_exports_and_publishes(fairseq_release, tmp_path, cli):

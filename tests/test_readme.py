@@ -30,7 +30,7 @@ NOT_RUN = {
     "accelerate launch training/run.py --preset base": "GPUs and a Hub dataset (benchmarks/gpu_check.py runs one GPU)",
     "accelerate launch --config_file training/accelerate_configs/fsdp_two_nodes.yaml": "two machines with GPUs",
     "#!/bin/bash": "a SLURM cluster",
-    "vaswani-convert marian": "released weights to download (tests/test_convert.py converts stand-ins of both)",
+    "vaswani-convert marian": "released weights to download (tests/test_convert.py converts stand-ins of each)",
 }
 # Lines run at a small size: the README's command, then what the test appends (flags win over the preset's values).
 # 3 encoder layers for vaswani-attention's --layer 2; one decoder layer: the ONNX export's time grows with each.

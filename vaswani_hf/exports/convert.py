@@ -2,6 +2,7 @@
 
     vaswani-convert marian Helsinki-NLP/opus-mt-en-de opus-mt-en-de     # a MarianMTModel folder or Hub id
     vaswani-convert fairseq wmt16.en-de.joined-dict.transformer wmt16-en-de   # fairseq's release folder
+    vaswani-convert fsmt facebook/wmt19-en-de wmt19-en-de               # an FSMT folder or Hub id
 
 What it writes is an ordinary vaswani_hf folder: safetensors weights, config, the code files, the source's tokenizer,
 the generation config the source was published with, and a model card naming the source and its license. The
@@ -24,6 +25,10 @@ Where the source computes differently from the paper, a config option says so (t
   upgrades them. The tokenizer is transformers' `FSMTTokenizer` (Moses, then the BPE of `bpecodes`), written from the
   dictionary and the codes; the generation config is the paper's beam 4 with fairseq's length penalty 0.6
   (`length_penalty`, |Y|^0.6), as Ott et al. decoded.
+- FSMT (transformers' port of fairseq's Transformer: facebook/wmt19-*, allenai/wmt16-*): fairseq's computation, as
+  above, from a transformers folder: its weights, its `FSMTTokenizer` saved as it is, its generation config. One
+  vocabulary for both sides, as fairseq's joined dictionaries are; the three embedding matrices tied where they are
+  equal, else each kept (`tie_word_embeddings=False`).
 
 OUT must not exist; it is written under a temporary name beside it and renamed when whole, so a failed or killed
 conversion leaves nothing under its name.
@@ -48,7 +53,7 @@ from ..modeling_vaswani import VaswaniForConditionalGeneration
 from ..tools.export import check_output_place, written_whole
 from ..tools.loading import is_local, refuse_blank_model
 
-SOURCE_PACKAGES = {"marian": ("sentencepiece", "sacremoses"), "fairseq": ("sacremoses",)}
+SOURCE_PACKAGES = {"marian": ("sentencepiece", "sacremoses"), "fairseq": ("sacremoses",), "fsmt": ("sacremoses",)}
 
 
 def check_packages(source: str) -> None:
@@ -106,16 +111,29 @@ def with_weights(config: VaswaniConfig, weights: dict) -> VaswaniForConditionalG
 MARIAN_TOKENIZER = ("source.spm", "target.spm", "vocab.json")  # what MarianTokenizer reads
 
 
+def published_config(name_or_path: str, model_type: str, kind: str):
+    """The transformers config of a model folder or Hub id, which must be of `model_type`, `kind` (a Marian model,
+    ...): else a one-line ValueError."""
+    if is_local(name_or_path) and not (Path(name_or_path) / "config.json").is_file():
+        raise ValueError(f"{name_or_path} is not a model folder (no config.json there)")
+    source = AutoConfig.from_pretrained(name_or_path)
+    if source.model_type != model_type:
+        raise ValueError(f"{name_or_path} holds a {source.model_type!r} model, not {kind} one")
+    return source
+
+
+def published_decoding(model, source) -> None:
+    """Gives `model` the generation config of `source`, the model it was converted from: the decoding it was
+    published with, which vaswani-translate keeps."""
+    model.generation_config = copy.deepcopy(source.generation_config)
+    model.generation_config._from_model_config = False
+
+
 def from_marian(name_or_path: str):
     """(model, tokenizer) of a MarianMTModel folder or Hub id, with the generation config it was published with."""
     from transformers import MarianMTModel
 
-    if is_local(name_or_path) and not (Path(name_or_path) / "config.json").is_file():
-        raise ValueError(f"{name_or_path} is not a model folder (no config.json there)")
-    source = AutoConfig.from_pretrained(name_or_path)
-    if source.model_type != "marian":
-        raise ValueError(f"{name_or_path} holds a {source.model_type!r} model, not a Marian one")
-    config = marian_config(source)  # what cannot be converted is found before the weights are read
+    config = marian_config(published_config(name_or_path, "marian", "a Marian"))  # found before the weights are read
     if is_local(name_or_path) and (missing := [name for name in MARIAN_TOKENIZER
                                                if not (Path(name_or_path) / name).is_file()]):
         raise ValueError(f"its tokenizer is incomplete (no {', '.join(missing)} there)")  # transformers': a TypeError
@@ -128,8 +146,7 @@ def from_marian(name_or_path: str):
     weights = {name: tensor for name, tensor in marian.state_dict().items()
                if name != "model.shared.weight" and ".embed_positions." not in name}
     model = with_weights(config, weights)
-    model.generation_config = copy.deepcopy(marian.generation_config)
-    model.generation_config._from_model_config = False  # the decoding it was published with (vaswani-translate)
+    published_decoding(model, marian)
     return model.eval(), tokenizer
 
 
@@ -185,6 +202,14 @@ def read_dictionary(path: Path) -> list[str]:
     return words
 
 
+# What fairseq's Transformer computes unlike the paper (FSMT, its port, too): sinusoids in two halves with fairseq's
+# frequencies, positions counted from after the padding index (1), torch's LayerNorm epsilon; and its special tokens,
+# decoding from </s> (fairseq's <s>, <pad>, </s>: 0, 1, 2).
+FAIRSEQ_COMPUTATION = {"layer_norm_eps": 1e-5, "position_encoding_layout": "halves",
+                       "position_encoding_frequencies": "fairseq", "position_offset": 2,
+                       "bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 2}
+
+
 def fairseq_config(args: argparse.Namespace, vocab_size: int) -> VaswaniConfig:
     """The VaswaniConfig computing what the fairseq Transformer of `args` computes (a ValueError names what has no
     counterpart here)."""
@@ -207,11 +232,9 @@ def fairseq_config(args: argparse.Namespace, vocab_size: int) -> VaswaniConfig:
         num_heads=args.encoder_attention_heads, num_layers=args.encoder_layers, num_decoder_layers=args.decoder_layers,
         dropout=arg("dropout", 0.1), attention_dropout=arg("attention_dropout", 0.0),
         activation_dropout=arg("activation_dropout", arg("relu_dropout", 0.0)), activation_function=activation,
-        layer_norm_eps=1e-5, position_encoding_layout="halves", position_encoding_frequencies="fairseq",
-        position_offset=FAIRSEQ_SPECIALS.index("<pad>") + 1, max_position_embeddings=arg("max_source_positions", 1024),
+        max_position_embeddings=arg("max_source_positions", 1024),
         scale_embedding=not arg("no_scale_embedding", False), tie_word_embeddings=bool(arg("share_all_embeddings")),
-        normalize_before=bool(arg("encoder_normalize_before")),
-        bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,  # fairseq's <s>, <pad>, </s>
+        normalize_before=bool(arg("encoder_normalize_before")), **FAIRSEQ_COMPUTATION,
     )
 
 
@@ -282,7 +305,54 @@ def from_fairseq(folder: str):
     return model.eval(), fsmt_tokenizer(words, folder / "bpecodes", source_lang, target_lang)
 
 
-CONVERTERS = {"marian": from_marian, "fairseq": from_fairseq}
+def fsmt_config(fsmt) -> VaswaniConfig:
+    """The VaswaniConfig computing what `fsmt` (an FSMTConfig) computes but for the embeddings' tying, which its
+    weights decide (`from_fsmt`); a ValueError names what has no counterpart here."""
+    unsupported = [f"encoder_{name} != decoder_{name}" for name in ("ffn_dim", "attention_heads")
+                   if getattr(fsmt, f"encoder_{name}") != getattr(fsmt, f"decoder_{name}")]
+    if fsmt.src_vocab_size != fsmt.tgt_vocab_size:
+        unsupported.append(f"vocabularies of {fsmt.src_vocab_size} and {fsmt.tgt_vocab_size} tokens")
+    if fsmt.activation_function not in ("relu", "gelu"):
+        unsupported.append(f"activation_function={fsmt.activation_function!r}")
+    specials = {name: getattr(fsmt, name) for name in ("bos_token_id", "pad_token_id", "eos_token_id",
+                                                        "decoder_start_token_id")}
+    if any(specials[name] != FAIRSEQ_COMPUTATION[name] for name in specials):
+        unsupported.append(f"special tokens {specials}")
+    if unsupported:
+        raise ValueError(f"this FSMT model has {', '.join(unsupported)}, which vaswani_hf does not compute")
+    return VaswaniConfig(
+        vocab_size=fsmt.src_vocab_size, d_model=fsmt.d_model, d_ff=fsmt.encoder_ffn_dim,
+        num_heads=fsmt.encoder_attention_heads, num_layers=fsmt.encoder_layers, num_decoder_layers=fsmt.decoder_layers,
+        dropout=fsmt.dropout, attention_dropout=fsmt.attention_dropout, activation_dropout=fsmt.activation_dropout,
+        activation_function=fsmt.activation_function, max_position_embeddings=fsmt.max_position_embeddings,
+        scale_embedding=fsmt.scale_embedding, **FAIRSEQ_COMPUTATION,
+    )
+
+
+EMBEDDINGS = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
+
+
+def from_fsmt(name_or_path: str):
+    """(model, tokenizer) of an FSMT folder or Hub id, with the generation config it was published with."""
+    from transformers import FSMTForConditionalGeneration
+
+    config = fsmt_config(published_config(name_or_path, "fsmt", "an FSMT"))  # found before the weights are read
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if tokenizer.encoder != {token: i for i, token in tokenizer.decoder.items()}:  # FSMTTokenizer's vocabularies
+        raise ValueError("its source and target vocabularies differ; vaswani_hf has one joint vocabulary (§3.4)")
+    if len(tokenizer.encoder) != config.vocab_size:
+        raise ValueError(f"its tokenizer has {len(tokenizer.encoder)} tokens but its embeddings {config.vocab_size} "
+                         "rows")
+    fsmt = FSMTForConditionalGeneration.from_pretrained(name_or_path, dtype=torch.float32)
+    weights = fairseq_weights({name.removeprefix("model."): tensor for name, tensor in fsmt.state_dict().items()
+                               if ".embed_positions." not in name})  # computed, not stored
+    config.tie_word_embeddings = all(torch.equal(weights[EMBEDDINGS[0]], weights[name]) for name in EMBEDDINGS[1:])
+    model = with_weights(config, weights)
+    published_decoding(model, fsmt)
+    return model.eval(), tokenizer
+
+
+CONVERTERS = {"marian": from_marian, "fairseq": from_fairseq, "fsmt": from_fsmt}
 
 
 def source_license(name_or_path: str) -> str | None:
@@ -296,7 +366,7 @@ def source_license(name_or_path: str) -> str | None:
         return None
 
 
-SOURCE_NAMES = {"marian": "Marian", "fairseq": "fairseq"}
+SOURCE_NAMES = {"marian": "Marian", "fairseq": "fairseq", "fsmt": "FSMT"}
 
 
 def model_card(model, kind: str, name_or_path: str, license_: str | None = None) -> str:
@@ -329,7 +399,9 @@ def main(argv: list[str] | None = None) -> None:
     marian.add_argument("model", help="a MarianMTModel folder or Hub repository id")
     fairseq = sources.add_parser("fairseq", help="a fairseq Transformer checkpoint folder, as fairseq releases it")
     fairseq.add_argument("model", help="the folder of model.pt, dict.SRC.txt, dict.TGT.txt and bpecodes")
-    for source in (marian, fairseq):
+    fsmt = sources.add_parser("fsmt", help="an FSMT model (transformers' port of fairseq's): folder or Hub id")
+    fsmt.add_argument("model", help="an FSMT folder or Hub repository id")
+    for source in (marian, fairseq, fsmt):
         source.add_argument("output", help="the folder to write (must not exist)")
         source.add_argument("--license", help="the weights' license, for the model card (default: what the source's "
                                               "own card declares; fairseq's release folders have none)")
