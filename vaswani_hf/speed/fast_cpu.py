@@ -153,9 +153,11 @@ def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) 
     pairs = torch.randint(4, config.vocab_size, (2, sizes["pairs"], sizes["pair_length"]), generator=generator)
     training, candidates_by_mode = model.training, candidates(model)
     plan, seconds = {}, {}
-    decoding = model.generation_config  # its lengths unset while timing (a converted model's max_length, ...): else
-    model.generation_config = copy.deepcopy(decoding)  # transformers warns at each call that the probe's are set too
+    # Its lengths and length penalty unset while timing (a converted model's max_length, length_penalty, ...): else
+    # transformers warns at each call that the probe's lengths are set too, or that greedy decoding has no penalty.
+    decoding, model.generation_config = model.generation_config, copy.deepcopy(model.generation_config)
     model.generation_config.max_length = model.generation_config.min_length = None
+    model.generation_config.length_penalty = None
     try:
         with torch.random.fork_rng(devices=[]):  # dropout's draws in the training probe are not the run's
             for mode in modes:
