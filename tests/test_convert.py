@@ -835,7 +835,8 @@ def test_a_converted_fsmt_model_gives_fsmts_logits_translations_and_ids(tmp_path
 
 def test_an_fsmt_model_that_cannot_be_converted_is_one_line_before_anything_is_written(tmp_path, capfd):
     """Another kind of model, what FSMT computes and vaswani_hf does not (vocabularies of two sizes or of different
-    words, other encoder and decoder widths), a tokenizer that does not fit: one line each, and OUT is not written."""
+    words, other encoder and decoder widths, other special tokens), a tokenizer that does not fit: one line each, and
+    OUT is not written."""
     source, out = tmp_path / "fsmt", tmp_path / "out"
     write_fsmt(source)
     vocab = json.loads((source / "vocab-tgt.json").read_text())
@@ -845,6 +846,8 @@ def test_an_fsmt_model_that_cannot_be_converted_is_one_line_before_anything_is_w
         "has vocabularies of": {"config": {"tgt_vocab_size": 7}},
         "has encoder_ffn_dim != decoder_ffn_dim, activation_function='tanh', which": {
             "config": {"decoder_ffn_dim": 8, "activation_function": "tanh"}},
+        "has special tokens {'bos_token_id': 0, 'pad_token_id': 1, 'eos_token_id': 2, 'decoder_start_token_id': 0}":
+            {"config": {"decoder_start_token_id": 0}},
         "its source and target vocabularies differ": {
             "vocab-tgt.json": {**vocab, words[9]: vocab[words[10]], words[10]: vocab[words[9]]}},
         "tokens but its embeddings": {"vocab-src.json": dict(list(vocab.items())[:-1]),
