@@ -755,6 +755,23 @@ def test_scores_are_written_in_input_order_as_batches_finish(translation_folder)
     assert sum(piece.log_prob for piece in pieces) == pytest.approx(sum(pair.log_prob for pair in found))
 
 
+def test_a_saved_synthid_watermark_is_refused_by_the_papers_search_in_one_line_before_anything_is_decoded(
+        translation_folder, tmp_path, cli):
+    """A generation config's SynthID watermark, which the paper's beam search cannot apply (gnmt.py), stops
+    vaswani-translate in one line before it decodes; one beam reorders nothing and translates."""
+    folder = shutil.copytree(translation_folder, tmp_path / "marked")
+    saved = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**saved, "watermarking_config": {
+        "ngram_len": 2, "keys": [5, 7]}}))
+    refused = cli("--model", folder, "--quiet", stdin="A dog.\n")
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr == (f"error: {folder}'s generation config: SynthID's watermarking_config keeps each row's "
+                              "past from step to step, which the paper's beam search reorders: leave it out, or "
+                              "sample (do_sample=True)\n")
+    greedy = cli("--model", folder, "--quiet", "--num_beams", "1", stdin="A dog.\n")
+    assert greedy.returncode == 0 and greedy.stdout.count("\n") == 1
+
+
 def test_token_batches_hold_at_most_max_tokens_sorted_by_length():
     from vaswani_hf.tools.translate import token_batches
 

@@ -752,7 +752,7 @@ def test_a_watermark_is_transformers_processor_applied_by_the_search_and_its_det
     detector = WatermarkDetector(model.config, "cpu", mark)
     assert detector(marked[:, 1:], return_dict=True).prediction.all()
     assert not detector(model.generate(source, max_new_tokens=20)[:, 1:], return_dict=True).prediction.any()
-    refusal = "generate(): the paper's beam search (gnmt_alpha=0.6) does not take SynthID's watermarking_config"
+    refusal = "SynthID's watermarking_config keeps each row's past from step to step, which the paper's beam search"
     with pytest.raises(ValueError, match="^" + re.escape(refusal)):
         model.generate(source, watermarking_config=SynthIDTextWatermarkingConfig(keys=[5, 7], ngram_len=2))
 

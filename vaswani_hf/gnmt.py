@@ -419,6 +419,7 @@ def logits_processors(model, config: GenerationConfig, source: torch.Tensor | No
     read by no `SOURCE_SETTINGS`), `rows` rows a source (beams, or the hypotheses returned); `forced_eos_token_id` at
     each source's own limit (`limits`, (B,): the tokens added to the `begun` each output begins with, the start token
     among them), as `ForcedEndAtLimit`."""
+    check_beam_processors(config, rows)
     taken = {key: getattr(config, key) for key in PROCESSOR_SETTINGS if key != "forced_eos_token_id"}
     settings = GenerationConfig(num_beams=rows, num_return_sequences=rows, **taken,
                                 **{key: getattr(model.config, key) for key in TOKEN_SETTINGS})
@@ -430,6 +431,14 @@ def logits_processors(model, config: GenerationConfig, source: torch.Tensor | No
     if config.forced_eos_token_id is not None:
         processors.append(ForcedEndAtLimit((limits + begun - 1).repeat_interleave(rows), config.forced_eos_token_id))
     return processors
+
+
+def check_beam_processors(config: GenerationConfig, beams: int) -> None:
+    """A one-line ValueError for a processor of `config` that a search of `beams` > 1 beams cannot apply: SynthID's
+    watermark (made for sampling) keeps each row's past from step to step, and the beams change rows."""
+    if beams > 1 and isinstance(config.watermarking_config, SynthIDTextWatermarkingConfig):
+        raise ValueError("SynthID's watermarking_config keeps each row's past from step to step, which the paper's "
+                         "beam search reorders: leave it out, or sample (do_sample=True)")
 
 
 def stopping_criteria_of(model, config: GenerationConfig, inputs: dict) -> StoppingCriteriaList | None:
@@ -584,8 +593,6 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
             refused.append("inputs other than a (batch, length) tensor of token ids")
         if prompt is not None and not (torch.is_tensor(prompt) and prompt.dim() == 2):
             refused.append("decoder_input_ids other than a (batch, length) tensor of token ids")
-        if isinstance(config.watermarking_config, SynthIDTextWatermarkingConfig):  # made for sampling
-            refused.append("SynthID's watermarking_config (its processor keeps each row's past: beams reorder rows)")
         if refused:
             saved_only = [f"{key}=None" for key in refused if key in saved - given]  # a converted model's, ...
             drop = f" (the generation config's: pass {', '.join(saved_only)})" if saved_only else ""

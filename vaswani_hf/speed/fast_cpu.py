@@ -154,10 +154,11 @@ def measured_plan(model: nn.Module, modes: tuple[str, ...] = tuple(CANDIDATES)) 
     training, candidates_by_mode = model.training, candidates(model)
     plan, seconds = {}, {}
     # Its lengths and length penalty unset while timing (a converted model's max_length, length_penalty, ...): else
-    # transformers warns at each call that the probe's lengths are set too, or that greedy decoding has no penalty.
+    # transformers warns at each call that the probe's lengths are set too, or that greedy decoding has no penalty;
+    # and its watermark, the same cost with every plan, which the paper's beam search refuses if it is SynthID's.
     decoding, model.generation_config = model.generation_config, copy.deepcopy(model.generation_config)
     model.generation_config.max_length = model.generation_config.min_length = None
-    model.generation_config.length_penalty = None
+    model.generation_config.length_penalty = model.generation_config.watermarking_config = None
     try:
         with torch.random.fork_rng(devices=[]):  # dropout's draws in the training probe are not the run's
             for mode in modes:

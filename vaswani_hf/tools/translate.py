@@ -51,6 +51,7 @@ from transformers.utils.logging import disable_progress_bar
 
 from ..gnmt import (
     check_alpha,
+    check_beam_processors,
     check_whole,
     extra_length_of,
     gnmt_beam_search,
@@ -572,6 +573,11 @@ def main(argv: list[str] | None = None) -> None:
             engine.generation_config.extra_length = args.extra_length
         if args.nbest > num_beams:
             raise SystemExit(f"error: --nbest {args.nbest} is more than the beam size {num_beams}")
+        if args.alpha is not None or papers_decoding(engine.generation_config):  # the paper's search, before work
+            try:
+                check_beam_processors(engine.generation_config, num_beams)
+            except ValueError as error:
+                raise SystemExit(f"error: {args.model}'s generation config: {error}") from None
         if args.input and engine.positions is not None:  # a file's every line, before any is decoded
             with contextlib.ExitStack() as again:
                 for first_line, window in windows_after_done(again, args.window):
