@@ -207,6 +207,56 @@ def test_the_pipeline_streams_iterators_and_datasets_as_transformers_pipelines_d
         translator(table)
 
 
+# --- PEFT's adapters ----------------------------------------------------------------------------------------
+
+def test_peft_lora_adapts_the_projections_by_its_formula_and_the_papers_search_decodes_through_it(translation_folder,
+                                                                                                 tmp_path):
+    """PEFT's LoRA (Hu et al., 2021) on the attention's query and value projections: a step moves the adapters and
+    nothing else; the adapted model computes as the base model with W + (lora_alpha / r) B A written into each of
+    those projections by hand, and decodes as it through PEFT's `generate()` (the folder's decoding: the paper's
+    search); the adapter saved alone reloads onto the base model, and `merge_and_unload()` gives back this model's
+    class, which saves a folder that loads."""
+    from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+
+    model, tokenizer = load_local(translation_folder)
+    weights = {name: weight.clone() for name, weight in model.state_dict().items()}
+    config = LoraConfig(task_type=TaskType.SEQ_2_SEQ_LM, r=4, lora_alpha=8, lora_dropout=0.0,
+                        target_modules=["q_proj", "v_proj"])
+    adapted = get_peft_model(model, config).train()
+    batch = tokenizer(SOURCES, text_target=SOURCES[::-1], padding=True, return_tensors="pt")
+    adapted(**batch).loss.backward()
+    torch.optim.Adam(weight for weight in adapted.parameters() if weight.requires_grad).step()
+    moved = {name for name, weight in adapted.base_model.model.state_dict().items()
+             if "lora_" in name or not torch.equal(weight, weights[name.replace(".base_layer", "")])}
+    assert moved and all(".lora_" in name for name in moved), moved
+
+    reference, _ = load_local(translation_folder)
+    with torch.no_grad():
+        for path, projection in reference.named_modules():
+            if path.endswith(("q_proj", "v_proj")):
+                lora = adapted.base_model.model.get_submodule(path)
+                lora.lora_B["default"].weight.normal_(0.0, 0.5)  # an adapter that changes the translations
+                projection.weight += (config.lora_alpha / config.r * lora.lora_B["default"].weight
+                                      @ lora.lora_A["default"].weight)
+        adapted.eval()
+        expected = reference(**batch).logits
+        torch.testing.assert_close(adapted(**batch).logits, expected, atol=1e-5, rtol=0)
+        inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
+        assert papers_decoding(adapted.generation_config)
+        tokens = adapted.generate(**inputs)
+        assert torch.equal(tokens, reference.generate(**inputs))
+        assert not torch.equal(tokens, load_local(translation_folder)[0].generate(**inputs))
+
+        adapted.save_pretrained(tmp_path / "adapter")
+        reloaded = PeftModel.from_pretrained(load_local(translation_folder)[0], tmp_path / "adapter").eval()
+        torch.testing.assert_close(reloaded(**batch).logits, expected, atol=1e-5, rtol=0)
+        merged = reloaded.merge_and_unload()
+        assert type(merged) is type(reference)
+        merged.save_pretrained(tmp_path / "merged")
+        merged = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "merged").eval()
+        torch.testing.assert_close(merged(**batch).logits, expected, atol=1e-5, rtol=0)
+
+
 # --- the Hub, both ways -------------------------------------------------------------------------------------
 
 def test_the_folder_declares_its_pipeline_and_code(translation_folder):
