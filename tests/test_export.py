@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, Gener
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from training.default_data import generate
+from training.hub import set_paper_decoding
 from vaswani_hf import quantize_int8
 from vaswani_hf.exports.onnx_runtime import OnnxSeq2Seq
 from vaswani_hf.exports.to_ctranslate2 import VaswaniConverter, seven_bits
@@ -677,7 +678,7 @@ def test_the_ctranslate2_engines_auto_device_is_a_gpu_where_ctranslate2_counts_o
     assert (device, int8) == ("cuda" if gpus else "cpu", False)
 
 
-@pytest.mark.parametrize("engine", ["ctranslate2", "onnx"])
+@pytest.mark.parametrize("engine", ["ctranslate2", "onnx", "marian"])
 def test_export_refusals_are_one_line(translation_folder, tmp_path, engine):
     marian = tmp_path / "marian"
     save_marian_folder(marian)
@@ -1082,3 +1083,82 @@ def test_onnx_translate_decodes_as_the_folders_generation_config_says(onnx_model
         monkeypatch.setattr(onnx_model, "generation_config", config)
         onnx_model.translate(["A dog runs."], **call)
     assert calls == [(3, 1.2, 50), (4, 0.6, 50), (3, 1.2, 300), (5, 0.0, 50), (1, 1.2, 50)]
+
+
+# --- Marian -------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options", [
+    {},  # the paper's: interleaved sinusoids, tensor2tensor's LayerNorm epsilon
+    # what a converted model may set that Marian computes: halves, its output bias, swish, unscaled and untied
+    # embeddings, torch's epsilon (Marian's: then the same numbers)
+    {"position_encoding_layout": "halves", "add_final_logits_bias": True, "activation_function": "swish",
+     "scale_embedding": False, "tie_word_embeddings": False, "layer_norm_eps": 1e-5},
+])
+def test_transformers_marian_computes_the_marian_export_as_ours_and_decodes_as_generate(trained, tmp_path, options):
+    """The export loaded by transformers alone (`AutoModelForSeq2SeqLM`: a MarianMTModel): logits of a padded batch
+    as ours (1e-5 of a logit, the epsilon aside), and its generation config's decoding (beam 4, log P / |Y|^0.6;
+    greedy) our `generate()`'s tokens with the same settings. LayerNorm gains and biases drawn at random, so that
+    each weight's permutation counts."""
+    from vaswani_hf.exports.to_marian import export
+
+    _, tokenizer = trained
+    model = tiny_model(seed=3, vocab_size=len(tokenizer), max_position_embeddings=40, **options)
+    if options:
+        with torch.no_grad():
+            model.final_logits_bias.normal_(0.0, 1.0)
+    model.generation_config = GenerationConfig.from_model_config(model.config)
+    set_paper_decoding(model.generation_config, num_beams=4, alpha=0.6)  # as a run saves it
+    export(model, tokenizer, tmp_path / "marian")
+    marian = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "marian").eval()
+    assert type(marian).__name__ == "MarianMTModel"
+    inputs = padded_sources(tokenizer)
+    targets = tokenizer(text_target=[target for _, target in PAIRS[:12]], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ours = model(**inputs, decoder_input_ids=targets["input_ids"]).logits
+        theirs = marian(**inputs, decoder_input_ids=targets["input_ids"]).logits
+        torch.testing.assert_close(theirs, ours, atol=5e-5 if not options else 1e-5, rtol=0)
+        for beams in (4, 1):
+            expected = model.generate(**inputs, gnmt_alpha=None, num_beams=beams, length_penalty=0.6,
+                                      early_stopping=True, max_length=40)
+            assert torch.equal(marian.generate(**inputs, num_beams=beams), expected)
+
+
+def test_the_marian_export_loads_with_transformers_alone_and_translates_as_our_beam_search(translation_folder,
+                                                                                         trained, tmp_path):
+    """`vaswani-export marian` of a run's folder: its tokenizer and model load as transformers' own classes (no code
+    of ours), and `generate()` with its generation config gives our `generate()`'s beam 4 translations ranked by
+    log P / |Y|^α with the run's α."""
+    from transformers import MarianMTModel
+
+    model, tokenizer = trained
+    export_main(["marian", str(translation_folder), str(tmp_path / "marian")])
+    marian = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "marian").eval()
+    their_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "marian")
+    assert type(marian) is MarianMTModel and type(their_tokenizer) is type(tokenizer)
+    assert not any(path.suffix == ".py" for path in (tmp_path / "marian").iterdir())
+    sources = [source for source, _ in PAIRS[:8]]
+    with torch.no_grad():
+        expected = model.generate(**tokenizer(sources, padding=True, return_tensors="pt"), gnmt_alpha=None,
+                                  num_beams=4, length_penalty=model.generation_config.gnmt_alpha, early_stopping=True,
+                                  max_length=model.config.max_position_embeddings)
+        found = marian.generate(**their_tokenizer(sources, padding=True, return_tensors="pt"))
+    assert their_tokenizer.batch_decode(found, skip_special_tokens=True) == tokenizer.batch_decode(
+        expected, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"position_embedding": "learned"}, "position_embedding='learned'"),
+    ({"normalize_before": True}, "normalize_before=True"),
+    ({"position_encoding_frequencies": "fairseq", "position_offset": 2},
+     "position_encoding_frequencies='fairseq', position_offset=2"),
+    ({"d_k": 4}, "d_k=4, d_v=8 (Marian's heads are d_model / num_heads wide)"),
+])
+def test_a_model_marian_does_not_compute_is_refused_in_one_line(translation_folder, tmp_path, options, named):
+    folder = tmp_path / "model"
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    tiny_model(vocab_size=len(tokenizer), **options).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with pytest.raises(SystemExit) as error:
+        export_main(["marian", str(folder), str(tmp_path / "out")])
+    assert error.value.code == f"error: MarianMTModel does not compute this model's {named}"
+    assert not (tmp_path / "out").exists()

@@ -2,10 +2,11 @@
 
     vaswani-export ctranslate2 outputs/run ct2-model --quantization int8   # to_ctranslate2.py
     vaswani-export onnx outputs/run onnx-model                              # to_onnx.py; onnx_runtime.py decodes
+    vaswani-export marian outputs/run marian-model                          # to_marian.py: a MarianMTModel folder
 
 MODEL is a model folder or a Hub repository id. The output folder must not exist; it is written under a temporary
 name beside it and renamed when complete, so a failed or killed export leaves no half-written model under its name.
-The engines are optional dependencies: `pip install "vaswani_hf[export]"`.
+The engines are optional dependencies: `pip install "vaswani_hf[export]"` (Marian's is transformers').
 """
 
 import argparse
@@ -24,7 +25,7 @@ from .loading import first_line, load
 # CTranslate2's weight types (ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES).
 CTRANSLATE2_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16",
                              "float32")
-ENGINE_PACKAGES = {"ctranslate2": ("ctranslate2",), "onnx": ("onnx", "onnxscript")}
+ENGINE_PACKAGES = {"ctranslate2": ("ctranslate2",), "onnx": ("onnx", "onnxscript"), "marian": ()}
 
 
 def check_packages(engine: str) -> None:
@@ -78,7 +79,9 @@ def main(argv: list[str] | None = None) -> None:
     ct2.add_argument("--quantization", choices=CTRANSLATE2_QUANTIZATIONS,
                      help="weight type (default: float32); int8 weights keep to 7 bits, see to_ctranslate2.py")
     onnx = engines.add_parser("onnx", help="ONNX graphs: encoder, decoder, decoder with past (and config, tokenizer)")
-    for engine in (ct2, onnx):
+    marian = engines.add_parser("marian", help="a MarianMTModel folder: the same network in Marian's layout, for "
+                                "the tools that run Marian models (optimum, transformers.js, ...)")
+    for engine in (ct2, onnx, marian):
         engine.add_argument("model", help="a model folder or Hub repository id")
         engine.add_argument("output", help="the folder to write (must not exist)")
     args = parser.parse_args(argv)
@@ -95,15 +98,20 @@ def main(argv: list[str] | None = None) -> None:
 
         options = {"quantization": args.quantization}
         usage = f"ctranslate2.Translator({args.output!r}), tokenizer beside it"
-    else:
+    elif args.engine == "onnx":
         from ..exports.to_onnx import export
 
         options = {}
         usage = f"vaswani_hf.exports.onnx_runtime.OnnxSeq2Seq({args.output!r}) decodes with it"
+    else:
+        from ..exports.to_marian import export
+
+        options = {}
+        usage = f"MarianMTModel.from_pretrained({args.output!r}), tokenizer beside it (beam search: log P / |Y|^α)"
     try:
         with written_whole(args.output) as partial:
             export(model, tokenizer, partial, **options)
-    except ValueError as error:  # a model the engine cannot hold: to_ctranslate2.py's checks
+    except ValueError as error:  # a model the engine cannot hold: to_ctranslate2.py's, to_marian.py's checks
         raise SystemExit(f"error: {error}") from None
     print(f"wrote {args.output}: {usage}")
 
