@@ -27,7 +27,7 @@ READERS = ("embed_tokens.weight", "lm_head.weight", "q_proj.weight", "k_proj.wei
 WRITERS = ("out_proj.weight", "out_proj.bias", "fc2.weight", "fc2.bias", "layer_norm.weight", "layer_norm.bias")
 
 
-def marian_config(config) -> MarianConfig:
+def config_of(config) -> MarianConfig:
     """The MarianConfig of a VaswaniConfig, or a ValueError naming what Marian does not compute."""
     refused = [f"{name}={getattr(config, name)!r}" for name, marian in
                (("position_embedding", "sinusoidal"), ("position_encoding_frequencies", "paper"),
@@ -49,7 +49,7 @@ def marian_config(config) -> MarianConfig:
         decoder_start_token_id=config.decoder_start_token_id, forced_eos_token_id=None)
 
 
-def marian_weights(model) -> dict[str, torch.Tensor]:
+def weights_of(model) -> dict[str, torch.Tensor]:
     """`model`'s weights under Marian's names, their d_model coordinates in Marian's order."""
     d_model = model.config.d_model
     order = (torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
@@ -67,7 +67,7 @@ def marian_weights(model) -> dict[str, torch.Tensor]:
     return weights
 
 
-def marian_decoding(model) -> GenerationConfig:
+def decoding_of(model) -> GenerationConfig:
     """The model's decoding as transformers' generate() runs it: the paper's beam size with its α as `length_penalty`
     (a converted model's own generation config as it is), up to `max_position_embeddings` tokens."""
     generation = model.generation_config
@@ -86,10 +86,10 @@ def marian_decoding(model) -> GenerationConfig:
 def export(model, tokenizer, output_dir) -> str:
     """Write the MarianMTModel (safetensors, config, generation config) and the tokenizer to `output_dir`."""
     output_dir = Path(output_dir)
-    marian = MarianMTModel(marian_config(model.config))
-    missing, unexpected = marian.load_state_dict(marian_weights(model), strict=False)
+    marian = MarianMTModel(config_of(model.config))
+    missing, unexpected = marian.load_state_dict(weights_of(model), strict=False)
     assert not unexpected and all(".embed_positions." in name for name in missing), (missing, unexpected)
-    marian.generation_config = marian_decoding(model)
+    marian.generation_config = decoding_of(model)
     marian.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return str(output_dir)
