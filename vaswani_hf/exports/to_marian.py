@@ -1,6 +1,5 @@
 """Export to transformers' MarianMTModel: the same network in Marian's layout, for the tools that run Marian models
-and not ours (optimum's ONNX and OpenVINO exporters, transformers.js, ...). Both follow BART's parameter names; what
-differs:
+and not ours (optimum's ONNX exporter, transformers.js, ...). Both follow BART's parameter names; what differs:
 
 - positions: Marian's sinusoids put all sines before all cosines, the paper's (§3.5) interleave them. Permuting the
   d_model coordinates of every weight the same way (sines' coordinates first) computes the same function under
