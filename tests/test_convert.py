@@ -472,6 +472,24 @@ def test_a_converted_model_loads_without_the_package_and_exports(marian_pair, tm
         torch.testing.assert_close(torch.tensor(result.log_probs), log_probs, atol=1e-4, rtol=0)
 
 
+def test_a_converted_marian_model_exports_back_to_its_own_weights_and_decoding(marian_pair, tmp_path):
+    """`vaswani-convert marian`, then `vaswani-export marian`: the source's every weight, exactly, its generation
+    config as it was published, and its SentencePiece tokenizer's ids."""
+    from vaswani_hf.tools import export
+
+    source, converted = marian_pair
+    export.main(["marian", str(converted), str(tmp_path / "back")])
+    original, back = (MarianMTModel.from_pretrained(folder) for folder in (source, tmp_path / "back"))
+    weights = back.state_dict()
+    assert original.state_dict().keys() == weights.keys()
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in original.state_dict().items())
+    unread = {"transformers_version": None, "_from_model_config": None}  # bookkeeping, not decoding
+    published, exported = ({**model.generation_config.to_diff_dict(), **unread} for model in (original, back))
+    assert exported == published
+    assert batch(tmp_path / "back", SENTENCES[:4])["input_ids"].tolist() == batch(source, SENTENCES[:4])[
+        "input_ids"].tolist()
+
+
 def edited_copy(source, folder, **config):
     """A copy of the Marian folder `source` with entries of its config.json replaced."""
     shutil.copytree(source, folder)
