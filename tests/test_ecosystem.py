@@ -30,8 +30,7 @@ from training.evaluation import translate
 from training.hub import decoding_text, fill_template, start_decoding, write_output_folder
 from training.recipe import training_data
 from vaswani_hf import TranslationPipeline, quantize_int8
-from vaswani_hf.tools.loading import load
-from vaswani_hf.tools.translate import papers_decoding
+from vaswani_hf.tools.loading import load, papers_decoding
 from vaswani_hf.tools.visualize import attention_weights, plot_heads, write_pictures
 
 SOURCES = ["The small dog sees the old man.", "A woman reads a book in the garden.", "The children play."]

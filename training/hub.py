@@ -8,8 +8,7 @@ from transformers import GenerationConfig
 
 from training.recipe import TrainingData
 from vaswani_hf.gnmt import EXTRA_OUTPUT_LENGTH, extra_length_of
-from vaswani_hf.tools.loading import is_local, one_line_errors
-from vaswani_hf.tools.translate import papers_decoding
+from vaswani_hf.tools.loading import is_local, one_line_errors, papers_decoding
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_CARD = ROOT / "model_card.md"

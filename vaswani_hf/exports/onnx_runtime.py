@@ -26,7 +26,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from ..gnmt import extra_length_of, output_limits
 from ..modeling_vaswani import shift_tokens_right
-from ..tools.loading import learned_positions
+from ..tools.loading import PAPERS_ALPHA, learned_positions
 from ..tools.translate import MAX_TOKENS, decoded_batch, log_p, scoring_batch, translate
 
 
@@ -138,7 +138,7 @@ class OnnxSeq2Seq:
                nbest: int) -> tuple[list[list[int]], list[float]]:
         """translate.py's engine call: the paper's search, with α 0.6 where none is given (ONNX Runtime runs no
         other decoding)."""
-        return decoded_batch(self, self.tokenizer, batch, num_beams, 0.6 if alpha is None else alpha, nbest)
+        return decoded_batch(self, self.tokenizer, batch, num_beams, PAPERS_ALPHA if alpha is None else alpha, nbest)
 
     def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[float]:
         """translate.py's engine call for `score`: each target's log P given its source, the first step's graph

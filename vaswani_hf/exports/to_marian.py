@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
-from ..tools.translate import papers_decoding
+from ..tools.loading import PAPERS_ALPHA, PAPERS_BEAMS, papers_decoding
 
 # The parameters that read d_model coordinates (their columns) and those that write them (their rows).
 READERS = ("embed_tokens.weight", "lm_head.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight", "fc1.weight")
@@ -74,8 +74,8 @@ def decoding_of(model) -> GenerationConfig:
     if not papers_decoding(generation):
         return GenerationConfig(**{key: value for key, value in generation.to_diff_dict().items()
                                    if key not in ("gnmt_alpha", "extra_length")})
-    beams, alpha = generation.num_beams or 4, getattr(generation, "gnmt_alpha", None)
-    search = {"num_beams": beams, "length_penalty": 0.6 if alpha is None else alpha,
+    beams, alpha = generation.num_beams or PAPERS_BEAMS, getattr(generation, "gnmt_alpha", None)
+    search = {"num_beams": beams, "length_penalty": PAPERS_ALPHA if alpha is None else alpha,
               "early_stopping": True} if beams > 1 else {}
     return GenerationConfig(**search, max_length=config.max_position_embeddings, pad_token_id=config.pad_token_id,
                             bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,

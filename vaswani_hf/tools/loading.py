@@ -14,6 +14,8 @@ from ..speed.quantization import quantize_int8
 
 # What every tokenizer transformers saves writes one of: ours, tokenizers' JSON; a converted model's, its config.
 TOKENIZER_ENTRIES = ("tokenizer.json", "tokenizer_config.json")
+# The paper's decoding (§6.1): the beam and GNMT α the tools decode with where a model's generation config has none.
+PAPERS_BEAMS, PAPERS_ALPHA = 4, 0.6
 
 
 def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool = True):
@@ -161,3 +163,9 @@ def first_line(error: BaseException) -> str:
 def learned_positions(config) -> int | None:
     """How many learned positions the model has (Table 3, row E), None for the sinusoids of any length."""
     return config.max_position_embeddings if config.position_embedding == "learned" else None
+
+
+def papers_decoding(generation) -> bool:
+    """Whether a generation config asks for the paper's search: it names `gnmt_alpha` (training/run.py's), or it is
+    none of the model's own (made from its config); else it is the decoding a converted model was published with."""
+    return getattr(generation, "gnmt_alpha", None) is not None or generation._from_model_config

@@ -62,7 +62,17 @@ from ..gnmt import (
     stopping_criteria_of,
 )
 from ..speed.allocator import keep_freed_memory
-from .loading import check_gpu, checked, device_kind, learned_positions, load, one_line_errors
+from .loading import (
+    PAPERS_ALPHA,
+    PAPERS_BEAMS,
+    check_gpu,
+    checked,
+    device_kind,
+    learned_positions,
+    load,
+    one_line_errors,
+    papers_decoding,
+)
 from .text import decode_utf8, opened, refused_write, split_lines
 
 MAX_TOKENS = 4096  # source tokens per batch, padding included
@@ -127,10 +137,10 @@ def translations(model, tokenizer, sources: list[str], max_tokens: int = MAX_TOK
     ValueError before any batch is decoded."""
     engine = as_engine(model, tokenizer)
     config = engine.generation_config
-    num_beams = num_beams if num_beams is not None else getattr(config, "num_beams", None) or 4
+    num_beams = num_beams if num_beams is not None else getattr(config, "num_beams", None) or PAPERS_BEAMS
     check_request(sources, num_beams, max_tokens, nbest, alpha)
     if alpha is None and papers_decoding(config):
-        alpha = getattr(config, "gnmt_alpha", 0.6)
+        alpha = getattr(config, "gnmt_alpha", PAPERS_ALPHA)
     indices = [i for i, source in enumerate(sources) if source.strip()]
     encoded = tokenizer([sources[i] for i in indices])["input_ids"] if indices else []
     check_positions(engine, encoded, "a source")
@@ -205,12 +215,6 @@ def check_texts(name: str, texts) -> None:
     others = [type(text).__name__ for text in texts if not isinstance(text, str)]
     if others:
         raise TypeError(f"{name}: a list of strings, got a list holding {others[0]}")
-
-
-def papers_decoding(generation) -> bool:
-    """Whether a generation config asks for the paper's search: it names `gnmt_alpha` (training/run.py's), or it is
-    none of the model's own (made from its config); else it is the decoding a converted model was published with."""
-    return getattr(generation, "gnmt_alpha", None) is not None or generation._from_model_config
 
 
 def as_engine(model, tokenizer):
