@@ -490,6 +490,27 @@ def test_a_converted_marian_model_exports_back_to_its_own_weights_and_decoding(m
         "input_ids"].tolist()
 
 
+def test_a_marian_export_of_ours_converts_back_to_its_logits_with_its_tokenizer(translation_folder, tmp_path):
+    """`vaswani-export marian`, then `vaswani-convert marian`: the export's tokenizer is tokenizers' JSON, not
+    MarianTokenizer's SentencePiece, and converts as it is; the converted model computes the export's logits
+    (Marian's layout, its LayerNorm epsilon) and decodes as it was published (its beam and length penalty)."""
+    from vaswani_hf.tools import export
+
+    export.main(["marian", str(translation_folder), str(tmp_path / "marian")])
+    convert.main(["marian", str(tmp_path / "marian"), str(tmp_path / "back")])
+    marian = MarianMTModel.from_pretrained(tmp_path / "marian").eval()
+    back = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "back").eval()
+    tokenizers = [AutoTokenizer.from_pretrained(folder) for folder in (translation_folder, tmp_path / "back")]
+    inputs = [tokenizer(SENTENCES[:4], return_tensors="pt", padding=True) for tokenizer in tokenizers]
+    assert inputs[0]["input_ids"].tolist() == inputs[1]["input_ids"].tolist()
+    targets = inputs[0]["input_ids"][:, :5]
+    with torch.no_grad():
+        expected, found = (model(**inputs[0], decoder_input_ids=targets).logits for model in (marian, back))
+    torch.testing.assert_close(found, expected, atol=1e-5, rtol=0)
+    assert back.generation_config.length_penalty == marian.generation_config.length_penalty
+    assert torch.equal(back.generate(**inputs[0]), marian.generate(**inputs[0]))
+
+
 def edited_copy(source, folder, **config):
     """A copy of the Marian folder `source` with entries of its config.json replaced."""
     shutil.copytree(source, folder)
@@ -533,7 +554,7 @@ def test_what_cannot_be_converted_is_one_line_before_anything_is_written(marian_
     untokenized = edited_copy(source, tmp_path / "untokenized")  # transformers' MarianTokenizer: a TypeError
     (untokenized / "source.spm").unlink()
     message = refusal(capfd, convert.main, "marian", untokenized, out)
-    assert "its tokenizer is incomplete (no source.spm there)" in message and not out.exists()
+    assert "its tokenizer is incomplete (no source.spm there, nor a tokenizer.json)" in message and not out.exists()
 
 
 @pytest.mark.parametrize(("source", "missing"), [("marian", "sentencepiece"), ("marian", "sacremoses"),

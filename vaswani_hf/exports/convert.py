@@ -109,6 +109,7 @@ def with_weights(config: VaswaniConfig, weights: dict) -> VaswaniForConditionalG
 
 
 MARIAN_TOKENIZER = ("source.spm", "target.spm", "vocab.json")  # what MarianTokenizer reads
+FAST_TOKENIZER = "tokenizer.json"  # or tokenizers' JSON, as `vaswani-export marian` writes it
 
 
 def published_config(name_or_path: str, model_type: str, kind: str):
@@ -134,9 +135,10 @@ def from_marian(name_or_path: str):
     from transformers import MarianMTModel
 
     config = marian_config(published_config(name_or_path, "marian", "a Marian"))  # found before the weights are read
-    if is_local(name_or_path) and (missing := [name for name in MARIAN_TOKENIZER
-                                               if not (Path(name_or_path) / name).is_file()]):
-        raise ValueError(f"its tokenizer is incomplete (no {', '.join(missing)} there)")  # transformers': a TypeError
+    if is_local(name_or_path) and not (Path(name_or_path) / FAST_TOKENIZER).is_file() and (
+            missing := [name for name in MARIAN_TOKENIZER if not (Path(name_or_path) / name).is_file()]):
+        # (transformers' MarianTokenizer: a TypeError)
+        raise ValueError(f"its tokenizer is incomplete (no {', '.join(missing)} there, nor a {FAST_TOKENIZER})")
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     if len(tokenizer) != config.vocab_size:
         raise ValueError(f"its tokenizer has {len(tokenizer)} tokens but its embedding {config.vocab_size} rows")
