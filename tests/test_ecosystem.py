@@ -543,6 +543,7 @@ def table_rows(markdown: str) -> list[list[str]]:
 SCORES = {split: {"bleu": bleu, "chrf": chrf, "bleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nrefs:1|nc:6"}
           for split, bleu, chrf in (("validation", 31.234, 55.5), ("test", 29.876, 54.321))}
 SCORES["validation"] |= {"loss": 2.156, "perplexity": 8.637}  # run.py measures the validation set's
+SCORES["test"] |= {"bleu_tokenized": 30.456, "bleu_tokenized_signature": "moses:de|compounds:split|tok:none"}
 
 
 @pytest.mark.parametrize("source", ["files", "files with an id and a license", "a Hub dataset",
@@ -589,13 +590,18 @@ def test_the_model_card_names_the_data_as_given_and_claims_no_license(translatio
     assert metadata.get("datasets") == ([dataset_id] if dataset_id else None)
     results = card.data.eval_results or []
     expected = {(dataset_id, split, metric, round(values[metric], 2), values.get(f"{metric}_signature"))
-                for split, values in scores.items() for metric in ("bleu", "chrf", "perplexity") if metric in values}
+                for split, values in scores.items() for metric in ("bleu", "chrf", "bleu_tokenized", "perplexity")
+                if metric in values}
     assert {(r.dataset_type, r.dataset_split, r.metric_type, r.metric_value, (r.metric_args or {}).get("signature"))
             for r in results} == (expected if dataset_id else set())
     for split, values in scores.items():  # the text always has the scores
         assert [split, "sacreBLEU", f"{values['bleu']:.2f}", f"`{values['bleu_signature']}`"] in table_rows(card.text)
     assert ["validation", "perplexity", "8.64", "per target token, EOS counted"] in table_rows(card.text)
     assert "the perplexity, as Table 3's, is the model's own per token of the references" in text
+    table2 = ["test", "BLEU, tokenized (Table 2's)", "30.46", "`moses:de|compounds:split|tok:none`"]
+    assert (table2 in table_rows(card.text)) == ("test" in scores)
+    assert ("BLEU as the paper's Table 2 scored it too, of Moses' tokens with compounds split" in text) == (
+        "test" in scores)
     if source == "a Hub dataset":
         assert "Data: the Hub dataset org/news (de-en); 3 train pairs, 3 validation pairs." in text
         assert "| test |" not in text
@@ -612,7 +618,9 @@ def test_a_parsers_card_on_a_hub_dataset_names_its_results_parsing_with_evalbs_f
     """A parser's (§6.3, --evalb) metadata: its results are constituency parsing of the sentences' language, with
     EVALB's F1 beside BLEU and chrF, each with its signature; the card's table has the F1."""
     model, tokenizer = load_local(translation_folder)
-    scores = {"test": {**SCORES["test"], "bracket_f1": 91.234, "bracket_f1_signature": "EVALB COLLINS.prm"}}
+    sentences = ("bleu_tokenized", "bleu_tokenized_signature")  # Table 2's BLEU: translations', not trees'
+    scores = {"test": {**{key: value for key, value in SCORES["test"].items() if key not in sentences},
+                       "bracket_f1": 91.234, "bracket_f1_signature": "EVALB COLLINS.prm"}}
     pairs = {"train": [("the dog sleeps .", "S NP DT NN /NP VP VBZ /VP . /S")]}
     write_output_folder(model, tokenizer, tmp_path, {"train_steps": 1, **scores},
                         data=training_data(DataArguments(dataset_name="org/wsj", target_lang="tree"), pairs),

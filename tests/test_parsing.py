@@ -215,12 +215,13 @@ def test_a_parsers_alpha_is_chosen_by_f1_with_the_skipped_sentences_missed(trans
                            evalb=True)
     said = []
     metrics, alpha = evaluation.final_evaluation(tiny_model(vocab_size=len(tokenizer)), tokenizer, pairs,
-                                                 encode(tokenizer, pairs["validation"]), args, said.append)
+                                                 encode(tokenizer, pairs["validation"]), args, said.append, "tree")
     assert said[0] == "GNMT α by validation F1, skipped sentences missed: 0.3: 66.67, 0.6: 85.71 -> 0.6"
     assert said[1].startswith("validation: EVALB F1 85.7 (0 skipped; 85.7 with their constituents missed)  sacreBLEU")
     assert score(decoded[0.3], [gold] * 4, trees=True)["bracket_f1"] == 100
     assert alpha == 0.6 and metrics["alpha_search"] == {0.3: pytest.approx(200 / 3), 0.6: pytest.approx(600 / 7)}
     assert metrics["validation"]["bracket_f1"] == pytest.approx(600 / 7)
+    assert "bleu_tokenized" not in metrics["validation"]  # Table 2's BLEU is of sentences, not trees
 
 
 def test_the_trainers_metrics_score_trees_as_run_py_does():

@@ -288,7 +288,8 @@ def test_alpha_is_chosen_among_the_candidates_even_one_that_is_not_the_default(t
     pairs = {"validation": generate()["validation"][:6], "test": generate()["test"][:4]}
     args = SimpleNamespace(alpha_candidates=candidates, length_penalty_alpha=1.4, num_beams=3, max_tokens=400,
                            evalb=False)
-    metrics, alpha = final_evaluation(model, tokenizer, pairs, encode(tokenizer, pairs["validation"]), args, print)
+    metrics, alpha = final_evaluation(model, tokenizer, pairs, encode(tokenizer, pairs["validation"]), args, print,
+                                      "de")
 
     def bleu(split, alpha):
         sources, references = zip(*pairs[split])
@@ -346,11 +347,12 @@ def test_the_final_evaluation_reports_the_best_alphas_scores_and_the_unsmoothed_
     args = SimpleNamespace(alpha_candidates=[1.0, 0.2, 0.6], length_penalty_alpha=0.6, num_beams=4, max_tokens=30,
                            evalb=False)
     encoded = encode(tokenizer, pairs["validation"])
-    metrics, alpha = evaluation.final_evaluation(model, tokenizer, pairs, encoded, args, print)
+    metrics, alpha = evaluation.final_evaluation(model, tokenizer, pairs, encoded, args, print, "de")
 
     search = metrics["alpha_search"]
     assert alpha == 0.2 and search[0.2] == pytest.approx(100) and search[1.0] < 1 and search[0.6] < 1
-    assert metrics["validation"]["bleu"] == pytest.approx(100) and metrics["test"]["bleu"] == pytest.approx(100)
+    for split in ("validation", "test"):  # the winner's scores, Table 2's BLEU with them
+        assert metrics[split]["bleu"] == pytest.approx(100) == metrics[split]["bleu_tokenized"]
     total = count = 0
     for source, target in zip(*encoded):
         with torch.no_grad():
@@ -359,3 +361,60 @@ def test_the_final_evaluation_reports_the_best_alphas_scores_and_the_unsmoothed_
         count += len(target)
     assert metrics["validation"]["loss"] == pytest.approx(total / count, rel=1e-5) and total / count > 5
     assert metrics["validation"]["perplexity"] == pytest.approx(math.exp(total / count), rel=1e-5)
+
+
+# Moses' tokenizer.perl and multi-bleu.perl as of 2016-12-23 (mosesdecoder 59119c0, the version of the paper's time),
+# with tensor2tensor's get_ende_bleu.sh compound split, ran on these lines: each line's tokens, and the corpus BLEU.
+TABLE2_CASES = {
+    "de": ([("Ein Mann mit grauen Haaren rasiert sich den Bart.",
+             "Ein Mann mit ergrauenden Haaren rasiert seinen Bart.",
+             "Ein Mann mit ergrauenden Haaren rasiert seinen Bart."),  # a line's last word keeps its known period
+            ("Die 3-jährige Tochter schreibt eine E-Mail Adresse auf.",
+             "Die 3-jährige Tochter schreibt eine E-Mail-Adresse auf.",
+             "Die 3 ##AT##-##AT## jährige Tochter schreibt eine E ##AT##-##AT## Mail ##AT##-##AT## Adresse auf ."),
+            ("Der Spieler mit Nummer 10.", "Der Spieler mit der Nummer 10.", "Der Spieler mit der Nummer 10."),
+            ('Er sagte: "Das ist z.B. ein rot-weiß-blauer Ball" und ging.',
+             'Er sagte: "Das ist z.B. ein rot-weiß-blauer Ball", und ging.',
+             ("Er sagte : &quot; Das ist z.B. ein rot ##AT##-##AT## weiß ##AT##-##AT## blauer Ball &quot; , "
+              "und ging .")),
+            ("Sie zahlt 3,5 Euro und bekommt zwei grüne Äpfel.",
+             "Sie zahlt 3,5 Euro & bekommt <zwei> Äpfel (grüne).",
+             "Sie zahlt 3,5 Euro &amp; bekommt &lt; zwei &gt; Äpfel ( grüne ) ."),
+            ("Dr. Müllers Hund läuft über die Nord-Süd-Brücke.",
+             "Dr. Müller's Hund läuft über die Nord-Süd-Brücke.",
+             "Dr. Müller &apos; s Hund läuft über die Nord ##AT##-##AT## Süd ##AT##-##AT## Brücke ."),
+            ("Kinder spielen im Schnee-es ist kalt!", "Kinder spielen im Schnee - es ist kalt!",
+             "Kinder spielen im Schnee - es ist kalt !"),
+            ("Ein Hund springt über den Zaun und bellt.", "Ein Hund springt über einen Zaun … und bellt.",
+             "Ein Hund springt über einen Zaun … und bellt .")], 60.14),
+    "fr": ([("L'homme dit qu'il vient aujourd'hui à 10 h.", "L'homme dit qu'il viendra aujourd'hui à 10 h.",
+             "L&apos; homme dit qu&apos; il viendra aujourd&apos; hui à 10 h."),
+            ("C'est un vice président très connu.", "C'est un vice-président très « connu ».",
+             "C&apos; est un vice ##AT##-##AT## président très « connu » ."),
+            ("Le chat-huant regarde l'arc-en-ciel.", "Le chat-huant regarde l'arc-en-ciel.",
+             "Le chat ##AT##-##AT## huant regarde l&apos; arc ##AT##-##AT## en ##AT##-##AT## ciel .")], 70.52),
+}
+
+
+@pytest.mark.parametrize("lang", TABLE2_CASES)
+def test_table_2s_bleu_is_moses_tokens_compounds_split_and_multi_bleu(lang):
+    """The paper's BLEU (tokenized, compound-split) as tensor2tensor's get_ende_bleu.sh computes it with Moses'
+    scripts of the paper's time: the references' tokens as tokenizer.perl and the split give them, and the corpus BLEU
+    as multi-bleu.perl prints it (2 decimals), beside sacreBLEU's own scores."""
+    import importlib.util
+    from pathlib import Path
+
+    from training.evaluation import score
+
+    module = Path(__file__).parent.parent / "training" / "metrics" / "sacrebleu_chrf" / "sacrebleu_chrf.py"
+    spec = importlib.util.spec_from_file_location("sacrebleu_chrf", module)
+    metric = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(metric)
+    rows, bleu = TABLE2_CASES[lang]
+    hypotheses, references, tokens = (list(column) for column in zip(*rows))
+    assert metric.table2_tokens(references, lang) == tokens
+    scores = score(hypotheses, references, lang=lang)
+    assert round(scores["bleu_tokenized"], 2) == bleu
+    assert scores["bleu_tokenized_signature"].startswith(f"moses:{lang}|compounds:split|sacremoses:")
+    assert "tok:none|smooth:none" in scores["bleu_tokenized_signature"]
+    assert "bleu_tokenized" not in score(hypotheses, references)  # no language named

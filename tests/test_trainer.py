@@ -440,7 +440,7 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
             "0.6; its parser, §6.3: 0.3)\n- recipe: `extra_length=2` (paper: 50; its parser, §6.3: 300)\n") in card
     test = generate()["test"][:6]
     assert json.loads((output / "metrics.json").read_text())["test"] == score(
-        translate(model, tokenizer, [s for s, _ in test], num_beams=3), [t for _, t in test])
+        translate(model, tokenizer, [s for s, _ in test], num_beams=3), [t for _, t in test], lang="de")
     adam = output / "checkpoint-5" / "optimizer.safetensors"  # damaged later: a full disk, a truncated copy
     adam.write_bytes(adam.read_bytes()[:1000])
     for given, message in (("latest", f"latest: {tmp_path / 'new'} holds no checkpoint the Trainer finished saving"),

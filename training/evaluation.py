@@ -1,5 +1,6 @@
-"""§6.1 evaluation: decode with the paper's beam search and score with sacreBLEU and chrF (offline); a parser's
-linearized trees (--evalb) with EVALB's bracketing F1 too (§6.3)."""
+"""§6.1 evaluation: decode with the paper's beam search and score with sacreBLEU and chrF (offline), and the final
+model's translations as Table 2's BLEU was scored too (tokenized, compounds split); a parser's linearized trees
+(--evalb) with EVALB's bracketing F1 too (§6.3)."""
 
 import math
 from functools import cache
@@ -20,9 +21,11 @@ def _metric(name: str):
     return evaluate.load(str(METRICS / name))
 
 
-def score(predictions: list[str], references: list[str], trees: bool = False) -> dict:
-    """sacreBLEU and chrF with their signatures; with `trees`, EVALB's scores of the linearized trees as well."""
-    scores = _metric("sacrebleu_chrf").compute(predictions=predictions, references=[[r] for r in references])
+def score(predictions: list[str], references: list[str], trees: bool = False, lang: str | None = None) -> dict:
+    """sacreBLEU and chrF with their signatures; with `trees`, EVALB's scores of the linearized trees as well; with a
+    target language `lang` (translations), BLEU as the paper's Table 2 (`bleu_tokenized`, sacrebleu_chrf.py)."""
+    scores = _metric("sacrebleu_chrf").compute(predictions=predictions, references=[[r] for r in references],
+                                               moses_lang=None if trees else lang)
     if trees:
         scores |= _metric("evalb").compute(predictions=predictions, references=references)
     return scores
@@ -32,7 +35,8 @@ def reported(scores: dict) -> str:
     """The scores as a run prints them."""
     evalb = (f"EVALB F1 {scores['bracket_f1']:.1f} ({scores['skipped']} skipped; {scores['bracket_f1_all']:.1f} with "
              "their constituents missed)  ") if "bracket_f1" in scores else ""
-    return f"{evalb}sacreBLEU {scores['bleu']:.1f}  chrF {scores['chrf']:.1f}"
+    tokenized = f"  tokenized BLEU {scores['bleu_tokenized']:.1f}" if "bleu_tokenized" in scores else ""
+    return f"{evalb}sacreBLEU {scores['bleu']:.1f}  chrF {scores['chrf']:.1f}{tokenized}"
 
 
 def check_trees(data: dict, evalb: bool) -> None:
@@ -60,12 +64,12 @@ def validation_loss(model, sources, targets, pad_id, max_tokens, device) -> floa
     return total / max(count, 1)
 
 
-def choose_alpha(model, tokenizer, pairs, args) -> dict[float, dict]:
+def choose_alpha(model, tokenizer, pairs, args, lang: str | None = None) -> dict[float, dict]:
     """The scores of the pairs for each candidate GNMT α, or for --length_penalty_alpha alone (§6.1: α was "chosen
     after experimentation on the development set")."""
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     return {alpha: score(translate(model, tokenizer, sources, num_beams=args.num_beams, alpha=alpha), references,
-                         args.evalb)
+                         args.evalb, lang)
             for alpha in args.alpha_candidates or [args.length_penalty_alpha]}
 
 
@@ -80,13 +84,14 @@ def evaluate_model(model, tokenizer, pairs, encoded, args) -> dict:
     return {"loss": loss, "perplexity": math.exp(min(loss, 50)), **metrics}
 
 
-def final_evaluation(final, tokenizer, pairs, validation, args, say) -> tuple[dict, float]:
+def final_evaluation(final, tokenizer, pairs, validation, args, say, lang: str) -> tuple[dict, float]:
     """The final model on the whole validation set, decoded with each candidate α (§6.1), then on the test set once,
-    with the winner: the metrics and the α chosen (--length_penalty_alpha without a validation set)."""
+    with the winner: the metrics and the α chosen (--length_penalty_alpha without a validation set). `lang`: the
+    target language, whose Moses tokenizer Table 2's BLEU reads."""
     metrics, alpha = {}, args.length_penalty_alpha
     device = next(final.parameters()).device
     if validation:
-        scores = choose_alpha(final, tokenizer, pairs["validation"], args)
+        scores = choose_alpha(final, tokenizer, pairs["validation"], args, lang)
         key = "bracket_f1_all" if args.evalb else "bleu"  # a parser's α by F1, skipped sentences counted
         alpha = max(scores, key=lambda candidate: scores[candidate][key])  # one candidate: that one
         if len(scores) > 1:
@@ -100,7 +105,7 @@ def final_evaluation(final, tokenizer, pairs, validation, args, say) -> tuple[di
     if "test" in pairs:
         sources = [s for s, _ in pairs["test"]]
         predictions = translate(final, tokenizer, sources, num_beams=args.num_beams, alpha=alpha)
-        metrics["test"] = score(predictions, [t for _, t in pairs["test"]], args.evalb)
+        metrics["test"] = score(predictions, [t for _, t in pairs["test"]], args.evalb, lang)
         say(f"test: {reported(metrics['test'])}  ({metrics['test']['bleu_signature']})")
         for source, prediction in list(zip(sources, predictions))[:5]:
             say(f"  {source}\n  -> {prediction}")

@@ -191,7 +191,7 @@ def main():
         metrics = {"train_steps": step, "train_minutes": run.state["elapsed_seconds"] / 60, "distributed": distributed,
                    "max_tokens": max_tokens, "compiled_graphs": train_step.compilations(),
                    "averaged_checkpoints": [p.name for p in averaged], "history": run.state["history"]}
-        evaluated, alpha = final_evaluation(final, tokenizer, pairs, validation, args, say)
+        evaluated, alpha = final_evaluation(final, tokenizer, pairs, validation, args, say, data_args.target_lang)
         with writing(output_dir, "the model"):
             publish(final, tokenizer, output_dir, {**metrics, **evaluated}, {"train": data["train"], **pairs}, alpha,
                     data_args, model_args, args, say)

@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None):
         if "test" in pairs:  # the paper's decoding (§6.1), as in run.py
             sources = [s for s, _ in pairs["test"]]
             predictions = translate(trainer.model, tokenizer, sources, num_beams=num_beams)
-            metrics["test"] = score(predictions, [t for _, t in pairs["test"]], recipe.evalb)
+            metrics["test"] = score(predictions, [t for _, t in pairs["test"]], recipe.evalb, data_args.target_lang)
             print(f"test: {reported(metrics['test'])}  ({metrics['test']['bleu_signature']})")
         deviations = card_deviations(training_args, recipe, config.d_model, num_beams, alpha)
         batch, accumulated = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
