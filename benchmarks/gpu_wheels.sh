@@ -21,9 +21,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # transformers, accelerate and what they need newer than the image's (huggingface_hub 2 and its HTTP client); datasets
-# and evaluate, which it lacks, and theirs.
+# and evaluate, which it lacks, and theirs; sacremoses (run.py's final evaluation: Table 2's BLEU) and joblib.
 packages=(transformers regex tokenizers safetensors accelerate huggingface_hub httpx2 httpcore2 truststore hf-xet click
-          anyio idna h11 datasets evaluate dill multiprocess fsspec)
+          anyio idna h11 datasets evaluate dill multiprocess fsspec sacremoses joblib)
 case "${1:-}" in
     "") ;;
     ctranslate2) packages+=(ctranslate2) ;;
