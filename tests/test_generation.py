@@ -375,6 +375,33 @@ def test_what_the_papers_search_does_not_take_is_refused_in_one_line_not_sent_el
     assert torch.equal(transformers_beam, plain.generate(source, attention_mask=mask, max_new_tokens=6, **option))
 
 
+def test_a_streamer_is_refused_by_the_papers_search_and_streams_the_one_beam_the_message_names():
+    """transformers streams no beam search: the refusal names the call that streams (one beam, transformers' greedy
+    decoding), whose streamed tokens are its output's."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Kept(BaseStreamer):
+        def __init__(self):
+            self.tokens = []
+
+        def put(self, value):
+            self.tokens += value.reshape(-1).tolist()
+
+        def end(self):
+            pass
+
+    model = tiny_model()
+    model.generation_config.num_beams, model.generation_config.gnmt_alpha = 3, 1.4
+    source, _ = padded_sources()
+    message = ("generate(): the paper's beam search (gnmt_alpha=1.4) does not take streamer: leave it out, or pass "
+               "num_beams=1, which streams (transformers streams no beam search)")
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        model.generate(source[:1], streamer=Kept())
+    kept = Kept()
+    output = model.generate(source[:1], streamer=kept, num_beams=1)
+    assert kept.tokens == output[0].tolist()  # the start token, then each step's
+
+
 def test_the_papers_search_refuses_a_source_that_is_not_a_batch_of_token_ids_in_one_line():
     model = tiny_model()
     model.generation_config.num_beams, model.generation_config.gnmt_alpha = 3, 1.4

@@ -596,11 +596,10 @@ def paper_decoding(model, generate, inputs=None, generation_config=None, **kwarg
         if refused:
             saved_only = [f"{key}=None" for key in refused if key in saved - given]  # a converted model's, ...
             drop = f" (the generation config's: pass {', '.join(saved_only)})" if saved_only else ""
-            raise ValueError(
-                f"generate(): the paper's beam search (gnmt_alpha={alpha}) does not take {', '.join(refused)}: "
-                f"leave it out{drop}, or pass gnmt_alpha=None for transformers' beam search "
-                "(log P / |Y|^length_penalty)"
-            )
+            instead = ("num_beams=1, which streams (transformers streams no beam search)" if "streamer" in refused else
+                       "gnmt_alpha=None for transformers' beam search (log P / |Y|^length_penalty)")
+            raise ValueError(f"generate(): the paper's beam search (gnmt_alpha={alpha}) does not take "
+                             f"{', '.join(refused)}: leave it out{drop}, or pass {instead}")
         start = model.config.decoder_start_token_id
         if prompt is not None and prompt.shape[1] and (prompt[:, 0] != start).all():  # as transformers: put first
             prompt = torch.cat([prompt.new_full((prompt.shape[0], 1), start), prompt], dim=-1)
