@@ -39,10 +39,12 @@ TINY = ("--d_model 32 --d_ff 64 --num_heads 4 --num_layers 3 --num_decoder_layer
 SMALLER = {"accelerate launch training/run.py --preset cpu-small": TINY,
            "accelerate launch training/run.py --preset cpu-medium": TINY}
 SKIPPED_LINES = {"python -m pytest": "the suite itself", "ruff check .": "tests/test_lint.py runs it"}
-# Our console scripts, run as `main(args)` in this process (support's `console`: a process of their own would add only
-# its imports, 5-7 s each); the quick start's `echo ... | vaswani-translate` runs the installed script itself.
+# Our console scripts and training/score.py, run as `main(args)` in this process (support's `console`: a process of
+# their own would add only its imports, 5-7 s each); the quick start's `echo ... | vaswani-translate` runs the
+# installed script itself.
 IN_PROCESS = {"vaswani-translate": "vaswani_hf.tools.translate", "vaswani-attention": "vaswani_hf.tools.visualize",
-              "vaswani-export": "vaswani_hf.tools.export", "vaswani-push": "vaswani_hf.tools.hub"}
+              "vaswani-export": "vaswani_hf.tools.export", "vaswani-push": "vaswani_hf.tools.hub",
+              "python training/score.py": "training.score"}
 
 
 # Launches run as the launcher runs them, run.py forked from an interpreter that has imported it, with the launcher's
@@ -100,8 +102,9 @@ def test_ci_runs_the_readmes_set_up():
 
 
 def run_here(console, monkeypatch, folder, words: list[str]) -> subprocess.CompletedProcess:
-    """A line of one of our console scripts (`IN_PROCESS`) in this process, in `folder`, with its `< FILE` and
-    `> FILE` redirections; the Hub's two calls recorded as the upload_capture of the subprocesses records them."""
+    """A line of one of our console scripts (`IN_PROCESS`, named by `words[0]`) in this process, in `folder`, with its
+    `< FILE` and `> FILE` redirections; the Hub's two calls recorded as the upload_capture of the subprocesses records
+    them."""
     import huggingface_hub
     from upload_capture.sitecustomize import recorders
 
@@ -135,17 +138,19 @@ def test_the_readmes_blocks_run_in_order(tmp_path, console, monkeypatch):
             rows = splits[split][: 2000 if split == "train" else 8]
             (tmp_path / "data" / f"{name}.{lang}").write_text("".join(row[side] + "\n" for row in rows))
     (tmp_path / "sources.txt").write_text("".join(en + "\n" for en, _ in splits["test"][:3]))
+    (tmp_path / "refs.txt").write_text("".join(de + "\n" for _, de in splits["test"][:3]))
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))  # vaswani-translate --engine ctranslate2's
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "upload_capture")]),
            "UPLOAD_CAPTURE": str(tmp_path / "upload.json"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     for command in commands(blocks_to_run()):
-        words = shlex.split(command[-1]) if command[0] == "bash" else [""]
-        if words[0] in IN_PROCESS:
-            result = run_here(console, monkeypatch, tmp_path, words)
-        elif command[-1].startswith(FORKED):
-            result = run_launch_command(words[2:], env, timeout=900, cwd=tmp_path)
+        line = command[-1] if command[0] == "bash" else ""
+        script = next((name for name in IN_PROCESS if line.startswith(f"{name} ")), None)
+        if script:
+            result = run_here(console, monkeypatch, tmp_path, [script, *shlex.split(line.removeprefix(script))])
+        elif line.startswith(FORKED):
+            result = run_launch_command(shlex.split(line)[2:], env, timeout=900, cwd=tmp_path)
         else:
             result = run_or_show_stacks(command, env, timeout=900, cwd=tmp_path)
         assert result.returncode == 0, f"{command[-1]}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"

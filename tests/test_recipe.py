@@ -1,5 +1,6 @@
 """The training recipe's small parts (§5.3, §5.4, §6.1), each against its formula."""
 
+import json
 import math
 
 import pytest
@@ -418,3 +419,28 @@ def test_table_2s_bleu_is_moses_tokens_compounds_split_and_multi_bleu(lang):
     assert scores["bleu_tokenized_signature"].startswith(f"moses:{lang}|compounds:split|sacremoses:")
     assert "tok:none|smooth:none" in scores["bleu_tokenized_signature"]
     assert "bleu_tokenized" not in score(hypotheses, references)  # no language named
+
+
+def test_score_py_scores_a_file_as_a_run_scores_its_test_set(tmp_path, capsys):
+    """training/score.py: a file of translations against its references, the run's scores and signatures (Table 2's
+    BLEU as multi-bleu.perl gave it); files of unequal length, or missing, are one line."""
+    from training import score as score_py
+    from training.evaluation import score
+
+    rows, bleu = TABLE2_CASES["de"]
+    hypotheses, references, _ = (list(column) for column in zip(*rows))
+    (tmp_path / "out.de").write_text("".join(line + "\n" for line in hypotheses))
+    (tmp_path / "ref.de").write_text("".join(line + "\n" for line in references))
+    score_py.main([str(tmp_path / "out.de"), "--reference", str(tmp_path / "ref.de"), "--json"])
+    found = json.loads(capsys.readouterr().out)
+    assert found == score(hypotheses, references, lang="de") and round(found["bleu_tokenized"], 2) == bleu
+    score_py.main([str(tmp_path / "out.de"), "--reference", str(tmp_path / "ref.de")])
+    assert capsys.readouterr().out.splitlines() == [
+        f"sacreBLEU {found['bleu']:.1f}  chrF {found['chrf']:.1f}  tokenized BLEU {bleu:.1f}", found["bleu_signature"],
+        found["bleu_tokenized_signature"]]
+    (tmp_path / "short.de").write_text("".join(line + "\n" for line in references[:-1]))
+    for files, said in (([tmp_path / "out.de", tmp_path / "short.de"], "has 8 lines and"),
+                        ([tmp_path / "none.de", tmp_path / "ref.de"], "No such file or directory")):
+        with pytest.raises(SystemExit, match=said) as stopped:
+            score_py.main([str(files[0]), "--reference", str(files[1])])
+        assert str(stopped.value).startswith("error: ") and "\n" not in str(stopped.value)
