@@ -416,8 +416,10 @@ def test_table_2s_bleu_is_moses_tokens_compounds_split_and_multi_bleu(lang):
 
 
 def test_score_py_scores_a_file_as_a_run_scores_its_test_set(tmp_path, capsys):
-    """training/score.py: a file of translations against its references, the run's scores and signatures (Table 2's
-    BLEU as multi-bleu.perl gave it); files of unequal length, or missing, are one line."""
+    """training/score.py: a file of translations against its references (compressed too), the run's scores and
+    signatures (Table 2's BLEU as multi-bleu.perl gave it); files of unequal length, or missing, are one line."""
+    import gzip
+
     from training import score as score_py
     from training.evaluation import score
 
@@ -428,7 +430,8 @@ def test_score_py_scores_a_file_as_a_run_scores_its_test_set(tmp_path, capsys):
     score_py.main([str(tmp_path / "out.de"), "--reference", str(tmp_path / "ref.de"), "--json"])
     found = json.loads(capsys.readouterr().out)
     assert found == score(hypotheses, references, lang="de") and round(found["bleu_tokenized"], 2) == bleu
-    score_py.main([str(tmp_path / "out.de"), "--reference", str(tmp_path / "ref.de")])
+    (tmp_path / "ref.de.gz").write_bytes(gzip.compress((tmp_path / "ref.de").read_bytes()))
+    score_py.main([str(tmp_path / "out.de"), "--reference", str(tmp_path / "ref.de.gz")])
     assert capsys.readouterr().out.splitlines() == [
         f"sacreBLEU {found['bleu']:.1f}  chrF {found['chrf']:.1f}  tokenized BLEU {bleu:.1f}", found["bleu_signature"],
         found["bleu_tokenized_signature"]]

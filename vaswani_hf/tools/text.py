@@ -37,14 +37,15 @@ def decode_utf8(data: bytes, name: str, first_line: int = 1) -> str:
     return text.removeprefix("\ufeff") if first_line == 1 else text
 
 
-def read_lines(path: str | Path) -> list[str]:
-    """The lines of a UTF-8 file, split as `split_lines` does."""
-    return split_lines(decode_utf8(Path(path).read_bytes(), str(path)))
-
-
 def opened(path: str | Path):
     """`path` opened to read bytes, decompressed by its suffix (.gz, .bz2, .xz)."""
     return DECOMPRESSED.get(Path(path).suffix, open)(path, "rb")
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 file, as it is or compressed (`opened`), split as `split_lines` does."""
+    with opened(path) as file:
+        return split_lines(decode_utf8(file.read(), str(path)))
 
 
 def refused_write(error: BaseException) -> bool:
