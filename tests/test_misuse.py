@@ -919,17 +919,19 @@ def test_a_killed_run_is_continued_by_resume_into_the_output_of_one_run(translat
 
 def test_a_killed_scoring_run_is_continued_by_resume_into_the_output_of_one_run(translation_folder, tmp_path, cli):
     """--score --resume: the whole lines of OUTPUT.partial stay (here made recognisable), and the pairs after them
-    are scored, both files read on from the same line: the one run's output."""
+    are scored, both files read on from the same line: the one run's output (the same command's: windows of 2 lines,
+    so the batches after the kept lines are the uninterrupted run's, and so are their sums)."""
     pairs = [("The small dog sees the old man.", "Der kleine Hund sieht den alten Mann."), ("", "Ein Hund."),
              ("A woman reads.", "Eine Frau liest."), ("The children play.", "Die Kinder spielen."), ("A dog.", "")]
     for name, side in (("in.txt", 0), ("de.txt", 1)):
         (tmp_path / name).write_text("".join(pair[side] + "\n" for pair in pairs))
-    common = ["--model", translation_folder, "--quiet", "--input", tmp_path / "in.txt", "--score", tmp_path / "de.txt"]
+    common = ["--model", translation_folder, "--quiet", "--input", tmp_path / "in.txt", "--score", tmp_path / "de.txt",
+              "--window", "2"]
     code, _, err = cli(*common, "--output", tmp_path / "one.txt")
     assert code == 0, err
     whole = (tmp_path / "one.txt").read_text().splitlines(keepends=True)
     (tmp_path / "out.txt.partial").write_text("kept\nkept\n" + whole[2][:3])  # the third line cut short
-    code, _, err = cli(*common, "--output", tmp_path / "out.txt", "--window", "2", "--resume")
+    code, _, err = cli(*common, "--output", tmp_path / "out.txt", "--resume")
     assert code == 0, err
     assert (tmp_path / "out.txt").read_text() == "".join(["kept\n", "kept\n", *whole[2:]])
 
