@@ -24,6 +24,29 @@ def test_the_model_has_the_encoder_and_decoder_depths_the_flags_ask_for(monkeypa
     assert (len(model.model.encoder.layers), len(model.model.decoder.layers)) == (encoder, decoder)
 
 
+@pytest.mark.parametrize(("flags", "widths", "named"), [
+    ([], (8, 8), "4 heads, "),
+    (["--d_k", "4"], (4, 8), "4 heads (d_k 4, d_v 8), "),  # Table 3 row B: narrower keys, values as wide
+    (["--d_k", "4", "--d_v", "6"], (4, 6), "4 heads (d_k 4, d_v 6), "),
+])
+def test_table_3_row_bs_head_widths_reach_the_model_and_its_card(flags, widths, named):
+    """--d_k and --d_v (default d_model / h) make each head's queries and keys, and its values, that wide; the card's
+    sizes name them where they are not d_model / h; a fine-tuning run refuses them as a new model's."""
+    from training.hub import architecture_text
+
+    sizes = ["--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "1", "--vocab_size", "100"]
+    _, model_args, _ = parse_arguments([*sizes, *flags])
+    model = VaswaniForConditionalGeneration(model_args.planned_config())
+    for attention in (model.model.encoder.layers[0].self_attn, model.model.decoder.layers[0].encoder_attn):
+        assert (attention.q_proj.out_features, attention.k_proj.out_features, attention.v_proj.out_features,
+                attention.out_proj.in_features) == (4 * widths[0], 4 * widths[0], 4 * widths[1], 4 * widths[1])
+    assert architecture_text(model.config) == (f"d_model 32, d_ff 64, {named}1 encoder and 1 decoder layers, a joint "
+                                               "vocabulary of 100")
+    for flag, value in zip(flags[::2], flags[1::2], strict=True):
+        with pytest.raises(SystemExit, match=f"^error: {flag} is a new model's"):
+            parse_arguments(["--model_name_or_path", "outputs/run", flag, value])
+
+
 # The paper's models and recipes as it states them: Table 3 and §5-6.1 (base, big), and §6.3's parser: "a 4-layer
 # transformer with d_model = 1024", "a vocabulary of 16K tokens", "a beam size of 21 and α = 0.3", "input length +
 # 300", "all other parameters remained unchanged from the English-to-German base translation model".

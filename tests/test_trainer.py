@@ -732,3 +732,20 @@ def test_fine_tuning_refuses_a_new_models_flags_and_another_kind_of_model_in_one
         run_trainer.parse_arguments([*fine_tuning_flags(tmp_path, folder), "--output_dir", "unused", *flags])
     message = str(stop.value.code)
     assert message.startswith("error: ") and named in message and "\n" not in message
+
+
+def test_a_resumed_trainer_run_checks_the_heads_widths_as_its_flags_give_them(tmp_path):
+    """A checkpoint's config.json holds d_k and d_v whether or not the flags named them: heads of d_model / h are
+    what flags without --d_k and --d_v build; narrower ones (Table 3 row B) are another model without them."""
+    from training.arguments import ModelArguments
+
+    sizes = {"vocab_size": 100, "d_model": 32, "d_ff": 64, "num_heads": 4, "num_layers": 1}
+    for d_k, flags, refused in ((None, {}, None), (4, {}, "d_k None (the checkpoint's: 4)"), (4, {"d_k": 4}, None),
+                                (None, {"d_v": 4}, "d_v 4 (the checkpoint's: 8)")):
+        ModelArguments(**sizes, d_k=d_k).planned_config().save_pretrained(tmp_path)
+        resumed = ModelArguments(**sizes, **flags)
+        if refused is None:
+            trainer_checkpoints.check_resumed_model(str(tmp_path), None, resumed)
+        else:
+            with pytest.raises(SystemExit, match=re.escape(f"holds another model: {refused}")):
+                trainer_checkpoints.check_resumed_model(str(tmp_path), None, resumed)

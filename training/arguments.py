@@ -66,6 +66,9 @@ class ModelArguments:
     d_model: int = 512
     d_ff: int = 2048
     num_heads: int = 8
+    d_k: int | None = field(default=None, metadata={
+        "help": "Each head's query and key width (Table 3 row B: 16, 32; default: d_model / num_heads)."})
+    d_v: int | None = field(default=None, metadata={"help": "Each head's value width (default: d_model / num_heads)."})
     num_layers: int = field(default=6, metadata={"help": "N (§3.1): encoder layers, and decoder layers unless given."})
     num_decoder_layers: int | None = field(default=None, metadata={"help": "Decoder layers (default: --num_layers)."})
     dropout: float = field(default=0.1, metadata={"help": "P_drop (§5.4)."})
@@ -78,11 +81,16 @@ class ModelArguments:
         """The model's configuration, with the vocabulary and special tokens of the trained `tokenizer`."""
         return VaswaniConfig(
             vocab_size=len(tokenizer), d_model=self.d_model, d_ff=self.d_ff, num_heads=self.num_heads,
-            num_layers=self.num_layers, num_decoder_layers=self.num_decoder_layers, **self.dropouts(),
+            d_k=self.d_k, d_v=self.d_v, num_layers=self.num_layers, num_decoder_layers=self.num_decoder_layers,
+            **self.dropouts(),
             position_embedding=self.position_embedding, normalize_before=self.normalize_before,
             pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id,
         )
+
+    def planned_config(self) -> VaswaniConfig:
+        """The configuration before the BPE is trained: --vocab_size tokens, training/tokenizer.py's special ids."""
+        return self.config(_StandInTokenizer(self.vocab_size))
 
     def dropouts(self) -> dict[str, float]:
         """The dropout probabilities given (with --model_name_or_path, those not given are None: the start's)."""
@@ -352,7 +360,7 @@ def check_model_arguments(data_args: DataArguments, model_args: ModelArguments) 
                   "bpe_sample": (1 if data_args.bpe_sample is None else data_args.bpe_sample, 1),
                   "shuffle_buffer": (data_args.shuffle_buffer, 1)})
     try:  # the model's own checks (sizes, heads, dropout, positions), with a stand-in for the tokenizer's ids
-        config = model_args.config(_StandInTokenizer(model_args.vocab_size))
+        config = model_args.planned_config()
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
     if model_args.position_embedding == "learned" and data_args.max_length > config.max_position_embeddings:

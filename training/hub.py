@@ -52,9 +52,7 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         "extra_length": str(extra_length_of(model.generation_config)),
         "model_id": model_id,
         "parameters": f"{model.num_parameters() / 1e6:.1f}M",
-        "architecture": (f"d_model {model.config.d_model}, d_ff {model.config.d_ff}, {model.config.num_heads} heads, "
-                         f"{model.config.num_layers} encoder and {model.config.num_decoder_layers} decoder layers, "
-                         f"a joint vocabulary of {model.config.vocab_size:,}"),
+        "architecture": architecture_text(model.config),
         "as_published": "As published" + ", except for the deviations below" * bool(model.config.deviations()),
         "batching": batching,
         "dropout": f"{model.config.dropout:.3g}",
@@ -189,6 +187,15 @@ def card_metadata(data: TrainingData, scores: dict[str, dict], source_lang: str,
         datasets=[data.dataset_id] if data.dataset_id else None, model_name=model_id,
         metrics=["bleu", "chrf", "bracket_f1"] if trees else ["bleu", "chrf"],
         eval_results=results, base_model=base_model)
+
+
+def architecture_text(config) -> str:
+    """The model's sizes for the card; the heads' widths where they are not d_model / h (Table 3 row B)."""
+    heads = f"{config.num_heads} heads"
+    if (config.d_k, config.d_v) != (config.d_model / config.num_heads,) * 2:
+        heads += f" (d_k {config.d_k}, d_v {config.d_v})"
+    return (f"d_model {config.d_model}, d_ff {config.d_ff}, {heads}, {config.num_layers} encoder and "
+            f"{config.num_decoder_layers} decoder layers, a joint vocabulary of {config.vocab_size:,}")
 
 
 def decoding_text(generation, num_beams: int, alpha: float | None, short: bool = False) -> str:

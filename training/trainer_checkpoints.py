@@ -76,9 +76,13 @@ def check_resumed_model(checkpoint: str, start: str | None, model_args: ModelArg
         saved = json.loads((Path(checkpoint) / "config.json").read_text())
     except (OSError, ValueError):
         raise SystemExit(f"error: --resume_from_checkpoint {checkpoint} has no readable config.json") from None
+    compared = dict(saved)
+    if start is None:  # heads of d_model / h are what flags without --d_k, --d_v build
+        width = saved.get("d_model", 0) / (saved.get("num_heads") or 1)
+        compared |= {name: None for name in ("d_k", "d_v") if saved.get(name) == width}
     names = [name for name in ModelArguments.__dataclass_fields__ if name != "vocab_size"]  # the vocabulary: its BPE's
     changed = [f"{name} {built[name]} (the checkpoint's: {saved.get(name)})" for name in names
-               if saved.get(name) != built[name]]
+               if compared.get(name) != built[name]]
     if changed:
         raise SystemExit(f"error: {checkpoint} holds another model: {', '.join(changed)}")
 
