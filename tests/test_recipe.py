@@ -417,7 +417,8 @@ def test_table_2s_bleu_is_moses_tokens_compounds_split_and_multi_bleu(lang):
 
 def test_score_py_scores_a_file_as_a_run_scores_its_test_set(tmp_path, capsys):
     """training/score.py: a file of translations against its references (compressed too), the run's scores and
-    signatures (Table 2's BLEU as multi-bleu.perl gave it); files of unequal length, or missing, are one line."""
+    signatures (Table 2's BLEU as multi-bleu.perl gave it); files of unequal length, missing or cut short are one
+    line."""
     import gzip
 
     from training import score as score_py
@@ -436,8 +437,10 @@ def test_score_py_scores_a_file_as_a_run_scores_its_test_set(tmp_path, capsys):
         f"sacreBLEU {found['bleu']:.1f}  chrF {found['chrf']:.1f}  tokenized BLEU {bleu:.1f}", found["bleu_signature"],
         found["bleu_tokenized_signature"]]
     (tmp_path / "short.de").write_text("".join(line + "\n" for line in references[:-1]))
+    (tmp_path / "cut.de.gz").write_bytes((tmp_path / "ref.de.gz").read_bytes()[:-10])  # a copy cut short
     for files, said in (([tmp_path / "out.de", tmp_path / "short.de"], "has 8 lines and"),
-                        ([tmp_path / "none.de", tmp_path / "ref.de"], "No such file or directory")):
+                        ([tmp_path / "none.de", tmp_path / "ref.de"], "No such file or directory"),
+                        ([tmp_path / "out.de", tmp_path / "cut.de.gz"], "cut.de.gz cannot be read")):
         with pytest.raises(SystemExit, match=said) as stopped:
             score_py.main([str(files[0]), "--reference", str(files[1])])
         assert str(stopped.value).startswith("error: ") and "\n" not in str(stopped.value)

@@ -12,6 +12,7 @@ import bz2
 import errno
 import gzip
 import lzma
+import zlib
 from pathlib import Path
 
 DECOMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
@@ -43,9 +44,14 @@ def opened(path: str | Path):
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """The lines of a UTF-8 file, as it is or compressed (`opened`), split as `split_lines` does."""
-    with opened(path) as file:
-        return split_lines(decode_utf8(file.read(), str(path)))
+    """The lines of a UTF-8 file, as it is or compressed (`opened`), split as `split_lines` does; a compressed file
+    that is damaged or cut short is a one-line ValueError (a missing one, the OSError)."""
+    try:
+        with opened(path) as file:
+            data = file.read()
+    except (EOFError, lzma.LZMAError, zlib.error) as error:
+        raise ValueError(f"{path} cannot be read: {error or type(error).__name__}") from None
+    return split_lines(decode_utf8(data, str(path)))
 
 
 def refused_write(error: BaseException) -> bool:
