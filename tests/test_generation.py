@@ -279,7 +279,7 @@ def test_given_encoder_outputs_decode_as_the_sources_they_encode(num_beams):
     """transformers' `encoder_outputs`: the sources encoded already, read with their mask in place of encoding the
     call's input_ids (other sources here). The paper's search (its n best, what each step returns, the encoder's
     attentions and hidden states as given) and its greedy decoding give what the sources encoded give, from a
-    `BaseModelOutput` or a tuple, with input_ids or without."""
+    `BaseModelOutput` or a tuple, with input_ids or without, through generate() or gnmt_beam_search."""
     model = tiny_model(attn_implementation="eager")
     model.generation_config.update(num_beams=num_beams, gnmt_alpha=0.6, allow_custom_entries=True)
     source, mask = padded_sources()
@@ -288,6 +288,7 @@ def test_given_encoder_outputs_decode_as_the_sources_they_encode(num_beams):
     wanted = {"num_return_sequences": num_beams, "return_dict_in_generate": True, "output_scores": True,
               "output_logits": True, "output_attentions": True, "output_hidden_states": True}
     expected, others = model.generate(source, attention_mask=mask, **wanted), random_ids(3, 7, seed=12)
+    searched = gnmt_beam_search(model, source, mask, num_beams, 0.6, num_return_sequences=num_beams)  # (its limits)
     assert not torch.equal(model.generate(others, attention_mask=mask), expected.sequences[::num_beams])
     for given in (encoded, encoded.to_tuple()):
         found = model.generate(others, attention_mask=mask, encoder_outputs=given, **wanted)
@@ -296,6 +297,8 @@ def test_given_encoder_outputs_decode_as_the_sources_they_encode(num_beams):
             torch.testing.assert_close(found[key], expected[key], msg=key)
         alone = model.generate(encoder_outputs=given, attention_mask=mask, num_return_sequences=num_beams)
         assert torch.equal(alone, expected.sequences)
+        assert torch.equal(gnmt_beam_search(model, None, mask, num_beams, 0.6, encoder_outputs=given,
+                                            num_return_sequences=num_beams), searched)
     # Left-padded as given: attention reads a set of positions, so the states moved with their mask decode the same.
     left_mask, left_states = moved_left(mask, encoded.last_hidden_state)
     assert left_mask[1].tolist() == [0, 0, 0, 1, 1, 1, 1]
@@ -338,14 +341,15 @@ NOT_STATES = "encoder_outputs must hold the encoder's last hidden states, (batch
     ({"encoder_outputs": (torch.zeros(3, 7),)}, NOT_STATES + "shape (3, 7)"),
     ({"encoder_outputs": BaseModelOutput(last_hidden_state=torch.zeros(3, 7, 8))}, NOT_STATES + "shape (3, 7, 8)"),
     ({"encoder_outputs": [torch.zeros(3, 7, 24)]}, NOT_STATES + "list"),
+    ({"encoder_outputs": torch.zeros(3, 7, 24)}, NOT_STATES + "Tensor"),
     ({"encoder_outputs": (torch.zeros(3, 7, 24),), "attention_mask": torch.ones(3, 6)},
      "attention_mask has shape (3, 6) but encoder_outputs needs (3, 7): one entry per source token, 1 for tokens"),
     ({"inputs_embeds": torch.zeros(3, 7, 8)}, "inputs_embeds must have shape (batch, length >= 1, d_model=24)"),
     ({"inputs_embeds": torch.zeros(3, 7, 24), "attention_mask": torch.ones(3, 6)}, "attention_mask has shape (3, 6)"),
     ({"encoder_outputs": (torch.zeros(3, 7, 24),), "encoder_no_repeat_ngram_size": 2},
      "generate(): encoder_no_repeat_ngram_size reads the sources' input_ids, which this call does not give: pass"),
-], ids=["2 dimensions", "not d_model", "a list", "its mask", "embeddings not d_model", "the embeddings' mask",
-        "a processor reading the source"])
+], ids=["2 dimensions", "not d_model", "a list", "a tensor alone", "its mask", "embeddings not d_model",
+        "the embeddings' mask", "a processor reading the source"])
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_encodings_that_the_paper_decoding_cannot_read_are_refused_in_one_line(given, message, num_beams):
     """Before any decoding, for the search and for its one beam (transformers' greedy decoding, which would only warn
@@ -667,7 +671,8 @@ def test_other_attention_kernels_share_no_source_and_the_model_wants_one_encoder
 def test_with_synced_gpus_every_process_steps_the_model_until_all_are_done(tmp_path):
     """generate(synced_gpus=True), as Seq2SeqTrainer asks under FSDP, where each forward gathers weights from every
     process: two processes (gloo) whose sources end at different steps both call the decoder as often as the longer
-    search needs, and each gets the tokens of the search alone."""
+    search needs, and each gets the tokens of the search alone; so does a model that transformers knows sharded
+    (its FSDP's mark) without being asked, as transformers' generate syncs by default."""
     script = tmp_path / "decode.py"
     script.write_text(textwrap.dedent("""
         import json, sys
@@ -686,7 +691,11 @@ def test_with_synced_gpus_every_process_steps_the_model_until_all_are_done(tmp_p
         alone = gnmt_beam_search(model, source, None, 3, 0.6)
         steps_alone, calls[:] = len(calls), []
         synced = model.generate(source, synced_gpus=True)
-        print(json.dumps({"alone": steps_alone, "synced": len(calls), "same": torch.equal(synced, alone)}))
+        steps_synced, calls[:] = len(calls), []
+        model._is_fsdp_managed_module = True  # what transformers' FSDP sets on the models it shards
+        sharded = model.generate(source)
+        print(json.dumps({"alone": steps_alone, "synced": steps_synced, "same": torch.equal(synced, alone),
+                          "sharded": len(calls), "same_sharded": torch.equal(sharded, alone)}))
         torch.distributed.destroy_process_group()
         """))
     result = run_forked([Path(__file__).parent], torch_ranks(), timeout=300, script=script)
@@ -694,5 +703,5 @@ def test_with_synced_gpus_every_process_steps_the_model_until_all_are_done(tmp_p
     found = [json.loads(line) for line in result.stdout.splitlines()]
     alone = [rank["alone"] for rank in found]
     assert alone[0] != alone[1]  # the processes' searches end at different steps
-    assert [rank["synced"] for rank in found] == [max(alone)] * 2
-    assert all(rank["same"] for rank in found)
+    assert [rank["synced"] for rank in found] == [rank["sharded"] for rank in found] == [max(alone)] * 2
+    assert all(rank["same"] and rank["same_sharded"] for rank in found)

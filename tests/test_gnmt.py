@@ -673,6 +673,23 @@ def test_generate_asks_the_stopping_criteria_that_the_call_and_the_generation_co
     transitions = model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
     torch.testing.assert_close(transitions.sum(-1) / gnmt_length_penalty(lengths, 0.6), out.sequences_scores,
                                rtol=1e-5, atol=0)
+    # Asked of every source's 2K candidates at every step, as a criterion that keeps rows apart may need: a source
+    # done early (a shorter limit) stays in the batch.
+    mask, seen = torch.tensor([[1, 1, 1, 0, 0, 0], [1] * 6]), Seen()
+    asked = model.generate(source, attention_mask=mask, extra_length=2, stopping_criteria=StoppingCriteriaList([seen]))
+    assert seen.rows == [2 * 8] * 8  # until the longer limit, 6 + 2 tokens
+    assert torch.equal(asked, model.generate(source, attention_mask=mask, extra_length=2))
+
+
+class Seen(StoppingCriteria):
+    """A stopping criterion that stops nothing and keeps the number of rows it was asked of, call by call."""
+
+    def __init__(self):
+        self.rows = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        self.rows.append(input_ids.shape[0])
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
 
 def test_generate_continues_each_sources_given_beginning_as_the_search_of_it_alone():
@@ -681,7 +698,7 @@ def test_generate_continues_each_sources_given_beginning_as_the_search_of_it_alo
     of that source alone, with processors (no repeated bigram: no source leaves the batch) and without (sources leave
     it); `max_length` and `min_length` count the beginning; the transitions add up to the penalized scores, and the
     first step's hidden states are the whole beginning's, as in transformers' first step; a padded or an empty
-    beginning is refused in one line."""
+    beginning, or one per row of another batch, is refused in one line."""
     model = tiny_model(seed=2)
     model.generation_config.update(num_beams=3, gnmt_alpha=0.6, allow_custom_entries=True)
     source, mask = random_ids(2, 5, seed=5), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
@@ -716,6 +733,8 @@ def test_generate_continues_each_sources_given_beginning_as_the_search_of_it_alo
         model.generate(source, decoder_input_ids=begun, decoder_attention_mask=torch.tensor([[0, 1], [1, 1]]))
     with pytest.raises(ValueError, match=r"^decoder_input_ids is empty \(shape \(2, 0\)\)"):
         model.generate(source, decoder_input_ids=begun[:, :0])
+    with pytest.raises(ValueError, match=r"^decoder_input_ids has 3 rows for 2 sources: give one beginning per"):
+        model.generate(source, decoder_input_ids=random_ids(3, 2, seed=6))
 
 
 def test_exponential_decay_length_penalty_is_transformers_processor_applied_by_the_search():

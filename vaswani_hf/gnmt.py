@@ -309,9 +309,11 @@ def encoding_of(encoder_outputs, attention_mask: torch.Tensor | None,
     """The sources' encoding that transformers' `encoder_outputs` holds (a `BaseModelOutput`, or a tuple, the last
     hidden states first), (B, S, d_model), and its padding mask, (B, S): `attention_mask`, or ones; else a one-line
     ValueError."""
-    states = encoder_outputs[0] if isinstance(encoder_outputs, (tuple, BaseModelOutput)) else encoder_outputs
-    if not torch.is_tensor(states) or states.dim() != 3 or states.shape[-1] != d_model or 0 in states.shape:
-        got = f"shape {tuple(states.shape)}" if torch.is_tensor(states) else type(states).__name__
+    held = isinstance(encoder_outputs, (tuple, BaseModelOutput))  # as the model reads them: not a tensor alone
+    states = encoder_outputs[0] if held else encoder_outputs
+    shape = tuple(states.shape) if held and torch.is_tensor(states) else None
+    if shape is None or len(shape) != 3 or shape[-1] != d_model or 0 in shape:
+        got = type(states).__name__ if shape is None else f"shape {shape}"
         raise ValueError(f"encoder_outputs must hold the encoder's last hidden states, (batch, length, {d_model}), "
                          f"first: got {got}")
     if attention_mask is None:
