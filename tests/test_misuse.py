@@ -1190,6 +1190,40 @@ def test_a_source_is_refused_past_the_last_position_by_its_line_in_the_input(tra
         check_lengths(engine, tokenizer, ["A dog runs.", "A dog runs. A dog runs."], first_line=5)
 
 
+class RecordingEngine:
+    """An engine of `positions` learned positions that scores every pair 0 and keeps the batches it was given."""
+
+    name = "recording"
+
+    def __init__(self, positions: int):
+        self.positions, self.batches = positions, []
+
+    def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[float]:
+        self.batches.append((sources, targets))
+        return [0.0] * len(sources)
+
+
+def test_score_in_python_checks_and_batches_each_pair_by_its_longer_side(translation_folder):
+    """`score`: a target longer than the engine's positions is a one-line ValueError before any pair is scored, one of
+    exactly as many tokens fits; a batch holds at most `max_tokens` tokens of each pair's longer side."""
+    from transformers import AutoTokenizer
+
+    from vaswani_hf.tools.translate import score
+
+    tokenizer = AutoTokenizer.from_pretrained(translation_folder)
+    short, long = "A dog.", "The man sees the dog and the woman sees the small cat."
+    fits = len(tokenizer(text_target=[long])["input_ids"][0])
+    engine = RecordingEngine(positions=fits)
+    assert len(score(engine, tokenizer, [short, short, short], [long, short, short], max_tokens=fits)) == 3
+    for sources, targets in engine.batches:
+        assert len(sources) * max(map(len, sources + targets)) <= fits or len(sources) == 1
+    engine = RecordingEngine(positions=fits - 1)
+    with pytest.raises(ValueError, match=f"^a source or target has {fits} tokens; this model's positions stop at "
+                                         f"{fits - 1}$"):
+        score(engine, tokenizer, [short], [long])
+    assert engine.batches == []
+
+
 def test_sinusoids_refuse_no_source_for_its_length():
     from vaswani_hf import VaswaniConfig
     from vaswani_hf.tools.loading import learned_positions
