@@ -1110,7 +1110,9 @@ def test_transformers_marian_computes_the_marian_export_as_ours_and_decodes_as_g
     set_paper_decoding(model.generation_config, num_beams=4, alpha=0.6)  # as a run saves it
     export(model, tokenizer, tmp_path / "marian")
     marian = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "marian").eval()
-    assert type(marian).__name__ == "MarianMTModel"
+    assert type(marian).__name__ == "MarianMTModel" and marian.config.forced_eos_token_id is None  # (Marian's: 0)
+    saved = marian.generation_config
+    assert (saved.num_beams, saved.length_penalty, saved.early_stopping, saved.max_length) == (4, 0.6, True, 40)
     inputs = padded_sources(tokenizer)
     targets = tokenizer(text_target=[target for _, target in PAIRS[:12]], padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -1152,6 +1154,7 @@ def test_the_marian_export_loads_with_transformers_alone_and_translates_as_our_b
     ({"position_encoding_frequencies": "fairseq", "position_offset": 2},
      "position_encoding_frequencies='fairseq', position_offset=2"),
     ({"d_k": 4}, "d_k=4, d_v=8 (Marian's heads are d_model / num_heads wide)"),
+    ({"d_v": 4}, "d_k=8, d_v=4 (Marian's heads are d_model / num_heads wide)"),
 ])
 def test_a_model_marian_does_not_compute_is_refused_in_one_line(translation_folder, tmp_path, options, named):
     folder = tmp_path / "model"

@@ -2,6 +2,7 @@
 
 import json
 import math
+from importlib.metadata import version
 
 import pytest
 import torch
@@ -410,20 +411,26 @@ def test_table_2s_bleu_is_moses_tokens_compounds_split_and_multi_bleu(lang):
     assert table2_tokens(references, lang) == tokens
     scores = score(hypotheses, references, lang=lang)
     assert round(scores["bleu_tokenized"], 2) == bleu
-    assert scores["bleu_tokenized_signature"].startswith(f"moses:{lang}|compounds:split|sacremoses:")
-    assert "tok:none|smooth:none" in scores["bleu_tokenized_signature"]
+    assert scores["bleu_tokenized_signature"] == (f"moses:{lang}|compounds:split|sacremoses:{version('sacremoses')}|"
+                                                  "nrefs:1|case:mixed|eff:no|tok:none|smooth:none|version:"
+                                                  f"{version('sacrebleu')}")
     assert "bleu_tokenized" not in score(hypotheses, references)  # no language named
 
 
 def test_score_py_scores_a_file_as_a_run_scores_its_test_set(tmp_path, capsys):
     """training/score.py: a file of translations against its references (compressed too), the run's scores and
-    signatures (Table 2's BLEU as multi-bleu.perl gave it); files of unequal length, missing or cut short are one
-    line."""
+    signatures (Table 2's BLEU as multi-bleu.perl gave it), in the language `--lang` names; files of unequal length,
+    empty, missing or cut short are one line."""
     import gzip
 
     from training import score as score_py
     from training.evaluation import score
 
+    rows, _ = TABLE2_CASES["fr"]  # --lang: Moses' tokenizer of that language
+    (tmp_path / "out.fr").write_text("".join(hypothesis + "\n" for hypothesis, _, _ in rows))
+    (tmp_path / "ref.fr").write_text("".join(reference + "\n" for _, reference, _ in rows))
+    score_py.main([str(tmp_path / "out.fr"), "--reference", str(tmp_path / "ref.fr"), "--lang", "fr", "--json"])
+    assert json.loads(capsys.readouterr().out) == score(*zip(*[row[:2] for row in rows]), lang="fr")
     rows, bleu = TABLE2_CASES["de"]
     hypotheses, references, _ = (list(column) for column in zip(*rows))
     (tmp_path / "out.de").write_text("".join(line + "\n" for line in hypotheses))
@@ -438,7 +445,9 @@ def test_score_py_scores_a_file_as_a_run_scores_its_test_set(tmp_path, capsys):
         found["bleu_tokenized_signature"]]
     (tmp_path / "short.de").write_text("".join(line + "\n" for line in references[:-1]))
     (tmp_path / "cut.de.gz").write_bytes((tmp_path / "ref.de.gz").read_bytes()[:-10])  # a copy cut short
+    (tmp_path / "empty.de").write_text("")
     for files, said in (([tmp_path / "out.de", tmp_path / "short.de"], "has 8 lines and"),
+                        ([tmp_path / "empty.de", tmp_path / "empty.de"], "has 0 lines and"),
                         ([tmp_path / "none.de", tmp_path / "ref.de"], "No such file or directory"),
                         ([tmp_path / "out.de", tmp_path / "cut.de.gz"], "cut.de.gz cannot be read")):
         with pytest.raises(SystemExit, match=said) as stopped:
