@@ -874,8 +874,8 @@ def test_a_converted_fsmt_model_gives_fsmts_logits_translations_and_ids(tmp_path
 
 def test_an_fsmt_model_that_cannot_be_converted_is_one_line_before_anything_is_written(tmp_path, capfd):
     """Another kind of model, what FSMT computes and vaswani_hf does not (vocabularies of two sizes or of different
-    words, other encoder and decoder widths, other special tokens), a tokenizer that does not fit: one line each, and
-    OUT is not written."""
+    words, other encoder and decoder widths or heads, other special tokens), a tokenizer that does not fit: one line
+    each, and OUT is not written."""
     source, out = tmp_path / "fsmt", tmp_path / "out"
     write_fsmt(source)
     vocab = json.loads((source / "vocab-tgt.json").read_text())
@@ -883,8 +883,9 @@ def test_an_fsmt_model_that_cannot_be_converted_is_one_line_before_anything_is_w
     cases = {
         "holds a 'marian' model, not an FSMT one": {"config": {"model_type": "marian"}},
         "has vocabularies of": {"config": {"tgt_vocab_size": 7}},
-        "has encoder_ffn_dim != decoder_ffn_dim, activation_function='tanh', which": {
-            "config": {"decoder_ffn_dim": 8, "activation_function": "tanh"}},
+        "has encoder_ffn_dim != decoder_ffn_dim, encoder_attention_heads != decoder_attention_heads, "
+        "activation_function='tanh', which": {
+            "config": {"decoder_ffn_dim": 8, "decoder_attention_heads": 2, "activation_function": "tanh"}},
         "has special tokens {'bos_token_id': 0, 'pad_token_id': 1, 'eos_token_id': 2, 'decoder_start_token_id': 0}":
             {"config": {"decoder_start_token_id": 0}},
         "its source and target vocabularies differ": {
