@@ -2,6 +2,7 @@
 later is found when read; resuming loads data, never a pickle."""
 
 import argparse
+import errno
 import json
 import os
 import pickle
@@ -85,8 +86,6 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, 
 def test_only_a_write_the_disk_refuses_is_told_apart_from_other_errors():
     """Full, over quota or read-only (an OSError's number, or safetensors' words for it) is the disk's; a missing
     file, a permission or a bug is not, and is raised as it is."""
-    import errno
-
     from vaswani_hf.tools.text import refused_write
 
     for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
@@ -121,6 +120,30 @@ def test_a_process_whose_peer_ended_stops_in_one_line(tmp_path):
     ended = run_forked([], torch_ranks(2), timeout=120, script=script)
     assert (ended.returncode, ended.stdout) == (1, "")
     assert ended.stderr == "error: process 1 stopped: another process of the run ended first\n"
+
+
+def test_a_runs_stop_is_said_once_and_only_a_peers_end_or_a_refused_write_becomes_one_line(monkeypatch, capsys):
+    """`stopped_in_one_line`: gloo's words for either end of a closed connection in a process of a distributed run are
+    a peer's end, and in a lone process (no RANK: a download's reset, ...) the error as it is; a write the disk refuses
+    anywhere in the run is one line; Ctrl-C is said by the first process alone, each ending with a SIGINT's status."""
+    from training.checkpoints import stopped_in_one_line
+
+    def stopped(error: BaseException) -> str | int:
+        with pytest.raises(SystemExit) as stop, stopped_in_one_line():
+            raise error
+        return stop.value.code
+
+    monkeypatch.setenv("RANK", "1")
+    for words in ("Connection closed by peer", "Connection reset by peer"):
+        said = stopped(RuntimeError(f"[gloo] {words}"))
+        assert said == "error: process 1 stopped: another process of the run ended first"
+    assert (stopped(KeyboardInterrupt()), capsys.readouterr().err) == (130, "")
+    monkeypatch.delenv("RANK")
+    assert stopped(KeyboardInterrupt()) == 130 and "--resume_from_checkpoint latest" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="^Connection reset by peer$"), stopped_in_one_line():
+        raise RuntimeError("Connection reset by peer")
+    full = OSError(errno.ENOSPC, "No space left on device", "metrics.json")
+    assert stopped(full) == "error: [Errno 28] No space left on device: 'metrics.json'"
 
 
 def test_resuming_from_nothing_is_a_one_line_error(tmp_path):

@@ -372,13 +372,11 @@ def each_step(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sequ
     `hidden_states` each step's hidden states of every layer, and the encoder's. Attention weights come from the
     eager kernel, as in transformers' own decoding. `begun`: the tokens each hypothesis began with (the start token,
     and a given beginning), which the first step reads at once, as transformers' first step reads a decoder prompt.
-    `encoder_outputs`: the search's (`gnmt_beam_search`), whose attentions and hidden states are returned as given,
-    as transformers' beam search returns them."""
+    `encoder_outputs`: the search's, a `BaseModelOutput` (`gnmt_beam_search`), whose attentions and hidden states are
+    returned as given, as transformers' beam search returns them."""
     if encoder_outputs is None:
         encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask,
                                               output_attentions=attentions, output_hidden_states=hidden_states)
-    elif not isinstance(encoder_outputs, BaseModelOutput):
-        encoder_outputs = BaseModelOutput(*encoder_outputs)
     n = sequences.shape[0] // attention_mask.shape[0]
     out = model(encoder_outputs=(encoder_outputs.last_hidden_state.repeat_interleave(n, 0),),
                 attention_mask=attention_mask.repeat_interleave(n, 0), decoder_input_ids=sequences[:, :-1],
