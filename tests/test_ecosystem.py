@@ -78,6 +78,8 @@ def test_the_pipeline_passes_generation_arguments(translation_folder):
     # a list of sources: a list of each one's three, and no flattening
     assert translator(SOURCES[1:], num_beams=3, num_return_sequences=3) == [
         three, translator(SOURCES[2], num_beams=3, num_return_sequences=3)]
+    assert translator(SOURCES[1:], num_beams=3, num_return_sequences=3, batch_size=2) == [  # one generate() call
+        three, translator(SOURCES[2], num_beams=3, num_return_sequences=3)]
     with_tokens = translator(SOURCES[1], num_beams=1, skip_special_tokens=False)[0]["translation_text"]
     assert with_tokens.endswith(tokenizer.eos_token)
     short = translator(SOURCES[1], num_beams=1, max_new_tokens=2)[0]["translation_text"]

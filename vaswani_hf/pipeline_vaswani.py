@@ -61,7 +61,7 @@ class TranslationPipeline(Pipeline):
         if max_input_length is not None and (type(max_input_length) is not int or max_input_length < 1):
             raise ValueError(f"max_input_length must be a whole number of at least 1, got {max_input_length!r}")
         if truncation is not None and not isinstance(truncation, bool):
-            truncation = TRUNCATION.get(getattr(truncation, "value", truncation))  # transformers 4's strategies
+            truncation = TRUNCATION.get(truncation)  # transformers 4's strategies (a TruncationStrategy is a str)
             if truncation is None:
                 raise ValueError(f"truncation must be True, False or one of {sorted(TRUNCATION)}")
         preprocess_params = {key: value for key, value in (("max_input_length", max_input_length),
