@@ -298,6 +298,30 @@ def test_the_ctranslate2_engine_decodes_greedily_the_torch_engines_ids(translati
                                                                     for hypothesis, ids in zip(theirs, short)]
 
 
+# A value of each generation setting that makes a logits processor or stopping criterion CTranslate2 has not.
+UNAPPLIED = {"encoder_repetition_penalty": 1.2, "encoder_no_repeat_ngram_size": 2, "sequence_bias": [[[5], -1.0]],
+             "suppress_tokens": [5], "begin_suppress_tokens": [5], "forced_bos_token_id": 5,
+             "renormalize_logits": True, "remove_invalid_values": True, "exponential_decay_length_penalty": (2, 1.5),
+             "watermarking_config": {"bias": 2.0}, "stop_strings": ["."]}
+
+
+@pytest.mark.parametrize("setting", UNAPPLIED)
+def test_the_ctranslate2_engine_refuses_each_generation_setting_it_does_not_apply(translation_folder, tmp_path,
+                                                                                    setting):
+    """Every processor and stopping setting of the paper's search but the four CTranslate2 has (banned words, no
+    repeated n-grams, a repetition penalty, a forced end) is refused in one line before anything is converted: decoded
+    without it, the translations would differ without a word."""
+    from vaswani_hf.gnmt import PROCESSOR_SETTINGS, STOPPING_SETTINGS
+    from vaswani_hf.tools.ctranslate2_engine import APPLIED, CTranslate2Engine
+
+    assert set(UNAPPLIED) == set(PROCESSOR_SETTINGS + STOPPING_SETTINGS) - set(APPLIED)
+    folder = shutil.copytree(translation_folder, tmp_path / "model")
+    GenerationConfig.from_pretrained(folder, **{setting: UNAPPLIED[setting]}).save_pretrained(folder)
+    config, tokenizer = AutoConfig.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    with pytest.raises(ValueError, match=f"^--engine ctranslate2 does not apply the generation config's {setting}="):
+        CTranslate2Engine(str(folder), config, tokenizer)
+
+
 def test_the_ctranslate2_engine_applies_a_generation_configs_no_repeat_ngram_size_and_repetition_penalty(
         translation_folder, trained, tmp_path, monkeypatch):
     """Both are CTranslate2's own options: with a bias against EOS (outputs that run to their limit and repeat
