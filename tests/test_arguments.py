@@ -28,6 +28,7 @@ def test_the_model_has_the_encoder_and_decoder_depths_the_flags_ask_for(monkeypa
     ([], (8, 8), "4 heads, "),
     (["--d_k", "4"], (4, 8), "4 heads (d_k 4, d_v 8), "),  # Table 3 row B: narrower keys, values as wide
     (["--d_k", "4", "--d_v", "6"], (4, 6), "4 heads (d_k 4, d_v 6), "),
+    (["--d_v", "6"], (8, 6), "4 heads (d_k 8, d_v 6), "),
 ])
 def test_table_3_row_bs_head_widths_reach_the_model_and_its_card(flags, widths, named):
     """--d_k and --d_v (default d_model / h) make each head's queries and keys, and its values, that wide; the card's
