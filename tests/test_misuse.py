@@ -831,13 +831,13 @@ def test_weights_that_do_not_fit_their_config_are_one_line_and_a_fine_tuning_run
     weights = load_file(folder / "model.safetensors")
     d_ff = weights[key].shape[0]
     if misfit == "a tensor missing":
-        del weights[key]
+        del weights[key], weights[key.replace("fc1", "fc2")]  # two: the first named, the other counted
     elif misfit == "a tensor left over":
         weights["model.encoder.layers.9.fc1.bias"] = weights[key].clone()
     else:
         weights[key] = weights[key][1:].clone()
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    named = {"a tensor missing": f"{key} is missing",
+    named = {"a tensor missing": f"{key} is missing (and 1 more)",
              "a tensor left over": "model.encoder.layers.9.fc1.bias is not part of the model",
              "a shape of another model": f"{key} is ({d_ff - 1},), the config makes it ({d_ff},)"}[misfit]
     expected = f"error: the weights of {folder} do not fit its config: {named}"
@@ -848,6 +848,26 @@ def test_weights_that_do_not_fit_their_config_are_one_line_and_a_fine_tuning_run
     with pytest.raises(SystemExit) as stop:
         run_trainer.main([*data, *start])
     assert str(stop.value.code) == expected and not out.exists()
+
+
+def test_transformers_logging_and_bars_come_back_as_they_were_after_a_quiet_load():
+    """`transformers_quiet` (the tools' loading) silences transformers' warnings and bars inside, and leaves its
+    verbosity and progress bars as the caller had them, on or off."""
+    from transformers.utils import logging as hf_logging
+
+    from vaswani_hf.tools.loading import transformers_quiet
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    try:
+        for level, bar in ((hf_logging.INFO, False), (hf_logging.WARNING, True)):
+            hf_logging.set_verbosity(level)
+            (hf_logging.enable_progress_bar if bar else hf_logging.disable_progress_bar)()
+            with transformers_quiet():
+                assert (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()) == (hf_logging.ERROR, False)
+            assert (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()) == (level, bar)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
 
 
 def test_an_error_without_a_message_is_named_by_its_type():
