@@ -16,6 +16,8 @@ import zlib
 from pathlib import Path
 
 DECOMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+# What reading a compressed file raises where it is damaged or cut short (gzip's bad header: an OSError).
+DAMAGED = (EOFError, lzma.LZMAError, zlib.error)
 
 
 def split_lines(text: str) -> list[str]:
@@ -49,7 +51,7 @@ def read_lines(path: str | Path) -> list[str]:
     try:
         with opened(path) as file:
             data = file.read()
-    except (EOFError, lzma.LZMAError, zlib.error) as error:
+    except DAMAGED as error:
         raise ValueError(f"{path} cannot be read: {error or type(error).__name__}") from None
     return split_lines(decode_utf8(data, str(path)))
 

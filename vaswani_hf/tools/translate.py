@@ -34,13 +34,11 @@ import argparse
 import codecs
 import contextlib
 import itertools
-import lzma
 import math
 import os
 import signal
 import sys
 import time
-import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -73,7 +71,7 @@ from .loading import (
     one_line_errors,
     papers_decoding,
 )
-from .text import decode_utf8, opened, refused_write, split_lines
+from .text import DAMAGED, decode_utf8, opened, refused_write, split_lines
 
 MAX_TOKENS = 4096  # source tokens per batch, padding included
 WINDOW = 2000  # lines read, sorted by length and batched together
@@ -384,7 +382,7 @@ def read(file, size: int, path: str) -> bytes:
     """`file.read(size)`; a compressed file that is damaged or cut short stops the program in one line."""
     try:
         return file.read(size)
-    except (OSError, EOFError, lzma.LZMAError, zlib.error) as error:
+    except (OSError, *DAMAGED) as error:
         raise SystemExit(f"error: {path} cannot be read: {error or type(error).__name__}") from None
 
 
@@ -569,7 +567,7 @@ def main(argv: list[str] | None = None) -> None:
         disable_progress_bar()  # transformers' bars; ours counts lines
         engine, tokenizer = load_engine(args.model, args.engine, args.device, args.int8, fast=not args.no_fast_cpu,
                                         scoring=bool(args.score))
-        num_beams = args.num_beams or getattr(engine.generation_config, "num_beams", None) or 4
+        num_beams = args.num_beams or getattr(engine.generation_config, "num_beams", None) or PAPERS_BEAMS
         if args.extra_length is not None:
             if args.alpha is None and not papers_decoding(engine.generation_config):
                 raise SystemExit(f"error: --extra_length limits the paper's search, and {args.model} decodes as it "
