@@ -123,6 +123,15 @@ def test_a_wrong_flag_is_one_line_before_anything_is_written(tmp_path, monkeypat
     assert not out.exists()
 
 
+@pytest.mark.parametrize("split", ["validation", "test"])
+def test_a_dataset_and_a_file_of_any_split_are_refused(tmp_path, monkeypatch, data, split):
+    """The dataset's splits would be read and the file dropped."""
+    out = tmp_path / "out"
+    flags = ["--dataset_name", "org/news", f"--{split}_file", data[1], "--output_dir", str(out), "--max_steps", "1"]
+    assert f"--dataset_name and --{split}_file: a dataset brings its own splits" in refused(monkeypatch, *TINY, *flags)
+    assert not out.exists()
+
+
 def test_a_tracker_whose_package_is_not_installed_is_refused_before_anything_is_written(tmp_path, monkeypatch,
                                                                                         data):
     """Accelerate warns of it and trains without it: a run of hours would keep no record of its losses."""
