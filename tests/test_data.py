@@ -361,7 +361,8 @@ def test_only_the_joint_bpes_pipeline_takes_the_word_cached_encoder():
     spec = json.loads(joint.to_str())
     nfkc = {**spec, "normalizer": json.loads(normalizers.NFKC().__getstate__())}  # earlier runs' tokenizers
     assert is_joint_bpe(Tokenizer.from_str(json.dumps(nfkc)))
-    changed = {"dropout": {**spec, "model": {**spec["model"], "dropout": 0.1}},
+    wordpiece = json.loads(Tokenizer(models.WordPiece(spec["model"]["vocab"], unk_token="<unk>")).to_str())["model"]
+    changed = {"dropout": {**spec, "model": {**spec["model"], "dropout": 0.1}}, "model": {**spec, "model": wordpiece},
                "pre_tokenizer": {**spec, "pre_tokenizer": json.loads(pre_tokenizers.Whitespace().__getstate__())},
                "normalizer": {**spec, "normalizer": json.loads(normalizers.NFC().__getstate__())}}
     for name, other in changed.items():
@@ -475,6 +476,20 @@ def test_the_processes_read_the_ids_of_their_share_of_each_steps_batches_leaving
                                          r"pairs over --max_length 9 left out\), fewer than the 2000 of one optimizer "
                                          r"step: lower --tokens_per_step or raise --max_length$"):
         EpochBatches(train, 9, 40, seed=2, accumulation=500, rank=0, world=4)  # a step: 500 batches on 4 processes
+
+
+def test_the_word_cached_encoder_normalizes_only_text_the_normalizer_could_change():
+    """Its shortcut: Latin-1 text without compatibility characters, with single spaces between words (or one before
+    them), skips the normalizer; text with anything either normalizer may change takes it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from training.tokens import NORMALIZED
+
+    plain = ["Ein Hund läuft über die Straße.", "Café, naïve; größer! (Ja)", " Vorne", "", "a"]
+    odd = ["zwei  Leerzeichen", "am Ende ", "ein\tTab", "eine\nZeile", "ein\u00a0Raum", "\ufb01", "\u00bd", "x\u0301",
+           "\u201eja\u201c"]
+    assert pc.match_substring_regex(pa.array(plain + odd), NORMALIZED).to_pylist() == [False] * 5 + [True] * 9
 
 
 @pytest.mark.parametrize("spaces", [True, False])  # the normalizer, and NFKC alone (earlier runs' tokenizers)
