@@ -314,9 +314,11 @@ def test_run_trainer_warns_of_bf16_on_a_cpu_without_bfloat16_instructions(tmp_pa
     (["--label_smoothing_factor", "-0.1"], "error: --label_smoothing_factor -0.1: must be at least 0 and below 1"),
     # the Trainer's own, taken by it and failed on later: a DataLoader's, a division's, a generation's traceback
     (["--per_device_train_batch_size", "0"], "error: --per_device_train_batch_size 0: must be at least 1"),
+    (["--per_device_eval_batch_size", "0"], "error: --per_device_eval_batch_size 0: must be at least 1"),
     (["--gradient_accumulation_steps", "0"], "error: --gradient_accumulation_steps 0: must be at least 1"),
     (["--generation_max_length", "1"], "error: --generation_max_length 1: must be at least 2"),  # after training
     (["--save_steps", "-5"], "error: --save_steps -5.0: must be positive and finite"),
+    (["--eval_steps", "-1"], "error: --eval_steps -1.0: must be positive and finite"),  # 0: --logging_steps
     (["--logging_steps", "0"], "error: logging strategy IntervalStrategy.STEPS requires non-zero --logging_steps")])
 def test_run_trainer_refuses_flags_that_would_fail_later_in_one_line(flags, named):
     """A seed torch does not take, a label smoothing of 1 or more (a uniform target), and the Trainer's arguments
@@ -324,6 +326,13 @@ def test_run_trainer_refuses_flags_that_would_fail_later_in_one_line(flags, name
     with pytest.raises(SystemExit) as stop:
         run_trainer.parse_arguments(["--preset", "cpu-small", "--output_dir", "unused", *flags])
     assert stop.value.code == named
+
+
+def test_run_trainer_reads_a_steps_flag_only_where_its_strategy_counts_steps():
+    """--save_steps 0 means nothing to the Trainer under --save_strategy epoch: not refused."""
+    flags = ["--save_strategy", "epoch", "--save_steps", "0", "--eval_strategy", "no", "--eval_steps", "-1"]
+    *_, training_args = run_trainer.parse_arguments(["--preset", "cpu-small", "--output_dir", "unused", *flags])
+    assert (training_args.save_strategy, training_args.eval_strategy) == ("epoch", "no")
 
 
 def test_run_trainer_refuses_an_unknown_preset_in_one_line():

@@ -173,6 +173,14 @@ def entry_flags(tmp_path) -> list[str]:
             "--disable_tqdm", "true"]
 
 
+def test_the_trainer_entry_point_into_english_scores_table_2s_bleu_with_englishs_moses_tokens(tmp_path):
+    output = tmp_path / "out"
+    flags = [*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "1", "--eval_strategy", "no"]
+    run_trainer.main([*flags, "--source_lang", "de", "--target_lang", "en"])
+    signature = json.loads((output / "metrics.json").read_text())["test"]["bleu_tokenized_signature"]
+    assert signature.startswith("moses:en|compounds:split|")
+
+
 def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(tmp_path, monkeypatch, recwarn):
     """With --push_to_hub (huggingface_hub's calls recorded), the finished folder's model files go up once, at the
     end, as vaswani-push sends them: not the Trainer's own uploads at each save (logs, training_args.bin)."""

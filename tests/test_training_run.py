@@ -751,6 +751,15 @@ def test_a_greedy_run_saves_its_checkpoints_and_a_model_of_one_beam_and_tries_no
     assert "GNMT α chosen" not in (run / "README.md").read_text()
 
 
+def test_a_run_into_english_scores_table_2s_bleu_with_englishs_moses_tokens(tmp_path, small_data):
+    """--target_lang names the Moses tokenizer that Table 2's BLEU reads the translations with, in validation's α
+    choice and the test alike: de -> en here, not German's."""
+    train_here(tmp_path / "run", *TINY, *small_data, "--source_lang", "de", "--target_lang", "en", "--max_steps", "1")
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    for split in ("validation", "test"):
+        assert metrics[split]["bleu_tokenized_signature"].startswith("moses:en|compounds:split|"), split
+
+
 def test_a_run_logs_to_the_trackers_report_to_names(tmp_path, small_data):
     """tensorboard by default, in the output folder; `--report_to none`: no tracker."""
     for report_to, logged in ((["tensorboard"], True), (["none"], False)):
