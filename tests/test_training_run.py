@@ -768,6 +768,25 @@ def test_a_run_logs_to_the_trackers_report_to_names(tmp_path, small_data):
         assert any((run / "vaswani").glob("events.out.tfevents.*")) is logged
 
 
+def test_the_trackers_report_to_names_reach_accelerate(tmp_path, small_data, monkeypatch):
+    """Each tracker named, as named: here Accelerate is asked for them and given none (neither is installed)."""
+    from accelerate import Accelerator, tracking
+
+    import training.run
+
+    asked = []
+
+    class Recorded(Accelerator):
+        def __init__(self, *args, log_with=None, **kwargs):
+            asked.append(log_with)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(training.run, "Accelerator", Recorded)
+    monkeypatch.setattr(tracking, "get_available_trackers", lambda: list(tracking.LoggerType))
+    train_here(tmp_path / "run", *TINY, *small_data, "--max_steps", "1", "--report_to", "wandb", "mlflow")
+    assert asked == [["wandb", "mlflow"]]
+
+
 @pytest.mark.parametrize("converted", [False, True])
 def test_a_runs_decoding_with_one_beam_is_a_generation_config_transformers_saves(tmp_path, converted):
     """A new model's decoding (the paper's search) and a converted start's (transformers' beam search as it was
