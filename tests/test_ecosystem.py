@@ -1082,11 +1082,21 @@ def test_attention_weights_are_distributions_and_the_decoder_is_masked(translati
     above_diagonal = torch.ones(target_length, target_length, dtype=torch.bool).triu(1)
     assert torch.all(weights.decoder[:, above_diagonal] == 0)
     assert weights.target_tokens[0] == tokenizer.bos_token
+    deepest = attention_weights(model, tokenizer, SOURCES[0], "Hallo.", layer=-3)  # the decoder's bottom layer alone
+    assert (deepest.encoder_layer, deepest.decoder_layer, deepest.encoder) == (None, 0, None)
     assert model.config._attn_implementation == "sdpa"  # the eager switch for the weights is undone
     for layer in (3, -4):  # the tiny model's stacks: 2 encoder layers, 3 decoder layers
         with pytest.raises(ValueError, match=f"^layer {layer} does not exist: the model has 2 encoder and 3 decoder "
                                              "layers"):
             attention_weights(model, tokenizer, SOURCES[0], "Hallo.", layer=layer)
+
+
+def test_a_bfloat16_models_attention_weights_are_float32_and_drawn(translation_folder, tmp_path):
+    """matplotlib draws no bfloat16 tensor."""
+    model, tokenizer = load_local(translation_folder)
+    weights = attention_weights(model.to(torch.bfloat16), tokenizer, SOURCES[0], "Hallo.")
+    assert {tensor.dtype for tensor in (weights.encoder, weights.decoder, weights.cross)} == {torch.float32}
+    assert all(path.is_file() for path in write_pictures(weights, tmp_path))
 
 
 def test_attention_weights_of_a_training_model_are_without_dropout_and_it_goes_on_training(translation_folder):
@@ -1176,8 +1186,11 @@ def test_the_visualize_command_writes_one_picture_per_attention(translation_fold
     folder = tmp_path / "pictures"
     bars = is_progress_bar_enabled()
     try:
+        capfd.readouterr()
         main([str(translation_folder), "--source", SOURCES[0], "--layer", "0", "--output_dir", str(folder)])
-        for name in ("encoder_self_attention", "decoder_self_attention", "cross_attention"):
+        names = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
+        assert capfd.readouterr().out.splitlines() == [f"{folder}/{name}_layer0.png" for name in names]
+        for name in names:
             path = folder / f"{name}_layer0.png"
             assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         pictures = {path: path.read_bytes() for path in folder.iterdir()}
@@ -1189,6 +1202,9 @@ def test_the_visualize_command_writes_one_picture_per_attention(translation_fold
         main([str(arg) for arg in second] + ["--overwrite"])
         redrawn = {path: path.read_bytes() for path in folder.iterdir()}
         assert redrawn.keys() == pictures.keys() and all(redrawn[path] != pictures[path] for path in pictures)
+        for name in names[:2]:  # the last picture alone left: refused as well
+            (folder / f"{name}_layer0.png").unlink()
+        assert refusal(capfd, main, *second).startswith(f"error: {folder}/cross_attention_layer0.png exists")
     finally:
         if bars:
             enable_progress_bar()
