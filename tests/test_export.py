@@ -942,6 +942,10 @@ def test_the_papers_beam_search_runs_on_onnx_runtime_as_on_torch(trained, onnx_m
     sources = [source for source, _ in PAIRS[:4]] + [" "]  # a blank source: "", as vaswani-translate gives it
     assert onnx_model.translate(sources) == translate(model, tokenizer, sources)  # the folder's tokenizer, beam, α
     assert onnx_model.translate(["", " "]) == ["", ""]
+    by_onnx, by_torch = (sorted(translations(engine, tokenizer, sources, nbest=3)) for engine in (onnx_model, model))
+    assert [[text for text, _ in found.hypotheses] for found in by_onnx] == [  # each source's 3 best, in order
+        [text for text, _ in found.hypotheses] for found in by_torch]
+    assert {len(found.hypotheses) for found in by_onnx} == {3}
 
 
 def test_onnx_translate_bans_and_stops_where_its_generation_config_says_as_torch(trained, onnx_model, monkeypatch):
