@@ -763,6 +763,10 @@ def test_an_export_that_fails_midway_leaves_nothing_under_its_name_and_a_full_di
         patch.setattr(to_ctranslate2, "export", fail_after_a_file(OSError(errno.ENOSPC, "No space left on device")))
         with pytest.raises(SystemExit) as stop:  # a full disk: one line
             export_main(["ctranslate2", str(translation_folder), str(out)])
+        patch.chdir(out.parent)
+        with pytest.raises(SystemExit) as relative:  # named as given
+            export_main(["ctranslate2", str(translation_folder), "ct2"])
+    assert relative.value.code.startswith("error: ct2 could not be written ([Errno 28]")
     assert stop.value.code == (f"error: {out} could not be written ([Errno 28] No space left on device); nothing of "
                                "it is left")
     assert not out.exists() and not any(out.parent.iterdir())

@@ -649,12 +649,15 @@ def decode(model, source, **kwargs):
     return model.generate(source, max_new_tokens=10, output_scores=True, return_dict_in_generate=True, **kwargs)
 
 
-@pytest.mark.parametrize("num_beams", [1, 4])
-def test_decoding_gives_the_same_sequences_and_scores_whatever_the_plan(num_beams):
+@pytest.mark.parametrize(("num_beams", "search"), [
+    (1, {}), (4, {}), (4, {"gnmt_alpha": 0.6, "num_return_sequences": 2})])
+def test_decoding_gives_the_same_sequences_and_scores_whatever_the_plan(num_beams, search):
+    """Greedy, transformers' beam search, and the paper's, whose scores come from a pass over the 2 hypotheses a
+    source it returns without a cache (rows that are not the beams sharing a source)."""
     source = random_ids(3, 8, seed=3)
-    plain = decode(tiny_model(seed=5).eval(), source, num_beams=num_beams)
+    plain = decode(tiny_model(seed=5).eval(), source, num_beams=num_beams, **search)
     for plan in (PLAIN, EVERYTHING, {**PLAIN, "beam": {"shared": True, "packed": False}}):
-        other = decode(fast_cpu(tiny_model(seed=5), plan).eval(), source, num_beams=num_beams)
+        other = decode(fast_cpu(tiny_model(seed=5), plan).eval(), source, num_beams=num_beams, **search)
         assert torch.equal(other.sequences, plain.sequences), plan
         torch.testing.assert_close(torch.stack(other.scores), torch.stack(plain.scores), rtol=1e-5, atol=1e-5)
 

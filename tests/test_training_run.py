@@ -1107,6 +1107,7 @@ def test_the_parsing_preset_saves_the_papers_parser_decoding(tmp_path, treebank_
     assert "- recipe: `extra_length=300` (paper: 50; its parser, §6.3: 300)" in card
     metrics = json.loads((tmp_path / "parser" / "metrics.json").read_text())
     assert {"bleu", "bracket_f1", "skipped"} <= metrics["test"].keys() <= metrics["validation"].keys()
+    assert "bleu_tokenized" not in metrics["test"]  # trees are not read with a language's Moses tokens (Table 2's)
     header = ModelCard.load(tmp_path / "parser" / "README.md").data  # one language: the sentences'
     assert header.language == ["en"] and header.metrics == ["bleu", "chrf", "bracket_f1"]
     assert header.tags[0] == "constituency-parsing" and header.pipeline_tag == "translation"  # the pipeline it has
@@ -1161,6 +1162,9 @@ def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-4"]
     assert metrics["test"]["bleu_signature"].startswith("nrefs:1|case:mixed")
+    validation = metrics["validation"]
+    assert (f"validation: sacreBLEU {validation['bleu']:.1f}  chrF {validation['chrf']:.1f}  tokenized BLEU "
+            f"{validation['bleu_tokenized']:.1f}  perplexity {validation['perplexity']:.2f}\n") in printed.out
     card = (out / "README.md").read_text()
     assert "{{" not in card and f"{metrics['test']['bleu']:.2f}" in card
     generation = json.loads((out / "generation_config.json").read_text())
