@@ -329,7 +329,8 @@ def test_run_trainer_refuses_flags_that_would_fail_later_in_one_line(flags, name
 
 
 def test_run_trainer_reads_a_steps_flag_only_where_its_strategy_counts_steps():
-    """--save_steps 0 means nothing to the Trainer under --save_strategy epoch: not refused."""
+    """--save_steps 0 under --save_strategy epoch, --eval_steps -1 under --eval_strategy no: flags the Trainer does
+    not read, not refused."""
     flags = ["--save_strategy", "epoch", "--save_steps", "0", "--eval_strategy", "no", "--eval_steps", "-1"]
     *_, training_args = run_trainer.parse_arguments(["--preset", "cpu-small", "--output_dir", "unused", *flags])
     assert (training_args.save_strategy, training_args.eval_strategy) == ("epoch", "no")

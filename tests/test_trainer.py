@@ -174,6 +174,7 @@ def entry_flags(tmp_path) -> list[str]:
 
 
 def test_the_trainer_entry_point_into_english_scores_table_2s_bleu_with_englishs_moses_tokens(tmp_path):
+    """As run.py's (test_training_run.py): --target_lang names Table 2's BLEU's Moses tokenizer, here English's."""
     output = tmp_path / "out"
     flags = [*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "1", "--eval_strategy", "no"]
     run_trainer.main([*flags, "--source_lang", "de", "--target_lang", "en"])
