@@ -5,11 +5,11 @@ import copy
 
 import pytest
 import torch
-from support import random_ids, tiny_model
+from support import random_ids, run_without, tiny_config, tiny_model
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
-from vaswani_hf import fast_cpu, quantize_int8
+from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, quantize_int8
 from vaswani_hf.speed.kernels import PackedLinear
 from vaswani_hf.speed.quantization import Int8Linear, full_range_activations
 
@@ -116,3 +116,40 @@ def test_a_torch_that_cannot_tell_vnni_gets_torchs_7_bit_activations(monkeypatch
     assert full_range_activations() is False
     layers = [layer for layer in quantize_int8(tiny_model()).modules() if isinstance(layer, DynamicQuantizedLinear)]
     assert layers and all(type(layer) is DynamicQuantizedLinear for layer in layers)
+
+
+def test_without_torchs_legacy_quantization_the_package_works_and_int8_is_refused(tmp_path, translation_folder):
+    """torch deprecates `torch.ao.quantization` and its dynamic int8 layers for torchao, and means to remove them.
+    In a fresh Python whose torch has neither (taken out after `import torch`), the package imports, a model decodes
+    under `fast_cpu` as in this process, and `quantize_int8` and `vaswani-translate --int8` say in one line what is
+    missing and what does the same (CTranslate2's int8), before any weights are read."""
+    script = """
+        import sys, torch
+        legacy = ("torch.ao.nn.quantized", "torch.ao.quantization")
+        for name in [name for name in sys.modules if name.startswith(legacy)]:
+            sys.modules[name] = None  # importing one now fails, as if torch had none
+        del torch.ao.nn.quantized, torch.ao.quantization
+        import vaswani_hf
+        from vaswani_hf.speed.decoding import PLAIN
+        from vaswani_hf.tools.translate import main
+        config = vaswani_hf.VaswaniConfig(vocab_size=53, d_model=24, d_ff=36, num_heads=3, num_layers=2,
+                                          num_decoder_layers=3, dropout=0.0)  # tiny_config()'s
+        torch.manual_seed(0)
+        model = vaswani_hf.fast_cpu(vaswani_hf.VaswaniForConditionalGeneration(config).eval(), PLAIN)
+        print(model.generate(torch.arange(3, 12).view(1, 9), num_beams=4, max_new_tokens=6).tolist())
+        try:
+            vaswani_hf.quantize_int8(model)
+        except RuntimeError as error:
+            print(error)
+        main(["--model", sys.argv[1], "--int8", "--input", sys.argv[2]])
+    """
+    (tmp_path / "sources.txt").write_text("A book likes the small dog.\n")
+    result = run_without("nothing", script, translation_folder, tmp_path / "sources.txt")
+    torch.manual_seed(0)
+    expected = VaswaniForConditionalGeneration(tiny_config()).eval().generate(torch.arange(3, 12).view(1, 9),
+                                                                              num_beams=4, max_new_tokens=6)
+    missing = (f"int8 decoding needs torch's dynamic quantization (torch.ao.quantization), which torch "
+               f"{torch.__version__} lacks: vaswani-translate --engine ctranslate2 --int8 decodes in CTranslate2's "
+               "int8")
+    assert result.stdout == f"{expected.tolist()}\n{missing}\n", result.stderr[-3000:]
+    assert (result.returncode, result.stderr) == (1, f"error: {missing}\n")

@@ -23,13 +23,23 @@ from torch import nn
 
 from .decoding import PLAIN
 
+try:  # torch's legacy quantization, deprecated for torchao, which torch means to remove: without it, no int8 copy
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+except ImportError:
+    DynamicLinear = None
 
-class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
-    """torch's dynamic int8 linear layer with activations quantized to 8 bits rather than 7 (`reduce_range=False`):
-    for CPUs with VNNI, whose int8 products accumulate in 32 bits."""
+MISSING = (f"int8 decoding needs torch's dynamic quantization (torch.ao.quantization), which torch "
+           f"{torch.__version__} lacks: vaswani-translate --engine ctranslate2 --int8 decodes in CTranslate2's int8")
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(input, self._packed_params._packed_params, reduce_range=False)
+if DynamicLinear is not None:
+
+    class Int8Linear(DynamicLinear):
+        """torch's dynamic int8 linear layer with activations quantized to 8 bits rather than 7 (`reduce_range=False`):
+        for CPUs with VNNI, whose int8 products accumulate in 32 bits."""
+
+        def forward(self, input: torch.Tensor) -> torch.Tensor:
+            return torch.ops.quantized.linear_dynamic(input, self._packed_params._packed_params, reduce_range=False)
 
 
 def full_range_activations() -> bool:
@@ -38,7 +48,10 @@ def full_range_activations() -> bool:
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
-    """A copy of `model` (in eval mode, on the CPU) whose linear layers compute in int8."""
+    """A copy of `model` (in eval mode, on the CPU) whose linear layers compute in int8; a RuntimeError (`MISSING`)
+    where torch has no dynamic quantization."""
+    if DynamicLinear is None:
+        raise RuntimeError(MISSING)
     if any(parameter.device.type != "cpu" for parameter in model.parameters()):
         raise ValueError("int8 dynamic quantization runs on the CPU: move the model there first (model.cpu())")
     quantized = copy.deepcopy(model)
@@ -51,16 +64,14 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         # torch marks torch.ao.quantization deprecated (torchao is the successor); it works in the pinned 2.13.
         warnings.filterwarnings("ignore", message=".*quantize_per_(tensor|channel).*deprecated", category=UserWarning)
         warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
-        torch.ao.quantization.quantize_dynamic(
-            quantized, {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
-        )
+        quantize_dynamic(quantized, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
     if full_range_activations():
         for module in quantized.modules():
-            if type(module) is torch.ao.nn.quantized.dynamic.Linear:
+            if type(module) is DynamicLinear:
                 module.__class__ = Int8Linear
     return quantized
 
 
 def is_int8(model: nn.Module) -> bool:
     """Whether `model` is an int8 copy: its linear layers are torch's dynamic int8 ones."""
-    return any(isinstance(module, torch.ao.nn.quantized.dynamic.Linear) for module in model.modules())
+    return DynamicLinear is not None and any(isinstance(module, DynamicLinear) for module in model.modules())

@@ -10,7 +10,7 @@ from transformers.utils import logging as hf_logging
 
 from ..speed.fast_cpu import fast_cpu
 from ..speed.kernels import CacheNotWritable
-from ..speed.quantization import quantize_int8
+from ..speed.quantization import MISSING, DynamicLinear, quantize_int8
 
 # What every tokenizer transformers saves writes one of: ours, tokenizers' JSON; a converted model's, its config.
 TOKENIZER_ENTRIES = ("tokenizer.json", "tokenizer_config.json")
@@ -22,6 +22,8 @@ def load(name_or_path: str, device: str = "auto", int8: bool = False, fast: bool
     """(model, tokenizer) from a model folder or Hub repository, in eval mode on `device` (with `int8`: the CPU
     model's int8 copy), on a CPU with `fast` transformed by `fast_cpu`; a missing or broken model, or another kind of
     model, exits with a one-line message before its weights are read."""
+    if int8 and DynamicLinear is None:
+        raise SystemExit(f"error: {MISSING}")
     if device == "auto":
         device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
     if int8 and device != "cpu":
