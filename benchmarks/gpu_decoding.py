@@ -4,20 +4,22 @@ transformers' beam search (dynamic cache, and static cache compiled) and our mod
     python benchmarks/gpu_decoding.py --output_dir runs/decoding           # on a GPU: 3,000 sentences
     python benchmarks/gpu_decoding.py --tiny --output_dir runs/decoding    # on a CPU: tiny sizes, the same code
 
-Sources: random ids with lengths drawn like WMT14 EN-DE's (benchmarks/utilisation.py), batched as
-`vaswani-translate` batches them (sorted by length, at most 4,096 source tokens a batch). A model of random weights
-seldom ends a sentence, so every engine is made to write exactly 1.1 x the batch's longest source in new tokens (the
-targets' share in WMT14): the same work in each, about the length real translations have. Beam 4 in each; ours
-with the GNMT penalty (α 0.6), the others with their own (the scores do not change the work). Float32 with TF32
-allowed, as `vaswani-translate` runs on a GPU; CTranslate2 also in float16 and int8 (its GPU compute types), where
-its package finds the CUDA libraries it was built for (else the error is reported, and the rest runs; on the lent GPU
-machine benchmarks/gpu_session.sh offers it the image's cuBLAS 13 under the CUDA 12 name it opens). The report names
-the cuBLAS files the process ran on.
+Ours twice: the decoder's steps as the model file computes them, and as `fast_cpu`'s lean step does (fewer Python calls
+a step: whether the host, not the GPU, paces decoding). Sources: random ids with lengths drawn like WMT14 EN-DE's
+(benchmarks/utilisation.py), batched as `vaswani-translate` batches them (sorted by length, at most 4,096 source tokens
+a batch). A model of random weights seldom ends a sentence, so every engine is made to write exactly 1.1 x the batch's
+longest source in new tokens (the targets' share in WMT14): the same work in each, about the length real translations
+have. Beam 4 in each; ours with the GNMT penalty (α 0.6), the others with their own (the scores do not change the
+work). Float32 with TF32 allowed, as `vaswani-translate` runs on a GPU; CTranslate2 also in float16 and int8 (its GPU
+compute types), where its package finds the CUDA libraries it was built for (else the error is reported, and the rest
+runs; on the lent GPU machine benchmarks/gpu_session.sh offers it the image's cuBLAS 13 under the CUDA 12 name it
+opens). The report names the cuBLAS files the process ran on.
 
 Writes decoding.json and decoding.md to --output_dir.
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import sys
@@ -36,6 +38,7 @@ from utilisation import wmt_like_pairs
 
 from vaswani_hf.gnmt import gnmt_beam_search
 from vaswani_hf.speed.kernels import cpu_name
+from vaswani_hf.speed.lean import lean_block
 from vaswani_hf.tools.translate import MAX_TOKENS, token_batches
 
 TINY = {"size": {"d_model": 32, "num_layers": 2, "num_heads": 4, "d_ff": 64, "vocab_size": 300}, "sentences": 40}
@@ -63,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                for n in lengths]
     batches = [[sources[i] for i in batch] for batch in token_batches([len(s) for s in sources], MAX_TOKENS)]
     engines = {"ours (GNMT search, vaswani-translate's)": lambda batch: ours(model, batch, device),
+               "ours, the decoder's steps lean (fast_cpu's, lean.py)": lambda batch: ours(model, batch, device,
+                                                                                         lean=True),
                "transformers beam search": lambda batch: transformers_beams(model, batch, device, static=False),
                "transformers beam search, static cache (compiled on a GPU)": lambda batch: transformers_beams(
                    model, batch, device, static=True)}
@@ -105,10 +110,13 @@ def padded(batch: list[list[int]], device: torch.device) -> tuple[torch.Tensor, 
     return ids, ids.ne(PAD).long()
 
 
-def ours(model, batch: list[list[int]], device: torch.device) -> None:
+def ours(model, batch: list[list[int]], device: torch.device, lean: bool = False) -> None:
+    """The paper's search, the decoder's steps by its own forward, or with `lean` by lean.py's (fewer Python calls a
+    step: whether the host paces a GPU's decoding)."""
     ids, mask = padded(batch, device)
     n = new_tokens(batch)
-    output = gnmt_beam_search(model, ids, mask, BEAMS, ALPHA, max_new_tokens=n, min_new_tokens=n)
+    with lean_block(model.model.decoder) if lean else contextlib.nullcontext():
+        output = gnmt_beam_search(model, ids, mask, BEAMS, ALPHA, max_new_tokens=n, min_new_tokens=n)
     assert output.shape[1] == n + 1, output.shape
 
 

@@ -33,8 +33,9 @@
 #             else the embedded grammar; at the paper's warm-up since 2026-12-04 (benchmarks/README.md, session 132);
 #   eager     as base, eager (`--compile no`), 1 process: 1 min;
 #   cudnn     as eager, with cuDNN's attention kernels for ours too (`--cudnn_attention`): 1 min;
-#   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours beside transformers' and CTranslate2 (whose wheel
-#             no longer fits beside the others: gpu_wheels.sh's header): 1.5 min;
+#   decoding  benchmarks/gpu_decoding.py, 3,000 sentences, ours (and with fast_cpu's lean decoder step) beside
+#             transformers' and CTranslate2 (whose wheel no longer fits beside the others: gpu_wheels.sh's header):
+#             2 min;
 #   fp16      the training part's runs in fp16 (`--mixed_precision fp16`: a GPU without bfloat16, V100 or T4, trains
 #             so; its loss scale kept in each checkpoint), no remote part: about 4 min (as training's runs);
 #   deterministic  run.py's --deterministic: base's step with it (1 process, no Marian: its cost against base's), then
@@ -113,7 +114,7 @@ for name in $parts; do
                      --compile inductor ;;
         eager) utilisation eager 60 --sizes base --processes 1 --compile no ;;
         cudnn) utilisation cudnn 60 --sizes base --processes 1 --compile no --cudnn_attention ;;
-        decoding) run decoding 100 env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        decoding) run decoding 120 env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
                       python3 benchmarks/gpu_decoding.py --output_dir "$work/decoding" ;;
         training) run training 360 env TORCH_LOGS=recompiles python3 benchmarks/gpu_check.py \
                       --parts training remote $text --output_dir "$work/training" ;;

@@ -24,7 +24,8 @@ def test_every_engine_decodes_the_sources_at_tiny_sizes_on_a_cpu(tmp_path, capsy
     report = json.loads((tmp_path / "out" / "decoding.json").read_text())
     assert report["errors"] == {}
     assert set(report["engines"]) == {
-        "ours (GNMT search, vaswani-translate's)", "transformers beam search",
+        "ours (GNMT search, vaswani-translate's)", "ours, the decoder's steps lean (fast_cpu's, lean.py)",
+        "transformers beam search",
         "transformers beam search, static cache (compiled on a GPU)", "CTranslate2 export, float32",
         "CTranslate2 export, int8"}
     assert all(engine["sentences_per_second"] == pytest.approx(12 / engine["seconds"])
@@ -47,7 +48,7 @@ def test_each_engine_writes_11_tenths_of_the_longest_source_with_4_beams_from_th
     search, generate = gpu_decoding.gnmt_beam_search, VaswaniForConditionalGeneration.generate
 
     def searched(model, ids, mask, beams, alpha, **kwargs):
-        searches.append((ids, beams, alpha, kwargs))
+        searches.append((ids, beams, alpha, kwargs, "forward" in vars(model.model.decoder)))  # lean.py's in place
         return search(model, ids, mask, beams, alpha, **kwargs)
 
     def generated(self, **kwargs):
@@ -57,11 +58,12 @@ def test_each_engine_writes_11_tenths_of_the_longest_source_with_4_beams_from_th
     monkeypatch.setattr(gpu_decoding, "gnmt_beam_search", searched)
     monkeypatch.setattr(VaswaniForConditionalGeneration, "generate", generated)
     main(["--tiny", "--sentences", "12", "--output_dir", str(tmp_path / "out")])
-    ids, beams, alpha, kwargs = searches[0]
+    ids = searches[0][0]
     lengths = ids.ne(PAD).sum(1)
     n = round(1.1 * int(lengths.max()))
-    assert len(searches) == 2 and len(ids) == 12 and (beams, alpha, kwargs) == (
-        4, 0.6, {"max_new_tokens": n, "min_new_tokens": n})
+    assert len(ids) == 12 and [search[1:] for search in searches] == [
+        (4, 0.6, {"max_new_tokens": n, "min_new_tokens": n}, lean) for lean in (False, False, True, True)]
+    assert all(torch.equal(search[0], ids) for search in searches)
     assert all(row[length - 1] == EOS and bool((row[:length - 1] >= 4).all()) for row, length in zip(ids, lengths))
     assert json.loads((tmp_path / "out" / "decoding.json").read_text())["new_tokens"] == 12 * n
     assert len(generations) == 4
