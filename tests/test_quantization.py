@@ -2,6 +2,7 @@
 logits close to the float32 model's, and the translator's --int8 flag."""
 
 import copy
+import shutil
 
 import pytest
 import torch
@@ -144,7 +145,9 @@ def test_without_torchs_legacy_quantization_the_package_works_and_int8_is_refuse
         main(["--model", sys.argv[1], "--int8", "--input", sys.argv[2]])
     """
     (tmp_path / "sources.txt").write_text("A book likes the small dog.\n")
-    result = run_without("nothing", script, translation_folder, tmp_path / "sources.txt")
+    shutil.copytree(translation_folder, folder := tmp_path / "model")
+    (folder / "model.safetensors").write_bytes(b"damaged")  # read, it would be refused in other words
+    result = run_without("nothing", script, folder, tmp_path / "sources.txt")
     torch.manual_seed(0)
     expected = VaswaniForConditionalGeneration(tiny_config()).eval().generate(torch.arange(3, 12).view(1, 9),
                                                                               num_beams=4, max_new_tokens=6)
