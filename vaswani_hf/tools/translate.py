@@ -502,8 +502,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine", choices=("torch", "ctranslate2"), default="torch",
                         help="torch: the model and the paper's search (default); ctranslate2: the model's CTranslate2 "
                         "export, converted once into a cache ($VASWANI_HF_CACHE, else ~/.cache/vaswani_hf) and faster "
-                        "on some CPUs; its beam search divides log P by |Y|^alpha, not by the paper's GNMT penalty "
-                        "(greedy decoding is the same).")
+                        "on some CPUs; its beam search divides log P by |Y|^alpha, not by the paper's GNMT penalty, "
+                        "and ends a sentence once as many hypotheses as beams have ended, where the paper's search "
+                        "goes on while one alive can still win (greedy decoding is the same).")
     parser.add_argument("--no_fast_cpu", action="store_true",
                         help="On a CPU, decode as the model files are written, not with what whole calls were "
                         "measured faster with on this machine (vaswani_hf.fast_cpu).")
