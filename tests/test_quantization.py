@@ -13,6 +13,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, quantize_int8
 from vaswani_hf.speed.kernels import PackedLinear
 from vaswani_hf.speed.quantization import Int8Linear, full_range_activations
+from vaswani_hf.tools.translate import main as translate
 
 
 def test_the_int8_copy_quantizes_every_linear_layer_and_leaves_the_model_alone():
@@ -119,11 +120,13 @@ def test_a_torch_that_cannot_tell_vnni_gets_torchs_7_bit_activations(monkeypatch
     assert layers and all(type(layer) is DynamicQuantizedLinear for layer in layers)
 
 
-def test_without_torchs_legacy_quantization_the_package_works_and_int8_is_refused(tmp_path, translation_folder):
+def test_without_torchs_legacy_quantization_the_package_works_and_int8_is_refused(tmp_path, monkeypatch, capsys,
+                                                                                 translation_folder):
     """torch deprecates `torch.ao.quantization` and its dynamic int8 layers for torchao, and means to remove them.
     In a fresh Python whose torch has neither (taken out after `import torch`), the package imports, a model decodes
     under `fast_cpu` as in this process, and `quantize_int8` and `vaswani-translate --int8` say in one line what is
-    missing and what does the same (CTranslate2's int8), before any weights are read."""
+    missing and what does the same (CTranslate2's int8, which translates there as here), before any weights are
+    read."""
     script = """
         import sys, torch
         legacy = ("torch.ao.nn.quantized", "torch.ao.quantization")
@@ -142,17 +145,24 @@ def test_without_torchs_legacy_quantization_the_package_works_and_int8_is_refuse
             vaswani_hf.quantize_int8(model)
         except RuntimeError as error:
             print(error)
+        main(["--model", sys.argv[3], "--engine", "ctranslate2", "--int8", "--input", sys.argv[2], "--quiet"])
         main(["--model", sys.argv[1], "--int8", "--input", sys.argv[2]])
     """
     (tmp_path / "sources.txt").write_text("A book likes the small dog.\n")
     shutil.copytree(translation_folder, folder := tmp_path / "model")
     (folder / "model.safetensors").write_bytes(b"damaged")  # read, it would be refused in other words
-    result = run_without("nothing", script, folder, tmp_path / "sources.txt")
+    result = run_without("nothing", script, folder, tmp_path / "sources.txt", translation_folder,
+                         env_extra={"VASWANI_HF_CACHE": str(tmp_path / "there")})
+    monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "here"))
+    translate(["--model", str(translation_folder), "--engine", "ctranslate2", "--int8", "--input",
+               str(tmp_path / "sources.txt"), "--quiet"])
+    ctranslate2_int8 = capsys.readouterr().out
     torch.manual_seed(0)
     expected = VaswaniForConditionalGeneration(tiny_config()).eval().generate(torch.arange(3, 12).view(1, 9),
                                                                               num_beams=4, max_new_tokens=6)
     missing = (f"int8 decoding needs torch's dynamic quantization (torch.ao.quantization), which torch "
                f"{torch.__version__} lacks: vaswani-translate --engine ctranslate2 --int8 decodes in CTranslate2's "
                "int8")
-    assert result.stdout == f"{expected.tolist()}\n{missing}\n", result.stderr[-3000:]
+    assert ctranslate2_int8.count("\n") == 1 and ctranslate2_int8.strip()
+    assert result.stdout == f"{expected.tolist()}\n{missing}\n{ctranslate2_int8}", result.stderr[-3000:]
     assert (result.returncode, result.stderr) == (1, f"error: {missing}\n")
