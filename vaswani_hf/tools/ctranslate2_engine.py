@@ -111,15 +111,14 @@ class CTranslate2Engine:
     Greedy decoding gives the torch model's tokens. Beam search ranks by log P / |Y|^α (CTranslate2's length penalty,
     with the model's α; without one, its generation config's `length_penalty`, else generate()'s 1), not by the paper's
     GNMT penalty, and a source ends once as many hypotheses as beams have ended (CTranslate2's `patience` 1), where the
-    paper's search goes on while an alive one can still win: the beams can differ, and CTranslate2 computes fewer steps
-    (test2016 at α 1.4: the paper's search ran 1.9x the decoder rows its outputs needed; benchmarks/README.md). The
-    generation config's banned words (`bad_words_ids`: an OPUS-MT model's <pad>) are CTranslate2's suppressed
-    sequences, its `no_repeat_ngram_size` and `repetition_penalty` CTranslate2's; a model whose generation config asks
-    for another logits processor is refused, as CTranslate2 would decode without it; `forced_eos_token_id` (OPUS-MT's)
-    is the last token of a hypothesis cut at its limit (greedy: the torch engine's tokens). `score` gives each target's
-    log P given its source (CTranslate2's `score_batch`; with `scoring`, an engine for that alone, another processor is
-    not refused). `workers`: CTranslate2's (`kept_workers`' layout; by default measured on a CPU), each batch decoded
-    or scored in a part for each worker."""
+    paper's search goes on while an alive one can still win: the beams can differ, and CTranslate2 computes fewer
+    steps. The generation config's banned words (`bad_words_ids`: an OPUS-MT model's <pad>) are CTranslate2's
+    suppressed sequences, its `no_repeat_ngram_size` and `repetition_penalty` CTranslate2's; a model whose generation
+    config asks for another logits processor is refused, as CTranslate2 would decode without it; `forced_eos_token_id`
+    (OPUS-MT's) is the last token of a hypothesis cut at its limit (greedy: the torch engine's tokens). `score` gives
+    each target's log P given its source (CTranslate2's `score_batch`; with `scoring`, an engine for that alone,
+    another processor is not refused). `workers`: CTranslate2's (`kept_workers`' layout; by default measured on a CPU),
+    each batch decoded or scored in a part for each worker."""
 
     name = "ctranslate2"
 
