@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vaswani_hf.speed.kernels import cpu_name
+from vaswani_hf.speed.kernels import cpu_name, usable_cores
 
 MODEL = ["--vocab_size", "4000", "--d_model", "256", "--d_ff", "1024", "--num_heads", "4", "--num_layers", "3",
          "--max_tokens", "2048", "--tokens_per_step", "2048", "--bpe_sample", "100000"]
@@ -246,9 +246,9 @@ def main():
             rows.append(measure(prefix, pairs, world, args.work_dir))
             print(json.dumps(rows[-1]), flush=True)
     projections = {name: project(rows, size) for name, size in PAPER_SIZES.items()} if len(args.sizes) > 1 else {}
-    report = {"cpu": cpu_name(), "cores": os.cpu_count(), "rows": rows, "projections": projections}
+    report = {"cpu": cpu_name(), "cores": usable_cores(), "rows": rows, "projections": projections}
     (args.work_dir / "data_scale.json").write_text(json.dumps(report, indent=1))
-    markdown = f"{cpu_name()}, {os.cpu_count()} cores\n\n{table(rows, projections)}\n"
+    markdown = f"{cpu_name()}, {usable_cores()} cores\n\n{table(rows, projections)}\n"
     (args.work_dir / "data_scale.md").write_text(markdown)
     print(markdown)
 

@@ -531,18 +531,22 @@ def test_the_word_cached_encoder_gives_the_tokenizers_ids_on_any_text(spaces):
     assert isinstance(pair_encoder(without_eos), TokenizerEncoder)  # a tokenizer of another pipeline: its own calls
 
 
-@pytest.mark.parametrize("parallel_from", [10**9, 200])  # in the main process; 300 pairs over worker processes
+# 300 pairs: in the main process (few pairs, or one core), or over a worker a core the process may use (3 of them)
+@pytest.mark.parametrize(("parallel_from", "cores", "files"), [(10**9, 3, 1), (200, 3, 3), (200, 1, 1)])
 def test_the_training_tokens_are_built_once_read_memory_mapped_and_rebuilt_for_other_data(tmp_path, monkeypatch,
-                                                                                         capfd, parallel_from):
+                                                                                         capfd, parallel_from, cores,
+                                                                                         files):
     """training/tokens.py: the ids and lengths are the tokenizer's own, in files of RECORD_BATCH-row record batches
-    (one file a worker), built without a progress bar, whatever a killed build left; a second call (a resumed run,
-    or another process) reuses the folder; other pairs or another tokenizer rebuild it, with a line that says so."""
+    (one file a worker: a worker a core of the process's affinity, not of the machine), built without a progress bar,
+    whatever a killed build left; a second call (a resumed run, or another process) reuses the folder; other pairs or
+    another tokenizer rebuild it, with a line that says so."""
     import os
 
     from training import tokens as tokens_module
     from training.tokens import token_dataset
 
     monkeypatch.setattr(tokens_module, "PARALLEL_FROM", parallel_from)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))  # as `taskset` or a job's cgroup
     (tmp_path / "tokens.partial").mkdir()  # a killed build's
     (tmp_path / "tokens.partial" / "tokens_00007_of_00008.arrow").write_bytes(b"cut short")
 
@@ -560,8 +564,8 @@ def test_the_training_tokens_are_built_once_read_memory_mapped_and_rebuilt_for_o
         assert row["target_ids"] == tokenizer(target)["input_ids"]
         assert (row["source_length"], row["target_length"]) == (len(row["source_ids"]), len(row["target_ids"]))
     assert len(tokens) == len(pairs) and len(said) == 1  # "300 training pairs tokenized into ..."
-    files = len(list((tmp_path / "tokens").glob("*.arrow")))
-    assert files == (os.cpu_count() if parallel_from <= len(pairs) else 1) == len(tokens.data.to_batches())
+    assert len(list((tmp_path / "tokens").glob("*.arrow"))) == files == len(tokens.data.to_batches())
+    assert tokens_module.workers(len(pairs)) == (files if files > 1 else None)  # one core: no pool of one started
     assert capfd.readouterr().err == ""
     built = (tmp_path / "tokens" / "fingerprint.json").stat().st_mtime_ns
     other_process = SimpleNamespace(is_main_process=False, wait_for_everyone=lambda: None)

@@ -2,10 +2,11 @@
 
 The main process tokenizes the pairs with the fast tokenizer's normalizer and BPE (`WordEncoder`: each distinct word
 once; a converted model's tokenizer by its own calls, `TokenizerEncoder`) in batched `datasets.map` calls on Arrow
-tables (over the machine's cores for a large corpus) and saves them; every process then opens the folder memory-mapped
-(`datasets.Dataset.from_file`), reads the lengths as arrays for §5.1's batching, and reads only the rows of its own
-batches. The folder's `fingerprint.json` names the pairs and the tokenizer it was built from: a resumed run reuses it,
-and one built from other pairs or another tokenizer is built again, with a line that says so.
+tables (a large corpus over the cores the process may use: its affinity, which `taskset` or a cluster's job sets) and
+saves them; every process then opens the folder memory-mapped (`datasets.Dataset.from_file`), reads the lengths as
+arrays for §5.1's batching, and reads only the rows of its own batches. The folder's `fingerprint.json` names the pairs
+and the tokenizer it was built from: a resumed run reuses it, and one built from other pairs or another tokenizer is
+built again, with a line that says so.
 """
 
 import hashlib
@@ -26,6 +27,7 @@ from tokenizers import Tokenizer
 
 from training.checkpoints import writing
 from training.tokenizer import is_joint_bpe
+from vaswani_hf.speed.kernels import usable_cores
 
 FOLDER = "tokens"
 FEATURES = datasets.Features({"source_ids": datasets.Sequence(datasets.Value("int32")),
@@ -41,6 +43,13 @@ NORMALIZED = "[^" + "".join(f"\\x{{{c:x}}}" for c in range(256) if unicodedata.n
 # it (64 KB), so 1,000-row batches put a fifth of the file in each process's resident memory; 10,000, a fiftieth.
 RECORD_BATCH = 10_000
 PARALLEL_FROM = 100_000  # pairs; fewer are tokenized in the main process alone (starting workers costs more)
+
+
+def workers(pairs: int) -> int | None:
+    """The processes that tokenize `pairs` pairs: one a core this process may use (not every core of the machine: a
+    job given 4 of 128 cores would start 128), or none (the main process alone) for few pairs or one core."""
+    cores = usable_cores()
+    return cores if cores > 1 and pairs >= PARALLEL_FROM else None
 
 
 def fingerprint(rows: datasets.Dataset, tokenizer, folder: Path) -> dict[str, str]:
@@ -170,7 +179,7 @@ def build(rows: datasets.Dataset, tokenizer, folder: Path, stamp: dict[str, str]
             load_from_cache_file=False,
             cache_file_name=str(partial / "tokens.arrow"),  # in the run's folder, not datasets' cache
             new_fingerprint=hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32],
-            num_proc=os.cpu_count() if len(rows) >= PARALLEL_FROM else None)
+            num_proc=workers(len(rows)))
         (partial / "fingerprint.json").write_text(json.dumps(stamp))
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(partial, folder)
