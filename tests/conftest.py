@@ -22,6 +22,15 @@ def is_xdist_controller(config) -> bool:
             and config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None)))
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`--numprocesses logical` (pyproject.toml): a worker a core this process may use (its affinity: `taskset`, a
+    cluster job's cgroup), not one a core of the machine (psutil's count, xdist's own), which on 2 cores of a 64-core
+    machine would start 64 workers, unpinned. PYTEST_XDIST_AUTO_NUM_WORKERS still decides where it is set."""
+    if hasattr(os, "sched_getaffinity") and not os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return len(os.sched_getaffinity(0))
+    return None  # xdist's own answer
+
+
 def pytest_configure(config):
     """Where tests run, support.py's helpers and fixtures are loaded; with pytest-xdist's `-n N` (pyproject.toml),
     worker k keeps to one core of its own, and so do the processes it starts (training/run.py shares the cores it

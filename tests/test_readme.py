@@ -101,6 +101,17 @@ def test_ci_runs_the_readmes_set_up():
     assert ci == shell_lines(setup) + ["python -m pytest"]
 
 
+@pytest.mark.parametrize("asked", [None, "5"])
+def test_the_test_command_starts_a_worker_a_core_it_may_use(pytestconfig, monkeypatch, asked):
+    """`python -m pytest` runs "on every core" (README): a worker a core of the process's affinity (`taskset`, a
+    cluster job), not one a core of the machine, which psutil counts (conftest.py's hook answers xdist's question);
+    PYTEST_XDIST_AUTO_NUM_WORKERS, where set, still decides."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 3})  # 3 of the machine's cores, as `taskset -c`
+    if asked:
+        monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", asked)
+    assert pytestconfig.hook.pytest_xdist_auto_num_workers(config=pytestconfig) == int(asked or 3)
+
+
 def run_here(console, monkeypatch, folder, words: list[str]) -> subprocess.CompletedProcess:
     """A line of one of our console scripts (`IN_PROCESS`, named by `words[0]`) in this process, in `folder`, with its
     `< FILE` and `> FILE` redirections; the Hub's two calls recorded as the upload_capture of the subprocesses records
