@@ -23,12 +23,15 @@ def is_xdist_controller(config) -> bool:
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`--numprocesses logical` (pyproject.toml): a worker a core this process may use (its affinity: `taskset`, a
-    cluster job's cgroup), not one a core of the machine (psutil's count, xdist's own), which on 2 cores of a 64-core
-    machine would start 64 workers, unpinned. PYTEST_XDIST_AUTO_NUM_WORKERS still decides where it is set."""
-    if hasattr(os, "sched_getaffinity") and not os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return len(os.sched_getaffinity(0))
-    return None  # xdist's own answer
+    """`--numprocesses logical` (pyproject.toml): a worker a core this process may use, as joblib counts them (its
+    affinity: `taskset`, a cluster job's cpuset; a container's CPU limit), not one a core of the machine (psutil's
+    count, xdist's own), which on 2 cores of a 64-core machine would start 64 workers, unpinned.
+    PYTEST_XDIST_AUTO_NUM_WORKERS still decides where it is set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own answer
+    import joblib  # not vaswani_hf's usable_cores: the controller imports no torch
+
+    return joblib.cpu_count()
 
 
 def pytest_configure(config):

@@ -537,16 +537,14 @@ def test_the_training_tokens_are_built_once_read_memory_mapped_and_rebuilt_for_o
                                                                                          capfd, parallel_from, cores,
                                                                                          files):
     """training/tokens.py: the ids and lengths are the tokenizer's own, in files of RECORD_BATCH-row record batches
-    (one file a worker: a worker a core of the process's affinity, not of the machine), built without a progress bar,
+    (one file a worker: a worker a core the process may use, not a core of the machine), built without a progress bar,
     whatever a killed build left; a second call (a resumed run, or another process) reuses the folder; other pairs or
     another tokenizer rebuild it, with a line that says so."""
-    import os
-
     from training import tokens as tokens_module
     from training.tokens import token_dataset
 
     monkeypatch.setattr(tokens_module, "PARALLEL_FROM", parallel_from)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))  # as `taskset` or a job's cgroup
+    monkeypatch.setattr(tokens_module, "usable_cores", lambda: cores)  # the process's (its affinity, its limit)
     (tmp_path / "tokens.partial").mkdir()  # a killed build's
     (tmp_path / "tokens.partial" / "tokens_00007_of_00008.arrow").write_bytes(b"cut short")
 

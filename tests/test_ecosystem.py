@@ -768,6 +768,26 @@ def test_vaswani_translate_reads_stdin_and_files(translation_folder, tmp_path, c
         translation_folder), SOURCES)
 
 
+def test_vaswani_translate_threads_over_no_more_cores_than_it_may_use(translation_folder, monkeypatch, cli):
+    """In a container whose CPU limit (a cgroup quota: `docker run --cpus 1`) is below the cores its affinity shows,
+    torch's default threads over them all, 1.2x slower a translation (benchmarks/README.md, session 150):
+    vaswani-translate takes at most `usable_cores` (joblib's count, the limit in it), unless OMP_NUM_THREADS decides.
+    `torch.set_num_threads` recorded, not called."""
+    from vaswani_hf.tools import translate
+
+    threads = []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # torch's default: the affinity's 2 cores
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    monkeypatch.setattr(translate, "usable_cores", lambda: 1)  # the container's limit: 1
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for _ in range(2):
+        result = cli("--model", translation_folder, "--num_beams", "1", "--device", "cpu", "--no_fast_cpu",
+                     stdin=SOURCES[0] + "\n")
+        assert result.returncode == 0, result.stderr
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's choice, kept
+    assert threads == [1]
+
+
 def test_vaswani_translate_int8_decodes_with_the_int8_copy(translation_folder, capfd, monkeypatch, cli):
     model, tokenizer = load_local(translation_folder)
     result = cli("--model", translation_folder, "--int8", stdin="\n".join(SOURCES) + "\n")

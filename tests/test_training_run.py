@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 import torch
 from accelerate.commands.config.config_args import ClusterConfig
@@ -949,8 +950,26 @@ def test_without_cpu_affinity_a_runs_processes_share_every_core(tmp_path, monkey
     with accelerate_as_in_a_new_process():
         training.run.start_processes(args)
         monkeypatch.delattr(os, "sched_getaffinity")
+        monkeypatch.delattr(psutil.Process, "cpu_affinity")  # nor psutil's (joblib's next try) on macOS
         training.run.start_processes(args)
     assert threads == [affinity, os.cpu_count()]
+
+
+def test_usable_cores_are_the_fewest_of_the_machines_the_affinitys_and_a_limits(monkeypatch):
+    """`usable_cores` (run.py's threads, its tokenizing workers, vaswani-translate's threads at most): joblib's count,
+    bounded by the process's affinity (`taskset`, a cluster job's cpuset) and by a limit (a container's CPU quota, for
+    which LOKY_MAX_CPU_COUNT stands here: joblib takes the fewest of them alike), never the machine's count alone."""
+    from vaswani_hf.speed.kernels import usable_cores
+
+    monkeypatch.delenv("LOKY_MAX_CPU_COUNT", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)  # a machine of 8 cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # 4 of them given to the process
+    assert usable_cores() <= 4  # fewer under a container's limit where the suite runs in one
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "1")
+    assert usable_cores() == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # `taskset -c 0`
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "3")
+    assert usable_cores() == 1
 
 
 def test_a_runs_cpu_processes_each_thread_over_their_share_of_the_cores(monkeypatch):

@@ -51,9 +51,12 @@ def cpu_name() -> str:
 
 
 def usable_cores() -> int:
-    """The cores this process may run on: its affinity where the system keeps one (Linux: `taskset`, a job's
-    cgroup), else every core (macOS and Windows have no `os.sched_getaffinity`)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The cores this process may run on, as joblib counts them: the fewest of the machine's, its affinity (Linux:
+    `taskset`, a cluster job's cpuset) and a container's CPU limit (a cgroup quota: `docker run --cpus`,
+    Kubernetes' limits), or LOKY_MAX_CPU_COUNT where set."""
+    import joblib  # sacremoses' dependency; imported here, where it is needed
+
+    return joblib.cpu_count()
 
 
 def cache_root(kind: str) -> Path:

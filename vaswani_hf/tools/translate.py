@@ -23,7 +23,9 @@ this machine, once); `--no_fast_cpu` decodes as the model files are written. `--
 model's CTranslate2 export instead (ctranslate2_engine.py's `CTranslate2Engine`, converted once into a cache): the same
 greedy tokens, its own beam search (log P / |Y|^α). `--score` decodes nothing: it writes the log-probability of each
 given translation (`score`), the model reading it whole, and the perplexity per token of them all (Table 3's PPL).
-In Python, `load_engine` gives either engine, `translate` or `translations` decode with it, `score` scores with it:
+On a CPU the command threads over at most the cores it may use (`usable_cores`: a container's CPU limit included),
+unless OMP_NUM_THREADS is set. In Python, `load_engine` gives either engine, `translate` or `translations` decode
+with it, `score` scores with it:
 
     engine, tokenizer = load_engine("outputs/run", "ctranslate2")
     translate(engine, tokenizer, ["A man is riding a bike."])
@@ -60,6 +62,7 @@ from ..gnmt import (
     stopping_criteria_of,
 )
 from ..speed.allocator import keep_freed_memory
+from ..speed.kernels import usable_cores
 from .loading import (
     PAPERS_ALPHA,
     PAPERS_BEAMS,
@@ -566,6 +569,8 @@ def main(argv: list[str] | None = None) -> None:
         first = next(windows, (done + 1, []))  # read before the model loads: a window that is not UTF-8 stops here
         keep_freed_memory()  # the decoding steps reuse the (beams x vocabulary) blocks they free (allocator.py)
         disable_progress_bar()  # transformers' bars; ours counts lines
+        if "OMP_NUM_THREADS" not in os.environ:  # torch's threads, which a container's CPU limit does not bound
+            torch.set_num_threads(min(torch.get_num_threads(), usable_cores()))
         engine, tokenizer = load_engine(args.model, args.engine, args.device, args.int8, fast=not args.no_fast_cpu,
                                         scoring=bool(args.score))
         num_beams = args.num_beams or getattr(engine.generation_config, "num_beams", None) or PAPERS_BEAMS
