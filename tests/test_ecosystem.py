@@ -770,8 +770,8 @@ def test_vaswani_translate_reads_stdin_and_files(translation_folder, tmp_path, c
 
 def test_vaswani_translate_threads_over_no_more_cores_than_it_may_use(translation_folder, monkeypatch, cli):
     """In a container whose CPU limit (a cgroup quota: `docker run --cpus 1`) is below the cores its affinity shows,
-    torch's default threads over them all, 1.2x slower a translation (benchmarks/README.md, session 150):
-    vaswani-translate takes at most `usable_cores` (joblib's count, the limit in it), unless OMP_NUM_THREADS decides.
+    torch's default threads over them all, slower than on fewer (benchmarks/README.md, session 150): vaswani-translate
+    takes at most `usable_cores` (joblib's count, the limit in it), unless OMP_NUM_THREADS decides.
     `torch.set_num_threads` recorded, not called."""
     from vaswani_hf.tools import translate
 

@@ -2,7 +2,7 @@
 
 The main process tokenizes the pairs with the fast tokenizer's normalizer and BPE (`WordEncoder`: each distinct word
 once; a converted model's tokenizer by its own calls, `TokenizerEncoder`) in batched `datasets.map` calls on Arrow
-tables (a large corpus over the cores the process may use: its affinity, which `taskset` or a cluster's job sets) and
+tables (a large corpus over the cores the process may use, `usable_cores`: its affinity, a container's limit) and
 saves them; every process then opens the folder memory-mapped (`datasets.Dataset.from_file`), reads the lengths as
 arrays for §5.1's batching, and reads only the rows of its own batches. The folder's `fingerprint.json` names the pairs
 and the tokenizer it was built from: a resumed run reuses it, and one built from other pairs or another tokenizer is

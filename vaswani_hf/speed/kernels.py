@@ -54,7 +54,7 @@ def usable_cores() -> int:
     """The cores this process may run on, as joblib counts them: the fewest of the machine's, its affinity (Linux:
     `taskset`, a cluster job's cpuset) and a container's CPU limit (a cgroup quota: `docker run --cpus`,
     Kubernetes' limits), or LOKY_MAX_CPU_COUNT where set."""
-    import joblib  # sacremoses' dependency; imported here, where it is needed
+    import joblib  # imported when asked (0.1 s), not with the package
 
     return joblib.cpu_count()
 
