@@ -106,8 +106,8 @@ def test_a_real_launch_is_read_back_cold_then_resumed_from_its_token_cache(tmp_p
     monkeypatch.setattr(data_scale, "OLD_WAY_PAIRS", 2_000)  # its rate, not 100,000 pairs' (9 s)
     prefix = tmp_path / "corpus"
     data_scale.write_corpus(prefix, 100_000)  # as many as run.py tokenizes in worker processes, one a core it may use
-    pinned, machine = os.sched_getaffinity(0), set(range(os.cpu_count()))
-    os.sched_setaffinity(0, machine)  # the launch on every core, not this test worker's one (conftest.py)
+    pinned = os.sched_getaffinity(0)  # one core (conftest.py); the launch on the cores the suite was given
+    os.sched_setaffinity(0, os.sched_getaffinity(os.getppid()))  # the controller's (under -n0, the shell's)
     try:
         row, parallel = data_scale.measure(prefix, 100_000, 1, tmp_path), usable_cores() > 1
     finally:
