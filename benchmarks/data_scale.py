@@ -89,10 +89,10 @@ def head(source: Path, prefix: Path, pairs: int) -> None:
                 out.writelines(line for _, line in zip(range(pairs), lines))
 
 
-def processes(root: int) -> dict[int, tuple[int, int, int]]:
-    """{pid: (parent pid, peak resident bytes, private resident bytes now)} of `root`'s descendants that can be read
-    (found through /proc/PID/task/TID/children: reading every process's status ten times a second took a quarter of
-    a core from the processes measured)."""
+def processes(root: int) -> dict[int, tuple[int, int, int, bytes]]:
+    """{pid: (parent pid, peak resident bytes, private resident bytes now, command line)} of `root`'s descendants that
+    can be read (found through /proc/PID/task/TID/children: reading every process's status ten times a second took a
+    quarter of a core from the processes measured)."""
     found, parents = {}, [root]
     while parents:
         parent = parents.pop()
@@ -103,41 +103,51 @@ def processes(root: int) -> dict[int, tuple[int, int, int]]:
             continue
         for pid in children:
             try:
-                status = Path(f"/proc/{pid}/status").read_text()
+                status, command = Path(f"/proc/{pid}/status").read_text(), Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
             if "VmHWM" in fields:
-                found[pid] = (parent, int(fields["VmHWM"].split()[0]) * 1024, int(fields["RssAnon"].split()[0]) * 1024)
+                found[pid] = (parent, int(fields["VmHWM"].split()[0]) * 1024, int(fields["RssAnon"].split()[0]) * 1024,
+                              command)
                 parents.append(pid)
     return found
 
 
+def watch(launcher: subprocess.Popen, checkpoint: Path) -> tuple[dict[int, tuple[str, int, int]], float | None]:
+    """Ten times a second until `launcher` ends: {pid: (role, peak resident bytes, most private bytes)} of the training
+    processes ("rank": the launcher's children) and their tokenizing workers ("worker": a rank's forks, which keep its
+    command line; not a program a rank starts, such as the resource tracker that Python 3.14's multiprocessing starts
+    for tqdm's lock), and the seconds until `checkpoint` appears (None if it does not)."""
+    start, peaks, seconds, programs = time.time(), {}, None, set()
+    while launcher.poll() is None:
+        table = processes(launcher.pid)
+        ranks = {pid for pid, (parent, *_) in table.items() if parent == launcher.pid}
+        for pid, (parent, peak, private, command) in table.items():
+            if parent in ranks and command != table[parent][3]:
+                programs.add(pid)  # seen before its exec, it was a fork a moment
+            if pid in ranks or parent in ranks:
+                _, _, most = peaks.get(pid, (None, 0, 0))
+                peaks[pid] = ("rank" if pid in ranks else "worker", peak, max(private, most))
+        if seconds is None and checkpoint.is_dir():
+            seconds = time.time() - start
+        time.sleep(0.1)
+    return {pid: figures for pid, figures in peaks.items() if pid not in programs}, seconds
+
+
 def launch(run_args: list[str], world: int, output_dir: Path, env: dict, checkpoint: int) -> dict:
     """One launch, killed by the run itself one step after checkpoint `checkpoint` (VASWANI_FAULT): the seconds
-    until that checkpoint appears, and the peak memory of the launcher's children (the training processes) and of
-    their children (tokenizing workers): resident (the kernel's VmHWM, which counts the pages of memory-mapped files
-    the process touched: page cache, shared and dropped under memory pressure) and private (RssAnon, polled)."""
+    until that checkpoint appears, and the peak memory of the training processes and their tokenizing workers
+    (`watch`): resident (the kernel's VmHWM, which counts the pages of memory-mapped files the process touched: page
+    cache, shared and dropped under memory pressure) and private (RssAnon, polled)."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(world), "--num_machines",
                "1", "--mixed_precision", "no", "--dynamo_backend", "no", *(["--multi_gpu"] if world > 1 else []),
                "training/run.py", *run_args]  # --multi_gpu: on a machine without GPUs, CPU processes over gloo
     log = output_dir.with_suffix(f".{checkpoint}.log")
-    start = time.time()
     with open(log, "w") as file:
         launcher = subprocess.Popen(command, cwd=ROOT, stdout=file, stderr=subprocess.STDOUT,
                                     env={**env, "VASWANI_FAULT": f"step-{checkpoint + 1}"})
-        peaks, seconds = {}, None
-        while launcher.poll() is None:
-            table = processes(launcher.pid)
-            ranks = {pid for pid, (parent, _, _) in table.items() if parent == launcher.pid}
-            for pid, (parent, peak, private) in table.items():
-                role = "rank" if pid in ranks else "worker" if parent in ranks else None
-                if role:
-                    _, _, most = peaks.get(pid, (role, 0, 0))
-                    peaks[pid] = (role, peak, max(private, most))
-            if seconds is None and (output_dir / f"checkpoint-{checkpoint}").is_dir():
-                seconds = time.time() - start
-            time.sleep(0.1)
+        peaks, seconds = watch(launcher, output_dir / f"checkpoint-{checkpoint}")
     text = log.read_text()
     if seconds is None:
         raise SystemExit(f"no checkpoint-{checkpoint} in {output_dir}: see {log}\n{text[-2000:]}")

@@ -75,10 +75,36 @@ def test_the_process_tree_names_each_process_parent_and_its_private_memory():
     finally:
         started.communicate("")
     assert table[started.pid][0] == os.getpid()
-    (grandchild_pid,) = [pid for pid, (parent, _, _) in table.items() if parent == started.pid]
-    _, peak, private = table[grandchild_pid]
+    (grandchild_pid,) = [pid for pid, (parent, *_) in table.items() if parent == started.pid]
+    _, peak, private, command = table[grandchild_pid]
+    assert command.split(b"\0")[:2] == [sys.executable.encode(), b"-c"]
     assert 64 * 2**20 <= private <= peak
     assert table[started.pid][2] < 64 * 2**20  # the child holds none of it
+
+
+def test_a_training_processs_workers_are_its_forks_not_the_programs_it_starts(tmp_path):
+    """What the benchmark counts as tokenizing workers: a training process's forks (datasets' pool), not a program it
+    starts (Python 3.14's multiprocessing starts its resource tracker for tqdm's lock in every run: it was counted as
+    a worker of 14 MB in a resumed run, which tokenizes nothing)."""
+    rank = textwrap.dedent("""
+        import os, subprocess, sys, time
+        program = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+        worker = os.fork()
+        if worker == 0:
+            held = bytearray(64 * 2**20)
+            time.sleep(1)
+            os._exit(0)
+        print(os.getpid(), worker, flush=True)
+        os.waitpid(worker, 0)
+        program.wait()
+    """)
+    launcher = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {rank!r}])"  # as accelerate launch
+    launcher = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True)
+    peaks, seconds = data_scale.watch(launcher, tmp_path / "checkpoint-1")
+    rank_pid, worker = map(int, launcher.stdout.read().split())
+    assert {pid: role for pid, (role, _, _) in peaks.items()} == {rank_pid: "rank", worker: "worker"}  # no program
+    assert peaks[worker][1] >= peaks[worker][2] >= 64 * 2**20 > peaks[rank_pid][2]
+    assert seconds is None  # no checkpoint appeared
 
 
 def test_the_projection_is_the_line_through_the_two_largest_sizes_per_process_count():
