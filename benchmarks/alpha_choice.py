@@ -91,7 +91,8 @@ def positive(text: str) -> int:
 def candidates(run: Path) -> list[float]:
     """The α candidates the run chose among (its metrics.json), checked before any decoding."""
     try:
-        return [float(alpha) for alpha in json.loads((run / "metrics.json").read_text())["alpha_search"]]
+        metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+        return [float(alpha) for alpha in metrics["alpha_search"]]
     except (OSError, ValueError, KeyError) as error:
         raise SystemExit(f"{run}: not a finished run that chose α ({type(error).__name__}: {error}); "
                          f"give --alphas") from None

@@ -98,12 +98,13 @@ def processes(root: int) -> dict[int, tuple[int, int, int, bytes]]:
         parent = parents.pop()
         try:
             children = [int(pid) for task in os.scandir(f"/proc/{parent}/task")
-                        for pid in Path(task.path, "children").read_text().split()]
+                        for pid in Path(task.path, "children").read_text(encoding="utf-8").split()]
         except OSError:
             continue
         for pid in children:
             try:
-                status, command = Path(f"/proc/{pid}/status").read_text(), Path(f"/proc/{pid}/cmdline").read_bytes()
+                status = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
@@ -144,11 +145,11 @@ def launch(run_args: list[str], world: int, output_dir: Path, env: dict, checkpo
                "1", "--mixed_precision", "no", "--dynamo_backend", "no", *(["--multi_gpu"] if world > 1 else []),
                "training/run.py", *run_args]  # --multi_gpu: on a machine without GPUs, CPU processes over gloo
     log = output_dir.with_suffix(f".{checkpoint}.log")
-    with open(log, "w") as file:
+    with open(log, "w", encoding="utf-8") as file:
         launcher = subprocess.Popen(command, cwd=ROOT, stdout=file, stderr=subprocess.STDOUT,
                                     env={**env, "VASWANI_FAULT": f"step-{checkpoint + 1}"})
         peaks, seconds = watch(launcher, output_dir / f"checkpoint-{checkpoint}")
-    text = log.read_text()
+    text = log.read_text(encoding="utf-8")
     if seconds is None:
         raise SystemExit(f"no checkpoint-{checkpoint} in {output_dir}: see {log}\n{text[-2000:]}")
     tokenized = re.search(r"([\d,]+) training pairs tokenized into .* in ([\d.]+) s", text)
@@ -257,9 +258,9 @@ def main():
             print(json.dumps(rows[-1]), flush=True)
     projections = {name: project(rows, size) for name, size in PAPER_SIZES.items()} if len(args.sizes) > 1 else {}
     report = {"cpu": cpu_name(), "cores": usable_cores(), "rows": rows, "projections": projections}
-    (args.work_dir / "data_scale.json").write_text(json.dumps(report, indent=1))
+    (args.work_dir / "data_scale.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
     markdown = f"{cpu_name()}, {usable_cores()} cores\n\n{table(rows, projections)}\n"
-    (args.work_dir / "data_scale.md").write_text(markdown)
+    (args.work_dir / "data_scale.md").write_text(markdown, encoding="utf-8")
     print(markdown)
 
 

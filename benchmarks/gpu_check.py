@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{report['seconds'][name]:.0f} s", flush=True)
         release(device)
         write(report, output_dir)
-    print((output_dir / "gpu_check.md").read_text())
+    print((output_dir / "gpu_check.md").read_text(encoding="utf-8"))
     return 1 if report["errors"] or not all(report["checks"].values()) else 0
 
 
@@ -243,10 +243,10 @@ def in_processes(part: str, processes: int, tiny: bool, device: torch.device, sh
         folder = output_dir / f"{part}-{index + 1}"
         command = [sys.executable, __file__, "--parts", part, "--processes", "1", "--output_dir", str(folder),
                    *(["--tiny"] if tiny else [])]
-        result = subprocess.run(command, check=False, capture_output=True, text=True)
+        result = subprocess.run(command, check=False, capture_output=True, encoding="utf-8")
         if result.returncode:
             raise RuntimeError(f"{part}'s process {index + 1} failed:\n{result.stdout[-2000:]}{result.stderr[-3000:]}")
-        runs.append(json.loads((folder / "gpu_check.json").read_text())[part])
+        runs.append(json.loads((folder / "gpu_check.json").read_text(encoding="utf-8"))[part])
     medians = {kind: {name: {key: statistics.median(run[kind][name][key] for run in runs) for key in figures}
                       for name, figures in runs[0][kind].items()} for kind in PAIRED[part]}
     return {**runs[0], **medians, "processes": runs}
@@ -372,14 +372,14 @@ def launch(run: Path, flags: list[str], timeout: int) -> dict:
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
                "--dynamo_backend", "no", str(ROOT / "training" / "run.py"), "--output_dir", str(run), *flags]
     start = time.perf_counter()
-    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout,
+    result = subprocess.run(command, check=False, capture_output=True, encoding="utf-8", timeout=timeout,
                             env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     log = run.parent / f"{run.name}-{'resumed' if '--resume_from_checkpoint' in flags else 'first'}.log"
-    log.write_text(result.stdout + result.stderr)
+    log.write_text(result.stdout + result.stderr, encoding="utf-8")
     if result.returncode:
         raise RuntimeError(f"training/run.py failed ({log}):\n{(result.stdout + result.stderr)[-3000:]}")
     return {"seconds": time.perf_counter() - start,
-            "metrics": json.loads((run / "metrics.json").read_text())}
+            "metrics": json.loads((run / "metrics.json").read_text(encoding="utf-8"))}
 
 
 def write_pairs(folder: Path, sizes: tuple[int, int, int], data: str | None = None) -> list[str]:
@@ -395,7 +395,8 @@ def write_pairs(folder: Path, sizes: tuple[int, int, int], data: str | None = No
     flags = []
     for (split, pairs), size in zip(splits.items(), sizes):
         for side, lang in enumerate(("en", "de")):
-            (folder / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs[:size]))
+            lines = "".join(pair[side] + "\n" for pair in pairs[:size])
+            (folder / f"{split}.{lang}").write_text(lines, encoding="utf-8")
         flags += [f"--{split}_file", str(folder / split)]
     return flags
 
@@ -438,7 +439,7 @@ def training(device: torch.device, shape: dict, output_dir: Path) -> dict:
         "train_minutes": first["metrics"]["train_minutes"], "test_bleu": first["metrics"]["test"]["bleu"],
         "resumed_test_bleu": resumed["metrics"]["test"]["bleu"],
         "launch_seconds": [round(first["seconds"], 1), round(resumed["seconds"], 1)],
-        "sources": [line for line in (output_dir / "data" / "test.en").read_text().splitlines()[:SENTENCES]],
+        "sources": (output_dir / "data" / "test.en").read_text(encoding="utf-8").splitlines()[:SENTENCES],
     }
 
 
@@ -467,9 +468,9 @@ def remote(device: torch.device, shape: dict, output_dir: Path) -> dict:
     from vaswani_hf.tools.translate import load, translate
 
     folder = output_dir / "run"
-    sources = (output_dir / "data" / "test.en").read_text().splitlines()[:SENTENCES]
+    sources = (output_dir / "data" / "test.en").read_text(encoding="utf-8").splitlines()[:SENTENCES]
     result = subprocess.run([sys.executable, "-c", REMOTE, str(folder), device.type, json.dumps(sources)],
-                            check=False, capture_output=True, text=True, timeout=300, cwd=output_dir,
+                            check=False, capture_output=True, encoding="utf-8", timeout=300, cwd=output_dir,
                             env=without_repository(os.environ))
     if result.returncode:
         raise RuntimeError(f"the fresh process failed:\n{result.stderr[-3000:]}")
@@ -691,8 +692,8 @@ def targets(report: dict) -> dict:
 
 def write(report: dict, output_dir: Path) -> None:
     report["checks"], report["targets"] = checks(report), targets(report)
-    (output_dir / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
-    (output_dir / "gpu_check.md").write_text(markdown(report))
+    (output_dir / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (output_dir / "gpu_check.md").write_text(markdown(report), encoding="utf-8")
 
 
 def markdown(report: dict) -> str:

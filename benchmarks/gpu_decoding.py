@@ -85,16 +85,16 @@ def main(argv: list[str] | None = None) -> int:
             report["errors"][name] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
         print(f"gpu_decoding: {name}: {report['engines'].get(name, report['errors'].get(name))}", flush=True)
     report["cublas"] = mapped_files("libcublas")
-    (output_dir / "decoding.json").write_text(json.dumps(report, indent=1) + "\n")
-    (output_dir / "decoding.md").write_text(markdown(report))
-    print((output_dir / "decoding.md").read_text())
+    (output_dir / "decoding.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (output_dir / "decoding.md").write_text(markdown(report), encoding="utf-8")
+    print((output_dir / "decoding.md").read_text(encoding="utf-8"))
     return 0
 
 
 def mapped_files(name: str) -> list[str]:
     """The files whose names hold `name` among those this process has mapped (Linux; else none)."""
     try:
-        maps = Path("/proc/self/maps").read_text().splitlines()
+        maps = Path("/proc/self/maps").read_text(encoding="utf-8").splitlines()
     except OSError:
         return []
     return sorted({path for path in (line.split()[-1] for line in maps) if name in Path(path).name})

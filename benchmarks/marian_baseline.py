@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    "seconds": time.time() - start}
         (args.out / f"{split}_beam{beams}.hyp.de").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
         print(f"{split}, beam {beams}: {bleu}  chrF {chrf.score:.2f}", flush=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    (args.out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     return 0
 
 

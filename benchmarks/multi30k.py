@@ -46,7 +46,7 @@ DATA = ROOT.parent / "shared" / "data" / "multi30k"
 
 def run(command: list[str], log: Path) -> None:
     print("$", " ".join(command), f"> {log}", flush=True)
-    with open(log, "w") as file:
+    with open(log, "w", encoding="utf-8") as file:
         if subprocess.run(command, check=False, stdout=file, stderr=subprocess.STDOUT, cwd=ROOT).returncode:
             raise SystemExit(f"failed: {' '.join(command)} (see {log})")
 
@@ -57,8 +57,8 @@ def ours(args, out: Path, extra: list[str]) -> dict:
         data += ["--test_file", str(args.data / "test2016")]
     run(["accelerate", "launch", "--num_processes", "1", "training/run.py", "--preset", args.preset, *data,
          "--max_train_minutes", str(args.minutes), "--output_dir", str(out), *extra], out.with_suffix(".log"))
-    metrics = json.loads((out / "metrics.json").read_text())
-    alpha = json.loads((out / "generation_config.json").read_text())["gnmt_alpha"]
+    metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    alpha = json.loads((out / "generation_config.json").read_text(encoding="utf-8"))["gnmt_alpha"]
     row = {"steps": metrics["train_steps"], "valid": metrics["validation"], "alpha": alpha,
            "alpha_search": metrics.get("alpha_search")}
     if "test" in metrics:
@@ -70,7 +70,7 @@ def peer(args, out: Path) -> dict:
     command = [sys.executable, str(args.peer), "--data", str(args.data), "--budget_min", str(args.peer_minutes),
                "--out", str(out)]
     run(command, out.with_suffix(".log"))
-    results = json.loads((out / "results.json").read_text())
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     return {"steps": results["train"]["steps"], "valid": results["eval"]["valid_beam4"],
             "test2016": results["eval"]["test2016_beam4"]}
 
@@ -171,7 +171,7 @@ def main():
 
     if args.score_only:
         args.output_dir = args.score_only
-        comparison = json.loads((args.output_dir / "comparison.json").read_text())
+        comparison = json.loads((args.output_dir / "comparison.json").read_text(encoding="utf-8"))
         rows = comparison["rows"]
     else:
         if args.output_dir.exists():
@@ -182,10 +182,11 @@ def main():
             rows["MarianMTModel + Seq2SeqTrainer"] = peer(args, args.output_dir / "marian")
         comparison = {"cpu": cpu_name(), "minutes": args.minutes, "peer_minutes": args.peer_minutes,
                       "preset": args.preset, "run_flags": extra, "rows": rows}
-    (args.output_dir / "comparison.json").write_text(json.dumps(comparison, indent=1))  # kept if scoring fails
+    # kept if scoring fails
+    (args.output_dir / "comparison.json").write_text(json.dumps(comparison, indent=1), encoding="utf-8")
     folders = {name: args.output_dir / ("ours" if name.startswith("ours") else "marian") for name in rows}
     harder_sets(args, rows, folders)
-    (args.output_dir / "comparison.json").write_text(json.dumps(comparison, indent=1))
+    (args.output_dir / "comparison.json").write_text(json.dumps(comparison, indent=1), encoding="utf-8")
     print_table(comparison)
     print(f"folders and comparison.json in {args.output_dir}")
 

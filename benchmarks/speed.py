@@ -293,7 +293,7 @@ def run_size(label: str, size: dict, repeats: int, threads: int) -> None:
 
 def plan_seconds(model: nn.Module) -> str:
     """The seconds of each candidate the plan was measured with, from the choices kept in the cache."""
-    kept = [json.loads(path.read_text()) for path in cache_root("fast_cpu").glob("*.json")]
+    kept = [json.loads(path.read_text(encoding="utf-8")) for path in cache_root("fast_cpu").glob("*.json")]
     found = {entry["mode"]: entry["seconds"] for entry in kept if entry.get("int8") == is_int8(model)
              and entry["sizes"]["d_model"] == model.config.d_model
              and entry["sizes"]["vocab_size"] == model.config.vocab_size}  # the int8 copy's, or the float32's

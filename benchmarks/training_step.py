@@ -121,7 +121,7 @@ def main():
     parser.add_argument("--dropout", type=probability, help="P_drop (default: the preset's).")
     parser.add_argument("--no-compile", action="store_true")
     args = parser.parse_args()
-    preset = json.loads((ROOT / "training" / "presets" / f"{args.preset}.json").read_text())
+    preset = json.loads((ROOT / "training" / "presets" / f"{args.preset}.json").read_text(encoding="utf-8"))
     sources, targets = read_lines(args.data / "train.en"), read_lines(args.data / "train.de")
     tokenizer = train_joint_bpe(sources + targets, preset["vocab_size"])
     ids = encode(tokenizer, list(zip(sources, targets)))

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     output_dir.mkdir(parents=True, exist_ok=True)
     if args.one:
         result = measure(args.one, args)
-        (output_dir / "utilisation.json").write_text(json.dumps(result, indent=1) + "\n")
+        (output_dir / "utilisation.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         return 0
 
     processes = args.processes or (1 if args.tiny else 3)
@@ -117,20 +117,21 @@ def main(argv: list[str] | None = None) -> int:
             command = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--one", size,
                        "--output_dir", str(folder)]
             started = time.perf_counter()
-            result = subprocess.run(command, check=False, capture_output=True, text=True)
+            result = subprocess.run(command, check=False, capture_output=True, encoding="utf-8")
             print(f"utilisation: {size}, process {index + 1}: {time.perf_counter() - started:.0f} s", flush=True)
             if not result.returncode:  # each process's figures as they come: a GPU call can end before the report
-                print(json.dumps(brief(json.loads((folder / "utilisation.json").read_text()))), flush=True)
+                figures = json.loads((folder / "utilisation.json").read_text(encoding="utf-8"))
+                print(json.dumps(brief(figures)), flush=True)
             if result.returncode:  # reported, and the next size still runs: a GPU's minutes are few
                 report["errors"][f"{size}, process {index + 1}"] = result.stderr[-3000:]
                 print(result.stderr[-3000:], file=sys.stderr)
                 break
-            runs.append(json.loads((folder / "utilisation.json").read_text()))
+            runs.append(json.loads((folder / "utilisation.json").read_text(encoding="utf-8")))
         if runs:
             report["sizes"][size] = summary(size, runs)
-        (output_dir / "utilisation.json").write_text(json.dumps(report, indent=1) + "\n")
-    (output_dir / "utilisation.md").write_text(markdown(report))
-    print((output_dir / "utilisation.md").read_text())
+        (output_dir / "utilisation.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (output_dir / "utilisation.md").write_text(markdown(report), encoding="utf-8")
+    print((output_dir / "utilisation.md").read_text(encoding="utf-8"))
     return 1 if report["errors"] else 0
 
 

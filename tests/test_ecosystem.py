@@ -11,8 +11,10 @@ import pty
 import re
 import select
 import shutil
+import subprocess
 import sys
 import termios
+import textwrap
 import threading
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -786,6 +788,48 @@ def test_vaswani_translate_threads_over_no_more_cores_than_it_may_use(translatio
         assert result.returncode == 0, result.stderr
         monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's choice, kept
     assert threads == [1]
+
+
+def test_under_a_locale_of_another_encoding_the_tools_write_utf8(tmp_path, translation_folder, cli):
+    """A locale whose encoding is not UTF-8 (ASCII here: LC_ALL=C with Python's coercion off; latin-1 and a Windows
+    code page, where output is redirected to a file, lack α as well) changes nothing the tools write: run.py's
+    standard output (its α) and model card (its § and ε, read from model_card.md), and vaswani-translate's
+    translations, are UTF-8 and what they are in a UTF-8 locale. Before, run.py stopped at its α, its training done
+    and its model folder not written, and vaswani-translate at a translation's ß; the card read its template as the
+    locale's text."""
+    splits = generate_default_data()
+    for split, size in (("train", 300), ("validation", 4), ("test", 4)):
+        rows = (json.dumps({"en": en, "de": de}, ensure_ascii=False) + "\n" for en, de in splits[split][:size])
+        (tmp_path / f"{split}.jsonl").write_text("".join(rows), encoding="utf-8")
+    sources = tmp_path / "sources.en"
+    sources.write_text("".join(en + "\n" for en, _ in splits["test"][:12]), encoding="utf-8")
+    translated = cli("--model", translation_folder, "--input", sources, "--quiet", "--no_fast_cpu")
+    assert translated.returncode == 0 and not translated.stdout.isascii(), translated  # a ß, an umlaut to write
+    run = ["--output_dir", tmp_path / "run", "--d_model", "16", "--d_ff", "32", "--num_heads", "2", "--num_layers",
+           "1", "--vocab_size", "300", "--max_tokens", "400", "--tokens_per_step", "400", "--max_steps", "2",
+           "--eval_steps", "0", "--no_fast_cpu", "--alpha_candidates", "0.6", "1.0",
+           *(f"--{split}_file={tmp_path / split}.jsonl" for split in ("train", "validation", "test"))]
+    script = textwrap.dedent(f"""
+        import codecs, locale, runpy, sys
+        encodings = locale.getpreferredencoding(False), sys.stdout.encoding
+        assert [codecs.lookup(encoding).name for encoding in encodings] == ["ascii", "ascii"]
+        sys.argv = ["training/run.py", *{[str(arg) for arg in run]!r}]
+        runpy.run_path("training/run.py", run_name="__main__")
+        print("=" * 10, flush=True)
+        sys.stdout.reconfigure(encoding="ascii")  # as a new process in this locale starts
+        from vaswani_hf.tools.translate import main
+        main(["--model", {str(translation_folder)!r}, "--input", {str(sources)!r}, "--quiet", "--no_fast_cpu"])
+    """)
+    env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONIOENCODING", None)
+    result = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent, env=env,
+                            capture_output=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
+    trained, translations = result.stdout.decode("utf-8").split("=" * 10 + "\n")
+    assert "GNMT α by validation" in trained
+    assert translations == translated.stdout
+    card = (tmp_path / "run" / "README.md").read_bytes().decode("utf-8")
+    assert "Recipe (§5)" in card and "label smoothing ε_ls = " in card  # the template's words
 
 
 def test_vaswani_translate_int8_decodes_with_the_int8_copy(translation_folder, capfd, monkeypatch, cli):

@@ -211,7 +211,8 @@ def read_preset(name: str) -> dict:
     path = PRESETS / f"{name}.json"
     if not path.is_file():
         raise SystemExit(f"error: --preset {name}: no {path}; presets: {preset_names()}")
-    return {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("_")}
+    preset = json.loads(path.read_text(encoding="utf-8"))
+    return {key: value for key, value in preset.items() if not key.startswith("_")}
 
 
 def parse_arguments(argv: list[str] | None = None) -> tuple[DataArguments, ModelArguments, RecipeArguments]:

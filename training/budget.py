@@ -112,7 +112,7 @@ class TimeBudget:
 def read_schedule(path: str) -> dict:
     """A budgeted run's schedule.json; a missing or unreadable one is a one-line SystemExit."""
     try:
-        schedule = json.loads(Path(path).read_text())
+        schedule = json.loads(Path(path).read_text(encoding="utf-8"))
         if not (len(schedule["expected_steps"]) >= schedule["steps"] >= 1 and isinstance(schedule["checkpoints"], list)
                 and isinstance(schedule["evaluations"], list)):
             raise ValueError("its steps, expected_steps, checkpoints and evaluations do not agree")

@@ -68,7 +68,7 @@ def damage(path: Path, only: tuple[str, ...] | None = None) -> str | None:
     """Why the checkpoint at `path` cannot be trusted (its files against the sizes and SHA-256 sums its
     trainer_state.json recorded; `only`: just these files), or None if it is intact."""
     try:
-        files = json.loads((path / STATE_FILE).read_text())["files"]
+        files = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return f"{STATE_FILE} is missing or unreadable"
     if only is None:
@@ -125,7 +125,7 @@ def refuse_other_entry_point(name: str, path: Path, resuming: str) -> None:
     """A FileNotFoundError where the checkpoint at `path` was written by the other entry point than `resuming`:
     run.py's trainer_state.json records its files, the Trainer's (training/run_trainer.py's) is its TrainerState."""
     try:
-        state = json.loads((path / STATE_FILE).read_text())
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return  # damaged: the entry point's own check says so
     writer = "training/run.py" if "files" in state else "training/run_trainer.py" if "global_step" in state else None
@@ -221,7 +221,7 @@ def save_checkpoint(accelerator, model, optimizer, output_dir: str | Path, step:
                 _fsync(file)
                 if file.is_file():
                     files[str(file.relative_to(temporary))] = {"bytes": file.stat().st_size, "sha256": _sha256(file)}
-            with open(temporary / STATE_FILE, "w") as file:
+            with open(temporary / STATE_FILE, "w", encoding="utf-8") as file:
                 json.dump({"step": step, **state, "files": files}, file, indent=1)
                 file.flush()
                 os.fsync(file.fileno())
@@ -240,7 +240,7 @@ def load_checkpoint(accelerator, model, optimizer, path: Path) -> dict:
     """Restores model, optimizer and random generators from a checkpoint that `resolve_checkpoint` found intact;
     returns trainer_state.json (the step, the run's state as saved)."""
     load_training_state(accelerator, model, optimizer, path)
-    state = json.loads((path / STATE_FILE).read_text())
+    state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     state.pop("files", None)
     state.pop("kernels", None)  # kernel choices that checkpoints before 2026-11-28 kept
     return state
@@ -275,14 +275,14 @@ def save_scaler(scaler, folder: Path) -> None:
     last changed, as JSON. Resumed without them, a run would start again at the initial scale and skip the steps that
     overflow until the scale came back down."""
     if scaler is not None and scaler.is_enabled():
-        (folder / SCALER_FILE).write_text(json.dumps(scaler.state_dict()))
+        (folder / SCALER_FILE).write_text(json.dumps(scaler.state_dict()), encoding="utf-8")
 
 
 def load_scaler(scaler, folder: Path, say=print) -> None:
     if scaler is None or not scaler.is_enabled():
         return
     if (folder / SCALER_FILE).is_file():
-        scaler.load_state_dict(json.loads((folder / SCALER_FILE).read_text()))
+        scaler.load_state_dict(json.loads((folder / SCALER_FILE).read_text(encoding="utf-8")))
     else:  # a run that trained in another precision, or an fp16 checkpoint older than scaler.json
         say(f"warning: {folder.name} holds no {SCALER_FILE}: fp16's loss scale starts again at {scaler.get_scale()}")
 

@@ -28,7 +28,7 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
         set_paper_decoding(model.generation_config, num_beams, alpha, extra_length_of(model.generation_config))
     model.save_pretrained(output_dir)
     save_tokenizer(tokenizer, output_dir)
-    (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1), encoding="utf-8")
     deviations = model.config.deviations() + deviations
     base_id = None if base_model is None or is_local(base_model) else base_model
     if base_model is not None:
@@ -70,7 +70,7 @@ def write_output_folder(model, tokenizer, output_dir: Path, metrics: dict, *, da
     }
     metadata = card_metadata(data, scores, source_lang, target_lang, model_id, base_id, trees)
     card = ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n"
-                     + fill_template(MODEL_CARD.read_text(), values))
+                     + fill_template(MODEL_CARD.read_text(encoding="utf-8"), values))
     card.save(output_dir / "README.md")
 
 

@@ -96,10 +96,12 @@ from training.tokens import pair_encoder, token_dataset
 from vaswani_hf import VaswaniForConditionalGeneration, fast_cpu, fast_gpu, keep_freed_memory
 from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.loading import checked, learned_positions, loaded_whole
+from vaswani_hf.tools.text import utf8_output
 
 
 @stopped_in_one_line(DataError)  # a stream's bad line where it is read, a full disk, Ctrl-C
 def main():
+    utf8_output()
     with said_once():  # checks that every process makes alike, before any work
         data_args, model_args, args = parse_arguments()
         output_dir = Path(args.output_dir)
@@ -182,7 +184,7 @@ def main():
         run.save(step, run.state["elapsed_seconds"])
     if accelerator.is_main_process:
         if written := schedule.written(step):
-            (output_dir / "schedule.json").write_text(json.dumps(written, indent=1))
+            (output_dir / "schedule.json").write_text(json.dumps(written, indent=1), encoding="utf-8")
         final, averaged = averaged_model(output_dir, config, args.average_checkpoints, say)
         final.generation_config = copy.deepcopy(generation)
         speed(final)
@@ -360,7 +362,7 @@ def open_output_dir(accelerator, output_dir: Path, args, model: dict, streaming:
     and as `streaming`, its abandoned successors moved aside; or None, the folder emptied first with
     --overwrite_output_dir."""
     resumed = check_output_dir(output_dir, args, model, accelerator.print)  # every process reads
-    if resumed and (was := "stream" in json.loads((resumed / STATE_FILE).read_text())) != streaming:
+    if resumed and (was := "stream" in json.loads((resumed / STATE_FILE).read_text(encoding="utf-8"))) != streaming:
         # a streamed run's place is in each process's stream, an epoch run's in its step
         raise SystemExit(f"error: {resumed} was streamed: resume it with --streaming" if was else
                          f"error: {resumed} was not streamed: resume it without --streaming")
@@ -456,7 +458,7 @@ def batch_tokens(accelerator, model, resumed: Path | None, args, max_length: int
     largest that fits its memory (training/step.py), on a CPU 4,096."""
     if args.max_tokens:
         return args.max_tokens
-    if resumed and "max_tokens" in (saved := json.loads((resumed / STATE_FILE).read_text())):
+    if resumed and "max_tokens" in (saved := json.loads((resumed / STATE_FILE).read_text(encoding="utf-8"))):
         return saved["max_tokens"]
     if accelerator.device.type != "cuda":
         return 4096
@@ -468,7 +470,7 @@ def batch_tokens(accelerator, model, resumed: Path | None, args, max_length: int
 def run_plan(accelerator, config, resumed: Path | None) -> dict:
     """fast_cpu's plan for the whole run, the same on every process: a resumed run's own (its checkpoints keep it),
     else the one kept for this machine and the model's sizes, measured by the main process the first time."""
-    if resumed and "fast_cpu_plan" in (saved := json.loads((resumed / STATE_FILE).read_text())):
+    if resumed and "fast_cpu_plan" in (saved := json.loads((resumed / STATE_FILE).read_text(encoding="utf-8"))):
         return saved["fast_cpu_plan"]
     plan = None
     if accelerator.is_main_process:
@@ -519,7 +521,7 @@ def check_output_dir(output_dir: Path, args, model: dict, say) -> Path | None:
         raise SystemExit(
             f"error: --output_dir {output_dir} has no {needed}: the run's tokenizer is needed to resume it"
         )
-    saved = json.loads((path / STATE_FILE).read_text()).get("model", model)
+    saved = json.loads((path / STATE_FILE).read_text(encoding="utf-8")).get("model", model)
     if (was := saved.get("model_name_or_path")) != model.get("model_name_or_path"):
         raise SystemExit(f"error: {path} " + (f"fine-tunes {was}: resume with --model_name_or_path {was}" if was else
                                               "trains a new model: resume without --model_name_or_path"))

@@ -78,6 +78,7 @@ from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.hub import check_can_push, push_or_exit
 from vaswani_hf.tools.loading import checked, loaded_whole, one_line_errors
+from vaswani_hf.tools.text import utf8_output
 
 PAPER_TRAINER_DEFAULTS = {
     "adam_beta1": 0.9, "adam_beta2": 0.98, "adam_epsilon": 1e-9, "weight_decay": 0.0, "max_grad_norm": 0.0,
@@ -246,6 +247,7 @@ def make_compute_metrics(tokenizer, trees: bool):
 
 @stopped_in_one_line()  # a full disk, Ctrl-C
 def main(argv: list[str] | None = None):
+    utf8_output()
     with said_once():  # checks that every process makes alike, before any work
         data_args, model_args, recipe, training_args = parse_arguments(argv)
         on_cpu = training_args.device.type == "cpu"

@@ -14,10 +14,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for `training`
 
 from training.evaluation import reported, score
-from vaswani_hf.tools.text import read_lines
+from vaswani_hf.tools.text import read_lines, utf8_output
 
 
 def main(argv: list[str] | None = None) -> None:
+    utf8_output()
     parser = argparse.ArgumentParser(prog="training/score.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("translations", help="a file of translations, one a line")
     parser.add_argument("--reference", required=True, help="their references, line for line")

@@ -180,7 +180,7 @@ def build(rows: datasets.Dataset, tokenizer, folder: Path, stamp: dict[str, str]
             cache_file_name=str(partial / "tokens.arrow"),  # in the run's folder, not datasets' cache
             new_fingerprint=hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32],
             num_proc=workers(len(rows)))
-        (partial / "fingerprint.json").write_text(json.dumps(stamp))
+        (partial / "fingerprint.json").write_text(json.dumps(stamp), encoding="utf-8")
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(partial, folder)
 
@@ -193,7 +193,7 @@ def token_dataset(accelerator, rows: datasets.Dataset, tokenizer, output_dir: Pa
     if accelerator.is_main_process:
         stamp = fingerprint(rows, tokenizer, output_dir)
         try:
-            stored = json.loads((folder / "fingerprint.json").read_text())
+            stored = json.loads((folder / "fingerprint.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             stored = None
         if stored != stamp:

@@ -73,7 +73,7 @@ def check_resumed_model(checkpoint: str, start: str | None, model_args: ModelArg
     else:
         built = {**checked(start)[0].to_dict(), **model_args.dropouts()}
     try:
-        saved = json.loads((Path(checkpoint) / "config.json").read_text())
+        saved = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise SystemExit(f"error: --resume_from_checkpoint {checkpoint} has no readable config.json") from None
     compared = dict(saved)
@@ -118,7 +118,7 @@ class TrainingClock(TrainerCallback, ExportableState):
     @classmethod
     def resumed(cls, checkpoint: str | None) -> "TrainingClock":
         """The clock a run resumed from `checkpoint` goes on with (none: a new run's, or an older checkpoint's)."""
-        kept = json.loads((Path(checkpoint) / "trainer_state.json").read_text()) if checkpoint else {}
+        kept = json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8")) if checkpoint else {}
         return cls(**kept.get("stateful_callbacks", {}).get(cls.__name__, {}).get("args", {}))
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -166,13 +166,14 @@ class DataCheckpointTrainer(Seq2SeqTrainer):
         super()._save(output_dir, state_dict)
         if self.args.should_save:  # the arguments, which the Trainer never reads back
             folder = Path(output_dir or self.args.output_dir)
-            (folder / "training_args.json").write_text(self.args.to_json_string())
+            (folder / "training_args.json").write_text(self.args.to_json_string(), encoding="utf-8")
             (folder / TRAINING_ARGS_NAME).unlink()
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         save_optimizer(self.model, self.optimizer, Path(output_dir) / OPTIMIZER_FILE, self.args.should_save)
         if self.args.should_save:
-            (Path(output_dir) / SCHEDULER_FILE).write_text(json.dumps(self.lr_scheduler.state_dict()))
+            schedule = json.dumps(self.lr_scheduler.state_dict())
+            (Path(output_dir) / SCHEDULER_FILE).write_text(schedule, encoding="utf-8")
 
     def _save_scaler(self, output_dir: str) -> None:
         if self.args.should_save:
@@ -186,7 +187,7 @@ class DataCheckpointTrainer(Seq2SeqTrainer):
         if checkpoint is None or not (Path(checkpoint) / OPTIMIZER_FILE).is_file():
             return super()._load_optimizer_and_scheduler(checkpoint)  # nothing, or the plain Trainer's pickles
         load_optimizer(self.model, self.optimizer, Path(checkpoint) / OPTIMIZER_FILE)
-        self.lr_scheduler.load_state_dict(json.loads((Path(checkpoint) / SCHEDULER_FILE).read_text()))
+        self.lr_scheduler.load_state_dict(json.loads((Path(checkpoint) / SCHEDULER_FILE).read_text(encoding="utf-8")))
 
     def _load_scaler(self, checkpoint: str | None) -> None:
         if checkpoint is None or not (Path(checkpoint) / SCALER_FILE).is_file():

@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from training.metrics.evalb.evalb import constituent_labels, read
+from vaswani_hf.tools.text import utf8_output
 
 TOKENS = re.compile(r"\(|\)|[^\s()]+")
 
@@ -104,6 +105,7 @@ def bracketed(sentence: str, tree: str, constituents: set[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    utf8_output()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", type=Path, help="Penn Treebank files (.mrg), trees in brackets")
     parser.add_argument("--bracket", nargs=2, type=Path, metavar=("SENTENCES", "TREES"),

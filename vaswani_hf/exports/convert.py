@@ -52,6 +52,7 @@ from ..configuration_vaswani import VaswaniConfig
 from ..modeling_vaswani import VaswaniForConditionalGeneration
 from ..tools.export import check_output_place, written_whole
 from ..tools.loading import is_local, refuse_blank_model
+from ..tools.text import utf8_output
 
 SOURCE_PACKAGES = {"marian": ("sentencepiece", "sacremoses"), "fairseq": ("sacremoses",), "fsmt": ("sacremoses",)}
 
@@ -395,6 +396,7 @@ def model_card(model, kind: str, name_or_path: str, license_: str | None = None)
 
 
 def main(argv: list[str] | None = None) -> None:
+    utf8_output()
     parser = argparse.ArgumentParser(prog="vaswani-convert", description=__doc__.splitlines()[0].split(": ", 1)[1])
     sources = parser.add_subparsers(dest="source", required=True)
     marian = sources.add_parser("marian", help="a MarianMTModel (the OPUS-MT models): folder or Hub id")
@@ -422,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     with written_whole(args.output) as partial:
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-        (partial / "README.md").write_text(model_card(model, args.source, args.model, args.license))
+        (partial / "README.md").write_text(model_card(model, args.source, args.model, args.license), encoding="utf-8")
     print(f"wrote {args.output}: vaswani-translate --model {args.output} translates with it")
 
 

@@ -42,7 +42,7 @@ def cpu_name() -> str:
     """The CPU's model name, family and model numbers as the kernel reports them (virtual machines often show only
     "AMD EPYC" or "Intel Xeon"): what speed choices are measured on."""
     cpuinfo = Path("/proc/cpuinfo")
-    first = cpuinfo.read_text().split("\n\n")[0].splitlines() if cpuinfo.exists() else []
+    first = cpuinfo.read_text(encoding="utf-8").split("\n\n")[0].splitlines() if cpuinfo.exists() else []
     fields = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in first if ":" in line)}
     name = fields.get("model name") or platform.processor() or "unknown CPU"
     if "cpu family" in fields:
@@ -105,7 +105,8 @@ def kept_apart(folder: Path, facts: dict[str, dict], key: str,
             if missing:
                 measured = measure(missing)
                 for name in missing:
-                    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".partial", delete=False) as file:
+                    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, suffix=".partial",
+                                                     delete=False) as file:
                         json.dump({**facts[name], **measured[name]}, file, indent=1)
                     os.replace(file.name, paths[name])
                     found[name] = measured[name][key]
@@ -117,7 +118,7 @@ def readable(paths: dict[str, Path], key: str) -> dict[str, object]:
     found = {}
     for name, path in paths.items():
         try:
-            found[name] = json.loads(path.read_text())[key]
+            found[name] = json.loads(path.read_text(encoding="utf-8"))[key]
         except (OSError, ValueError, KeyError):
             pass
     return found

@@ -21,6 +21,7 @@ from pathlib import Path
 from transformers.utils.logging import disable_progress_bar
 
 from .loading import first_line, load
+from .text import utf8_output
 
 # CTranslate2's weight types (ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES).
 CTRANSLATE2_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16",
@@ -73,6 +74,7 @@ def written_whole(output: str | Path) -> Iterator[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    utf8_output()
     parser = argparse.ArgumentParser(prog="vaswani-export", description="Export a vaswani_hf model to another engine.")
     engines = parser.add_subparsers(dest="engine", required=True)
     ct2 = engines.add_parser("ctranslate2", help="a CTranslate2 model folder (model.bin, vocabulary, tokenizer)")

@@ -18,6 +18,7 @@ from pathlib import Path
 from transformers import AutoModelForSeq2SeqLM
 
 from .loading import first_line, loaded_whole
+from .text import utf8_output
 
 REQUIRED = ("config.json", "generation_config.json", "README.md")
 TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
@@ -37,14 +38,15 @@ def published_files(folder: Path) -> list[str]:
     """The files of `folder` that its Hub repository holds (module docstring). A folder that is not a finished
     vaswani_hf model is a one-line ValueError naming what it lacks, or the file that is damaged."""
     try:
-        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError):
         model_type = None
     if model_type != "vaswani":
         raise ValueError(f"{folder}: not a vaswani_hf model folder (no config.json of model_type \"vaswani\")")
     names = sorted(path.name for path in folder.iterdir() if path.is_file())
     try:
-        tokenizer_class = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        tokenizer_class = tokenizer_config.get("tokenizer_class")
     except (OSError, ValueError, AttributeError):
         tokenizer_class = None
     required = (*TOKENIZER_FILES.get(tokenizer_class, ("tokenizer.json",)), *REQUIRED)
@@ -117,6 +119,7 @@ def push_or_exit(folder: Path, repo_id: str, private: bool = False) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    utf8_output()
     parser = argparse.ArgumentParser(prog="vaswani-push", description=__doc__.splitlines()[0].split(": ", 1)[1])
     parser.add_argument("folder", help="a model folder written by training/run.py or training/run_trainer.py")
     parser.add_argument("repo_id", help="the Hub repository, e.g. org/name (created if it does not exist)")

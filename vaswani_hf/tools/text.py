@@ -5,13 +5,16 @@ corpora hold inside a sentence: the source and target files would no longer line
 write more output lines than it read.
 
 Files are read as they are or compressed (`opened`); a write the disk refuses is told apart from other errors
-(`refused_write`), so that the tools can say so in one line and keep what was written.
+(`refused_write`), so that the tools can say so in one line and keep what was written. Every text the tools read and
+write is UTF-8, their standard output too (`utf8_output`), whatever the locale's encoding.
 """
 
 import bz2
+import codecs
 import errno
 import gzip
 import lzma
+import sys
 import zlib
 from pathlib import Path
 
@@ -54,6 +57,14 @@ def read_lines(path: str | Path) -> list[str]:
     except DAMAGED as error:
         raise ValueError(f"{path} cannot be read: {error or type(error).__name__}") from None
     return split_lines(decode_utf8(data, str(path)))
+
+
+def utf8_output() -> None:
+    """Standard output in UTF-8 where the locale names another encoding (a legacy locale's latin-1, a Windows code
+    page when redirected to a file): translations, and the help's and the run's § and α, need not fit in one."""
+    encoding = getattr(sys.stdout, "encoding", None)
+    if encoding and codecs.lookup(encoding).name != "utf-8":
+        sys.stdout.reconfigure(encoding="utf-8")
 
 
 def refused_write(error: BaseException) -> bool:

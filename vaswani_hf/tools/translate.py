@@ -74,7 +74,7 @@ from .loading import (
     one_line_errors,
     papers_decoding,
 )
-from .text import DAMAGED, decode_utf8, opened, refused_write, split_lines
+from .text import DAMAGED, decode_utf8, opened, refused_write, split_lines, utf8_output
 
 MAX_TOKENS = 4096  # source tokens per batch, padding included
 WINDOW = 2000  # lines read, sorted by length and batched together
@@ -477,6 +477,7 @@ def paired(windows: Iterator[tuple[int, list[str]]], translations: Iterator[tupl
 
 
 def main(argv: list[str] | None = None) -> None:
+    utf8_output()
     parser = argparse.ArgumentParser(prog="vaswani-translate", description="Translate lines of text (§6.1 decoding).")
     parser.add_argument("--model", required=True, help="A model folder or Hub repository id.")
     parser.add_argument("--input", help="A text file, one source per line, or its .gz, .bz2, .xz (default: stdin).")

@@ -19,6 +19,7 @@ from transformers.utils.logging import disable_progress_bar
 
 from .export import check_output_place
 from .loading import first_line, load
+from .text import utf8_output
 from .translate import translate
 
 
@@ -142,6 +143,7 @@ def write_pictures(weights: AttentionWeights, output_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    utf8_output()
     parser = argparse.ArgumentParser(description="Attention heatmaps (paper Figures 3-5) of one layer, all heads.")
     parser.add_argument("model", help="A model folder or Hub repository id.")
     parser.add_argument("--source", required=True, help="The source sentence.")
