@@ -65,7 +65,7 @@ def download_into(package: pathlib.Path) -> None:
         for relative, text in STUBS.items():
             (staging / relative).parent.mkdir(exist_ok=True)
             (staging / relative).parent.joinpath("__init__.py").touch()
-            (staging / relative).write_text(text)
+            (staging / relative).write_text(text, encoding="utf-8")
         (staging / "__init__.py").touch()
         shutil.rmtree(package, ignore_errors=True)
         shutil.move(str(staging), package)

@@ -103,7 +103,8 @@ def run_forked(argv: list[str], envs: list[dict], timeout: float, cwd: os.PathLi
             os.kill(process.pid, signal.SIGABRT)
         for process in processes:
             process.join()
-        out, err = ("".join(Path(output + suffix).read_text() for output in outputs) for suffix in (".out", ".err"))
+        out, err = ("".join(Path(output + suffix).read_text(encoding="utf-8") for output in outputs)
+                    for suffix in (".out", ".err"))
     if running:
         pytest.fail(f"{script.name} {' '.join(argv)} still ran after {timeout} s:\n{out}{err}")
     return subprocess.CompletedProcess([str(script), *argv], failed.exitcode if failed else 0, out, err)

@@ -86,8 +86,8 @@ def run_main(monkeypatch, capsys, arguments: list[str], calls: list) -> list[dic
 
 
 def text_files(tmp_path, lines: int) -> list[str]:
-    (tmp_path / "v.en").write_text("".join(f"source {i}\n" for i in range(len(REFERENCES))))
-    (tmp_path / "v.de").write_text("".join(line + "\n" for line in REFERENCES[:lines]))
+    (tmp_path / "v.en").write_text("".join(f"source {i}\n" for i in range(len(REFERENCES))), encoding="utf-8")
+    (tmp_path / "v.de").write_text("".join(line + "\n" for line in REFERENCES[:lines]), encoding="utf-8")
     return ["--source", str(tmp_path / "v.en"), "--reference", str(tmp_path / "v.de")]
 
 
@@ -97,7 +97,7 @@ def test_each_run_decodes_its_candidates_with_4_beams_and_reports_them_against_t
     reference words, as sacreBLEU counts them) and each α's p-value against the best, the best left out."""
     run = tmp_path / "run"
     shutil.copytree(translation_folder, run)
-    (run / "metrics.json").write_text(json.dumps({"alpha_search": [0.6, 1.4]}))
+    (run / "metrics.json").write_text(json.dumps({"alpha_search": [0.6, 1.4]}), encoding="utf-8")
     calls = []
     (row,) = run_main(monkeypatch, capsys, [str(run), "--splits", "5", *text_files(tmp_path, 32)], calls)
     assert [(call["alpha"], call["num_beams"]) for call in calls] == [(0.6, 4), (1.4, 4)]

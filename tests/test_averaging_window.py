@@ -27,8 +27,8 @@ def run(translation_folder, tmp_path):
     """A run's folder with three checkpoints, steps 10, 20 and 30, each the model moved by its own noise; their
     weights, newest last. Its P_drop is 0.3: a model scored in training mode would show."""
     folder = shutil.copytree(translation_folder, tmp_path / "run")
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "dropout": 0.3}))
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    (folder / "config.json").write_text(json.dumps({**config, "dropout": 0.3}), encoding="utf-8")
     model = VaswaniForConditionalGeneration.from_pretrained(folder)
     optimizer = torch.optim.Adam(model.parameters())
     generator, weights = torch.Generator().manual_seed(0), []

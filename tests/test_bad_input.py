@@ -176,7 +176,7 @@ def test_loading_the_model_with_a_transformers_older_than_it_speaks_is_refused_i
     line naming the version, by the configuration's file, which loads first, before the model's file is imported."""
     metadata = tmp_path / f"transformers-{version}.dist-info" / "METADATA"
     metadata.parent.mkdir()
-    metadata.write_text(f"Metadata-Version: 2.1\nName: transformers\nVersion: {version}\n")
+    metadata.write_text(f"Metadata-Version: 2.1\nName: transformers\nVersion: {version}\n", encoding="utf-8")
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
                    "HF_MODULES_CACHE": str(tmp_path / "modules")}
     code = {"the package": "import vaswani_hf", "a folder's own code": (

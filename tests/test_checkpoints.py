@@ -116,7 +116,7 @@ def test_a_process_whose_peer_ended_stops_in_one_line(tmp_path):
             dist.barrier()
 
         main()
-        """))
+        """), encoding="utf-8")
     ended = run_forked([], torch_ranks(2), timeout=120, script=script)
     assert (ended.returncode, ended.stdout) == (1, "")
     assert ended.stderr == "error: process 1 stopped: another process of the run ended first\n"
@@ -194,7 +194,8 @@ def test_latest_falls_back_to_the_newest_intact_checkpoint_with_one_warning(tmp_
     assert [p.name for p in verified(checkpoints(tmp_path), said.append, only=("model.safetensors",))] == [
         "checkpoint-2", "checkpoint-4"]
     assert len(said) == 1 and said[0].startswith("warning: checkpoint-6 is damaged")
-    (tmp_path / "checkpoint-4" / "notes.txt").write_text("a file beside the weights is no reason to leave them out")
+    (tmp_path / "checkpoint-4" / "notes.txt").write_text("a file beside the weights is no reason to leave them out",
+                                                         encoding="utf-8")
     assert [p.name for p in verified(checkpoints(tmp_path), said.append, only=("model.safetensors",))] == [
         "checkpoint-2", "checkpoint-4"]
     # The run's end, with the weights of every checkpoint damaged: nothing to average, said in one line.
@@ -231,7 +232,7 @@ def test_a_missing_file_or_state_is_damage(tmp_path, accelerator):
     (tmp_path / "checkpoint-2" / "model.safetensors").unlink()
     assert damage(tmp_path / "checkpoint-2") == "model.safetensors is missing"
     for step, state in ((1, "{ not json"), (3, json.dumps({"step": 3})), (3, "[3]")):
-        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(state, encoding="utf-8")
         assert damage(tmp_path / f"checkpoint-{step}") == "trainer_state.json is missing or unreadable"
         with pytest.raises(FileNotFoundError, match=rf"^--resume_from_checkpoint \S+checkpoint-{step}: damaged "
                                                     r"\(trainer_state.json is missing or unreadable\)$"):
@@ -265,7 +266,7 @@ def test_a_save_removes_every_incomplete_checkpoint_and_records_every_file(tmp_p
     (tmp_path / ".incomplete-checkpoint-3").mkdir()
     saved_run(tmp_path, accelerator, [5])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-5"]
-    recorded = json.loads((tmp_path / "checkpoint-5" / "trainer_state.json").read_text())["files"]
+    recorded = json.loads((tmp_path / "checkpoint-5" / "trainer_state.json").read_text(encoding="utf-8"))["files"]
     written = (p.name for p in (tmp_path / "checkpoint-5").iterdir() if p.name != "trainer_state.json")
     assert sorted(recorded) == sorted(written)
 
@@ -297,7 +298,7 @@ def test_resuming_unpickles_no_object(tmp_path, accelerator):
         "rng_state_0.safetensors", "trainer_state.json"]
     package = Path(vaswani_hf.__file__).parent
     for code in (p for p in written if p.name.endswith(".py")):
-        assert code.read_text() == (package / code.name).read_text()
+        assert code.read_text(encoding="utf-8") == (package / code.name).read_text(encoding="utf-8")
     marker = tmp_path / "ran"
 
     class Payload:
@@ -348,8 +349,8 @@ def test_a_checkpoint_keeps_fp16s_loss_scale_and_resuming_restores_it(tmp_path, 
     accelerator.scaler = torch.amp.GradScaler("cpu")
     accelerator.scaler.load_state_dict(state)
     model, optimizer = saved_run(tmp_path, accelerator, [1])
-    assert json.loads((tmp_path / "checkpoint-1" / "scaler.json").read_text()) == state
-    assert "scaler.json" in json.loads((tmp_path / "checkpoint-1" / "trainer_state.json").read_text())["files"]
+    assert json.loads((tmp_path / "checkpoint-1" / "scaler.json").read_text(encoding="utf-8")) == state
+    assert "scaler.json" in json.loads((tmp_path / "checkpoint-1" / "trainer_state.json").read_bytes())["files"]
     accelerator.scaler = torch.amp.GradScaler("cpu")
     load_checkpoint(accelerator, model, optimizer, tmp_path / "checkpoint-1")
     assert accelerator.scaler.state_dict() == state
@@ -375,7 +376,7 @@ def test_resuming_from_an_older_checkpoint_moves_its_successors_out_of_the_run(t
     saved_run(tmp_path, accelerator, [4])  # the run reaches step 4 again, and is resumed from step 2 again
     assert [p.name for p in leave_timeline(tmp_path / "checkpoint-2")] == ["abandoned-checkpoint-3",
                                                                            "abandoned-checkpoint-4"]
-    assert json.loads((tmp_path / "abandoned-checkpoint-4" / "trainer_state.json").read_text())["history"] == [
+    assert json.loads((tmp_path / "abandoned-checkpoint-4" / "trainer_state.json").read_bytes())["history"] == [
         0, 1, 2, 3]  # the newer step 4 (saved_run's history), in place of the older one
 
 
@@ -417,7 +418,8 @@ def test_a_resumed_run_computes_with_its_checkpoints_plan_and_a_new_run_with_the
     assert torch.equal(torch.rand(2), expected)  # the probe model's initial weights were not the run's draws
     saved = {**kept, "training": {"onednn": False}}
     (tmp_path / "checkpoint-2").mkdir()
-    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"fast_cpu_plan": saved}))
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"fast_cpu_plan": saved}),
+                                                                  encoding="utf-8")
     assert run_module.run_plan(accelerator, tiny_config(), tmp_path / "checkpoint-2") == saved
 
 
@@ -428,7 +430,7 @@ def test_max_tokens_0_is_a_resumed_runs_own_and_on_a_cpu_4096_and_a_given_number
 
     args = argparse.Namespace(max_tokens=0, tokens_per_step=25000, cudnn_attention=False)
     (tmp_path / "checkpoint-2").mkdir()
-    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"max_tokens": 1234}))
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"max_tokens": 1234}), encoding="utf-8")
     assert run_module.batch_tokens(accelerator, None, None, args, max_length=256) == 4096
     assert run_module.batch_tokens(accelerator, None, tmp_path / "checkpoint-2", args, max_length=256) == 1234
     args.max_tokens = 500

@@ -148,7 +148,7 @@ def test_each_config_holds_its_own_pipeline_entry():
 def test_config_round_trips_through_json(tmp_path):
     original = VaswaniConfig.big(vocab_size=1000, normalize_before=True)
     original.save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())
+    saved = json.loads((tmp_path / "config.json").read_text(encoding="utf-8"))
     assert saved["model_type"] == "vaswani" and saved["d_k"] == 64 and saved["normalize_before"] is True
     loaded = AutoConfig.from_pretrained(tmp_path)
     assert isinstance(loaded, VaswaniConfig)

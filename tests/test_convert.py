@@ -53,7 +53,7 @@ def write_marian(folder) -> None:
     processor = sentencepiece.SentencePieceProcessor(model_file=str(folder / "spm.model"))
     pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
     vocab = ["</s>", "<unk>", *[piece for piece in pieces if piece not in ("<s>", "</s>", "<unk>")], "<pad>"]
-    (folder / "vocab.json").write_text(json.dumps({piece: i for i, piece in enumerate(vocab)}))
+    (folder / "vocab.json").write_text(json.dumps({piece: i for i, piece in enumerate(vocab)}), encoding="utf-8")
     MarianTokenizer(*(str(folder / name) for name in ("spm.model", "spm.model", "vocab.json")), source_lang="en",
                     target_lang="de").save_pretrained(folder)
     pad = len(vocab) - 1
@@ -68,7 +68,8 @@ def write_marian(folder) -> None:
     draw_gains_and_biases(marian)
     marian.generation_config.update(num_beams=4, max_length=40, bad_words_ids=[[pad]])
     marian.save_pretrained(folder)
-    (folder / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n\n# opus-mt-en-de (a stand-in)\n")
+    (folder / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n\n# opus-mt-en-de (a stand-in)\n",
+                                      encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +155,7 @@ def test_the_converted_tokenizer_gives_the_sentencepiece_models_ids_and_text(mar
 
     source, converted = marian_pair
     ours = AutoTokenizer.from_pretrained(converted)
-    vocab = json.loads((source / "vocab.json").read_text())
+    vocab = json.loads((source / "vocab.json").read_text(encoding="utf-8"))
     for side, texts in (("source", SENTENCES), ("target", SENTENCES[:50])):
         pieces = sentencepiece.SentencePieceProcessor(model_file=str(source / f"{side}.spm"))
         expected = [[vocab.get(piece, vocab["<unk>"]) for piece in pieces.encode(text, out_type=str)] + [vocab["</s>"]]
@@ -211,8 +212,8 @@ def test_vaswani_translate_scores_a_converted_model_as_marian_gives_its_log_p(ma
     source, converted = marian_pair
     marian, tokenizer = MarianMTModel.from_pretrained(source).eval(), MarianTokenizer.from_pretrained(source)
     pairs = generate()["test"][:10]
-    (tmp_path / "in.txt").write_text("".join(en + "\n" for en, _ in pairs))
-    (tmp_path / "de.txt").write_text("".join(de + "\n" for _, de in pairs))
+    (tmp_path / "in.txt").write_text("".join(en + "\n" for en, _ in pairs), encoding="utf-8")
+    (tmp_path / "de.txt").write_text("".join(de + "\n" for _, de in pairs), encoding="utf-8")
     result = cli("--model", converted, "--quiet", "--input", tmp_path / "in.txt", "--score", tmp_path / "de.txt")
     assert result.returncode == 0, result.stderr
     expected = []
@@ -235,8 +236,8 @@ def test_vaswani_translate_alpha_bans_what_the_generation_config_bans(marian_pai
     common = collections.Counter(free[:, 1:].flatten().tolist()).most_common(1)[0][0]
     banned = [[ours.config.pad_token_id], [common]]
     folder = shutil.copytree(converted, tmp_path / "banned")
-    published = json.loads((folder / "generation_config.json").read_text())
-    (folder / "generation_config.json").write_text(json.dumps(published | {"bad_words_ids": banned}))
+    published = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    (folder / "generation_config.json").write_text(json.dumps(published | {"bad_words_ids": banned}), encoding="utf-8")
     paper = cli("--model", folder, "--quiet", "--no_fast_cpu", "--alpha", "0.6", stdin="\n".join(sources) + "\n")
     assert paper.returncode == 0, paper.stderr
     assert paper.stdout.splitlines() == searched_alone(ours, tokenizer, sources, banned)
@@ -256,8 +257,8 @@ def test_vaswani_translate_ends_translations_at_the_generation_configs_stop_stri
     free = searched_alone(ours, tokenizer, sources, pad)
     word = collections.Counter(w for line in free for w in line.split()[1:-1]).most_common(1)[0][0]  # within lines
     folder = shutil.copytree(converted, tmp_path / "stopped")
-    published = json.loads((folder / "generation_config.json").read_text())
-    (folder / "generation_config.json").write_text(json.dumps(published | {"stop_strings": [word]}))
+    published = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    (folder / "generation_config.json").write_text(json.dumps(published | {"stop_strings": [word]}), encoding="utf-8")
     paper = cli("--model", folder, "--quiet", "--no_fast_cpu", "--alpha", "0.6", stdin="\n".join(sources) + "\n")
     assert paper.returncode == 0, paper.stderr
     assert paper.stdout.splitlines() == searched_alone(ours, tokenizer, sources, pad, stop=[word]) != free
@@ -276,13 +277,13 @@ def test_a_converted_model_fine_tunes_with_the_decoding_it_was_published_with(ma
     from training import run_trainer
 
     converted = shutil.copytree(marian_pair[1], tmp_path / "converted")
-    published = json.loads((converted / "generation_config.json").read_text()) | {"length_penalty": 0.8}
-    (converted / "generation_config.json").write_text(json.dumps(published))
+    published = json.loads((converted / "generation_config.json").read_bytes()) | {"length_penalty": 0.8}
+    (converted / "generation_config.json").write_text(json.dumps(published), encoding="utf-8")
     files = []
     for split, rows in generate().items():
         files += [f"--{split}_file", str(tmp_path / f"{split}.jsonl")]
-        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps({"en": en, "de": de}) + "\n"
-                                                         for en, de in rows[:40 if split == "train" else 4]))
+        lines = (json.dumps({"en": en, "de": de}) + "\n" for en, de in rows[:40 if split == "train" else 4])
+        (tmp_path / f"{split}.jsonl").write_text("".join(lines), encoding="utf-8")
     output = tmp_path / "tuned"
     run_trainer.main([*files, "--model_name_or_path", str(converted), "--output_dir", str(output), "--max_steps", "2",
                       "--learning_rate", "1e-9", "--per_device_train_batch_size", "8", "--disable_tqdm", "true",
@@ -290,11 +291,11 @@ def test_a_converted_model_fine_tunes_with_the_decoding_it_was_published_with(ma
     start, tuned = (load_file(folder / "model.safetensors") for folder in (converted, output))
     for name in start:
         torch.testing.assert_close(tuned[name], start[name], atol=1e-6, rtol=0)
-    kept = json.loads((output / "generation_config.json").read_text())
+    kept = json.loads((output / "generation_config.json").read_text(encoding="utf-8"))
     assert "gnmt_alpha" not in kept and kept["num_beams"] == 2
     assert (kept["bad_words_ids"], kept["length_penalty"]) == (published["bad_words_ids"], 0.8)
     assert (output / "source.spm").read_bytes() == (converted / "source.spm").read_bytes()
-    card = " ".join((output / "README.md").read_text().split())
+    card = " ".join((output / "README.md").read_text(encoding="utf-8").split())
     assert ("decodes as `generation_config.json` asks, as the model it was fine-tuned from was published: "
             "transformers' beam search with 2 beams, hypotheses ranked by log P / |Y|^0.8 (not the paper's GNMT "
             "penalty)") in card
@@ -316,8 +317,8 @@ def test_run_py_fine_tunes_a_converted_model_with_its_own_tokenizer_on_each_side
     from training.run import check_output_dir
 
     converted = shutil.copytree(marian_pair[1], tmp_path / "converted")
-    published = json.loads((converted / "generation_config.json").read_text()) | {"length_penalty": 0.8}
-    (converted / "generation_config.json").write_text(json.dumps(published))
+    published = json.loads((converted / "generation_config.json").read_bytes()) | {"length_penalty": 0.8}
+    (converted / "generation_config.json").write_text(json.dumps(published), encoding="utf-8")
     sentencepiece.SentencePieceTrainer.train(  # German pieces of another segmentation (unknown ones: <unk>)
         sentence_iterator=iter([de for _, de in generate()["train"][:2000]]), model_prefix=str(tmp_path / "de"),
         vocab_size=120, model_type="bpe", minloglevel=2)
@@ -325,8 +326,8 @@ def test_run_py_fine_tunes_a_converted_model_with_its_own_tokenizer_on_each_side
     files = []
     for split, rows in generate().items():
         files += [f"--{split}_file", tmp_path / f"{split}.jsonl"]
-        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps({"en": en, "de": de}) + "\n"
-                                                         for en, de in rows[:40 if split == "train" else 4]))
+        lines = (json.dumps({"en": en, "de": de}) + "\n" for en, de in rows[:40 if split == "train" else 4])
+        (tmp_path / f"{split}.jsonl").write_text("".join(lines), encoding="utf-8")
     flags = [*files, "--model_name_or_path", converted, "--max_steps", "2", "--save_steps", "1",
              "--average_checkpoints", "2", "--max_tokens", "400", "--tokens_per_step", "400", "--warmup_steps", "4",
              "--lr_scale", "1e-6", "--num_beams", "2", "--eval_steps", "2", "--eval_max_sentences", "4"]
@@ -343,12 +344,12 @@ def test_run_py_fine_tunes_a_converted_model_with_its_own_tokenizer_on_each_side
         torch.testing.assert_close(tuned[name], start[name], atol=1e-6, rtol=0)
     for name in ("source.spm", "target.spm", "vocab.json"):
         assert (output / name).read_bytes() == (converted / name).read_bytes()
-    kept = json.loads((output / "generation_config.json").read_text())
+    kept = json.loads((output / "generation_config.json").read_text(encoding="utf-8"))
     assert "gnmt_alpha" not in kept and kept["num_beams"] == 2
     assert (kept["bad_words_ids"], kept["length_penalty"]) == (published["bad_words_ids"], 0.8)
-    metrics = json.loads((output / "metrics.json").read_text())
+    metrics = json.loads((output / "metrics.json").read_text(encoding="utf-8"))
     assert "bleu" in metrics["validation"] and "bleu" in metrics["test"]
-    card = " ".join((output / "README.md").read_text().split())
+    card = " ".join((output / "README.md").read_text(encoding="utf-8").split())
     assert ("decodes as `generation_config.json` asks, as the model it was fine-tuned from was published: "
             "transformers' beam search with 2 beams, hypotheses ranked by log P / |Y|^0.8") in card
     assert "length_penalty_alpha=" not in card  # no α deviation: it decodes as published
@@ -363,7 +364,7 @@ def test_run_py_fine_tunes_a_converted_model_with_its_own_tokenizer_on_each_side
     for name, weight in load_file(resumed / "model.safetensors").items():
         assert torch.equal(weight, tuned[name]), name
     for checkpoint in (output / "checkpoint-1", resumed / "checkpoint-2"):  # a model folder that decodes as the run's
-        assert json.loads((checkpoint / "generation_config.json").read_text()) == kept
+        assert json.loads((checkpoint / "generation_config.json").read_text(encoding="utf-8")) == kept
     runs = {"run.py": lambda *given: run_training(*flags, "--output_dir", tmp_path / "unused", *given),
             "run_trainer.py": lambda *given: run_trainer.parse_arguments(["--model_name_or_path", str(converted),
                                                                            *given])}
@@ -390,7 +391,7 @@ def test_vaswani_translates_ctranslate2_engine_takes_a_converted_model_greedily_
     assert translate(ct2, tokenizer, sources, num_beams=1, alpha=0.6) == translate(  # each limited by its source
         ours, tokenizer, sources, num_beams=1, alpha=0.6)
     edited = Path(shutil.copytree(converted, tmp_path / "edited"))
-    with open(edited / "vocab.json", "a") as file:
+    with open(edited / "vocab.json", "a", encoding="utf-8") as file:
         file.write("\n")
     assert cached_export(str(edited), "float32") != cached_export(str(converted), "float32")
 
@@ -409,17 +410,18 @@ def test_the_ctranslate2_engine_bans_what_the_generation_config_bans_and_refuses
     ids = MarianTokenizer.from_pretrained(source)(SENTENCES[:8])["input_ids"]
     free, _ = load_engine(str(converted), "ctranslate2")[0].decode(ids, num_beams, 0.6, 1)
     common = collections.Counter(token for hypothesis in free for token in hypothesis[:-1]).most_common(1)[0][0]
-    published = json.loads((converted / "generation_config.json").read_text())
+    published = json.loads((converted / "generation_config.json").read_text(encoding="utf-8"))
     folder = shutil.copytree(converted, tmp_path / "banned")
     (folder / "generation_config.json").write_text(json.dumps(published | {
-        "bad_words_ids": [*published["bad_words_ids"], [common]]}))
+        "bad_words_ids": [*published["bad_words_ids"], [common]]}), encoding="utf-8")
     banned, _ = load_engine(str(folder), "ctranslate2")[0].decode(ids, num_beams, 0.6, 1)
     assert not any(common in hypothesis for hypothesis in banned)
     if num_beams == 1:
         assert banned == load_engine(str(folder), fast=False)[0].decode(ids, 1, 0.6, 1)[0]
     penalized = shutil.copytree(converted, tmp_path / "penalized")
-    (penalized / "generation_config.json").write_text(json.dumps(published | {"encoder_repetition_penalty": 1.2}))
-    with open(penalized / "vocab.json", "a") as file:  # an export of its own (cached_export's key)
+    (penalized / "generation_config.json").write_text(json.dumps(published | {"encoder_repetition_penalty": 1.2}),
+                                                      encoding="utf-8")
+    with open(penalized / "vocab.json", "a", encoding="utf-8") as file:  # an export of its own (cached_export's key)
         file.write("\n")
     exports = sorted((tmp_path / "cache").rglob("*"))
     with pytest.raises(SystemExit, match=r"^error: cannot load a model from .*: --engine ctranslate2 does not "
@@ -431,7 +433,8 @@ def test_the_ctranslate2_engine_bans_what_the_generation_config_bans_and_refuses
         scored = load_engine(str(penalized), "ctranslate2", scoring=True)[0].score(ids, targets)
         assert scored == pytest.approx(load_engine(str(penalized), fast=False)[0].score(ids, targets), abs=1e-4)
         for side, name in ((0, "in.txt"), (1, "de.txt")):
-            (tmp_path / name).write_text("".join(pair[side] + "\n" for pair in generate()["test"][:8]))
+            (tmp_path / name).write_text("".join(pair[side] + "\n" for pair in generate()["test"][:8]),
+                                         encoding="utf-8")
         result = cli("--model", penalized, "--engine", "ctranslate2", "--input", tmp_path / "in.txt", "--score",
                      tmp_path / "de.txt", "--quiet")
         assert result.returncode == 0 and len(result.stdout.splitlines()) == 8, result.stderr
@@ -514,8 +517,8 @@ def test_a_marian_export_of_ours_converts_back_to_its_logits_with_its_tokenizer(
 def edited_copy(source, folder, **config):
     """A copy of the Marian folder `source` with entries of its config.json replaced."""
     shutil.copytree(source, folder)
-    values = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**values, **config}))
+    values = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    (folder / "config.json").write_text(json.dumps({**values, **config}), encoding="utf-8")
     return folder
 
 
@@ -547,8 +550,9 @@ def test_what_cannot_be_converted_is_one_line_before_anything_is_written(marian_
     (damaged / "model.safetensors").write_bytes((source / "model.safetensors").read_bytes()[:5000])
     assert "cannot convert" in refusal(capfd, convert.main, "marian", damaged, out) and not out.exists()
     mismatch = edited_copy(source, tmp_path / "mismatch")
-    vocab = json.loads((mismatch / "vocab.json").read_text())
-    (mismatch / "vocab.json").write_text(json.dumps(dict(list(vocab.items())[:-3])))  # another vocabulary's
+    vocab = json.loads((mismatch / "vocab.json").read_text(encoding="utf-8"))
+    (mismatch / "vocab.json").write_text(json.dumps(dict(list(vocab.items())[:-3])),
+                                         encoding="utf-8")  # another vocabulary's
     message = refusal(capfd, convert.main, "marian", mismatch, out)
     assert "tokens but its embedding 200 rows" in message and not out.exists()
     untokenized = edited_copy(source, tmp_path / "untokenized")  # transformers' MarianTokenizer: a TypeError
@@ -751,7 +755,8 @@ def edited_release(release, folder, *, remove=(), checkpoint=None, dictionary=No
             state = torch.load(release / "model.pt", weights_only=True, map_location="cpu")
         torch.save(checkpoint(state), folder / "model.pt")
     if dictionary:
-        (folder / "dict.de.txt").write_text(dictionary((folder / "dict.de.txt").read_text()))
+        (folder / "dict.de.txt").write_text(dictionary((folder / "dict.de.txt").read_text(encoding="utf-8")),
+                                            encoding="utf-8")
     return folder
 
 
@@ -830,7 +835,7 @@ def test_a_fairseq_folder_that_cannot_be_converted_is_one_line_before_anything_i
 
 def test_fairseqs_dictionary_lines_with_the_overwrite_flag_are_words(tmp_path):
     """fairseq's Dictionary reads "word count #fairseq:overwrite" (a symbol that may repeat one) as that word."""
-    (tmp_path / "dict.en.txt").write_text("Hund 12\n<mask> 1 #fairseq:overwrite\nHaus 3\n")
+    (tmp_path / "dict.en.txt").write_text("Hund 12\n<mask> 1 #fairseq:overwrite\nHaus 3\n", encoding="utf-8")
     assert convert.read_dictionary(tmp_path / "dict.en.txt") == [*convert.FAIRSEQ_SPECIALS, "Hund", "<mask>", "Haus"]
 
 
@@ -869,7 +874,7 @@ def test_a_converted_fsmt_model_gives_fsmts_logits_translations_and_ids(tmp_path
     assert_computes_as_fsmt(ours, fsmt, tokenizer, sentences, {"length_penalty": 1.1})
     inputs = tokenizer(SENTENCES[:24], return_tensors="pt", padding=True)
     assert torch.equal(ours.generate(**inputs), fsmt.generate(**inputs))  # each with its generation config
-    assert "The weights of the FSMT model" in (tmp_path / "converted" / "README.md").read_text()
+    assert "The weights of the FSMT model" in (tmp_path / "converted" / "README.md").read_text(encoding="utf-8")
 
 
 def test_an_fsmt_model_that_cannot_be_converted_is_one_line_before_anything_is_written(tmp_path, capfd):
@@ -878,7 +883,7 @@ def test_an_fsmt_model_that_cannot_be_converted_is_one_line_before_anything_is_w
     each, and OUT is not written."""
     source, out = tmp_path / "fsmt", tmp_path / "out"
     write_fsmt(source)
-    vocab = json.loads((source / "vocab-tgt.json").read_text())
+    vocab = json.loads((source / "vocab-tgt.json").read_text(encoding="utf-8"))
     words = list(vocab)
     cases = {
         "holds a 'marian' model, not an FSMT one": {"config": {"model_type": "marian"}},
@@ -897,7 +902,8 @@ def test_an_fsmt_model_that_cannot_be_converted_is_one_line_before_anything_is_w
         edited = shutil.copytree(source, tmp_path / f"case{number}")
         for name, values in edits.items():
             path = edited / ("config.json" if name == "config" else name)
-            path.write_text(json.dumps({**json.loads(path.read_text()), **values} if name == "config" else values))
+            written = {**json.loads(path.read_bytes()), **values} if name == "config" else values
+            path.write_text(json.dumps(written), encoding="utf-8")
         message = refusal(capfd, convert.main, "fsmt", edited, out)
         assert expected in message, message
         assert not out.exists() and not list(tmp_path.glob(".out.*"))
@@ -915,8 +921,8 @@ def test_a_converted_fairseq_folder_translates_exports_and_publishes(fairseq_rel
     release, fsmt = fairseq_release
     converted = tmp_path / "converted"
     convert.main(["fairseq", str(release), str(converted), "--license", "mit"])
-    assert "under its license (mit)" in (converted / "README.md").read_text()
-    generation = json.loads((converted / "generation_config.json").read_text())  # fairseq-generate's of Ott et al.
+    assert "under its license (mit)" in (converted / "README.md").read_text(encoding="utf-8")
+    generation = json.loads((converted / "generation_config.json").read_bytes())  # fairseq-generate's of Ott et al.
     assert (generation["num_beams"], generation["length_penalty"], generation["max_new_tokens"]) == (4, 0.6, 200)
     tokenizer = AutoTokenizer.from_pretrained(converted)
     sources = SENTENCES[:10]

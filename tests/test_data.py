@@ -84,10 +84,10 @@ def test_the_embedded_grammar_declines_agrees_and_orders_as_german_does():
 
 def test_json_lines_and_aligned_text_load_the_same_pairs(tmp_path):
     rows = [("A dog .", "Ein Hund ."), ("Two cats .", "Zwei Katzen .")]
-    with open(tmp_path / "train.jsonl", "w") as f:
+    with open(tmp_path / "train.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps({"translation": {"en": en, "de": de}}) + "\n" for en, de in rows)
-    (tmp_path / "valid.en").write_text("\n".join(en for en, _ in rows) + "\n")
-    (tmp_path / "valid.de").write_text("\n".join(de for _, de in rows) + "\n")
+    (tmp_path / "valid.en").write_text("\n".join(en for en, _ in rows) + "\n", encoding="utf-8")
+    (tmp_path / "valid.de").write_text("\n".join(de for _, de in rows) + "\n", encoding="utf-8")
     files = {"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "valid")}
     pairs = load_pairs("en", "de", files=files)
     assert pairs == {"train": rows, "validation": rows}
@@ -102,7 +102,7 @@ def test_a_runs_splits_are_read_each_from_its_own_flag(tmp_path):
             for size, split in enumerate(("train", "validation", "test"), 2)}
     for split, pairs in rows.items():
         (tmp_path / f"{split}.jsonl").write_text(
-            "".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n" for en, de in pairs))
+            "".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n" for en, de in pairs), encoding="utf-8")
     flags = SimpleNamespace(source_lang="en", target_lang="de", dataset_name=None, dataset_config_name=None,
                             streaming=False, **{f"{split}_file": str(tmp_path / f"{split}.jsonl") for split in rows})
     assert {split: as_pairs(dataset) for split, dataset in load_run_data(flags).items()} == rows
@@ -118,7 +118,7 @@ def test_a_column_per_language_loads_as_the_translation_column_and_other_columns
                "no languages": [{"text": en, "label": de} for en, de in rows],
                "no target column": [{"en": en, "fr": de} for en, de in rows]}
     for name, lines in layouts.items():
-        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
     read = lambda name, languages=("en", "de"): load_pairs(*languages, files={"train": f"{tmp_path}/{name}.jsonl"})
     assert read("columns") == {"train": rows}
     assert read("columns", ("de", "en"))["train"][0] == ("Ein Hund .", "A dog .")
@@ -137,7 +137,8 @@ def test_json_lines_that_do_not_parse_or_hold_no_text_are_one_line_errors_naming
     block, and datasets' log line of it is not shown); a pair whose text is missing, null or a number, or a null
     pair, is named by its number, read whole or streamed."""
     good = json.dumps({"translation": {"en": "A dog .", "de": "Ein Hund ."}})
-    (tmp_path / "cut.jsonl").write_text(f"{good}\n\n{good}\n{good[:30]}\n{good}\n")  # cut short on line 4
+    (tmp_path / "cut.jsonl").write_text(f"{good}\n\n{good}\n{good[:30]}\n{good}\n",
+                                        encoding="utf-8")  # cut short on line 4
     (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress((tmp_path / "cut.jsonl").read_bytes()))
     for name, streaming, message in (("cut.jsonl", False, "line 4 is not JSON: "),
                                      ("cut.jsonl.gz", False, "line 4 is not JSON: "),
@@ -149,7 +150,7 @@ def test_json_lines_that_do_not_parse_or_hold_no_text_are_one_line_errors_naming
                "number": [{"en": "A dog .", "de": "Ein Hund ."}, {"en": "Two .", "de": 2}],
                "no pair": [{"translation": {"en": "A dog .", "de": "Ein Hund ."}}, {"translation": None}]}
     for name, rows in layouts.items():
-        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
         lang, held = {"null": ("de", "None"), "number": ("de", "2"), "no pair": ("en", "None")}[name]
         for streaming in (False, True):
             with pytest.raises(DataError, match=rf"^--train_file {tmp_path}/{name}.jsonl: pair 2 has no {lang} text "
@@ -164,9 +165,10 @@ def dataset_folder(folder, splits: dict[str, list[tuple[str, str]]]) -> str:
     listed = ""
     for split, rows in splits.items():
         (folder / "data" / f"{split}.jsonl").write_text(
-            "".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n" for en, de in rows))
+            "".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n" for en, de in rows), encoding="utf-8")
         listed += f"  - split: {split}\n    path: data/{split}.jsonl\n"
-    (folder / "README.md").write_text(f"---\nconfigs:\n- config_name: default\n  data_files:\n{listed}---\n")
+    (folder / "README.md").write_text(f"---\nconfigs:\n- config_name: default\n  data_files:\n{listed}---\n",
+                                      encoding="utf-8")
     return str(folder)
 
 
@@ -214,9 +216,9 @@ def test_compressed_files_give_the_pairs_of_the_files_they_compress(tmp_path, co
     (tmp_path / f"t.jsonl.{compression}").write_bytes(compress(rows.encode()))
     assert load_pairs("en", "de", files={"train": str(tmp_path / f"t.jsonl.{compression}")})["train"] == pairs
     (tmp_path / f"a.en.{compression}").write_bytes(compress("".join(en + "\n" for en, _ in pairs).encode()))
-    (tmp_path / "a.de").write_text("".join(de + "\n" for _, de in pairs))
+    (tmp_path / "a.de").write_text("".join(de + "\n" for _, de in pairs), encoding="utf-8")
     assert load_pairs("en", "de", files={"train": str(tmp_path / "a")})["train"] == pairs
-    (tmp_path / "a.de").write_text("".join(de + "\n" for _, de in pairs[:4]))
+    (tmp_path / "a.de").write_text("".join(de + "\n" for _, de in pairs[:4]), encoding="utf-8")
     with pytest.raises(ValueError, match="5 en lines but 4 de lines"):
         load_pairs("en", "de", files={"train": str(tmp_path / "a")})
 
@@ -224,11 +226,11 @@ def test_compressed_files_give_the_pairs_of_the_files_they_compress(tmp_path, co
 def test_missing_or_misaligned_files_are_one_line_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="--train_file .*nope.jsonl"):
         load_pairs("en", "de", files={"train": str(tmp_path / "nope.jsonl")})
-    (tmp_path / "x.en").write_text("a\nb\n")
-    (tmp_path / "x.de").write_text("a\n")
+    (tmp_path / "x.en").write_text("a\nb\n", encoding="utf-8")
+    (tmp_path / "x.de").write_text("a\n", encoding="utf-8")
     with pytest.raises(ValueError, match="2 en lines but 1 de lines"):
         load_pairs("en", "de", files={"test": str(tmp_path / "x")})
-    (tmp_path / "x.de").write_text("")  # one side empty: misaligned, not an empty split
+    (tmp_path / "x.de").write_text("", encoding="utf-8")  # one side empty: misaligned, not an empty split
     with pytest.raises(ValueError, match="2 en lines but 0 de lines"):
         load_pairs("en", "de", files={"test": str(tmp_path / "x")})
     (tmp_path / "blank.jsonl.gz").write_bytes(gzip.compress(b"\n \n"))  # JSON lines of no pairs
@@ -245,11 +247,11 @@ def test_a_mistake_in_the_validation_or_test_file_is_refused_before_the_training
     monkeypatch.setattr(data_module, "_aligned_tables", lambda *args: read.append(args[3]) or aligned_tables(*args))
     monkeypatch.setattr(data_module, "_json_lines", lambda *args: read.append(args[1]) or json_lines(*args))
     for name in ("train", "valid"):
-        (tmp_path / f"{name}.en").write_text("A dog .\nA cat .\n")
-        (tmp_path / f"{name}.de").write_text("Ein Hund .\nEine Katze .\n")
-    (tmp_path / "test.en").write_text("A dog .\n")
-    (tmp_path / "test.de").write_text("Ein Hund .\nEine Katze .\n")
-    (tmp_path / "train.jsonl").write_text('{"en": "A dog .", "de": "Ein Hund ."}\n')
+        (tmp_path / f"{name}.en").write_text("A dog .\nA cat .\n", encoding="utf-8")
+        (tmp_path / f"{name}.de").write_text("Ein Hund .\nEine Katze .\n", encoding="utf-8")
+    (tmp_path / "test.en").write_text("A dog .\n", encoding="utf-8")
+    (tmp_path / "test.de").write_text("Ein Hund .\nEine Katze .\n", encoding="utf-8")
+    (tmp_path / "train.jsonl").write_text('{"en": "A dog .", "de": "Ein Hund ."}\n', encoding="utf-8")
     for train in ("train", "train.jsonl"):
         files = {"train": str(tmp_path / train), "validation": str(tmp_path / "valid"), "test": str(tmp_path / "test")}
         with pytest.raises(ValueError, match="--test_file .*: 1 en lines but 2 de lines"):
@@ -271,7 +273,7 @@ def test_a_file_or_folder_given_for_a_prefix_is_told_what_the_flag_takes(tmp_pat
     prefix; given a CSV or TSV file or a folder, it names --dataset_name, which reads them."""
     (tmp_path / "data").mkdir()
     for name in ("train.en", "train.de", "train.tsv"):
-        (tmp_path / name).write_text("A dog .\n")
+        (tmp_path / name).write_text("A dog .\n", encoding="utf-8")
     (tmp_path / "train.de.gz").write_bytes(gzip.compress(b"Ein Hund .\n"))
     for given, told in [("train.en", f"not found: give the prefix {tmp_path}/train, of both sides' files"),
                         ("train.de.gz", f"not found: give the prefix {tmp_path}/train, of both sides' files"),
@@ -289,10 +291,10 @@ def test_aligned_files_rewritten_in_place_are_read_again(tmp_path):
     same size gives its new pairs, not the cached ones."""
     import os
 
-    (tmp_path / "x.en").write_text("A dog .\n")
-    (tmp_path / "x.de").write_text("Ein Hund\n")
+    (tmp_path / "x.en").write_text("A dog .\n", encoding="utf-8")
+    (tmp_path / "x.de").write_text("Ein Hund\n", encoding="utf-8")
     assert load_pairs("en", "de", files={"train": str(tmp_path / "x")})["train"] == [("A dog .", "Ein Hund")]
-    (tmp_path / "x.de").write_text("Ein Hahn\n")
+    (tmp_path / "x.de").write_text("Ein Hahn\n", encoding="utf-8")
     later = os.stat(tmp_path / "x.de").st_mtime_ns + 10**9  # (a clock too coarse to tell the writes apart)
     os.utime(tmp_path / "x.de", ns=(later, later))
     assert load_pairs("en", "de", files={"train": str(tmp_path / "x")})["train"] == [("A dog .", "Ein Hahn")]
@@ -310,11 +312,11 @@ def test_aligned_text_is_read_a_table_at_a_time_with_lines_counted_across_tables
     (tmp_path / "t.en").write_bytes("\r\n".join(english).encode())
     (tmp_path / "t.de").write_bytes(("\n".join(german) + "\n").encode())
     assert load_pairs("en", "de", files={"train": str(tmp_path / "t")})["train"] == list(zip(english, german))
-    (tmp_path / "m.en").write_text("\n".join(english) + "\n")
-    (tmp_path / "m.de").write_text("\n".join(german[:4]) + "\n")
+    (tmp_path / "m.en").write_text("\n".join(english) + "\n", encoding="utf-8")
+    (tmp_path / "m.de").write_text("\n".join(german[:4]) + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match="5 en lines but 4 de lines"):
         load_pairs("en", "de", files={"train": str(tmp_path / "m")})
-    (tmp_path / "u.en").write_text("\n".join(english) + "\n")
+    (tmp_path / "u.en").write_text("\n".join(english) + "\n", encoding="utf-8")
     (tmp_path / "u.de").write_bytes("Eins.\nZwei.\n\nCaf\u00e9.\nLetzte".encode("latin-1"))
     with pytest.raises(ValueError, match="u.de is not UTF-8 text: byte 0xe9 on line 4"):
         load_pairs("en", "de", files={"train": str(tmp_path / "u")})
@@ -326,8 +328,8 @@ def test_aligned_text_is_cached_in_arrow_record_batches_of_record_batch_rows(tmp
     from training.tokens import RECORD_BATCH
 
     lines = "".join(f"{n}\n" for n in range(RECORD_BATCH + 1))
-    (tmp_path / "t.en").write_text(lines)
-    (tmp_path / "t.de").write_text(lines)
+    (tmp_path / "t.en").write_text(lines, encoding="utf-8")
+    (tmp_path / "t.de").write_text(lines, encoding="utf-8")
     train = load_splits("en", "de", files={"train": str(tmp_path / "t")})["train"]
     assert [len(batch) for batch in train.data.to_batches()] == [RECORD_BATCH, 1]
 

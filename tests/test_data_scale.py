@@ -150,4 +150,5 @@ def test_a_real_launch_is_read_back_cold_then_resumed_from_its_token_cache(tmp_p
     assert sorted(path.name for path in run.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     assert row["old_pairs_per_second"] > 0
     assert not (tmp_path / "datasets-cache-100000-1").exists()
-    assert "fast_cpu: timing" not in (tmp_path / "run-100000-1.1.log").read_text()  # nothing done once per machine
+    log = (tmp_path / "run-100000-1.1.log").read_text(encoding="utf-8")
+    assert "fast_cpu: timing" not in log  # nothing done once per machine

@@ -265,7 +265,7 @@ def test_peft_lora_adapts_the_projections_by_its_formula_and_the_papers_search_d
 # --- the Hub, both ways -------------------------------------------------------------------------------------
 
 def test_the_folder_declares_its_pipeline_and_code(translation_folder):
-    config = json.loads((translation_folder / "config.json").read_text())
+    config = json.loads((translation_folder / "config.json").read_text(encoding="utf-8"))
     assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_vaswani.TranslationPipeline"
     assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_vaswani.VaswaniForConditionalGeneration"
     for name in CODE_FILES | {"pipeline_vaswani.py"}:
@@ -400,8 +400,8 @@ def test_vaswani_push_refuses_what_is_not_a_finished_model_in_one_line(translati
                     ignore=shutil.ignore_patterns("model.safetensors", "README.md", "tokenizer.json"))
     marian = tmp_path / "marian"
     shutil.copytree(translation_folder, marian)
-    config = json.loads((marian / "config.json").read_text())
-    (marian / "config.json").write_text(json.dumps({**config, "model_type": "marian"}))
+    config = json.loads((marian / "config.json").read_text(encoding="utf-8"))
+    (marian / "config.json").write_text(json.dumps({**config, "model_type": "marian"}), encoding="utf-8")
     damaged = {}
     for name in ("generation_config.json", "model.safetensors"):  # cut short, as by a full disk
         damaged[name] = tmp_path / f"damaged_{name}" / name
@@ -454,7 +454,7 @@ def test_model_push_to_hub_sends_weights_code_config_and_generation_config(tmp_p
 
     def fake_create_commit(self, repo_id, operations, **kwargs):
         sent.update({op.path_in_repo: op.path_or_fileobj for op in operations})
-        sent["config.json"] = Path(sent["config.json"]).read_text() if "config.json" in sent else None
+        sent["config.json"] = Path(sent["config.json"]).read_text(encoding="utf-8") if "config.json" in sent else None
         return huggingface_hub.CommitInfo(commit_url=f"https://huggingface.co/{repo_id}/commit/0", commit_message="",
                                           commit_description="", oid="0" * 40)
 
@@ -476,7 +476,7 @@ def test_a_hub_download_loads_offline_by_repo_id_without_the_package(translation
     repo = tmp_path / "hub" / "models--org--tiny-en-de"
     shutil.copytree(translation_folder, repo / "snapshots" / sha)
     (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(sha)
+    (repo / "refs" / "main").write_text(sha, encoding="utf-8")
     model, tokenizer = load_local(translation_folder)
     expected = translate(model, tokenizer, SOURCES[:2])
     out = run_hidden(
@@ -505,7 +505,7 @@ def test_the_model_card_parses_and_carries_the_runs_numbers(translation_folder):
     """The card of a run on the embedded data, parsed by huggingface_hub: its metadata, a warning that the data is
     synthetic, an example from the run's own test sources, the test scores with their signatures, the run's recipe."""
     card = ModelCard.load(translation_folder / "README.md")
-    metrics = json.loads((translation_folder / "metrics.json").read_text())["test"]
+    metrics = json.loads((translation_folder / "metrics.json").read_text(encoding="utf-8"))["test"]
     data = card.data.to_dict()
     assert data["language"] == ["en", "de"] and data["license"] == "apache-2.0"  # the project's own data
     assert data["pipeline_tag"] == "translation" and "datasets" not in data and card.data.eval_results is None
@@ -523,7 +523,7 @@ def test_the_model_card_parses_and_carries_the_runs_numbers(translation_folder):
                     "AutoModelForSeq2SeqLM", "400 train pairs, 6 test pairs", "recipe: 60 steps"):
         assert section in text, section
     # the run's own recipe, not the paper's: batches of sentences, no dropout or label smoothing, no averaging
-    dropout = json.loads((translation_folder / "config.json").read_text())["dropout"]
+    dropout = json.loads((translation_folder / "config.json").read_text(encoding="utf-8"))["dropout"]
     assert (f"batches of 50 sentences, Adam(0.9, 0.98, 1e-9) with the warmup / inverse-square-root schedule, "
             f"dropout P_drop = {dropout:g} and label smoothing ε_ls = 0; the final weights, not averaged."
             ) in text
@@ -562,7 +562,7 @@ def test_the_model_card_names_the_data_as_given_and_claims_no_license(translatio
     pairs = {split: generate_default_data()[split][:3] for split in ("train", "validation", "test")}
     for split, rows in pairs.items():  # aligned text files, as a user gives them
         for side, lang in enumerate(("en", "de")):
-            (tmp_path / f"{split}.{lang}").write_text("".join(row[side] + "\n" for row in rows))
+            (tmp_path / f"{split}.{lang}").write_text("".join(row[side] + "\n" for row in rows), encoding="utf-8")
     files = {f"{split}_file": str(tmp_path / split) for split in pairs}
     scores = dict(SCORES)
     source_lang, target_lang = "en", "de"
@@ -649,7 +649,7 @@ def test_the_model_card_lists_every_deviation_and_the_averaged_checkpoints(trans
     write_output_folder(model, tokenizer, tmp_path, {"averaged_checkpoints": ["checkpoint-20", "checkpoint-30"]},
                         data=data, length_limit=LENGTH_LIMIT, source_lang="en", target_lang="de", model_id="m",
                         recipe={}, deviations=["the run's own deviation"], label_smoothing=0.1, batching="b")
-    text = (tmp_path / "README.md").read_text()
+    text = (tmp_path / "README.md").read_text(encoding="utf-8")
     assert ("its training:\n\n- dropout on the attention weights (`attention_dropout=0.2`)\n"
             "- the run's own deviation\n\n") in text
     assert "As published, except for the deviations below: post-LN sub-layers" in " ".join(text.split())
@@ -657,7 +657,7 @@ def test_the_model_card_lists_every_deviation_and_the_averaged_checkpoints(trans
     write_output_folder(model, tokenizer, tmp_path / "one", {"averaged_checkpoints": ["checkpoint-30"]},
                         data=data, length_limit=LENGTH_LIMIT, source_lang="en", target_lang="de", model_id="m",
                         recipe={}, deviations=[], label_smoothing=0.1, batching="b")
-    one = " ".join((tmp_path / "one" / "README.md").read_text().split())
+    one = " ".join((tmp_path / "one" / "README.md").read_text(encoding="utf-8").split())
     assert "label smoothing ε_ls = 0.1; the final weights, not averaged." in one
 
 
@@ -728,11 +728,11 @@ def test_the_card_states_the_alpha_and_batch_the_run_chose_not_the_flags_that_as
     pairs = {"train": generate_default_data()["train"][:10]}
     publish(model, tokenizer, tmp_path, {"max_tokens": 4096, "distributed": {"mixed_precision": "bf16"}}, pairs, 1.2,
             DataArguments(), ModelArguments(), args, print)
-    text = (tmp_path / "README.md").read_text()
+    text = (tmp_path / "README.md").read_text(encoding="utf-8")
     assert '"length_penalty_alpha": 1.2,' in text and '"max_tokens": 4096,' in text
     assert '"mixed_precision": "bf16"' in text and '"auto"' not in text
     assert "- recipe: `length_penalty_alpha=1.2` (paper: 0.6; its parser, §6.3: 0.3)\n" in text
-    assert json.loads((tmp_path / "generation_config.json").read_text())["gnmt_alpha"] == 1.2
+    assert json.loads((tmp_path / "generation_config.json").read_text(encoding="utf-8"))["gnmt_alpha"] == 1.2
 
 
 def test_a_model_card_placeholder_left_unfilled_is_an_error():
@@ -757,11 +757,12 @@ def test_vaswani_translate_reads_stdin_and_files(translation_folder, tmp_path, c
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [translate(model, tokenizer, [SOURCES[0]])[0], "",
                                           translate(model, tokenizer, [SOURCES[1]])[0]]
-    (tmp_path / "in.txt").write_text("\n".join(SOURCES))
+    (tmp_path / "in.txt").write_text("\n".join(SOURCES), encoding="utf-8")
     result = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt",
                  "--num_beams", "1")
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "out.txt").read_text().splitlines() == translate(model, tokenizer, SOURCES, num_beams=1)
+    written = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
+    assert written == translate(model, tokenizer, SOURCES, num_beams=1)
     # --extra_length: outputs up to the source's length + 1 token (the model's own limit: 50).
     result = cli("--model", translation_folder, "--extra_length", "1", stdin="\n".join(SOURCES) + "\n")
     assert result.returncode == 0, result.stderr
@@ -885,9 +886,9 @@ def test_a_saved_synthid_watermark_is_refused_by_the_papers_search_in_one_line_b
     """A generation config's SynthID watermark, which the paper's beam search cannot apply (gnmt.py), stops
     vaswani-translate in one line before it decodes; one beam reorders nothing and translates."""
     folder = shutil.copytree(translation_folder, tmp_path / "marked")
-    saved = json.loads((folder / "generation_config.json").read_text())
+    saved = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
     (folder / "generation_config.json").write_text(json.dumps({**saved, "watermarking_config": {
-        "ngram_len": 2, "keys": [5, 7]}}))
+        "ngram_len": 2, "keys": [5, 7]}}), encoding="utf-8")
     refused = cli("--model", folder, "--quiet", stdin="A dog.\n")
     assert refused.returncode == 1 and refused.stdout == ""
     assert refused.stderr == (f"error: {folder}'s generation config: SynthID's watermarking_config keeps each row's "
@@ -967,12 +968,12 @@ def test_output_streams_as_batches_finish(translation_folder, monkeypatch, capfd
 
 def test_progress_goes_to_stderr_with_lines_and_tokens_per_second(translation_folder, tmp_path, cli):
     """The file's last line has no newline: it counts in the total all the same."""
-    (tmp_path / "in.txt").write_text("\n".join(MANY))
+    (tmp_path / "in.txt").write_text("\n".join(MANY), encoding="utf-8")
     result = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt")
     assert result.returncode == 0 and result.stdout == ""
     assert f"{len(MANY)}/{len(MANY)}" in result.stderr and "lines" in result.stderr
     assert int(re.findall(r"(\d+) tokens/s", result.stderr)[-1]) > 0
-    assert len((tmp_path / "out.txt").read_text().split("\n")) == len(MANY) + 1
+    assert len((tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")) == len(MANY) + 1
 
 
 def test_nbest_prints_the_searchs_n_best_with_their_gnmt_scores(translation_folder, capfd, monkeypatch, cli):
@@ -1018,8 +1019,8 @@ def test_score_writes_each_translations_log_p_and_the_perplexity_per_token(trans
     from support import summed_nll
 
     model, tokenizer = load_local(translation_folder)
-    (tmp_path / "in.txt").write_text("".join(source + "\n" for source, _ in SCORED))
-    (tmp_path / "de.txt").write_text("".join(target + "\n" for _, target in SCORED))
+    (tmp_path / "in.txt").write_text("".join(source + "\n" for source, _ in SCORED), encoding="utf-8")
+    (tmp_path / "de.txt").write_text("".join(target + "\n" for _, target in SCORED), encoding="utf-8")
     flags = {"none": [], "--normalize": ["--normalize"], "--alpha": ["--alpha", "1.5"]}[divisor]
     result = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--score", tmp_path / "de.txt",
                  "--window", "5", "--max_tokens", "40", *flags)
@@ -1124,7 +1125,7 @@ def test_vaswani_translate_explains_a_bad_model_folder_in_one_line(translation_f
         folder.mkdir()
     if problem == "broken config":
         shutil.copytree(translation_folder, folder, dirs_exist_ok=True)
-        (folder / "config.json").write_text("{ not json")
+        (folder / "config.json").write_text("{ not json", encoding="utf-8")
     if problem == "no weights":
         shutil.copytree(translation_folder, folder, dirs_exist_ok=True)
         (folder / "model.safetensors").unlink()
@@ -1307,12 +1308,12 @@ def test_the_visualize_command_explains_misuse_in_one_line(translation_folder, t
     """In this process (support.refusal): the message, and nothing else on stdout or stderr, and no picture."""
     from vaswani_hf.tools.visualize import main
 
-    (tmp_path / "file").write_text("someone's notes\n")
+    (tmp_path / "file").write_text("someone's notes\n", encoding="utf-8")
     flags = [flag.format(file=tmp_path / "file") for flag in flags]
     message = refusal(capfd, main, translation_folder, "--source", SOURCES[0], "--target", "Hallo.",
                       "--output_dir", tmp_path / "pictures", *flags)
     assert message == expected.format(file=tmp_path / "file")
-    assert not (tmp_path / "pictures").exists() and (tmp_path / "file").read_text() == "someone's notes\n"
+    assert not (tmp_path / "pictures").exists() and (tmp_path / "file").read_bytes() == b"someone's notes\n"
 
 
 def test_write_pictures_draws_every_head_with_its_weights_and_tokens(translation_folder, tmp_path, monkeypatch):
@@ -1413,9 +1414,9 @@ def test_the_card_states_the_beam_alpha_and_limit_the_model_decodes_and_was_scor
     write_output_folder(model, tokenizer, tmp_path, scores, data=data, length_limit=LENGTH_LIMIT, source_lang="en",
                         target_lang="de", model_id="m", recipe={}, deviations=[], label_smoothing=0.1, batching="b",
                         num_beams=5, alpha=1.2)
-    generation = json.loads((tmp_path / "generation_config.json").read_text())
+    generation = json.loads((tmp_path / "generation_config.json").read_text(encoding="utf-8"))
     assert (generation["num_beams"], generation["gnmt_alpha"]) == (5, 1.2)
-    card = " ".join((tmp_path / "README.md").read_text().split())
+    card = " ".join((tmp_path / "README.md").read_text(encoding="utf-8").split())
     assert ("decodes as `generation_config.json` asks, the paper's way (§6.1): beam search with a beam of 5 and the "
             "GNMT length penalty ((5 + |Y|) / 6)^α, α = 1.2, up to source length + 300 tokens.") in card
     assert "translation is at most the source's length + 300 tokens." in card

@@ -417,11 +417,11 @@ def test_the_ctranslate2_cache_is_keyed_by_what_the_export_is_made_from(translat
     exports = {first, cached_export(str(changed), "float32"), cached_export(str(translation_folder), "int8")}
     for name in ("config.json", "tokenizer.json"):
         edited = Path(shutil.copytree(translation_folder, tmp_path / name))
-        with open(edited / name, "a") as file:
+        with open(edited / name, "a", encoding="utf-8") as file:
             file.write("\n")
         exports.add(cached_export(str(edited), "float32"))
     converter = tmp_path / "to_ctranslate2.py"
-    converter.write_text(Path(to_ctranslate2.__file__).read_text() + "\n# changed\n")
+    converter.write_text(Path(to_ctranslate2.__file__).read_text(encoding="utf-8") + "\n# changed\n", encoding="utf-8")
     monkeypatch.setattr(to_ctranslate2, "__file__", str(converter))
     exports.add(cached_export(str(translation_folder), "float32"))
     monkeypatch.setattr(ctranslate2, "__version__", "0.1")
@@ -515,7 +515,7 @@ def test_ctranslates_workers_are_measured_once_per_export_and_taken_only_when_th
         probed = 3 * (1 + ROUNDS)  # a warm-up round and the timed rounds, three candidates
         assert ctranslate2_engine.kept_workers(folder, "float32", 2, tokenizer) == workers
         assert len(probes) == probed
-        [kept] = [json.loads(path.read_text()) for path in (folder / "threads").glob("*.json")]
+        [kept] = [json.loads(path.read_text(encoding="utf-8")) for path in (folder / "threads").glob("*.json")]
         assert kept["seconds"] == pytest.approx([1.01, one_thread * 1.01, parts * 1.01])  # the first timed round
         assert ctranslate2_engine.kept_workers(folder, "float32", 2, tokenizer) == workers
         assert len(probes) == probed  # kept, read back
@@ -610,8 +610,8 @@ def test_the_ctranslate2_engine_scores_translations_as_ctranslate2_does_and_as_t
     _, tokenizer = trained
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
     pairs = PAIRS[:12]
-    (tmp_path / "in.txt").write_text("".join(source + "\n" for source, _ in pairs))
-    (tmp_path / "de.txt").write_text("".join(target + "\n" for _, target in pairs))
+    (tmp_path / "in.txt").write_text("".join(source + "\n" for source, _ in pairs), encoding="utf-8")
+    (tmp_path / "de.txt").write_text("".join(target + "\n" for _, target in pairs), encoding="utf-8")
     args = ["--model", translation_folder, "--input", tmp_path / "in.txt", "--score", tmp_path / "de.txt", "--quiet"]
     lines = {}
     for engine in ("torch", "ctranslate2"):
@@ -637,11 +637,11 @@ def test_without_gnmt_alpha_the_ctranslate2_engine_scores_log_p_over_length_to_t
     model, tokenizer = trained
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
     folder = Path(shutil.copytree(translation_folder, tmp_path / "published"))
-    settings = json.loads((folder / "generation_config.json").read_text())
+    settings = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
     del settings["gnmt_alpha"]
     if length_penalty is not None:
         settings["length_penalty"] = length_penalty
-    (folder / "generation_config.json").write_text(json.dumps(settings))
+    (folder / "generation_config.json").write_text(json.dumps(settings), encoding="utf-8")
     engine = CTranslate2Engine(str(folder), AutoConfig.from_pretrained(folder), tokenizer)
     batch = tokenizer([source for source, _ in PAIRS[:6]] + ["dog " * 30, "dog " * 4])["input_ids"]
     hypotheses, scores = engine.decode(batch, num_beams=4, alpha=None, nbest=2)
@@ -708,7 +708,7 @@ def test_export_refusals_are_one_line(translation_folder, tmp_path, engine):
     save_marian_folder(marian)
     (tmp_path / "empty").mkdir()
     (tmp_path / "taken").mkdir()
-    (tmp_path / "file").write_text("")
+    (tmp_path / "file").write_text("", encoding="utf-8")
     for arguments, message in (
             ([str(marian), str(tmp_path / "out")], (f"error: {marian} holds a 'marian' model, not a vaswani_hf one: "
                                                      f"convert it, vaswani-convert marian {marian} OUT")),

@@ -73,7 +73,7 @@ def test_timing_a_model_whose_generation_config_sets_lengths_warns_of_nothing(pl
 
 def kept_by_mode(tmp_path, int8: bool = False) -> dict:
     """The choices kept in the `plans` fixture's cache, by mode, of the float32 model's sizes or the int8 copy's."""
-    kept = [json.loads(path.read_text()) for path in (tmp_path / "cache" / "fast_cpu").glob("*.json")]
+    kept = [json.loads(path.read_text(encoding="utf-8")) for path in (tmp_path / "cache" / "fast_cpu").glob("*.json")]
     return {entry["mode"]: entry for entry in kept if entry["int8"] == int8}
 
 
@@ -511,11 +511,11 @@ def test_every_plan_an_int8_copy_may_take_decodes_as_the_plain_copy_bit_for_bit(
 def test_a_damaged_choice_is_measured_again_alone(plans, tmp_path, damage):
     fast_cpu(tiny_model(seed=1))
     (kept,) = [path for path in (tmp_path / "cache" / "fast_cpu").glob("*.json")
-               if json.loads(path.read_text())["mode"] == "beam"]
-    kept.write_text(damage(kept.read_text()))
+               if json.loads(path.read_text(encoding="utf-8"))["mode"] == "beam"]
+    kept.write_text(damage(kept.read_text(encoding="utf-8")), encoding="utf-8")
     model = fast_cpu(tiny_model(seed=1))
     assert [modes for _, modes in plans] == [("greedy", "beam", "training"), ("beam",)]
-    assert json.loads(kept.read_text())["choice"] == model.fast_cpu_plan["beam"]
+    assert json.loads(kept.read_text(encoding="utf-8"))["choice"] == model.fast_cpu_plan["beam"]
 
 
 def test_choices_kept_are_read_back_from_a_cache_that_cannot_be_written(plans, monkeypatch):
@@ -537,7 +537,7 @@ def test_the_cpu_that_choices_are_kept_under_is_its_first_processors_model_name_
         tmp_path, monkeypatch, cpuinfo, expected):
     import platform
 
-    (tmp_path / "cpuinfo").write_text(cpuinfo)
+    (tmp_path / "cpuinfo").write_text(cpuinfo, encoding="utf-8")
     monkeypatch.setattr(kernels, "Path", lambda path: tmp_path / "cpuinfo" if path == "/proc/cpuinfo" else Path(path))
     monkeypatch.setattr(platform, "processor", lambda: "aarch64")
     assert kernels.cpu_name() == expected.format(processor="aarch64")
@@ -568,14 +568,14 @@ def test_processes_that_need_the_same_choice_at_once_measure_it_once(tmp_path):
     from vaswani_hf.speed.kernels import kept_apart
 
     def measure(names):
-        with open(tmp_path / "measured", "a") as record:
+        with open(tmp_path / "measured", "a", encoding="utf-8") as record:
             record.write(f"{os.getpid()}\n")
         time.sleep(1)  # long enough for the other process to ask meanwhile
         return {name: {"choice": os.getpid()} for name in names}
 
     def need(index):
         found = kept_apart(tmp_path / "cache", {"greedy": {"sizes": 1}}, "choice", measure)
-        (tmp_path / f"found{index}").write_text(json.dumps(found))
+        (tmp_path / f"found{index}").write_text(json.dumps(found), encoding="utf-8")
 
     processes = [multiprocessing.get_context("fork").Process(target=need, args=(index,)) for index in range(2)]
     for process in processes:
@@ -583,8 +583,9 @@ def test_processes_that_need_the_same_choice_at_once_measure_it_once(tmp_path):
     for process in processes:
         process.join(60)
     assert [process.exitcode for process in processes] == [0, 0]
-    (measurer,) = (tmp_path / "measured").read_text().split()
-    assert {(tmp_path / f"found{index}").read_text() for index in range(2)} == {json.dumps({"greedy": int(measurer)})}
+    (measurer,) = (tmp_path / "measured").read_text(encoding="utf-8").split()
+    found = {(tmp_path / f"found{index}").read_text(encoding="utf-8") for index in range(2)}
+    assert found == {json.dumps({"greedy": int(measurer)})}
 
 
 def encoder_rows(model, source, num_beams):

@@ -697,7 +697,7 @@ def test_with_synced_gpus_every_process_steps_the_model_until_all_are_done(tmp_p
         print(json.dumps({"alone": steps_alone, "synced": steps_synced, "same": torch.equal(synced, alone),
                           "sharded": len(calls), "same_sharded": torch.equal(sharded, alone)}))
         torch.distributed.destroy_process_group()
-        """))
+        """), encoding="utf-8")
     result = run_forked([Path(__file__).parent], torch_ranks(), timeout=300, script=script)
     assert result.returncode == 0, result.stderr[-3000:]
     found = [json.loads(line) for line in result.stdout.splitlines()]

@@ -40,7 +40,7 @@ def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path, monkeypa
     with accelerate_as_in_a_new_process():
         assert main(["--tiny", "--output_dir", str(tmp_path / "check")]) == 0, capsys.readouterr().err[-3000:]
     assert len(launches) == 2 and ["--resume_from_checkpoint" in command for command in launches] == [False, True]
-    report = json.loads((tmp_path / "check" / "gpu_check.json").read_text())
+    report = json.loads((tmp_path / "check" / "gpu_check.json").read_text(encoding="utf-8"))
     assert report["errors"] == {}
     assert report["checks"] == {"loss falls": True, "resumed run follows the first": True,
                                 "compiled run's loss within 1% of the eager run's": True,
@@ -61,7 +61,7 @@ def test_the_gpu_check_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path, monkeypa
     assert set(report["loop"]) == {"bare", "padded", "run.py step", "run.py step, collated",
                                    "run.py step, collated, fast_gpu"}
     assert report["loop"]["bare"]["over_bare"] == 1.0 and report["loop"]["bare"]["host_waits"] is None
-    table = (tmp_path / "check" / "gpu_check.md").read_text()
+    table = (tmp_path / "check" / "gpu_check.md").read_text(encoding="utf-8")
     assert "| training tokens/s, bf16 autocast |" in table and table in capsys.readouterr().out
     assert "| training tokens/s, bf16 autocast (ours: fast_gpu) |" in table
     assert_targets_are_the_processes_ratios(report, 1)
@@ -90,17 +90,17 @@ def test_parts_1_and_2_in_two_processes_keep_each_ones_figures_and_give_their_me
     assert main(["--tiny", "--processes", "2", "--parts", "speed", "decoding", "--output_dir", str(folder)]) == 0
     assert commands == [["--parts", part, "--processes", "1", "--output_dir", str(folder / f"{part}-{index}"),
                          "--tiny"] for part in ("speed", "decoding") for index in (1, 2)]
-    report = json.loads((folder / "gpu_check.json").read_text())
+    report = json.loads((folder / "gpu_check.json").read_text(encoding="utf-8"))
     assert report["errors"] == {}
     for part in PAIRED:
         runs = report[part]["processes"]
-        assert runs == [json.loads((folder / f"{part}-{index}" / "gpu_check.json").read_text())[part]
+        assert runs == [json.loads((folder / f"{part}-{index}" / "gpu_check.json").read_text(encoding="utf-8"))[part]
                         for index in (1, 2)]
         for kind in PAIRED[part]:
             for name, figures in report[part][kind].items():
                 assert figures == {key: pytest.approx((runs[0][kind][name][key] + runs[1][kind][name][key]) / 2)
                                    for key in figures}
-        assert f"{part}: in 2 processes" in (folder / "gpu_check.md").read_text()
+        assert f"{part}: in 2 processes" in (folder / "gpu_check.md").read_text(encoding="utf-8")
     assert_targets_are_the_processes_ratios(report, 2)
 
 
@@ -141,13 +141,14 @@ def test_the_training_part_reads_real_text_from_a_folder_in_multi30ks_layout(tmp
     data.mkdir()
     for name, pairs in (("train", 5), ("valid", 3), ("test2016", 3)):
         for lang in ("en", "de"):
-            (data / f"{name}.{lang}").write_text("".join(f"{name} {lang} {i}\n" for i in range(pairs)))
+            (data / f"{name}.{lang}").write_text("".join(f"{name} {lang} {i}\n" for i in range(pairs)),
+                                                 encoding="utf-8")
     flags = gpu_check.write_pairs(tmp_path / "pairs", (4, 2, 3), str(data))
     assert flags == ["--train_file", str(tmp_path / "pairs" / "train"), "--validation_file",
                      str(tmp_path / "pairs" / "validation"), "--test_file", str(tmp_path / "pairs" / "test")]
     for split, name, pairs in (("train", "train", 4), ("validation", "valid", 2), ("test", "test2016", 3)):
         for lang in ("en", "de"):
-            assert (tmp_path / "pairs" / f"{split}.{lang}").read_text() == "".join(
+            assert (tmp_path / "pairs" / f"{split}.{lang}").read_text(encoding="utf-8") == "".join(
                 f"{name} {lang} {i}\n" for i in range(pairs))
     (data / "valid.de").unlink()
     with pytest.raises(SystemExit, match=f"^error: --training_data {data} lacks valid.de$"):

@@ -21,7 +21,7 @@ from vaswani_hf import VaswaniForConditionalGeneration
 
 def test_every_engine_decodes_the_sources_at_tiny_sizes_on_a_cpu(tmp_path, capsys):
     main(["--tiny", "--sentences", "12", "--output_dir", str(tmp_path / "out")])
-    report = json.loads((tmp_path / "out" / "decoding.json").read_text())
+    report = json.loads((tmp_path / "out" / "decoding.json").read_text(encoding="utf-8"))
     assert report["errors"] == {}
     assert set(report["engines"]) == {
         "ours (GNMT search, vaswani-translate's)", "ours, the decoder's steps lean (fast_cpu's, lean.py)",
@@ -65,7 +65,7 @@ def test_each_engine_writes_11_tenths_of_the_longest_source_with_4_beams_from_th
         (4, 0.6, {"max_new_tokens": n, "min_new_tokens": n}, lean) for lean in (False, False, True, True)]
     assert all(torch.equal(search[0], ids) for search in searches)
     assert all(row[length - 1] == EOS and bool((row[:length - 1] >= 4).all()) for row, length in zip(ids, lengths))
-    assert json.loads((tmp_path / "out" / "decoding.json").read_text())["new_tokens"] == 12 * n
+    assert json.loads((tmp_path / "out" / "decoding.json").read_text(encoding="utf-8"))["new_tokens"] == 12 * n
     assert len(generations) == 4
     for (input_ids, config), static in zip(generations, (False, False, True, True), strict=True):
         assert torch.equal(input_ids, ids) and (config.num_beams, config.min_new_tokens, config.max_new_tokens) == (

@@ -41,7 +41,7 @@ def session_env(tmp_path, seconds=580) -> dict:
     """The environment of a dry run in `tmp_path` whose benchmarks are the stand-in, recording into record.jsonl."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    (bin_dir / "python3").write_text(STAND_IN)
+    (bin_dir / "python3").write_text(STAND_IN, encoding="utf-8")
     (bin_dir / "python3").chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(tmp_path / "record.jsonl"),
             "OUT": str(tmp_path / "out"), "GPU_SESSION_TINY": "1", "GPU_SESSION_SECONDS": str(seconds)}
@@ -51,7 +51,7 @@ def session(tmp_path, *parts, seconds=580) -> tuple[subprocess.CompletedProcess,
     result = subprocess.run(["bash", str(SCRIPT), *parts], env=session_env(tmp_path, seconds), check=False,
                             capture_output=True, text=True, timeout=60)
     record = tmp_path / "record.jsonl"
-    return result, [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+    return result, [json.loads(line) for line in record.read_bytes().splitlines()] if record.exists() else []
 
 
 def archived_logs(tmp_path) -> set[str]:
@@ -106,7 +106,7 @@ def test_each_part_runs_its_benchmark_with_flags_the_benchmark_takes(tmp_path, m
     assert runs["fp16"][1].parts == ["training"] and runs["fp16"][1].mixed_precision == "fp16"
     assert [name for name, (_, args, _) in runs.items() if getattr(args, "mixed_precision", None)] == ["fp16"]
     assert {f"{name}.log" for name in runs if name != "speed"} <= archived_logs(tmp_path)
-    assert (tmp_path / "out" / "speed.log").read_text().startswith("ran ")
+    assert (tmp_path / "out" / "speed.log").read_text(encoding="utf-8").startswith("ran ")
 
 
 def test_a_part_without_the_time_it_needs_is_skipped(tmp_path):

@@ -54,9 +54,9 @@ def test_each_row_scores_what_vaswani_translate_writes(translation_folder, cli, 
 def test_the_header_names_the_saved_decoding(translation_folder, test_set, tmp_path, monkeypatch, capfd, decoding,
                                              named):
     folder = shutil.copytree(translation_folder, tmp_path / "model")
-    config = {key: value for key, value in json.loads((folder / "generation_config.json").read_text()).items()
+    config = {key: value for key, value in json.loads((folder / "generation_config.json").read_bytes()).items()
               if key != "gnmt_alpha"}
-    (folder / "generation_config.json").write_text(json.dumps({**config, **decoding}))
+    (folder / "generation_config.json").write_text(json.dumps({**config, **decoding}), encoding="utf-8")
     source, reference, _ = test_set
     out = benchmark(monkeypatch, capfd, folder, "--source", source, "--reference", reference)
     assert out.splitlines()[0].endswith(f"40 sentences, {named}")

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_ruff_finds_nothing_and_is_the_pinned_version():
-    pinned = re.findall(r'"ruff==([^"]+)"', (ROOT / "pyproject.toml").read_text())
+    pinned = re.findall(r'"ruff==([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     version = subprocess.run([sys.executable, "-m", "ruff", "--version"], check=True, capture_output=True, text=True)
     assert version.stdout.split() == ["ruff", *pinned], f"{version.stdout.strip()}, not the pinned ruff {pinned}"
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],

@@ -43,7 +43,7 @@ def test_the_peer_trains_for_its_budget_and_writes_what_the_comparison_reads(tmp
         row = multi30k.peer(SimpleNamespace(peer=multi30k.PEER, data=data, peer_minutes=1 / 60), out)
     assert commands == [["--data", str(data), "--budget_min", str(1 / 60), "--out", str(out)]]
 
-    results = json.loads((out / "results.json").read_text())
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert row["steps"] == results["train"]["steps"] >= 1
     seconds, steps = results["train"]["seconds"], results["train"]["steps"]
     assert 0 <= seconds - 1.0 < 5 * seconds / steps  # stopped at the first step after the budget

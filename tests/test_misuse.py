@@ -163,7 +163,8 @@ def test_fine_tuning_refuses_a_new_models_flags_and_a_model_it_cannot_train_in_o
     elif start != "trained":
         shutil.copytree(translation_folder, folder := tmp_path / "start")
         learned = {"position_embedding": "learned", "max_position_embeddings": 64}
-        (folder / "config.json").write_text(json.dumps(json.loads((folder / "config.json").read_text()) | learned))
+        config = json.loads((folder / "config.json").read_bytes()) | learned
+        (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
     out = tmp_path / "out"
     start = ["--model_name_or_path", folder, "--output_dir", out, "--max_steps", "1"]
     assert named in refused(monkeypatch, *data, *start, *flags)
@@ -192,7 +193,7 @@ def test_bf16_on_a_cpu_without_bfloat16_instructions_is_warned_of_at_the_start(t
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "notes.txt").write_text("someone else's\n")
+    (out / "notes.txt").write_text("someone else's\n", encoding="utf-8")
     assert "--overwrite_output_dir" in refused(monkeypatch, *TINY, *data, "--output_dir", str(out),
                                                "--mixed_precision", precision)
     printed = capsys.readouterr().out
@@ -213,7 +214,7 @@ def test_mixed_precision_auto_is_what_accelerate_launch_names(tmp_path, monkeypa
         monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "notes.txt").write_text("someone else's\n")
+    (out / "notes.txt").write_text("someone else's\n", encoding="utf-8")
     assert "--overwrite_output_dir" in refused(monkeypatch, *TINY, *data, "--output_dir", str(out), *flag)
     assert f"mixed_precision {chosen}\n" in capsys.readouterr().out
 
@@ -300,7 +301,7 @@ def test_run_trainer_warns_of_bf16_on_a_cpu_without_bfloat16_instructions(tmp_pa
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "notes.txt").write_text("someone else's\n")
+    (out / "notes.txt").write_text("someone else's\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="is not empty"):
         run_trainer.main(["--preset", "cpu-small", "--output_dir", str(out), *flags])
     printed = capsys.readouterr().out
@@ -384,7 +385,7 @@ def test_run_trainer_refuses_a_wrong_flag_in_one_line_before_any_work(flags, nam
 def test_the_side_by_side_refuses_a_wrong_flag_in_one_line_before_any_folder_or_run(tmp_path, monkeypatch, capsys,
                                                                                    flags, named):
     for split in ("train", "valid", "test2016"):
-        (tmp_path / f"{split}.en").write_text("One.\n")
+        (tmp_path / f"{split}.en").write_text("One.\n", encoding="utf-8")
     started = []
     monkeypatch.setattr(multi30k, "run", lambda command, log: started.append(command))
     out = tmp_path / "out"
@@ -402,16 +403,16 @@ def test_missing_misaligned_and_non_utf8_data_are_one_line_errors(tmp_path, monk
     out = tmp_path / "out"
     missing = tmp_path / "no-such"
     assert "no-such" in refused(monkeypatch, *TINY, "--train_file", str(missing), "--output_dir", str(out))
-    (tmp_path / "q.en").write_text("One.\nTwo.\n")
-    (tmp_path / "q.de").write_text("Eins.\n")
+    (tmp_path / "q.en").write_text("One.\nTwo.\n", encoding="utf-8")
+    (tmp_path / "q.de").write_text("Eins.\n", encoding="utf-8")
     assert "2 en lines but 1 de lines" in refused(monkeypatch, *TINY, "--train_file", str(tmp_path / "q"),
                                                   "--output_dir", str(out))
     (tmp_path / "r.en").write_bytes("Café.\n".encode("latin-1"))
-    (tmp_path / "r.de").write_text("Kaffee.\n")
+    (tmp_path / "r.de").write_text("Kaffee.\n", encoding="utf-8")
     message = refused(monkeypatch, *TINY, "--train_file", str(tmp_path / "r"), "--output_dir", str(out))
     assert "r.en is not UTF-8" in message and "line 1" in message
-    (tmp_path / "e.en").write_text("")
-    (tmp_path / "e.de").write_text("")
+    (tmp_path / "e.en").write_text("", encoding="utf-8")
+    (tmp_path / "e.de").write_text("", encoding="utf-8")
     message = refused(monkeypatch, *TINY, *data, "--validation_file", str(tmp_path / "e"), "--output_dir", str(out))
     assert message == f"error: the validation split has no pairs ({tmp_path / 'e'})"
     assert refused(monkeypatch, *TINY, "--validation_file", data[1], "--output_dir", str(out)) == (
@@ -424,10 +425,10 @@ def test_a_bad_line_of_a_streamed_file_is_one_line_where_it_is_read(tmp_path):
     inside the first step, the BPE having learned from the first pair), and the run stops with one line."""
     from training.data import DataError, load_splits
 
-    (tmp_path / "q.en").write_text("One.\nTwo.\nThree.\n")
-    (tmp_path / "q.de").write_text("Eins.\nZwei.\n")
+    (tmp_path / "q.en").write_text("One.\nTwo.\nThree.\n", encoding="utf-8")
+    (tmp_path / "q.de").write_text("Eins.\nZwei.\n", encoding="utf-8")
     (tmp_path / "r.en").write_bytes("One.\nCafé.\n".encode("latin-1"))
-    (tmp_path / "r.de").write_text("Eins.\nKaffee.\n")
+    (tmp_path / "r.de").write_text("Eins.\nKaffee.\n", encoding="utf-8")
     stream = load_splits("en", "de", files={"train": str(tmp_path / "r")}, streaming=True)["train"]
     with pytest.raises(DataError, match="r.en is not UTF-8 text: byte 0xe9 on line 2"):
         list(stream)
@@ -443,11 +444,11 @@ def test_a_folder_holding_anything_is_refused_unless_resumed_or_overwritten(tmp_
     the current folder (which a blank --output_dir would be)."""
     out = tmp_path / "out"
     out.mkdir()
-    (out / "tokenizer.json").write_text("{}")  # a run stopped before its first checkpoint
+    (out / "tokenizer.json").write_text("{}", encoding="utf-8")  # a run stopped before its first checkpoint
     assert refused(monkeypatch, *TINY, *data, "--output_dir", str(out)) == (
         f"error: --output_dir {out} is not empty and holds no checkpoint to resume: replace it with "
         "--overwrite_output_dir, or choose another folder")  # a folder with a checkpoint: test_training_run.py
-    (out / "notes.txt").write_text("mine")
+    (out / "notes.txt").write_text("mine", encoding="utf-8")
     for overwrite in ([], ["--overwrite_output_dir"]):
         assert refused(monkeypatch, *TINY, *data, "--output_dir", str(out), *overwrite) == (
             f"error: --output_dir {out} holds notes.txt, which no run writes: choose another folder "
@@ -461,7 +462,7 @@ def test_a_folder_holding_anything_is_refused_unless_resumed_or_overwritten(tmp_
             "error: --output_dir is blank: give a folder")
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "tokenizer.json"]
     file = tmp_path / "file"
-    file.write_text("")
+    file.write_text("", encoding="utf-8")
     for inside in (file, file / "run"):
         assert refused(monkeypatch, *TINY, *data, "--output_dir", str(inside)) == (
             f"error: --output_dir {inside}: {file} is a file")
@@ -490,11 +491,11 @@ def test_overwriting_takes_every_name_a_run_writes_and_no_name_that_only_begins_
     for file in ("README.md", "config.json", "generation_config.json", "metrics.json", "schedule.json",
                  "tokenizer.json", "tokenizer_config.json", "model-00001-of-00002.safetensors",
                  "model-00002-of-00002.safetensors", "model.safetensors.index.json", "modeling_vaswani.py"):
-        (out / file).write_text("")
+        (out / file).write_text("", encoding="utf-8")
     args = SimpleNamespace(output_dir=str(out), resume_from_checkpoint=None, overwrite_output_dir=True)
     assert check_output_dir(out, args, {}, print) is None
     for foreign in ("checkpoint-12.bak", "old-checkpoint-3", "README.md~", "model.safetensors.tmp", "my-tokens"):
-        (out / foreign).write_text("")
+        (out / foreign).write_text("", encoding="utf-8")
         with pytest.raises(SystemExit, match=f"^error: --output_dir {out} holds {re.escape(foreign)}, which no run"):
             check_output_dir(out, args, {}, print)
         (out / foreign).unlink()
@@ -561,11 +562,11 @@ def test_a_schedule_to_replay_that_cannot_be_is_refused_before_any_work(tmp_path
     budgeted = [*TINY, *data, "--output_dir", str(out), "--max_train_minutes", "1", "--replay_schedule"]
     assert "not a run's schedule.json" in refused(monkeypatch, *budgeted, str(tmp_path / "schedule.json"))
     (tmp_path / "schedule.json").write_text(json.dumps({"steps": 3, "expected_steps": [9.0], "checkpoints": [],
-                                                        "evaluations": []}))
+                                                        "evaluations": []}), encoding="utf-8")
     assert "do not agree" in refused(monkeypatch, *budgeted, str(tmp_path / "schedule.json"))
     for listed in ("checkpoints", "evaluations"):  # steps, not a number of them
         (tmp_path / "schedule.json").write_text(json.dumps({"steps": 1, "expected_steps": [9.0], "checkpoints": [],
-                                                            "evaluations": [], listed: 1}))
+                                                            "evaluations": [], listed: 1}), encoding="utf-8")
         assert "do not agree" in refused(monkeypatch, *budgeted, str(tmp_path / "schedule.json"))
     assert not out.exists()
 
@@ -579,7 +580,7 @@ def test_a_cache_that_cannot_be_written_is_one_line_before_any_work(tmp_path, mo
     from vaswani_hf.speed import fast_cpu as fast_cpu_module
     from vaswani_hf.speed.kernels import CacheNotWritable
 
-    (tmp_path / "file").write_text("")
+    (tmp_path / "file").write_text("", encoding="utf-8")
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "file" / "cache"))
     monkeypatch.setattr(fast_cpu_module, "measured_plan", lambda *args: pytest.fail("timed a plan it cannot keep"))
     out = tmp_path / "out"
@@ -728,8 +729,9 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
     if case == "no padding token":  # neither tokenizer_config.json nor tokenizer.json names one
         shutil.copytree(translation_folder, tmp_path / "unpadded")
         (tmp_path / "unpadded" / "tokenizer_config.json").unlink()
-        tokenizer = json.loads((tmp_path / "unpadded" / "tokenizer.json").read_text())
-        (tmp_path / "unpadded" / "tokenizer.json").write_text(json.dumps({**tokenizer, "padding": None}))
+        tokenizer = json.loads((tmp_path / "unpadded" / "tokenizer.json").read_text(encoding="utf-8"))
+        (tmp_path / "unpadded" / "tokenizer.json").write_text(json.dumps({**tokenizer, "padding": None}),
+                                                              encoding="utf-8")
         args = ["--model", tmp_path / "unpadded"]
     if case == "a run not ended":  # run.py's output folder while it trains: a tokenizer and checkpoints
         shutil.copytree(translation_folder, tmp_path / "run" / "checkpoint-12")
@@ -757,14 +759,14 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         args += ["--extra_length", "-1"]
     if case == "extra length of a published decoding":  # a converted model's generation config: no gnmt_alpha
         shutil.copytree(translation_folder, tmp_path / "published")
-        generation = json.loads((tmp_path / "published" / "generation_config.json").read_text())
+        generation = json.loads((tmp_path / "published" / "generation_config.json").read_text(encoding="utf-8"))
         del generation["gnmt_alpha"]
-        (tmp_path / "published" / "generation_config.json").write_text(json.dumps(generation))
+        (tmp_path / "published" / "generation_config.json").write_text(json.dumps(generation), encoding="utf-8")
         args = ["--model", tmp_path / "published", "--extra_length", "300"]
     if case == "a checkpoint":  # run.py's checkpoints before they were models
         (tmp_path / "checkpoint-9").mkdir()
         for name in ("model.safetensors", "optimizer.safetensors", "trainer_state.json"):
-            (tmp_path / "checkpoint-9" / name).write_text("{}")
+            (tmp_path / "checkpoint-9" / name).write_text("{}", encoding="utf-8")
         args = ["--model", tmp_path / "checkpoint-9"]
     if case in ("blank input", "blank output", "blank model"):
         args += [f"--{case.split()[1]}", " " * (case != "blank output")]  # a space, or an unset variable
@@ -779,8 +781,8 @@ def test_vaswani_translate_misuse_is_one_line(translation_folder, tmp_path, capf
         args += ["--engine", "ctranslate2", "--device", "mps"]
     if case == "damaged generation_config.json":  # transformers would decode greedily, not with the folder's beams
         shutil.copytree(translation_folder, tmp_path / "damaged")
-        text = (tmp_path / "damaged" / "generation_config.json").read_text()
-        (tmp_path / "damaged" / "generation_config.json").write_text(text[:len(text) // 2])
+        text = (tmp_path / "damaged" / "generation_config.json").read_text(encoding="utf-8")
+        (tmp_path / "damaged" / "generation_config.json").write_text(text[:len(text) // 2], encoding="utf-8")
         args = ["--model", tmp_path / "damaged"]
     expected = {"latin-1 stdin": "standard input is not UTF-8 text: byte 0xe9 on line 1",
                 "latin-1 file": "in.txt is not UTF-8 text: byte 0xe9 on line 2",
@@ -898,30 +900,30 @@ def test_an_error_without_a_message_is_named_by_its_type():
 
 def test_an_existing_output_file_is_kept_unless_overwrite_is_given(translation_folder, tmp_path, cli):
     """One line on stderr, nothing on stdout, the file untouched; with --overwrite, replaced."""
-    (tmp_path / "out.txt").write_text("earlier translations\n")
+    (tmp_path / "out.txt").write_text("earlier translations\n", encoding="utf-8")
     args = ["--model", translation_folder, "--output", tmp_path / "out.txt"]
     code, out, err = cli(*args, stdin=b"A dog runs.\n")
     assert code != 0 and out == ""
     assert err == f"error: --output {tmp_path / 'out.txt'} exists: give --overwrite to replace it"
-    assert (tmp_path / "out.txt").read_text() == "earlier translations\n"
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "earlier translations\n"
     code, out, err = cli(*args, "--overwrite", "--quiet", stdin=b"A dog runs.\n")
-    assert code == 0 and len((tmp_path / "out.txt").read_text().splitlines()) == 1, err
+    assert code == 0 and len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == 1, err
 
 
 def test_a_run_that_fails_midway_keeps_the_earlier_output_whole(translation_folder, tmp_path, cli):
     """--overwrite replaces the file only when every line is translated; what was translated is in .partial. A stream
     is read as it is translated: its second window, not UTF-8, stops the command midway."""
-    (tmp_path / "out.txt").write_text("earlier translations\n")
+    (tmp_path / "out.txt").write_text("earlier translations\n", encoding="utf-8")
     code, out, err = cli("--model", translation_folder, "--output", tmp_path / "out.txt", "--overwrite", "--window",
                          "1", "--num_beams", "1", "--quiet", stdin=b"A dog runs.\nA caf\xe9.\n")
     assert code != 0 and out == "" and len(err.splitlines()) == 1, err
     assert "standard input is not UTF-8 text: byte 0xe9 on line 2" in err, err
-    assert (tmp_path / "out.txt").read_text() == "earlier translations\n"
-    assert len((tmp_path / "out.txt.partial").read_text().splitlines()) == 1
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "earlier translations\n"
+    assert len((tmp_path / "out.txt.partial").read_text(encoding="utf-8").splitlines()) == 1
     (tmp_path / "in.txt").write_bytes(b"A dog runs.\nA cat.\n")
     code, _, err = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output",
                        tmp_path / "out.txt", "--overwrite", "--window", "1", "--num_beams", "1", "--quiet")
-    assert code == 0 and len((tmp_path / "out.txt").read_text().splitlines()) == 2, err
+    assert code == 0 and len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == 2, err
     assert not (tmp_path / "out.txt.partial").exists()
 
 
@@ -931,25 +933,27 @@ def test_a_killed_run_is_continued_by_resume_into_the_output_of_one_run(translat
     with --resume the whole lines it holds stay as they are (here made recognisable) and the lines after them are
     translated, windows and --nbest's numbering going on: the one run's output. A shorter input is refused."""
     sources = ["The small dog sees the old man.", "", "A woman reads.", "The children play.", "A dog.", "", "A man."]
-    (tmp_path / "in.txt").write_text("\n".join(sources) + "\n")
+    (tmp_path / "in.txt").write_text("\n".join(sources) + "\n", encoding="utf-8")
     common = ["--model", translation_folder, "--quiet", "--nbest", str(nbest), "--num_beams", "2"]
     code, _, err = cli(*common, "--input", tmp_path / "in.txt", "--output", tmp_path / "one.txt")
     assert code == 0, err
-    whole = (tmp_path / "one.txt").read_text().splitlines(keepends=True)
+    whole = (tmp_path / "one.txt").read_text(encoding="utf-8").splitlines(keepends=True)
     partial = tmp_path / "out.txt.partial"
     kept = ["kept\n"] * (3 * nbest)  # three lines' translations
     cut = "".join(whole[3 * nbest:4 * nbest - 1]) + whole[4 * nbest - 1][:5]  # the fourth line's last one cut short
-    partial.write_text("".join(kept) + cut)
+    partial.write_text("".join(kept) + cut, encoding="utf-8")
     args = [*common, "--input", tmp_path / "in.txt", "--output", tmp_path / "out.txt", "--window", "2"]
     assert cli(*args)[2] == (f"error: {partial} holds an earlier run's translations: give --resume to continue a "
                              "stopped run, or --overwrite to start again")
     assert cli(*common, "--resume")[2] == ("error: --resume continues the OUTPUT.partial file of an --output: give "
                                            "the --output")
-    assert partial.read_text().startswith("".join(kept))
+    assert partial.read_text(encoding="utf-8").startswith("".join(kept))
     code, _, err = cli(*args, "--resume")
     assert code == 0, err
-    assert (tmp_path / "out.txt").read_text() == "".join(kept + whole[3 * nbest:]) and not partial.exists()
-    (tmp_path / "out2.txt.partial").write_text("".join(whole))  # all seven lines, and an input of five
+    written = (tmp_path / "out.txt").read_text(encoding="utf-8")
+    assert written == "".join(kept + whole[3 * nbest:]) and not partial.exists()
+    (tmp_path / "out2.txt.partial").write_text("".join(whole),
+                                               encoding="utf-8")  # all seven lines, and an input of five
     code, _, err = cli(*common, "--output", tmp_path / "out2.txt", "--resume",
                        stdin="\n".join(sources[:5]).encode())
     assert code == 1 and err == (f"error: {tmp_path / 'out2.txt.partial'} holds translations of 7 lines, and the "
@@ -963,16 +967,17 @@ def test_a_killed_scoring_run_is_continued_by_resume_into_the_output_of_one_run(
     pairs = [("The small dog sees the old man.", "Der kleine Hund sieht den alten Mann."), ("", "Ein Hund."),
              ("A woman reads.", "Eine Frau liest."), ("The children play.", "Die Kinder spielen."), ("A dog.", "")]
     for name, side in (("in.txt", 0), ("de.txt", 1)):
-        (tmp_path / name).write_text("".join(pair[side] + "\n" for pair in pairs))
+        (tmp_path / name).write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
     common = ["--model", translation_folder, "--quiet", "--input", tmp_path / "in.txt", "--score", tmp_path / "de.txt",
               "--window", "2"]
     code, _, err = cli(*common, "--output", tmp_path / "one.txt")
     assert code == 0, err
-    whole = (tmp_path / "one.txt").read_text().splitlines(keepends=True)
-    (tmp_path / "out.txt.partial").write_text("kept\nkept\n" + whole[2][:3])  # the third line cut short
+    whole = (tmp_path / "one.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    (tmp_path / "out.txt.partial").write_text("kept\nkept\n" + whole[2][:3],
+                                              encoding="utf-8")  # the third line cut short
     code, _, err = cli(*common, "--output", tmp_path / "out.txt", "--resume")
     assert code == 0, err
-    assert (tmp_path / "out.txt").read_text() == "".join(["kept\n", "kept\n", *whole[2:]])
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "".join(["kept\n", "kept\n", *whole[2:]])
 
 
 @pytest.mark.parametrize("stop", ["full disk", "Ctrl-C"])
@@ -1003,7 +1008,7 @@ def test_a_translation_stopped_by_a_full_disk_or_ctrl_c_says_so_in_one_line_and_
         def __exit__(self, *exception):
             self.file.close()
 
-    (tmp_path / "in.txt").write_text("A dog runs.\nA cat.\nA man.\nThe woman reads.\n")
+    (tmp_path / "in.txt").write_text("A dog runs.\nA cat.\nA man.\nThe woman reads.\n", encoding="utf-8")
     args = ["--model", translation_folder, "--input", tmp_path / "in.txt", "--window", "1", "--quiet"]
     code, _, err = cli(*args, "--output", tmp_path / "one.txt")
     assert code == 0, err
@@ -1015,9 +1020,10 @@ def test_a_translation_stopped_by_a_full_disk_or_ctrl_c_says_so_in_one_line_and_
     full = f"error: {partial}: No space left on device: its translations are kept; make room, then add --resume"
     ctrl_c = f"stopped: {partial} keeps the translations written; the same command with --resume goes on"
     assert said == ((1, full) if stop == "full disk" else (130, ctrl_c))
-    assert partial.read_text().splitlines() == (tmp_path / "one.txt").read_text().splitlines()[:2]
+    one = (tmp_path / "one.txt").read_text(encoding="utf-8")
+    assert partial.read_text(encoding="utf-8").splitlines() == one.splitlines()[:2]
     code, _, err = cli(*args, "--output", tmp_path / "out.txt", "--resume")
-    assert code == 0 and (tmp_path / "out.txt").read_text() == (tmp_path / "one.txt").read_text(), err
+    assert code == 0 and (tmp_path / "out.txt").read_bytes() == (tmp_path / "one.txt").read_bytes(), err
 
 
 def test_a_second_run_of_the_same_output_started_at_once_leaves_the_first_ones_translations(translation_folder,
@@ -1027,11 +1033,11 @@ def test_a_second_run_of_the_same_output_started_at_once_leaves_the_first_ones_t
     refused in one line and leaves the first one's file as it was."""
     from vaswani_hf.tools import translate as translate_module
 
-    (tmp_path / "in.txt").write_text("A dog runs.\n")
+    (tmp_path / "in.txt").write_text("A dog runs.\n", encoding="utf-8")
     partial, load_engine = tmp_path / "out.txt.partial", translate_module.load_engine
 
     def first_run_makes_it_meanwhile(*args, **kwargs):
-        partial.write_text("the first run's line\n")
+        partial.write_text("the first run's line\n", encoding="utf-8")
         return load_engine(*args, **kwargs)
 
     monkeypatch.setattr(translate_module, "load_engine", first_run_makes_it_meanwhile)
@@ -1039,12 +1045,12 @@ def test_a_second_run_of_the_same_output_started_at_once_leaves_the_first_ones_t
     refused = (f"error: {partial} was made by another run of this --output while this one loaded its model: let "
                "that one finish, or give --overwrite")
     assert said[::2] == (1, refused)
-    assert partial.read_text() == "the first run's line\n" and not (tmp_path / "out.txt").exists()
+    assert partial.read_text(encoding="utf-8") == "the first run's line\n" and not (tmp_path / "out.txt").exists()
 
 
 def test_a_reader_that_stops_reading_ends_the_translation_without_a_traceback(translation_folder, tmp_path):
     """`vaswani-translate ... | head -1`: the pipe closed under it ends the command quietly, status 1."""
-    (tmp_path / "in.txt").write_text("A dog runs.\nA cat.\n")
+    (tmp_path / "in.txt").write_text("A dog runs.\nA cat.\n", encoding="utf-8")
     read, write = os.pipe()
     os.close(read)  # the reader gone before the first line is written
     with os.fdopen(write, "wb") as closed:
@@ -1062,7 +1068,7 @@ def test_an_input_file_not_utf8_past_its_first_window_is_refused_before_the_mode
     earlier output stays."""
     from vaswani_hf.tools import translate
 
-    (tmp_path / "out.txt").write_text("earlier translations\n")
+    (tmp_path / "out.txt").write_text("earlier translations\n", encoding="utf-8")
     (tmp_path / "in.txt").write_bytes(b"A dog runs.\nA cat.\nA man.\nA caf\xe9.\n")
     monkeypatch.setattr(translate, "load_engine", lambda *args, **kwargs: pytest.fail("the model was loaded"))
     code, out, err = cli("--model", translation_folder, "--input", tmp_path / "in.txt", "--output",
@@ -1070,7 +1076,7 @@ def test_an_input_file_not_utf8_past_its_first_window_is_refused_before_the_mode
     assert (code, out) == (1, "") and err == (f"error: {tmp_path / 'in.txt'} is not UTF-8 text: byte 0xe9 on line 4 "
                                               "(convert it, e.g. iconv -f latin1 -t utf-8)")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt", "out.txt"]
-    assert (tmp_path / "out.txt").read_text() == "earlier translations\n"
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "earlier translations\n"
 
 
 def test_a_compressed_input_file_translates_as_its_text_and_a_damaged_one_is_one_line(translation_folder, tmp_path,
@@ -1133,9 +1139,9 @@ def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, 
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "learned"
     shutil.copytree(translation_folder, folder)
-    config = json.loads((folder / "config.json").read_text())
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     config.update(position_embedding="learned", max_position_embeddings=12)
-    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
     (folder / "model.safetensors").unlink()  # the weights of a learned-position model of this size
     from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 
@@ -1149,13 +1155,15 @@ def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, 
             message = refused_translation(capfd, monkeypatch, "--model", folder, "--num_beams", "2", "--engine",
                                           engine, stdin=lines.encode())
             assert message == f"error: line 2 has 71 tokens; this model's positions stop at 12 on the {engine} engine"
-            (tmp_path / "in.txt").write_text("A dog runs.\nA cat.\n" + lines)  # a file: its every line checked first
+            (tmp_path / "in.txt").write_text("A dog runs.\nA cat.\n" + lines,
+                                             encoding="utf-8")  # a file: its every line checked first
             code, _, err = cli("--model", folder, "--engine", engine, "--input", tmp_path / "in.txt", "--output",
                                tmp_path / "out.txt", "--window", "1")
             assert code == 1 and err == message.replace("line 2", "line 4")
             assert not (tmp_path / "out.txt.partial").exists()  # lines 1-3 were translated before
-            (tmp_path / "two.txt").write_text("A dog runs.\nA cat.\n")  # --score: a translation too long, on line 2
-            (tmp_path / "de.txt").write_text("Ein Hund.\n" + "der Mann sieht den Hund " * 10 + "\n")
+            (tmp_path / "two.txt").write_text("A dog runs.\nA cat.\n",
+                                              encoding="utf-8")  # --score: a translation too long, on line 2
+            (tmp_path / "de.txt").write_text("Ein Hund.\n" + "der Mann sieht den Hund " * 10 + "\n", encoding="utf-8")
             code, _, err = cli("--model", folder, "--engine", engine, "--input", tmp_path / "two.txt", "--score",
                                tmp_path / "de.txt", "--output", tmp_path / "out.txt", "--window", "1")
             assert code == 1 and re.fullmatch(rf"error: line 2's translation has \d+ tokens; this model's positions "
@@ -1172,9 +1180,9 @@ def test_a_source_longer_than_learned_positions_is_one_line(translation_folder, 
 def test_scores_are_refused_in_one_line_before_the_model_loads(tmp_path, capfd, monkeypatch):
     """--score's misuse, each in one line, before the model (here none) loads: files of different lengths (a stream
     whose first window shows it), its file missing, a decoding flag, two divisors, --normalize alone."""
-    (tmp_path / "in.txt").write_text("A dog.\nA cat.\nA man.\n")
-    (tmp_path / "two.txt").write_text("Ein Hund.\nEine Katze.\n")
-    (tmp_path / "de.txt").write_text("Ein Hund.\nEine Katze.\nEin Mann.\n")
+    (tmp_path / "in.txt").write_text("A dog.\nA cat.\nA man.\n", encoding="utf-8")
+    (tmp_path / "two.txt").write_text("Ein Hund.\nEine Katze.\n", encoding="utf-8")
+    (tmp_path / "de.txt").write_text("Ein Hund.\nEine Katze.\nEin Mann.\n", encoding="utf-8")
     model, sources, two, de = tmp_path / "no-model", tmp_path / "in.txt", tmp_path / "two.txt", tmp_path / "de.txt"
     refusals = {
         ("--input", sources, "--score", two): f"--input {sources} has 3 lines, --score {two} 2: give a translation "
@@ -1199,7 +1207,7 @@ def test_a_stream_and_translations_of_different_lengths_stop_where_the_shorter_e
     refuses lists of different lengths, or a lone string, in one line."""
     from vaswani_hf.tools.translate import score
 
-    (tmp_path / "de.txt").write_text("Ein Hund.\nEine Katze.\n")
+    (tmp_path / "de.txt").write_text("Ein Hund.\nEine Katze.\n", encoding="utf-8")
     for stdin, end in ((b"A dog.\nA cat.\nA man.\n", 2), (b"A dog.\n", 1)):
         code, out, err = cli("--model", translation_folder, "--score", tmp_path / "de.txt", "--window", "1",
                              "--quiet", stdin=stdin)
@@ -1289,7 +1297,7 @@ def test_on_several_processes_a_refusal_is_said_once(tmp_path, data, script):
     """Every process of `accelerate launch --multi_gpu --num_processes 2` checks its flags, the output folder and
     the data alike and stops; the first alone says why (two copies of a line, written at once, interleave)."""
     (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "notes.txt").write_text("mine")
+    (tmp_path / "out" / "notes.txt").write_text("mine", encoding="utf-8")
     for flags, message in (
             (["--d_model", "30"], "error: VaswaniConfig: d_model=30 is not divisible by num_heads=4"),
             ([], f"error: --output_dir {tmp_path / 'out'} "),  # not empty

@@ -60,20 +60,22 @@ def stand_in(started: list, splits: list[str]):
             metrics = {"train_steps": 700, "validation": {"bleu": 41.5}}
             if "--test_file" in command:
                 metrics["test"] = {"bleu": 40.5}
-            (out / "metrics.json").write_text(json.dumps(metrics))
-            (out / "generation_config.json").write_text(json.dumps({"gnmt_alpha": 1.4}))
+            (out / "metrics.json").write_text(json.dumps(metrics), encoding="utf-8")
+            (out / "generation_config.json").write_text(json.dumps({"gnmt_alpha": 1.4}), encoding="utf-8")
             for split in splits:  # ours' translations, as translations() writes them once decoded
-                (out / f"{split}.hyp.de").write_text("".join(line + "\n" for line in translations("ours", split)))
+                (out / f"{split}.hyp.de").write_text("".join(line + "\n" for line in translations("ours", split)),
+                                                     encoding="utf-8")
         else:
             out = multi30k.Path(command[command.index("--out") + 1])
             out.mkdir()
             scores = {"valid_beam4": {"bleu": 30.5}, "valid_beam1": {"bleu": 29.5},
                       "test2016_beam4": {"bleu": 31.5}}
-            (out / "results.json").write_text(json.dumps({"train": {"steps": 90}, "eval": scores}))
+            (out / "results.json").write_text(json.dumps({"train": {"steps": 90}, "eval": scores}), encoding="utf-8")
             for split in splits:
                 (out / f"{split}_beam4.hyp.de").write_text(
-                    "".join(line + "\n" for line in translations("peer", split)))
-                (out / f"{split}_beam1.hyp.de").write_text("".join(line + "\n" for line in references(split)))
+                    "".join(line + "\n" for line in translations("peer", split)), encoding="utf-8")
+                (out / f"{split}_beam1.hyp.de").write_text("".join(line + "\n" for line in references(split)),
+                                                           encoding="utf-8")
 
     return run
 
@@ -85,10 +87,10 @@ def test_the_side_by_side_scores_each_models_translations_on_the_sets_it_names(t
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.en").write_text("".join(f"{word} {word}\n" * (count // 2) + f"{word}\n" * (count % 2)
-                                           for word, count in TRAINING_COUNTS.items()))
+                                           for word, count in TRAINING_COUNTS.items()), encoding="utf-8")
     for split, lengths in (("valid", LENGTHS), ("test2016", TEST_LENGTHS)):
-        (data / f"{split}.en").write_text("".join(line + "\n" for line in sentences(lengths)))
-        (data / f"{split}.de").write_text("".join(line + "\n" for line in references(split)))
+        (data / f"{split}.en").write_text("".join(line + "\n" for line in sentences(lengths)), encoding="utf-8")
+        (data / f"{split}.de").write_text("".join(line + "\n" for line in references(split)), encoding="utf-8")
     splits = ["valid"] if "--no_test" in flags else ["valid", "test2016"]
     started, out = [], tmp_path / "out"
     monkeypatch.setattr(multi30k, "run", stand_in(started, splits))
@@ -103,7 +105,7 @@ def test_the_side_by_side_scores_each_models_translations_on_the_sets_it_names(t
     assert started[1:] == ([[sys.executable, str(multi30k.PEER), "--data", str(data), "--budget_min", peer_minutes,
                              "--out", str(out / "marian")]] if peer_minutes else [])
 
-    comparison = json.loads((out / "comparison.json").read_text())
+    comparison = json.loads((out / "comparison.json").read_text(encoding="utf-8"))
     ours = comparison["rows"]["ours (cpu-small)"]
     assert (ours["steps"], ours["valid"], ours["alpha"]) == (700, {"bleu": 41.5}, 1.4)
     assert ours.get("test2016") == (None if "--no_test" in flags else {"bleu": 40.5})
@@ -135,7 +137,7 @@ def test_the_side_by_side_scores_each_models_translations_on_the_sets_it_names(t
 
     monkeypatch.setattr(sys, "argv", ["multi30k.py", "--data", str(data), "--score_only", str(out)])
     multi30k.main()  # an earlier run's folders scored again: nothing trained, the same comparison
-    assert len(started) == 2 and json.loads((out / "comparison.json").read_text()) == comparison
+    assert len(started) == 2 and json.loads((out / "comparison.json").read_text(encoding="utf-8")) == comparison
 
 
 def test_ours_are_decoded_once_from_the_saved_model_as_vaswani_translate_decodes_them(tmp_path, monkeypatch, cli,
@@ -148,14 +150,16 @@ def test_ours_are_decoded_once_from_the_saved_model_as_vaswani_translate_decodes
 
     def run(command, log):  # training/run.py's stand-in: its output folder is a trained run's
         shutil.copytree(translation_folder, out / "ours")
-        (out / "ours" / "metrics.json").write_text(json.dumps({"train_steps": 5, "validation": {"bleu": 1.0}}))
+        (out / "ours" / "metrics.json").write_text(json.dumps({"train_steps": 5, "validation": {"bleu": 1.0}}),
+                                                   encoding="utf-8")
 
     monkeypatch.setattr(multi30k, "run", run)
     monkeypatch.setattr(sys, "argv", ["multi30k.py", "--data", str(data), "--skip_peer", "--output_dir", str(out)])
     multi30k.main()
     for split, sentences in (("valid", 6), ("test2016", 5)):
         expected = cli("--model", out / "ours", "--input", data / f"{split}.en").stdout.splitlines()
-        assert len(expected) == sentences and (out / "ours" / f"{split}.hyp.de").read_text().splitlines() == expected
+        written = (out / "ours" / f"{split}.hyp.de").read_text(encoding="utf-8").splitlines()
+        assert len(expected) == sentences and written == expected
 
     from vaswani_hf.tools import translate
 

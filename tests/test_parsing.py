@@ -71,8 +71,9 @@ def test_a_treebank_tree_becomes_its_sentence_and_tensor2tensors_linearization(t
     expected = ("The dog barks .", "S NP DT NN /NP VP VBZ /VP . /S")
     for written in (tree, f"(TOP {tree})", f"( {tree} )", f"(ROOT {tree})"):
         assert [treebank.linearized(found) for found in treebank.trees(written)] == [expected]
-    (tmp_path / "wsj_0001.mrg").write_text(f"( {tree.replace(' (VP', chr(10) + '    (VP')} )\n\n(TOP {tree})\n")
-    (tmp_path / "wsj_0002.mrg").write_text("( (S (NP-SBJ (-NONE- *)) (VP (-NONE- *?*))) )\n")
+    (tmp_path / "wsj_0001.mrg").write_text(f"( {tree.replace(' (VP', chr(10) + '    (VP')} )\n\n(TOP {tree})\n",
+                                                             encoding="utf-8")
+    (tmp_path / "wsj_0002.mrg").write_text("( (S (NP-SBJ (-NONE- *)) (VP (-NONE- *?*))) )\n", encoding="utf-8")
     treebank.main([str(tmp_path / "wsj_0001.mrg")])
     printed = capsys.readouterr()
     rows = [json.loads(line)["translation"] for line in printed.out.splitlines()]
@@ -87,11 +88,11 @@ def test_decoded_trees_take_their_sentences_words_in_the_treebanks_brackets(tmp_
     A tree of another number of words is `(TOP)`, which EVALB skips; files of unequal lengths are one line."""
     gold = [treebank.linearized(tree) for tree in treebank.trees(GOLD)]
     parsed = linearized_trees(PARSED)
-    (tmp_path / "s.en").write_text("".join(sentence + "\n" for sentence, _ in gold))
-    (tmp_path / "t.tree").write_text("".join(tree + "\n" for tree in parsed + ["S NP DT NN /NP /S"]))
+    (tmp_path / "s.en").write_text("".join(sentence + "\n" for sentence, _ in gold), encoding="utf-8")
+    (tmp_path / "t.tree").write_text("".join(tree + "\n" for tree in parsed + ["S NP DT NN /NP /S"]), encoding="utf-8")
     assert refusal(capsys, treebank.main, "--bracket", tmp_path / "s.en", tmp_path / "t.tree") == (
         f"error: --bracket: {tmp_path / 's.en'} has 9 lines, {tmp_path / 't.tree'} 10: a decoded tree a sentence")
-    (tmp_path / "t.tree").write_text("".join(tree + "\n" for tree in parsed))
+    (tmp_path / "t.tree").write_text("".join(tree + "\n" for tree in parsed), encoding="utf-8")
     treebank.main(["--bracket", str(tmp_path / "s.en"), str(tmp_path / "t.tree")])
     written = capsys.readouterr().out.splitlines()
     assert [treebank.trees(line) for line in written] == [[treebank.cleaned(tree)] for tree in treebank.trees(PARSED)]
@@ -110,7 +111,7 @@ def test_decoded_trees_take_their_sentences_words_in_the_treebanks_brackets(tmp_
     ("(S (NP (DT A) (NN dog)))\n(S (NP (DT The) (NN dog))))", "line 2: a ')' closes nothing"),
 ])
 def test_unbalanced_brackets_are_one_line_naming_the_file_and_line(tmp_path, capfd, text, said):
-    (tmp_path / "bad.mrg").write_text(text)
+    (tmp_path / "bad.mrg").write_text(text, encoding="utf-8")
     assert refusal(capfd, treebank.main, str(tmp_path / "bad.mrg")) == f"error: {tmp_path / 'bad.mrg'}: {said}"
 
 

@@ -148,7 +148,7 @@ def test_without_torchs_legacy_quantization_the_package_works_and_int8_is_refuse
         main(["--model", sys.argv[3], "--engine", "ctranslate2", "--int8", "--input", sys.argv[2], "--quiet"])
         main(["--model", sys.argv[1], "--int8", "--input", sys.argv[2]])
     """
-    (tmp_path / "sources.txt").write_text("A book likes the small dog.\n")
+    (tmp_path / "sources.txt").write_text("A book likes the small dog.\n", encoding="utf-8")
     shutil.copytree(translation_folder, folder := tmp_path / "model")
     (folder / "model.safetensors").write_bytes(b"damaged")  # read, it would be refused in other words
     result = run_without("nothing", script, folder, tmp_path / "sources.txt", translation_folder,

@@ -21,7 +21,7 @@ from support import run_or_show_stacks
 from training.default_data import generate
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+README = (ROOT / "README.md").read_text(encoding="utf-8")
 BLOCKS = re.findall(r"^```(bash|python)\n(.*?)^```", README, re.DOTALL | re.MULTILINE)
 
 # The first line of each block the test does not run, and why.
@@ -96,7 +96,7 @@ def test_every_block_is_run_or_listed_with_its_reason():
 def test_ci_runs_the_readmes_set_up():
     """.ci/run installs exactly as the README's set-up says, then runs the README's test command."""
     setup = next(code for _, code in BLOCKS if code.startswith("pip install torch==2.13.0"))
-    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+    ci = [line for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
           if line and not line.startswith(("#", "set ", "cd "))]
     assert ci == shell_lines(setup) + ["python -m pytest"]
 
@@ -131,7 +131,7 @@ def run_here(console, monkeypatch, folder, words: list[str]) -> subprocess.Compl
         patch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
         result = console(main, *args, stdin=redirected["<"].read_bytes() if "<" in redirected else b"")
     if ">" in redirected:
-        redirected[">"].write_text(result.stdout)
+        redirected[">"].write_text(result.stdout, encoding="utf-8")
     return result
 
 
@@ -147,9 +147,10 @@ def test_the_readmes_blocks_run_in_order(tmp_path, console, monkeypatch):
     for split, name in (("train", "train"), ("validation", "valid"), ("test", "test")):
         for side, lang in enumerate(("en", "de")):
             rows = splits[split][: 2000 if split == "train" else 8]
-            (tmp_path / "data" / f"{name}.{lang}").write_text("".join(row[side] + "\n" for row in rows))
-    (tmp_path / "sources.txt").write_text("".join(en + "\n" for en, _ in splits["test"][:3]))
-    (tmp_path / "refs.txt").write_text("".join(de + "\n" for _, de in splits["test"][:3]))
+            (tmp_path / "data" / f"{name}.{lang}").write_text("".join(row[side] + "\n" for row in rows),
+                                                              encoding="utf-8")
+    (tmp_path / "sources.txt").write_text("".join(en + "\n" for en, _ in splits["test"][:3]), encoding="utf-8")
+    (tmp_path / "refs.txt").write_text("".join(de + "\n" for _, de in splits["test"][:3]), encoding="utf-8")
     monkeypatch.setenv("VASWANI_HF_CACHE", str(tmp_path / "cache"))  # vaswani-translate --engine ctranslate2's
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "upload_capture")]),
@@ -166,5 +167,5 @@ def test_the_readmes_blocks_run_in_order(tmp_path, console, monkeypatch):
             result = run_or_show_stacks(command, env, timeout=900, cwd=tmp_path)
         assert result.returncode == 0, f"{command[-1]}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     assert (tmp_path / "outputs" / "run" / "model.safetensors").is_file()
-    assert (tmp_path / "translations.txt").read_text().count("\n") == 3
+    assert (tmp_path / "translations.txt").read_text(encoding="utf-8").count("\n") == 3
     assert (tmp_path / "upload.json").is_file()

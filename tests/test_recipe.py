@@ -427,14 +427,14 @@ def test_score_py_scores_a_file_as_a_run_scores_its_test_set(tmp_path, capsys):
     from training.evaluation import score
 
     rows, _ = TABLE2_CASES["fr"]  # --lang: Moses' tokenizer of that language
-    (tmp_path / "out.fr").write_text("".join(hypothesis + "\n" for hypothesis, _, _ in rows))
-    (tmp_path / "ref.fr").write_text("".join(reference + "\n" for _, reference, _ in rows))
+    (tmp_path / "out.fr").write_text("".join(hypothesis + "\n" for hypothesis, _, _ in rows), encoding="utf-8")
+    (tmp_path / "ref.fr").write_text("".join(reference + "\n" for _, reference, _ in rows), encoding="utf-8")
     score_py.main([str(tmp_path / "out.fr"), "--reference", str(tmp_path / "ref.fr"), "--lang", "fr", "--json"])
     assert json.loads(capsys.readouterr().out) == score(*zip(*[row[:2] for row in rows]), lang="fr")
     rows, bleu = TABLE2_CASES["de"]
     hypotheses, references, _ = (list(column) for column in zip(*rows))
-    (tmp_path / "out.de").write_text("".join(line + "\n" for line in hypotheses))
-    (tmp_path / "ref.de").write_text("".join(line + "\n" for line in references))
+    (tmp_path / "out.de").write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
+    (tmp_path / "ref.de").write_text("".join(line + "\n" for line in references), encoding="utf-8")
     score_py.main([str(tmp_path / "out.de"), "--reference", str(tmp_path / "ref.de"), "--json"])
     found = json.loads(capsys.readouterr().out)
     assert found == score(hypotheses, references, lang="de") and round(found["bleu_tokenized"], 2) == bleu
@@ -443,9 +443,9 @@ def test_score_py_scores_a_file_as_a_run_scores_its_test_set(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines() == [
         f"sacreBLEU {found['bleu']:.1f}  chrF {found['chrf']:.1f}  tokenized BLEU {bleu:.1f}", found["bleu_signature"],
         found["bleu_tokenized_signature"]]
-    (tmp_path / "short.de").write_text("".join(line + "\n" for line in references[:-1]))
+    (tmp_path / "short.de").write_text("".join(line + "\n" for line in references[:-1]), encoding="utf-8")
     (tmp_path / "cut.de.gz").write_bytes((tmp_path / "ref.de.gz").read_bytes()[:-10])  # a copy cut short
-    (tmp_path / "empty.de").write_text("")
+    (tmp_path / "empty.de").write_text("", encoding="utf-8")
     for files, said in (([tmp_path / "out.de", tmp_path / "short.de"], "has 8 lines and"),
                         ([tmp_path / "empty.de", tmp_path / "empty.de"], "has 0 lines and"),
                         ([tmp_path / "none.de", tmp_path / "ref.de"], "No such file or directory"),

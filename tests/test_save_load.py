@@ -63,12 +63,12 @@ def test_the_saved_folder_is_hub_ready(tmp_path):
     names = {p.name for p in tmp_path.iterdir()}
     assert CODE_FILES | {"model.safetensors", "config.json", "generation_config.json"} <= names
     assert not any(name.endswith(".bin") for name in names)
-    config = json.loads((tmp_path / "config.json").read_text())
+    config = json.loads((tmp_path / "config.json").read_text(encoding="utf-8"))
     assert config["auto_map"] == {
         "AutoConfig": "configuration_vaswani.VaswaniConfig",
         "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
     }
-    generation = json.loads((tmp_path / "generation_config.json").read_text())
+    generation = json.loads((tmp_path / "generation_config.json").read_text(encoding="utf-8"))
     assert "num_beams" not in generation and "gnmt_alpha" not in generation  # transformers' defaults: greedy
     weights = load_file(tmp_path / "model.safetensors")
     assert not any("position" in key for key in weights)  # §3.5 sinusoids are computed, never stored
@@ -84,7 +84,7 @@ def test_the_code_files_import_only_torch_transformers_and_each_other(translatio
     assert {str(p.relative_to(translation_folder)) for p in files} >= CODE_FILES | {
         "pipeline_vaswani.py", "gnmt.py"}
     for path in files:
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.level:  # relative: a file in the same folder
                 assert (path.parent / f"{(node.module or '').split('.')[0]}.py").is_file(), (path, node.module)
             elif isinstance(node, ast.Import | ast.ImportFrom):

@@ -166,7 +166,7 @@ def entry_flags(tmp_path) -> list[str]:
     for split, size in (("train", 300), ("validation", 6), ("test", 6)):
         file = tmp_path / f"{split}.jsonl"
         file.write_text("".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n"
-                                for en, de in data[split][:size]))
+                                for en, de in data[split][:size]), encoding="utf-8")
         flags += [f"--{split}_file", str(file)]
     return [*flags, "--vocab_size", "200", "--d_model", "32", "--d_ff", "64", "--num_heads", "4", "--num_layers", "2",
             "--warmup_steps", "2", "--per_device_train_batch_size", "16", "--generation_max_length", "20",
@@ -178,7 +178,7 @@ def test_the_trainer_entry_point_into_english_scores_table_2s_bleu_with_englishs
     output = tmp_path / "out"
     flags = [*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "1", "--eval_strategy", "no"]
     run_trainer.main([*flags, "--source_lang", "de", "--target_lang", "en"])
-    signature = json.loads((output / "metrics.json").read_text())["test"]["bleu_tokenized_signature"]
+    signature = json.loads((output / "metrics.json").read_text(encoding="utf-8"))["test"]["bleu_tokenized_signature"]
     assert signature.startswith("moses:en|compounds:split|")
 
 
@@ -205,18 +205,18 @@ def test_the_trainer_entry_point_writes_a_hub_ready_folder_and_pushes_it_alone(t
     assert calls == [("create", "org/tiny", True), ("upload", "org/tiny", sorted(published_files(output)))]
     with pytest.raises(SystemExit, match=f"error: --output_dir {output} is not empty"):  # its tokenizer is not reused
         run_trainer.main(flags)
-    metrics = json.loads((output / "metrics.json").read_text())
+    metrics = json.loads((output / "metrics.json").read_text(encoding="utf-8"))
     assert metrics["train_steps"] == 6 and metrics["test"]["bleu_signature"].startswith("nrefs:1")
     assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "pipeline_vaswani.py"} <= {
         p.name for p in output.iterdir()}
     arguments = output / "checkpoint-3" / "training_args.json"  # not the Trainer's pickle of them (training_args.bin)
-    assert json.loads(arguments.read_text())["seed"] == 42 and not list(output.rglob("*.bin"))
+    assert json.loads(arguments.read_text(encoding="utf-8"))["seed"] == 42 and not list(output.rglob("*.bin"))
     for folder in (output, output / "checkpoint-3"):  # the Trainer's checkpoints decode as the finished model does
-        generation = json.loads((folder / "generation_config.json").read_text())
+        generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
         assert (generation["num_beams"], generation["gnmt_alpha"], generation["extra_length"]) == (4, 0.6, 50)
         # and hold none of the defaults Seq2SeqTrainer's evaluation fills the model's generation config with
         assert not {"max_length", "min_length", "top_k", "temperature"} & set(generation), generation
-    card = " ".join((output / "README.md").read_text().split())  # the Trainer's recipe, not run.py's
+    card = " ".join((output / "README.md").read_text(encoding="utf-8").split())  # the Trainer's recipe, not run.py's
     assert ("- recipe: batches counted in sentences, not tokens - recipe: the Trainer's label smoothing (ε/V on every "
             "token, not ε/(V-1) on the others) - recipe: no checkpoint averaging - recipe: `warmup_steps=2` (paper: "
             "4000) - recipe: `label_smoothing=0.2` (paper: 0.1)") in card  # the flags' changes too
@@ -230,7 +230,7 @@ def test_the_trainer_entry_point_without_predict_with_generate_validates_by_its_
     output = tmp_path / "out"
     run_trainer.main([*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "2", "--eval_steps", "1",
                       "--save_steps", "2", "--predict_with_generate", "false"])
-    logged = json.loads((output / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    logged = json.loads((output / "checkpoint-2" / "trainer_state.json").read_text(encoding="utf-8"))["log_history"]
     validations = [entry for entry in logged if "eval_loss" in entry]
     assert len(validations) == 2 and not any("eval_bleu" in entry for entry in validations)
 
@@ -256,7 +256,7 @@ def test_the_trainer_entry_point_on_a_cpu_under_bf16_trains_with_eager_attention
                       "--save_steps", "2", *flags])
     assert called == {trained_with} and decoded == ["sdpa"]
     assert VaswaniForConditionalGeneration.from_pretrained(output).config._attn_implementation == "sdpa"
-    assert f'"mixed_precision": "{trained_in}"' in (output / "README.md").read_text()
+    assert f'"mixed_precision": "{trained_in}"' in (output / "README.md").read_text(encoding="utf-8")
 
 
 def test_the_trainer_entry_point_on_a_cpu_trains_on_the_cores_it_may_use(tmp_path, monkeypatch):
@@ -348,7 +348,7 @@ def test_the_trainer_entry_points_card_states_the_batches_a_step_accumulates(tmp
     output = tmp_path / "out"
     run_trainer.main([*flags[:at], *flags[at + 4:], "--output_dir", str(output), "--max_steps", "1",
                       "--gradient_accumulation_steps", "3"])
-    card = " ".join((output / "README.md").read_text().split())
+    card = " ".join((output / "README.md").read_text(encoding="utf-8").split())
     assert "Recipe (§5): joint BPE, batches of 16 sentences per process, 3 a step, Adam" in card
     assert '"gradient_accumulation_steps": 3' in card
 
@@ -376,7 +376,7 @@ def test_launched_as_two_cpu_processes_the_trainer_entry_point_shares_the_epoch_
     result = run_forked([*entry_flags(tmp_path), "--output_dir", output, "--num_train_epochs", "1",
                          "--eval_steps", "10", "--save_steps", "5"], ranks, timeout=300, script=TRAINER)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads((output / "metrics.json").read_text())["train_steps"] == 10
+    assert json.loads((output / "metrics.json").read_text(encoding="utf-8"))["train_steps"] == 10
     assert result.stdout.count("'eval_bleu'") == 1 and result.stdout.count("test: sacreBLEU") == 1  # rank 0 says
     saved = {p.name for p in (output / "checkpoint-5").iterdir()}  # each process's generators; no pickle
     assert {"optimizer.safetensors", "rng_state_0.safetensors", "rng_state_1.safetensors"} <= saved
@@ -426,7 +426,7 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
     run_trainer.main(flags)
     assert AutoModelForSeq2SeqLM.from_pretrained(output).config.vocab_size < 1000  # all that 300 pairs hold
     state = output / "checkpoint-15" / "trainer_state.json"  # killed while writing its last checkpoint's last file
-    state.write_text(state.read_text()[:100])
+    state.write_text(state.read_text(encoding="utf-8")[:100], encoding="utf-8")
     with pytest.raises(SystemExit) as stop:  # another model than the checkpoint's: before any work, as run.py's
         run_trainer.main([*flags, "--d_model", "64", "--dropout", "0.3", "--resume_from_checkpoint", "latest"])
     assert stop.value.code == (f"error: {output / 'checkpoint-10'} holds another model: d_model 64 (the checkpoint's: "
@@ -440,15 +440,15 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
                         or translate(*args, **kwargs))
     run_trainer.main([*flags, "--resume_from_checkpoint", "latest"])
     assert loaded == [str(output / "checkpoint-10")]  # the newest by number, not by name (checkpoint-5)
-    assert json.loads((output / "checkpoint-15" / "trainer_state.json").read_text())["global_step"] == 15
+    assert json.loads((output / "checkpoint-15" / "trainer_state.json").read_bytes())["global_step"] == 15
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(output), AutoTokenizer.from_pretrained(output)
     assert model.generation_config.num_beams == 3 and beams == [3]  # the run's beam, for its test set and folder
     assert (model.generation_config.gnmt_alpha, model.generation_config.extra_length) == (1.3, 2)  # and its search
-    card = (output / "README.md").read_text()  # each named beside the paper's
+    card = (output / "README.md").read_text(encoding="utf-8")  # each named beside the paper's
     assert ("- recipe: `num_beams=3` (paper: 4; its parser, §6.3: 21)\n- recipe: `length_penalty_alpha=1.3` (paper: "
             "0.6; its parser, §6.3: 0.3)\n- recipe: `extra_length=2` (paper: 50; its parser, §6.3: 300)\n") in card
     test = generate()["test"][:6]
-    assert json.loads((output / "metrics.json").read_text())["test"] == score(
+    assert json.loads((output / "metrics.json").read_text(encoding="utf-8"))["test"] == score(
         translate(model, tokenizer, [s for s, _ in test], num_beams=3), [t for _, t in test], lang="de")
     adam = output / "checkpoint-5" / "optimizer.safetensors"  # damaged later: a full disk, a truncated copy
     adam.write_bytes(adam.read_bytes()[:1000])
@@ -458,7 +458,7 @@ def test_the_trainer_entry_point_resumes_the_newest_checkpoint_the_trainer_finis
         with pytest.raises(SystemExit, match=f"^error: --resume_from_checkpoint {re.escape(message)}"):
             run_trainer.main([*data, "--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", given])
     assert not (tmp_path / "new").exists()
-    (output / "checkpoint-15" / "scheduler.json").write_text("{")  # latest: the one before, with a warning
+    (output / "checkpoint-15" / "scheduler.json").write_bytes(b"{")  # latest: the one before, with a warning
     shutil.copytree(output / "checkpoint-10", output / "checkpoint-20")  # killed before its trainer_state.json
     (output / "checkpoint-20" / "trainer_state.json").unlink()
     shutil.copytree(output / "checkpoint-10", output / "checkpoint-final")  # a copy of the user's: no step
@@ -511,7 +511,7 @@ def test_a_trainer_run_resumed_from_its_last_steps_checkpoint_trains_no_step_mor
     shutil.copytree(tmp_path / "whole" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
     run_trainer.main([*flags, "--output_dir", str(tmp_path / "resumed"), "--resume_from_checkpoint", "latest"])
     assert sorted(path.name for path in (tmp_path / "resumed").glob("checkpoint-*")) == ["checkpoint-2"]
-    assert json.loads((tmp_path / "resumed" / "metrics.json").read_text())["train_steps"] == 2
+    assert json.loads((tmp_path / "resumed" / "metrics.json").read_text(encoding="utf-8"))["train_steps"] == 2
     whole, resumed = (load_file(tmp_path / run / "model.safetensors") for run in ("whole", "resumed"))
     assert all(torch.equal(resumed[name], whole[name]) for name in whole)
 
@@ -541,12 +541,12 @@ def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_
         resumed = load_file(output / "model.safetensors")
         assert all(torch.equal(resumed[name], whole[name]) for name in whole), start
     state = output.parent / "from-whole" / "checkpoint-3" / "trainer_state.json"  # as if its first 3 steps took 10 min
-    kept = json.loads(state.read_text())
+    kept = json.loads(state.read_text(encoding="utf-8"))
     kept["stateful_callbacks"]["TrainingClock"]["args"]["seconds"] = 600.0
-    state.write_text(json.dumps(kept))
+    state.write_text(json.dumps(kept), encoding="utf-8")
     run_trainer.main([*flags, "--output_dir", str(output.parent / "from-whole"), "--resume_from_checkpoint",
                       str(state.parent)])
-    minutes = json.loads((output.parent / "from-whole" / "metrics.json").read_text())["train_minutes"]
+    minutes = json.loads((output.parent / "from-whole" / "metrics.json").read_text(encoding="utf-8"))["train_minutes"]
     assert 10 < minutes < 11  # the card's time: the run's, not its last session's
     assert not [text for text in warned if "missing keys" in text]
     # Resumed from its older checkpoint (and stopped at step 4): the later one is another timeline's, kept aside as
@@ -554,7 +554,7 @@ def test_the_trainer_entry_points_checkpoints_hold_no_pickle_and_resume_the_run_
     run_trainer.main([*flags, "--output_dir", str(tmp_path / "whole"), "--resume_from_checkpoint", str(checkpoint),
                       "--max_steps", "4"])
     latest = Path(trainer_checkpoints.resume_point("latest", tmp_path / "whole"))
-    assert json.loads((latest / "trainer_state.json").read_text())["global_step"] <= 4
+    assert json.loads((latest / "trainer_state.json").read_text(encoding="utf-8"))["global_step"] <= 4
     assert (tmp_path / "whole" / "abandoned-checkpoint-6" / "trainer_state.json").is_file()
 
 
@@ -578,7 +578,8 @@ def test_a_resumed_trainer_run_goes_on_with_its_checkpoints_tokenizer(tmp_path):
     run_trainer.main([*flags, "--output_dir", str(tmp_path / "first"), "--max_steps", "3", "--save_steps", "3",
                       "--eval_strategy", "no"])
     fewer = tmp_path / "fewer.jsonl"
-    fewer.write_text("".join((tmp_path / "train.jsonl").read_text().splitlines(keepends=True)[:60]))
+    fewer.write_text("".join((tmp_path / "train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:60]),
+                     encoding="utf-8")
     at = flags.index("--train_file") + 1
     run_trainer.main([*flags[:at], str(fewer), *flags[at + 1:], "--output_dir", str(tmp_path / "second"),
                       "--max_steps", "5", "--eval_strategy", "no", "--resume_from_checkpoint",
@@ -629,7 +630,7 @@ def test_the_trainer_entry_points_checkpoints_keep_the_fp16_loss_scale_as_json(t
     trainer._save_scaler(str(tmp_path))
     trainer.accelerator.scaler = torch.amp.GradScaler("cpu")
     trainer._load_scaler(str(tmp_path))
-    assert json.loads((tmp_path / "scaler.json").read_text())["scale"] == 96.0
+    assert json.loads((tmp_path / "scaler.json").read_text(encoding="utf-8"))["scale"] == 96.0
     assert trainer.accelerator.scaler.state_dict() == scaler.state_dict()
 
 
@@ -696,15 +697,16 @@ def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_
     for name in start:
         torch.testing.assert_close(tuned[name], start[name], atol=1e-6, rtol=0)
     sizes = ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "num_decoder_layers")
-    first, last = ({size: json.loads((folder / "config.json").read_text())[size] for size in sizes}
+    first, last = ({size: json.loads((folder / "config.json").read_text(encoding="utf-8"))[size] for size in sizes}
                    for folder in (translation_folder, output))
     assert first == last
-    assert json.loads((output / "config.json").read_text())["dropout"] == 0.25  # the recipe's (§5.4), over the start's
+    config = json.loads((output / "config.json").read_bytes())
+    assert config["dropout"] == 0.25  # the recipe's (§5.4), over the start's
     assert AutoTokenizer.from_pretrained(output).get_vocab() == AutoTokenizer.from_pretrained(
         translation_folder).get_vocab()
-    generation = json.loads((output / "generation_config.json").read_text())
+    generation = json.loads((output / "generation_config.json").read_text(encoding="utf-8"))
     assert generation["gnmt_alpha"] == 0.6 and "dropout" not in generation  # the paper's decoding kept, nothing else
-    card = (output / "README.md").read_text()
+    card = (output / "README.md").read_text(encoding="utf-8")
     assert "`generate()` decodes as `generation_config.json` asks, the paper's way (§6.1)" in " ".join(card.split())
     assert (f"- recipe: fine-tuned from the local model folder {translation_folder.name}, its weights and tokenizer, "
             "not from the paper's initialization") in card
@@ -717,11 +719,12 @@ def test_the_trainer_entry_point_fine_tunes_a_saved_model_from_its_weights_with_
     run_trainer.main([*flags, "--resume_from_checkpoint", str(output / "checkpoint-1")])
     start = tmp_path / "start"  # dropouts of its own, none given: the start's kept
     shutil.copytree(translation_folder, start)
-    config = json.loads((start / "config.json").read_text())
-    (start / "config.json").write_text(json.dumps({**config, "dropout": 0.2, "attention_dropout": 0.05}))
+    config = json.loads((start / "config.json").read_text(encoding="utf-8"))
+    (start / "config.json").write_text(json.dumps({**config, "dropout": 0.2, "attention_dropout": 0.05}),
+                                       encoding="utf-8")
     run_trainer.main([*fine_tuning_flags(tmp_path, start), "--output_dir", str(tmp_path / "kept"), "--max_steps", "1",
                       "--eval_strategy", "no", "--save_strategy", "no"])
-    kept = json.loads((tmp_path / "kept" / "config.json").read_text())
+    kept = json.loads((tmp_path / "kept" / "config.json").read_text(encoding="utf-8"))
     assert (kept["dropout"], kept["attention_dropout"]) == (0.2, 0.05)
 
 

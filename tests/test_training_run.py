@@ -63,7 +63,7 @@ def small_data(tmp_path_factory):
     files = {}
     for split, size in (("train", 2000), ("validation", 8), ("test", 8)):
         files[split] = folder / f"{split}.jsonl"
-        with open(files[split], "w") as f:
+        with open(files[split], "w", encoding="utf-8") as f:
             f.writelines(json.dumps({"translation": {"en": en, "de": de}}) + "\n" for en, de in splits[split][:size])
     return ["--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
             "--test_file", str(files["test"])]
@@ -107,8 +107,8 @@ def treebank_data(tmp_path_factory):
 
     flags = ["--source_lang", "en", "--target_lang", "tree"]
     for split, size in (("train", 2000), ("validation", 8), ("test", 8)):
-        (folder / f"{split}.mrg").write_text("\n".join(sentence() for _ in range(size)))
-        with open(folder / f"{split}.jsonl", "w") as out, contextlib.redirect_stdout(out):
+        (folder / f"{split}.mrg").write_text("\n".join(sentence() for _ in range(size)), encoding="utf-8")
+        with open(folder / f"{split}.jsonl", "w", encoding="utf-8") as out, contextlib.redirect_stdout(out):
             treebank.main([str(folder / f"{split}.mrg")])
         flags += [f"--{split}_file", str(folder / f"{split}.jsonl")]
     return flags
@@ -154,7 +154,7 @@ def whole_run(tmp_path_factory, small_data):
 
 
 def history(output_dir):
-    return json.loads((Path(output_dir) / "metrics.json").read_text())["history"]
+    return json.loads((Path(output_dir) / "metrics.json").read_text(encoding="utf-8"))["history"]
 
 
 def left_after(run: Path, checkpoint: str, folder: Path) -> Path:
@@ -181,19 +181,19 @@ def test_the_embedded_default_run_learns(tmp_path):
     (test BLEU 93.5 on a Zen 2, AMD EPYC family 23; 93.8 on a Zen 3, family 25 model 1)."""
     default = ROOT / "training" / "data" / "default"
     for split in ("validation", "test"):
-        first = (default / f"{split}.jsonl").read_text().splitlines(keepends=True)[:100]
-        (tmp_path / f"{split}.jsonl").write_text("".join(first))
+        first = (default / f"{split}.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:100]
+        (tmp_path / f"{split}.jsonl").write_text("".join(first), encoding="utf-8")
     launch(tmp_path / "main", "--preset", "cpu-small", "--max_train_minutes", "60", "--max_steps", "200",
            "--eval_steps", "0", "--save_minutes", "0", "--save_steps", "4",  # checkpoints by steps: deterministic
            "--train_file", str(default / "train.jsonl"), "--validation_file", str(tmp_path / "validation.jsonl"),
            "--test_file", str(tmp_path / "test.jsonl"))  # the README's command, cut
-    metrics = json.loads((tmp_path / "main" / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "main" / "metrics.json").read_text(encoding="utf-8"))
     assert metrics["test"]["bleu"] > 80, metrics["test"]
     # The preset chooses GNMT α on the validation set (§6.1) and saves the winner with the model.
     search = {float(alpha): bleu for alpha, bleu in metrics["alpha_search"].items()}
-    preset = json.loads((ROOT / "training" / "presets" / "cpu-small.json").read_text())
+    preset = json.loads((ROOT / "training" / "presets" / "cpu-small.json").read_text(encoding="utf-8"))
     assert sorted(search) == sorted(preset["alpha_candidates"])
-    generation = json.loads((tmp_path / "main" / "generation_config.json").read_text())
+    generation = json.loads((tmp_path / "main" / "generation_config.json").read_text(encoding="utf-8"))
     assert search[generation["gnmt_alpha"]] == max(search.values())
     # The preset fits its schedule to the budget: with 60 minutes and --max_steps 200 the run expects 200 steps, so its
     # warmup ends at warmup_share x 200 (training/budget.py), not at warmup_steps.
@@ -205,13 +205,13 @@ def test_the_embedded_default_run_learns(tmp_path):
     from vaswani_hf.tools.loading import load
     from vaswani_hf.tools.translate import score
 
-    pairs = [json.loads(line)["translation"] for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
+    pairs = [json.loads(line)["translation"] for line in (tmp_path / "validation.jsonl").read_bytes().splitlines()]
     found = score(*load(str(tmp_path / "main"), "cpu", fast=False), [pair["en"] for pair in pairs],
                   [pair["de"] for pair in pairs])
     perplexity = math.exp(-sum(pair.log_prob for pair in found) / sum(pair.tokens for pair in found))
     assert perplexity == pytest.approx(metrics["validation"]["perplexity"], rel=1e-4)
     assert (f"| validation | perplexity | {metrics['validation']['perplexity']:.2f} | per target token, EOS counted |"
-            in (tmp_path / "main" / "README.md").read_text())
+            in (tmp_path / "main" / "README.md").read_text(encoding="utf-8"))
 
 
 @pytest.mark.xdist_group("one_process_run")
@@ -230,7 +230,7 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_pat
     # Adam (eps 1e-9) turns the rounding noise of their gradient into updates that differ with the summation
     # order. They do not change the model's function: its validation loss and its translations agree.
     assert_same_weights(one_process_run, tmp_path / "two", atol=1e-5, skip=("k_proj.bias",))
-    metrics_one, metrics_two = (json.loads((d / "metrics.json").read_text())
+    metrics_one, metrics_two = (json.loads((d / "metrics.json").read_text(encoding="utf-8"))
                                 for d in (one_process_run, tmp_path / "two"))
     assert metrics_two["validation"]["loss"] == pytest.approx(metrics_one["validation"]["loss"], rel=1e-5)
     assert metrics_two["test"]["bleu"] == metrics_one["test"]["bleu"]
@@ -251,7 +251,7 @@ def test_accelerate_launchs_dynamo_backend_compiles_the_runs_own_step(tmp_path, 
     monkeypatch.setattr(TrainingStep, "__call__", lambda self, *args: models.append(type(self.model).__name__) or step(
         self, *args))
     train_here(tmp_path / "out", *TINY, *small_data, "--max_steps", "2", "--no_fast_cpu")
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["compiled_graphs"] == compiled
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text(encoding="utf-8"))["compiled_graphs"] == compiled
     assert models == ["VaswaniForConditionalGeneration"] * 2
 
 
@@ -266,8 +266,8 @@ def test_a_compiled_run_trains_as_the_eager_run_and_compiles_once(tmp_path, smal
     assert len({h["tokens"] for h in eager}) > 1
     assert [h["loss"] for h in compiled] == pytest.approx([h["loss"] for h in eager], rel=1e-6)
     assert [h["grad_norm"] for h in compiled] == pytest.approx([h["grad_norm"] for h in eager], rel=1e-6)
-    metrics = json.loads((tmp_path / "compiled" / "metrics.json").read_text())
-    assert metrics["compiled_graphs"] == 2 and json.loads((one_process_run / "metrics.json").read_text())[
+    metrics = json.loads((tmp_path / "compiled" / "metrics.json").read_text(encoding="utf-8"))
+    assert metrics["compiled_graphs"] == 2 and json.loads((one_process_run / "metrics.json").read_bytes())[
         "compiled_graphs"] == 0
     assert "step 1: torch.compile has compiled 2 graph(s) so far" in result.stdout + result.stderr
 
@@ -285,7 +285,7 @@ def test_fsdp_shards_over_two_processes_and_trains_like_one_process(tmp_path, on
     assert [h["validation_loss"] for h in fsdp if "validation_loss" in h] == pytest.approx(
         [h["validation_loss"] for h in one if "validation_loss" in h], rel=1e-5)
     assert_same_weights(one_process_run, fsdp_folder, atol=1e-5, skip=("k_proj.bias",))
-    metrics_one, metrics_fsdp = (json.loads((d / "metrics.json").read_text())
+    metrics_one, metrics_fsdp = (json.loads((d / "metrics.json").read_text(encoding="utf-8"))
                                  for d in (one_process_run, fsdp_folder))
     assert metrics_fsdp["distributed"]["parallelism"] == "FSDP2"
     total = VaswaniForConditionalGeneration.from_pretrained(fsdp_folder).num_parameters()
@@ -304,7 +304,7 @@ def test_fsdp_shards_over_two_processes_and_trains_like_one_process(tmp_path, on
     for checkpoint in found:
         assert {"rng_state_0.safetensors", "rng_state_1.safetensors", "optimizer.safetensors"} <= {
             p.name for p in checkpoint.iterdir()}
-        assert (checkpoint / "tokenizer.json").read_text() == (fsdp_folder / "tokenizer.json").read_text()
+        assert (checkpoint / "tokenizer.json").read_bytes() == (fsdp_folder / "tokenizer.json").read_bytes()
         generation = GenerationConfig.from_pretrained(checkpoint)
         assert (generation.num_beams, generation.gnmt_alpha) == (4, 0.6)
     # The final folder loads where the package is not installed, and computes what the package computes.
@@ -370,7 +370,7 @@ def test_a_sharded_models_whole_copy_for_evaluation_is_its_weights_saved_as_tran
                           "names": not main or gathered == names,
                           "random state": torch.equal(state, torch.get_rng_state())}))
         torch.distributed.destroy_process_group()
-        """))
+        """), encoding="utf-8")
     result = run_forked([Path(__file__).parent, str(tmp_path / "plain")], torch_ranks(), timeout=300, script=script)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in map(json.loads, result.stdout.splitlines()):
@@ -420,7 +420,7 @@ def test_only_the_last_backward_of_a_step_reduces_gradients_over_the_processes(t
         set_ = all(parameter.grad is not None for parameter in fsdp.parameters())
         print(json.dumps({"local": local, "reduced": reduced, "kept": kept, "unset": unset, "set": set_}))
         torch.distributed.destroy_process_group()
-        """))
+        """), encoding="utf-8")
     result = run_forked([Path(__file__).parent], torch_ranks(), timeout=300, script=script)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in map(json.loads, result.stdout.splitlines()):
@@ -481,7 +481,7 @@ def test_every_process_of_a_run_reads_the_main_process_clock(tmp_path):
         run.start_time -= 1000 * accelerator.process_index
         print(json.dumps({"shared": run.seconds(), "own": run.seconds(shared=False)}))
         accelerator.end_training()
-        """))
+        """), encoding="utf-8")
     ranks = accelerate_ranks(2, "--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu", port=free_port())
     result = run_forked([], ranks, timeout=300, script=script)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -521,13 +521,13 @@ def test_a_streamed_run_on_two_processes_resumed_from_a_checkpoint_ends_as_the_u
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     launch(whole, *flags, processes=2)
     left_after(whole, "checkpoint-4", resumed)
-    stream = json.loads((resumed / "checkpoint-4" / "trainer_state.json").read_text())["stream"]
+    stream = json.loads((resumed / "checkpoint-4" / "trainer_state.json").read_text(encoding="utf-8"))["stream"]
     assert len(stream) == 2 and all(place["buffer"] > 0 and place["taken"] > 0 for place in stream)
     result = launch(resumed, *flags, "--resume_from_checkpoint", "latest", processes=2)
     assert "training pairs streamed" in result.stdout + result.stderr
     assert [h["loss"] for h in history(resumed)] == pytest.approx([h["loss"] for h in history(whole)], rel=1e-6)
     assert_same_weights(resumed, whole, atol=1e-6)
-    card = (resumed / "README.md").read_text()
+    card = (resumed / "README.md").read_text(encoding="utf-8")
     assert "learned from the first 500 training pairs" in card and "streamed, grouped by length 50 at a time" in card
     assert "train pairs streamed" in card
 
@@ -549,7 +549,7 @@ def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_
     launch(run, *flags, *resume, env_extra={"VASWANI_FAULT": "average"}, killed=True)
     assert [p.name for p in checkpoints(run)] == ["checkpoint-6", "checkpoint-8"]
     assert not (run / "model.safetensors").exists()
-    (tmp_path / "file").write_text("")
+    (tmp_path / "file").write_text("", encoding="utf-8")
     launch(run, *flags, *resume, env_extra={"VASWANI_HF_CACHE": str(tmp_path / "file" / "cache")})
 
     assert not list(run.glob(".incomplete-*"))
@@ -624,13 +624,13 @@ def test_a_run_resumed_with_other_training_data_goes_on_with_its_own_tokenizer(t
     entries differs)."""
     other = tmp_path / "other.jsonl"
     other.write_text("".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n"
-                             for en, de in generate()["train"][2000:2300]))
-    bpe = (whole_run / "tokenizer.json").read_text()
+                             for en, de in generate()["train"][2000:2300]), encoding="utf-8")
+    bpe = (whole_run / "tokenizer.json").read_text(encoding="utf-8")
     anew = train_joint_bpe([text for pair in generate()["train"][2000:2300] for text in pair], 300)
     assert anew.get_vocab() != AutoTokenizer.from_pretrained(whole_run).get_vocab()  # the premise
     run = left_after(whole_run, "checkpoint-6", tmp_path / "resumed")
     train_here(run, *WHOLE, *small_data, "--train_file", str(other), "--resume_from_checkpoint", "latest")
-    assert (run / "tokenizer.json").read_text() == bpe
+    assert (run / "tokenizer.json").read_text(encoding="utf-8") == bpe
     assert history(run)[-1]["step"] == 8
 
 
@@ -650,10 +650,10 @@ def test_a_reused_output_folder_is_refused_and_overwriting_starts_afresh(tmp_pat
     assert (run / "model.safetensors").read_bytes() == first_weights
 
     train_here(run, *other, "--overwrite_output_dir")
-    metrics = json.loads((run / "metrics.json").read_text())
+    metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
     assert metrics["train_steps"] == 2 and metrics["averaged_checkpoints"] == ["checkpoint-2"]
     assert [p.name for p in checkpoints(run)] == ["checkpoint-2"]
-    assert json.loads((run / "config.json").read_text())["vocab_size"] <= 200  # a new BPE, not the first run's
+    assert json.loads((run / "config.json").read_bytes())["vocab_size"] <= 200  # a new BPE, not the first run's
 
 
 @pytest.mark.xdist_group("whole_run")
@@ -698,15 +698,15 @@ def test_a_fine_tuning_run_starts_from_the_models_weights_and_tokenizer_and_its_
                "--dropout", "0.25")
     assert_same_weights(translation_folder, output, atol=1e-6)
     sizes = ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "num_decoder_layers")
-    first, last = ({size: json.loads((folder / "config.json").read_text())[size] for size in sizes}
+    first, last = ({size: json.loads((folder / "config.json").read_text(encoding="utf-8"))[size] for size in sizes}
                    for folder in (translation_folder, output))
     assert first == last
-    assert json.loads((translation_folder / "config.json").read_text())["dropout"] == 0
+    assert json.loads((translation_folder / "config.json").read_text(encoding="utf-8"))["dropout"] == 0
     for folder in (output, output / "checkpoint-1"):  # the trained model's, not the final copy's alone
-        assert json.loads((folder / "config.json").read_text())["dropout"] == 0.25
-    assert (output / "tokenizer.json").read_text() == (translation_folder / "tokenizer.json").read_text()
-    assert json.loads((output / "generation_config.json").read_text())["gnmt_alpha"] == 0.6
-    card = (output / "README.md").read_text()
+        assert json.loads((folder / "config.json").read_text(encoding="utf-8"))["dropout"] == 0.25
+    assert (output / "tokenizer.json").read_bytes() == (translation_folder / "tokenizer.json").read_bytes()
+    assert json.loads((output / "generation_config.json").read_text(encoding="utf-8"))["gnmt_alpha"] == 0.6
+    card = (output / "README.md").read_text(encoding="utf-8")
     assert (f"- recipe: fine-tuned from the local model folder {translation_folder.name}, its weights and tokenizer, "
             "not from the paper's initialization") in card
     assert "base_model" not in card and str(translation_folder.parent) not in card and '"d_model"' not in card
@@ -748,15 +748,15 @@ def test_a_greedy_run_saves_its_checkpoints_and_a_model_of_one_beam_and_tries_no
                "--num_beams", "1", "--alpha_candidates", "0.6", "1.0")
     assert [p.name for p in checkpoints(run)] == ["checkpoint-1", "checkpoint-2"]
     assert GenerationConfig.from_pretrained(run).num_beams == 1
-    assert "alpha_search" not in json.loads((run / "metrics.json").read_text())
-    assert "GNMT α chosen" not in (run / "README.md").read_text()
+    assert "alpha_search" not in json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    assert "GNMT α chosen" not in (run / "README.md").read_text(encoding="utf-8")
 
 
 def test_a_run_into_english_scores_table_2s_bleu_with_englishs_moses_tokens(tmp_path, small_data):
     """--target_lang names the Moses tokenizer that Table 2's BLEU reads the translations with, in validation's α
     choice and the test alike: de -> en here, not German's."""
     train_here(tmp_path / "run", *TINY, *small_data, "--source_lang", "de", "--target_lang", "en", "--max_steps", "1")
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text(encoding="utf-8"))
     for split in ("validation", "test"):
         assert metrics[split]["bleu_tokenized_signature"].startswith("moses:en|compounds:split|"), split
 
@@ -806,7 +806,7 @@ def test_resuming_from_an_older_checkpoint_leaves_its_successors_out_of_the_run(
     assert [p.name for p in checkpoints(run)] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
     train_here(run, *flags, "--save_steps", "3", "--resume_from_checkpoint", str(run / "checkpoint-2"))
     assert [p.name for p in checkpoints(run)] == ["checkpoint-2", "checkpoint-3", "checkpoint-6"]
-    assert json.loads((run / "metrics.json").read_text())["averaged_checkpoints"] == [
+    assert json.loads((run / "metrics.json").read_text(encoding="utf-8"))["averaged_checkpoints"] == [
         "checkpoint-2", "checkpoint-3", "checkpoint-6"]
     assert (run / "abandoned-checkpoint-4").is_dir() and (run / "abandoned-checkpoint-6").is_dir()
 
@@ -830,16 +830,16 @@ def test_a_budgeted_run_writes_its_schedule_and_replaying_it_gives_the_same_weig
     flags = [*TINY, "--max_train_minutes", "0.05", "--max_steps", "100000", "--warmup_share", "0.2",
              "--average_checkpoints", "2", "--average_share", "0.3", "--dropout_epochs", "0", "1", *small_data]
     train_here(tmp_path / "run", *flags)
-    schedule = json.loads((tmp_path / "run" / "schedule.json").read_text())
-    steps = json.loads((tmp_path / "run" / "metrics.json").read_text())["train_steps"]
+    schedule = json.loads((tmp_path / "run" / "schedule.json").read_text(encoding="utf-8"))
+    steps = json.loads((tmp_path / "run" / "metrics.json").read_text(encoding="utf-8"))["train_steps"]
     assert schedule["steps"] == steps == 25 and len(schedule["expected_steps"]) == steps
     assert len(schedule["checkpoints"]) >= 2 and schedule["warmup_steps"] >= 1
     moved.update(seconds=0.0, step=0.375)
     train_here(tmp_path / "slow", *flags)
-    assert json.loads((tmp_path / "slow" / "schedule.json").read_text())["steps"] == 9  # what replay must undo
+    assert json.loads((tmp_path / "slow" / "schedule.json").read_bytes())["steps"] == 9  # what replay must undo
     moved["seconds"] = 0.0
     train_here(tmp_path / "replayed", *flags, "--replay_schedule", tmp_path / "run" / "schedule.json")
-    assert json.loads((tmp_path / "replayed" / "schedule.json").read_text()) == schedule
+    assert json.loads((tmp_path / "replayed" / "schedule.json").read_text(encoding="utf-8")) == schedule
     for name in ("model.safetensors", f"checkpoint-{steps}/model.safetensors",
                  f"checkpoint-{steps}/optimizer.safetensors"):
         assert (tmp_path / "replayed" / name).read_bytes() == (tmp_path / "run" / name).read_bytes(), name
@@ -867,11 +867,11 @@ def test_a_budgeted_run_resumed_saves_validates_and_ends_as_the_uninterrupted_on
              "--average_share", "0.5"]
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     train_here(whole, *flags)
-    schedule = json.loads((whole / "schedule.json").read_text())
+    schedule = json.loads((whole / "schedule.json").read_text(encoding="utf-8"))
     assert schedule["steps"] == 13 and schedule["evaluations"] == [3, 6, 9]
     assert schedule["checkpoints"] == [2, 4, 6, 8, 10, 12]
     train_here(left_after(whole, "checkpoint-10", resumed), *flags, "--resume_from_checkpoint", "latest")
-    assert json.loads((resumed / "schedule.json").read_text()) == schedule
+    assert json.loads((resumed / "schedule.json").read_text(encoding="utf-8")) == schedule
     assert [p.name for p in checkpoints(resumed)] == ["checkpoint-10", "checkpoint-12", "checkpoint-13"]
     assert_same_weights(whole, resumed, atol=0)
 
@@ -893,10 +893,10 @@ def test_save_minutes_count_from_the_last_checkpoint_and_train_minutes_cover_eve
     monkeypatch.setattr(training.run, "time", SimpleNamespace(time=lambda: time.time() + moved["seconds"]))
     train_here(tmp_path / "run", *TINY, *small_data, "--max_steps", "8", "--save_minutes", "4",
                "--average_checkpoints", "2")
-    state = json.loads((tmp_path / "run" / "checkpoint-8" / "trainer_state.json").read_text())
+    state = json.loads((tmp_path / "run" / "checkpoint-8" / "trainer_state.json").read_text(encoding="utf-8"))
     assert state["schedule"]["checkpoints"] == [3, 6] and [p.name for p in checkpoints(tmp_path / "run")] == [
         "checkpoint-6", "checkpoint-8"]
-    assert 800 <= 60 * json.loads((tmp_path / "run" / "metrics.json").read_text())["train_minutes"] < 900
+    assert 800 <= 60 * json.loads((tmp_path / "run" / "metrics.json").read_bytes())["train_minutes"] < 900
 
 
 def test_a_budget_counts_training_not_validation(tmp_path, small_data, monkeypatch):
@@ -920,10 +920,10 @@ def test_a_budget_counts_training_not_validation(tmp_path, small_data, monkeypat
     monkeypatch.setattr(training.run, "time", SimpleNamespace(time=lambda: time.time() + moved["seconds"]))
     train_here(tmp_path / "run", *TINY, *small_data, "--max_train_minutes", "20", "--evaluations", "2",
                "--eval_max_sentences", "2", "--average_checkpoints", "1")
-    schedule = json.loads((tmp_path / "run" / "schedule.json").read_text())
+    schedule = json.loads((tmp_path / "run" / "schedule.json").read_text(encoding="utf-8"))
     assert schedule["steps"] == 12 and schedule["evaluations"] == [4, 8]
     assert round(schedule["expected_steps"][-1]) == 12
-    assert 1200 <= 60 * json.loads((tmp_path / "run" / "metrics.json").read_text())["train_minutes"] < 1300
+    assert 1200 <= 60 * json.loads((tmp_path / "run" / "metrics.json").read_bytes())["train_minutes"] < 1300
 
 
 @pytest.mark.xdist_group("whole_run")
@@ -1025,7 +1025,7 @@ def test_a_cpu_run_under_bfloat16_trains_with_eager_attention_and_saves_a_model_
     train_here(tmp_path / "out", *TINY, *small_data, "--max_steps", "2", "--mixed_precision", precision)
     assert called == {trained_with}
     assert VaswaniForConditionalGeneration.from_pretrained(tmp_path / "out").config._attn_implementation == "sdpa"
-    assert f'"mixed_precision": "{trained_in}"' in (tmp_path / "out" / "README.md").read_text()
+    assert f'"mixed_precision": "{trained_in}"' in (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
 
 
 def test_a_cpu_run_trains_on_the_cores_it_may_use(tmp_path, small_data, monkeypatch):
@@ -1102,14 +1102,14 @@ def test_dropout_fitted_to_half_way_up_its_ramp_trains_as_that_dropout_and_the_c
     flags = [*TINY, *small_data, "--max_steps", "4", "--max_train_minutes", "60"]  # the budget expects max_steps
     train_here(tmp_path / "constant", *flags, "--dropout", "0.05")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "constant")
-    rows = [json.loads(line)["translation"] for line in Path(small_data[1]).read_text().splitlines()]
+    rows = [json.loads(line)["translation"] for line in Path(small_data[1]).read_text(encoding="utf-8").splitlines()]
     sources, targets = encode(tokenizer, [(r["en"], r["de"]) for r in rows])  # none over --max_length 256
     steps_per_epoch = len(token_batches([len(x) for x in sources], [len(x) for x in targets], 400, 3, 0)) // 2
     train_here(tmp_path / "fitted", *flags, "--dropout", "0.1", "--dropout_epochs", "0", repr(8 / steps_per_epoch))
     assert [h["loss"] for h in history(tmp_path / "fitted")] == [h["loss"] for h in history(tmp_path / "constant")]
     assert_same_weights(tmp_path / "fitted", tmp_path / "constant", atol=0)
-    assert json.loads((tmp_path / "fitted" / "config.json").read_text())["dropout"] == 0.05
-    card = " ".join((tmp_path / "fitted" / "README.md").read_text().split())
+    assert json.loads((tmp_path / "fitted" / "config.json").read_text(encoding="utf-8"))["dropout"] == 0.05
+    card = " ".join((tmp_path / "fitted" / "README.md").read_text(encoding="utf-8").split())
     assert "dropout P_drop = 0.05 and" in card and "P_drop fitted to the epochs" in card
 
 
@@ -1118,13 +1118,13 @@ def test_the_parsing_preset_saves_the_papers_parser_decoding(tmp_path, treebank_
     and outputs up to source length + 300, as generation_config.json and the card say, and is scored with EVALB's
     bracketing F1 as well as BLEU; loaded with a bias against EOS (it never ends), `generate()` runs that far."""
     train_here(tmp_path / "parser", "--preset", "parsing", *TINY, *treebank_data, "--max_steps", "2")
-    generation = json.loads((tmp_path / "parser" / "generation_config.json").read_text())
+    generation = json.loads((tmp_path / "parser" / "generation_config.json").read_text(encoding="utf-8"))
     assert (generation["num_beams"], generation["gnmt_alpha"], generation["extra_length"]) == (21, 0.3, 300)
-    card = " ".join((tmp_path / "parser" / "README.md").read_text().split())
+    card = " ".join((tmp_path / "parser" / "README.md").read_text(encoding="utf-8").split())
     assert ("beam search with a beam of 21 and the GNMT length penalty ((5 + |Y|) / 6)^α, α = 0.3, up to source "
             "length + 300 tokens") in card and "a tree is at most the source's length + 300 tokens" in card
     assert "- recipe: `extra_length=300` (paper: 50; its parser, §6.3: 300)" in card
-    metrics = json.loads((tmp_path / "parser" / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "parser" / "metrics.json").read_text(encoding="utf-8"))
     assert {"bleu", "bracket_f1", "skipped"} <= metrics["test"].keys() <= metrics["validation"].keys()
     assert "bleu_tokenized" not in metrics["test"]  # trees are not read with a language's Moses tokens (Table 2's)
     header = ModelCard.load(tmp_path / "parser" / "README.md").data  # one language: the sentences'
@@ -1161,7 +1161,7 @@ def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small
                "2", "--push_to_hub", "--hub_model_id", "org/tiny", "--hub_private_repo", "--max_length", "12")
     printed = capfd.readouterr()
     out = tmp_path / "run"
-    upload = json.loads((tmp_path / "upload.json").read_text())
+    upload = json.loads((tmp_path / "upload.json").read_text(encoding="utf-8"))
     assert upload["repo_id"] == "org/tiny" and upload["private"] is True
     assert set(upload["files"]) == set(published_files(out)) == CODE_FILES | {
         "model.safetensors", "config.json", "generation_config.json", "pipeline_vaswani.py", "tokenizer.json",
@@ -1169,7 +1169,7 @@ def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small
     assert "pushed to https://huggingface.co/org/tiny" in printed.out + printed.err
     assert token not in printed.out + printed.err
     tokenizer = AutoTokenizer.from_pretrained(out)
-    pairs = [json.loads(line)["translation"] for line in Path(small_data[1]).read_text().splitlines()]
+    pairs = [json.loads(line)["translation"] for line in Path(small_data[1]).read_text(encoding="utf-8").splitlines()]
     longer = sum(max(len(tokenizer(pair[lang])["input_ids"]) for lang in ("en", "de")) > 12 for pair in pairs)
     assert 0 < longer < len(pairs)
     skipped = f"--max_length 12: {longer:,} of {len(pairs):,} training pairs are longer (in tokens) and skipped"
@@ -1178,15 +1178,15 @@ def test_the_output_folder_is_hub_ready_and_push_to_hub_sends_it(tmp_path, small
     names = {p.name for p in out.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "metrics.json",
             "README.md", "modeling_vaswani.py", "configuration_vaswani.py", "gnmt.py"} <= names
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
     assert metrics["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-4"]
     assert metrics["test"]["bleu_signature"].startswith("nrefs:1|case:mixed")
     validation = metrics["validation"]
     assert (f"validation: sacreBLEU {validation['bleu']:.1f}  chrF {validation['chrf']:.1f}  tokenized BLEU "
             f"{validation['bleu_tokenized']:.1f}  perplexity {validation['perplexity']:.2f}\n") in printed.out
-    card = (out / "README.md").read_text()
+    card = (out / "README.md").read_text(encoding="utf-8")
     assert "{{" not in card and f"{metrics['test']['bleu']:.2f}" in card
-    generation = json.loads((out / "generation_config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text(encoding="utf-8"))
     assert generation["num_beams"] == 4 and generation["gnmt_alpha"] == 0.6
 
 

@@ -28,7 +28,7 @@ def pairs_of_random_lengths(seed: int = 0) -> tuple[list[list[int]], list[list[i
 
 @pytest.mark.parametrize("preset", sorted(path.stem for path in PRESETS.glob("*.json")))
 def test_each_step_holds_the_batches_of_a_run_of_the_preset_on_a_cpu(preset):
-    settings = json.loads((PRESETS / f"{preset}.json").read_text())
+    settings = json.loads((PRESETS / f"{preset}.json").read_text(encoding="utf-8"))
     cpu = SimpleNamespace(device=torch.device("cpu"))
     max_tokens = run.batch_tokens(cpu, None, None, SimpleNamespace(max_tokens=settings.get("max_tokens", 0)), 256)
     steps = training_step.step_batches(settings, pairs_of_random_lengths(), 0, steps=40)

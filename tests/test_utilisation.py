@@ -44,7 +44,7 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
     folder = str(tmp_path / "out" / "tiny-1")  # one process for the one size
     assert [command[-4:] for command in commands] == [["--one", "tiny", "--output_dir", folder]]
     result = capsys.readouterr()
-    tiny = json.loads((tmp_path / "out" / "utilisation.json").read_text())["sizes"]["tiny"]
+    tiny = json.loads((tmp_path / "out" / "utilisation.json").read_text(encoding="utf-8"))["sizes"]["tiny"]
     assert tiny["flops_per_step"] - tiny["attention_flops_per_step"] == tiny["estimated_flops_per_step"] > 0
     assert tiny["batches_per_step"] == 2 and tiny["steps"] == 2 and len(tiny["processes"]) == 1
     assert tiny["target_tokens_per_second"] > 0 and tiny["marian"]["target_tokens_per_second"] > 0
@@ -63,7 +63,7 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
     assert len(host) == 8 and any(call["call"].startswith("aten::") for call in host)
     assert [call["ms"] for call in host] == sorted((call["ms"] for call in host), reverse=True)
     assert '"host_ms"' in result.out  # each process's figures printed as it ends
-    table = (tmp_path / "out" / "utilisation.md").read_text()
+    table = (tmp_path / "out" / "utilisation.md").read_text(encoding="utf-8")
     assert "| tiny | 2 of <= 400 |" in table and table in result.out
 
 
@@ -82,7 +82,7 @@ def test_a_size_whose_process_fails_is_reported_and_the_benchmark_fails(tmp_path
     monkeypatch.setattr(utilisation.torch.cuda, "is_available", lambda: True)  # base and big, as on a GPU
     monkeypatch.setattr(utilisation, "device_name", lambda device: "a GPU")
     assert main(["--processes", "2", "--output_dir", str(tmp_path / "out")]) == 1
-    report = json.loads((tmp_path / "out" / "utilisation.json").read_text())
+    report = json.loads((tmp_path / "out" / "utilisation.json").read_text(encoding="utf-8"))
     assert started == ["base", "big"] and report["sizes"] == {}
     assert list(report["errors"]) == ["base, process 1", "big, process 1"]
     assert "base, process 1 FAILED: BackendCompilerFailed: inductor raised" in capsys.readouterr().out

@@ -21,7 +21,7 @@ def recorders(path: str):
         paths = sorted(os.path.relpath(os.path.join(root, name), folder_path).replace(os.sep, "/")
                        for root, _, names in os.walk(folder_path) for name in names)
         files = list(filter_repo_objects(paths, allow_patterns=allow_patterns, ignore_patterns=ignore_patterns))
-        with open(path, "w") as f:
+        with open(path, "w", encoding="utf-8") as f:
             json.dump({"repo_id": repo_id, "files": files, **created}, f)
 
     return create_repo, upload_folder
