@@ -439,11 +439,19 @@ def test_a_hub_that_refuses_or_cannot_be_reached_is_one_line_that_says_how_to_pu
         raise OfflineModeIsEnabled("Cannot reach https://huggingface.co/api/repos/create: offline mode is enabled.\n"
                                    "To disable it, unset HF_HUB_OFFLINE.")
 
-    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", offline)
-    assert refusal(capfd, hub.main, translation_folder, "org/name") == (
-        f"error: pushing {translation_folder} to org/name failed: Cannot reach "
-        f"https://huggingface.co/api/repos/create: offline mode is enabled. (to try again: vaswani-push "
-        f"{translation_folder} org/name)")
+    with monkeypatch.context() as patch:
+        patch.setattr(huggingface_hub.HfApi, "create_repo", offline)
+        assert refusal(capfd, hub.main, translation_folder, "org/name") == (
+            f"error: pushing {translation_folder} to org/name failed: Cannot reach "
+            f"https://huggingface.co/api/repos/create: offline mode is enabled. (to try again: vaswani-push "
+            f"{translation_folder} org/name)")
+    # No network: the Hub's address refuses the connection (nothing listens on port 9 here), which the HTTP client
+    # raises as its own error, not an OSError.
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    said = refusal(capfd, hub.main, translation_folder, "org/name")
+    assert said.startswith(f"error: pushing {translation_folder} to org/name failed: ") and said.endswith(
+        f"(to try again: vaswani-push {translation_folder} org/name)") and "\n" not in said, said
 
 
 def test_model_push_to_hub_sends_weights_code_config_and_generation_config(tmp_path, monkeypatch):

@@ -109,11 +109,13 @@ def check_can_push(repo_id: str) -> None:
 def push_or_exit(folder: Path, repo_id: str, private: bool = False) -> str:
     """`push` for the command lines: a folder that is not a finished model, or a Hub that refuses or cannot be reached
     (offline, no token, no access, no network), exits with one line; the folder is left as it was."""
+    from huggingface_hub.errors import HTTPError  # its HTTP client's (httpx's, httpx2's): a failed connection's
+
     try:
         return push(folder, repo_id, private=private)
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
-    except OSError as error:  # huggingface_hub's errors are OSErrors
+    except (OSError, HTTPError) as error:  # huggingface_hub's own errors are OSErrors too
         raise SystemExit(f"error: pushing {folder} to {repo_id} failed: {first_line(error)} (to try again: "
                          f"vaswani-push {folder} {repo_id})") from None
 
