@@ -761,3 +761,17 @@ def test_a_resumed_trainer_run_checks_the_heads_widths_as_its_flags_give_them(tm
         else:
             with pytest.raises(SystemExit, match=re.escape(f"holds another model: {refused}")):
                 trainer_checkpoints.check_resumed_model(str(tmp_path), None, resumed)
+
+
+@pytest.mark.parametrize("optim", ["adafactor", "sgd"])
+def test_a_trainer_run_with_another_optimizer_checkpoints_and_resumes_exactly(tmp_path, optim):
+    """`--optim` takes the Trainer's other optimizers, whose state is not Adam's: Adafactor keeps its step as a Python
+    number, plain SGD keeps none, neither has Adam's betas. Each writes its checkpoints, and a run resumed from its
+    step-2 checkpoint ends with the weights of the run never stopped."""
+    flags = [*entry_flags(tmp_path), "--max_steps", "4", "--save_steps", "2", "--eval_strategy", "no",
+             "--optim", optim]
+    run_trainer.main([*flags, "--output_dir", str(tmp_path / "whole")])
+    shutil.copytree(tmp_path / "whole" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
+    run_trainer.main([*flags, "--output_dir", str(tmp_path / "resumed"), "--resume_from_checkpoint", "latest"])
+    whole, resumed = (load_file(tmp_path / run / "model.safetensors") for run in ("whole", "resumed"))
+    assert all(torch.equal(resumed[name], whole[name]) for name in whole)

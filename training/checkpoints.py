@@ -288,29 +288,38 @@ def load_scaler(scaler, folder: Path, say=print) -> None:
 
 
 def save_optimizer(model, optimizer, file: Path, write: bool) -> None:
-    """Every process calls this (under FSDP each holds a shard of Adam's state); with `write`, the full state goes to
-    `file`: the moments and step of each parameter as "<parameter name>/<state name>", the settings as JSON in the
-    header."""
-    adam = get_optimizer_state_dict(model, _inner(optimizer),
+    """Every process calls this (under FSDP each holds a shard of the optimizer's state); with `write`, the full state
+    goes to `file`: each parameter's state as "<parameter name>/<state name>" (Adam's moments and step), tensors as
+    tensors, the numbers some optimizers keep (Adafactor's step) and the settings as JSON in the header."""
+    full = get_optimizer_state_dict(model, _inner(optimizer),
                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if write:
-        tensors = {f"{name}/{key}": value.contiguous() for name, values in adam["state"].items()
-                   for key, value in values.items()}
-        save_file(tensors, file, metadata={"param_groups": json.dumps(adam["param_groups"])})
+        state = {f"{name}/{key}": value for name, values in full["state"].items() for key, value in values.items()}
+        tensors = {key: value.contiguous() for key, value in state.items() if torch.is_tensor(value)}
+        numbers = {key: value for key, value in state.items() if key not in tensors}
+        save_file(tensors, file, metadata={"param_groups": json.dumps(full["param_groups"]),
+                                           "numbers": json.dumps(numbers)})
 
 
 def load_optimizer(model, optimizer, file: Path) -> None:
+    with safe_open(str(file), framework="pt") as opened:
+        metadata = opened.metadata()
+    saved = load_file(file) | json.loads(metadata.get("numbers", "{}"))  # no "numbers" before 2026-12-06
     state = {}
-    for key, value in load_file(file).items():
+    for key, value in saved.items():
         name, entry = key.rsplit("/", 1)
         state.setdefault(name, {})[entry] = value
-    with safe_open(str(file), framework="pt") as opened:
-        groups = json.loads(opened.metadata()["param_groups"])
-    if state:  # empty before the first update: nothing to restore (the learning rate is the schedule's)
+    groups = json.loads(metadata["param_groups"])
+    if state:
         set_optimizer_state_dict(model, _inner(optimizer), {"state": state, "param_groups": groups},
                                  options=StateDictOptions(full_state_dict=True))
-    for group in _inner(optimizer).param_groups:  # torch's loader hands the betas back as a list; Adam made a tuple
-        group["betas"] = tuple(group["betas"])
+    else:  # Adam before its first update, plain SGD always: torch's loader wants a state; the settings alone (the lr)
+        for group, settings in zip(_inner(optimizer).param_groups, groups, strict=True):
+            group.update({key: value for key, value in settings.items() if key != "params"})
+    for group in _inner(optimizer).param_groups:  # JSON gives a list where the optimizer made a tuple (Adam's betas)
+        for key, default in _inner(optimizer).defaults.items():
+            if isinstance(default, tuple):
+                group[key] = tuple(group[key])
 
 
 def save_generators(file: Path) -> None:
