@@ -775,3 +775,23 @@ def test_a_trainer_run_with_another_optimizer_checkpoints_and_resumes_exactly(tm
     run_trainer.main([*flags, "--output_dir", str(tmp_path / "resumed"), "--resume_from_checkpoint", "latest"])
     whole, resumed = (load_file(tmp_path / run / "model.safetensors") for run in ("whole", "resumed"))
     assert all(torch.equal(resumed[name], whole[name]) for name in whole)
+
+
+def test_a_checkpoint_of_the_model_alone_is_refused_for_resuming_in_one_line(tmp_path):
+    """`--save_only_model` checkpoints hold no optimizer state, schedule or random state (transformers: they cannot
+    resume). Resumed, the run went on with Adam's moments at zero and the warm-up from its first step, without a word;
+    now one line, before any work, naming the fine-tuning that such a checkpoint can start."""
+    output = tmp_path / "out"
+    flags = [*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "2", "--save_steps", "2",
+             "--eval_strategy", "no", "--save_only_model", "true"]
+    run_trainer.main(flags)
+    checkpoint = output / "checkpoint-2"
+    (output / "model.safetensors").unlink()
+    for given in ("latest", str(checkpoint)):
+        with pytest.raises(SystemExit) as stop:
+            run_trainer.main([*flags, "--max_steps", "4", "--resume_from_checkpoint", given])
+        assert stop.value.code == (f"error: --resume_from_checkpoint {given}: {checkpoint} holds no optimizer state "
+                                   "and schedule to go on with (--save_only_model writes the model alone): fine-tune "
+                                   f"from it, --model_name_or_path {checkpoint}")
+    assert sorted(path.name for path in output.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert not (output / "model.safetensors").exists()

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from transformers import Seq2SeqTrainer, TrainerCallback
-from transformers.trainer import TRAINING_ARGS_NAME
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINING_ARGS_NAME
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -32,12 +32,13 @@ from vaswani_hf.tools.hub import check_readable
 from vaswani_hf.tools.loading import checked
 
 SCHEDULER_FILE = "scheduler.json"
+RESUMED_FILES = ((OPTIMIZER_FILE, SCHEDULER_FILE), (OPTIMIZER_NAME, SCHEDULER_NAME))  # ours; the plain Trainer's
 
 
 def resume_point(given: str | None, output_dir: Path, say=print) -> str | None:
     """--resume_from_checkpoint: a checkpoint folder, or `latest` (as run.py takes it): the newest checkpoint-<step>
     in --output_dir that the Trainer finished saving and that is intact (a damaged one: a warning through `say`, and
-    the one before it); not run.py's."""
+    the one before it); not run.py's, nor one of the model alone (`--save_only_model`)."""
     if given is None:
         return None
     path = Path(given)
@@ -61,6 +62,10 @@ def resume_point(given: str | None, output_dir: Path, say=print) -> str | None:
         refuse_other_entry_point(given, path, "training/run_trainer.py")
     except FileNotFoundError as error:
         raise SystemExit(f"error: {error}") from None
+    if not any(all((path / name).is_file() for name in files) for files in RESUMED_FILES):
+        raise SystemExit(f"error: --resume_from_checkpoint {given}: {path} holds no optimizer state and schedule to "
+                         "go on with (--save_only_model writes the model alone): fine-tune from it, "
+                         f"--model_name_or_path {path}")
     return str(path)
 
 
