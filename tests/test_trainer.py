@@ -146,6 +146,19 @@ def test_predict_with_generate_runs_the_papers_search_of_a_saved_models_generati
     assert tokens(torch.as_tensor(predictions)) == tokens(expected)
 
 
+def test_under_batch_eval_metrics_the_score_is_the_whole_sets(tmp_path, tokenizer, translation_folder, pairs):
+    """The Trainer's `batch_eval_metrics` (evaluation in bounded memory) hands compute_metrics a batch at a time, as
+    tensors, and `compute_result` at the last: the score is the whole set's, as without it (the Trainer refused our
+    compute_metrics at its start), and the next evaluation starts afresh."""
+    model = VaswaniForConditionalGeneration.from_pretrained(translation_folder)
+    scores = []
+    for batched in (False, True):
+        trainer = trainer_for(tmp_path, tokenizer, pairs[:4], model=model, eval_pairs=pairs[:10],
+                              predict_with_generate=True, per_device_eval_batch_size=4, batch_eval_metrics=batched)
+        scores += [trainer.evaluate()["eval_bleu"] for _ in range(1 + batched)]
+    assert 0 < scores[0] < 100 and scores == [scores[0]] * 3
+
+
 def test_compute_metrics_reads_minus_100_as_padding(tokenizer):
     references = ["Der Hund sieht den Mann.", "Eine Frau liest."]
     ids = tokenizer(references, padding=True)["input_ids"]

@@ -230,15 +230,18 @@ def tokenize(tokenizer, pairs: list[tuple[str, str]], max_length: int) -> Datase
 
 def make_compute_metrics(tokenizer, trees: bool):
     """sacreBLEU and chrF (offline) of generated ids against label ids, and with `trees` EVALB's bracketing F1 (also
-    with the skipped sentences missed); -100 (the Trainer's padding of predictions and labels) is read as padding."""
+    with the skipped sentences missed); -100 (the Trainer's padding of predictions and labels) is read as padding.
+    Under the Trainer's `batch_eval_metrics` it is given a batch at a time, and scores the whole set at the last."""
+    hypotheses, references = [], []
 
-    def compute_metrics(eval_prediction) -> dict:
-        predictions, labels = eval_prediction.predictions, eval_prediction.label_ids  # generated ids
-        predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)
-        labels = np.where(labels < 0, tokenizer.pad_token_id, labels)
-        hypotheses = tokenizer.batch_decode(predictions, skip_special_tokens=True)
-        references = tokenizer.batch_decode(labels, skip_special_tokens=True)
+    def compute_metrics(eval_prediction, compute_result: bool = True) -> dict:
+        for ids, texts in ((eval_prediction.predictions, hypotheses), (eval_prediction.label_ids, references)):
+            ids = ids.cpu().numpy() if torch.is_tensor(ids) else ids  # batch by batch: the device's tensors
+            texts += tokenizer.batch_decode(np.where(ids < 0, tokenizer.pad_token_id, ids), skip_special_tokens=True)
+        if not compute_result:
+            return {}
         metrics = score(hypotheses, references, trees)
+        hypotheses.clear(), references.clear()
         kept = ("bleu", "chrf", "bracket_f1", "bracket_f1_all", "skipped")  # the numbers, not the signatures
         return {key: metrics[key] for key in kept if key in metrics}
 
