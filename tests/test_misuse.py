@@ -337,6 +337,12 @@ def test_run_trainer_reads_a_steps_flag_only_where_its_strategy_counts_steps():
     assert (training_args.save_strategy, training_args.eval_strategy) == ("epoch", "no")
 
 
+def test_run_trainer_takes_the_example_scripts_flags_that_ask_for_what_it_does():
+    *_, training_args = run_trainer.parse_arguments(["--preset", "cpu-small", "--output_dir", "unused", "--do_train",
+                                                     "--do_eval", "--do_predict"])
+    assert training_args.do_train and training_args.do_eval and training_args.do_predict
+
+
 def test_run_trainer_refuses_an_unknown_preset_in_one_line():
     with pytest.raises(SystemExit) as stop:
         run_trainer.parse_arguments(["--preset", "cpu-tiny", "--output_dir", "unused"])
@@ -364,6 +370,9 @@ def test_run_trainer_refuses_an_unknown_preset_in_one_line():
      "error: --streaming is training/run.py's (here the Trainer's datasets hold the training pairs in memory)"),
     (["--max_length=100"], "error: --max_length is training/run.py's (it skips longer pairs; here pairs are"),
     (["--shuffle_buffer", "10"], "error: --shuffle_buffer is training/run.py's (it orders a --streaming run)"),
+    (["--do_eval", "--do_predict"],  # transformers' example scripts' flags: an evaluation alone is not this script's
+     "error: --do_eval, --do_predict: training/run_trainer.py always trains, then tests: to score a model, translate"),
+    (["--do_train", "false"], "error: --do_train false: training/run_trainer.py always trains, then tests: "),
     (["--fp16", "true", "--use_cpu", "true"],  # Accelerate leaves autocast off there: the run would be float32
      "error: --fp16 needs a GPU (float16 autocast is not run on the CPU): leave it out (float32) or use --bf16"),
 ])

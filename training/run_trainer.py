@@ -151,6 +151,12 @@ def parse_arguments(argv: list[str] | None = None):
     given = {arg.split("=")[0] for arg in argv}
     for flag in sorted(RUN_PY_ONLY.keys() & given):
         raise SystemExit(f"error: {flag} is training/run.py's ({RUN_PY_ONLY[flag]})")
+    # transformers' example scripts' flags, asking for less than this script does: no --do_train, or it false
+    asked = [flag for flag in ("--do_train", "--do_eval", "--do_predict") if flag in given]
+    if asked and not training_args.do_train:
+        named = ", ".join(f"{flag} false" if flag == "--do_train" else flag for flag in asked)
+        raise SystemExit(f"error: {named}: training/run_trainer.py always trains, then tests: to score a model, "
+                         "translate with vaswani-translate, then training/score.py")
     check_model_arguments(data_args, model_args)  # our flags, before any work, as run.py checks them
     d_model = model_args.d_model
     refuse_below({"max_source_length": (recipe.max_source_length, 1), "extra_length": (recipe.extra_length, 0),
