@@ -370,6 +370,8 @@ def test_run_trainer_refuses_an_unknown_preset_in_one_line():
      "error: --streaming is training/run.py's (here the Trainer's datasets hold the training pairs in memory)"),
     (["--max_length=100"], "error: --max_length is training/run.py's (it skips longer pairs; here pairs are"),
     (["--shuffle_buffer", "10"], "error: --shuffle_buffer is training/run.py's (it orders a --streaming run)"),
+    (["--generation_config", "outputs/run"],  # the Trainer's: it took the run's decoding's place, then crashed
+     "error: --generation_config: the run decodes (and saves in its generation_config.json) as --generation_num"),
     (["--do_eval", "--do_predict"],  # transformers' example scripts' flags: an evaluation alone is not this script's
      "error: --do_eval, --do_predict: training/run_trainer.py always trains, then tests: to score a model, translate"),
     (["--do_train", "false"], "error: --do_train false: training/run_trainer.py always trains, then tests: "),

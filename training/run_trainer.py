@@ -151,6 +151,9 @@ def parse_arguments(argv: list[str] | None = None):
     given = {arg.split("=")[0] for arg in argv}
     for flag in sorted(RUN_PY_ONLY.keys() & given):
         raise SystemExit(f"error: {flag} is training/run.py's ({RUN_PY_ONLY[flag]})")
+    if training_args.generation_config is not None:  # the Trainer would put it in place of the run's decoding
+        raise SystemExit("error: --generation_config: the run decodes (and saves in its generation_config.json) as "
+                         "--generation_num_beams, --length_penalty_alpha and --extra_length say")
     # transformers' example scripts' flags, asking for less than this script does: no --do_train, or it false
     asked = [flag for flag in ("--do_train", "--do_eval", "--do_predict") if flag in given]
     if asked and not training_args.do_train:
