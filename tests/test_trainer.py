@@ -146,17 +146,18 @@ def test_predict_with_generate_runs_the_papers_search_of_a_saved_models_generati
     assert tokens(torch.as_tensor(predictions)) == tokens(expected)
 
 
-def test_under_batch_eval_metrics_the_score_is_the_whole_sets(tmp_path, tokenizer, translation_folder, pairs):
+def test_batch_by_batch_the_score_is_the_whole_sets(tmp_path, tokenizer, translation_folder, pairs):
     """The Trainer's `batch_eval_metrics` (evaluation in bounded memory) hands compute_metrics a batch at a time, as
-    tensors, and `compute_result` at the last: the score is the whole set's, as without it (the Trainer refused our
-    compute_metrics at its start), and the next evaluation starts afresh."""
+    tensors, and `compute_result` at the last; `eval_do_concat_batches false`, a list of the batches. Either way the
+    score is the whole set's, as by default (the Trainer refused the first at its start; the second stopped at the
+    first evaluation), and with the first the next evaluation starts afresh."""
     model = VaswaniForConditionalGeneration.from_pretrained(translation_folder)
     scores = []
-    for batched in (False, True):
+    for arguments in ({}, {"batch_eval_metrics": True}, {"eval_do_concat_batches": False}):
         trainer = trainer_for(tmp_path, tokenizer, pairs[:4], model=model, eval_pairs=pairs[:10],
-                              predict_with_generate=True, per_device_eval_batch_size=4, batch_eval_metrics=batched)
-        scores += [trainer.evaluate()["eval_bleu"] for _ in range(1 + batched)]
-    assert 0 < scores[0] < 100 and scores == [scores[0]] * 3
+                              predict_with_generate=True, per_device_eval_batch_size=4, **arguments)
+        scores += [trainer.evaluate()["eval_bleu"] for _ in range(1 + bool(arguments))]
+    assert 0 < scores[0] < 100 and scores == [scores[0]] * 5
 
 
 def test_compute_metrics_reads_minus_100_as_padding(tokenizer):

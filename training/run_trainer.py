@@ -240,13 +240,16 @@ def tokenize(tokenizer, pairs: list[tuple[str, str]], max_length: int) -> Datase
 def make_compute_metrics(tokenizer, trees: bool):
     """sacreBLEU and chrF (offline) of generated ids against label ids, and with `trees` EVALB's bracketing F1 (also
     with the skipped sentences missed); -100 (the Trainer's padding of predictions and labels) is read as padding.
-    Under the Trainer's `batch_eval_metrics` it is given a batch at a time, and scores the whole set at the last."""
+    Under the Trainer's `batch_eval_metrics` it is given a batch at a time, and scores the whole set at the last;
+    under `eval_do_concat_batches false`, a list of the batches."""
     hypotheses, references = [], []
 
     def compute_metrics(eval_prediction, compute_result: bool = True) -> dict:
-        for ids, texts in ((eval_prediction.predictions, hypotheses), (eval_prediction.label_ids, references)):
-            ids = ids.cpu().numpy() if torch.is_tensor(ids) else ids  # batch by batch: the device's tensors
-            texts += tokenizer.batch_decode(np.where(ids < 0, tokenizer.pad_token_id, ids), skip_special_tokens=True)
+        for given, texts in ((eval_prediction.predictions, hypotheses), (eval_prediction.label_ids, references)):
+            for ids in given if isinstance(given, list) else [given]:
+                ids = ids.cpu().numpy() if torch.is_tensor(ids) else ids  # batch by batch: the device's tensors
+                texts += tokenizer.batch_decode(np.where(ids < 0, tokenizer.pad_token_id, ids),
+                                                skip_special_tokens=True)
         if not compute_result:
             return {}
         metrics = score(hypotheses, references, trees)
