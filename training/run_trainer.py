@@ -32,6 +32,7 @@ model that decodes the paper's way (run.py's, this run's) keeps doing so; a conv
 published with (OPUS-MT's: transformers' beam search), with `--generation_num_beams` beams.
 """
 
+import signal
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -337,6 +338,11 @@ def main(argv: list[str] | None = None):
         callbacks=[clock := TrainingClock.resumed(resumed)],
     )
     result = trainer.train(resume_from_checkpoint=resumed)
+    if training_args.enable_jit_checkpoint and result.global_step < trainer.state.max_steps:  # SIGTERM: saved, stopped
+        if trainer.is_world_process_zero():
+            print(f"stopped at step {result.global_step} (SIGTERM), its checkpoint written: the same command with "
+                  "--resume_from_checkpoint latest goes on", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGTERM)  # not done: an orchestrator restarts it
     minutes = clock.elapsed() / 60
     trainer.model.set_attn_implementation(config._attn_implementation)  # tested and saved with the model's own
     metrics = {"train_steps": result.global_step, "train_minutes": minutes}
