@@ -273,6 +273,13 @@ def test_fp16_asked_of_accelerate_launch_on_a_cpu_is_refused(monkeypatch, data):
     assert refused(monkeypatch, *TINY, *data).startswith("error: accelerate launch --mixed_precision fp16 needs a GPU")
 
 
+def test_a_precision_asked_of_accelerate_launch_that_run_py_has_not_is_refused(monkeypatch, data):
+    """fp8 (Accelerate's, with Transformer Engine or torchao on a GPU): `auto` trained in bf16 without a word."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
+    assert refused(monkeypatch, *TINY, *data) == (
+        "error: accelerate launch --mixed_precision fp8: run.py trains in no (float32), bf16 or fp16")
+
+
 def test_run_trainer_refuses_fp16_asked_of_accelerate_launch_on_a_cpu(monkeypatch):
     """The Trainer takes the launcher's --mixed_precision: fp16 so asked on a CPU would train float32 as --fp16."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -328,6 +328,10 @@ def check_arguments(data_args: DataArguments, model_args: ModelArguments, args: 
                              f"compiled again for: add --compile no ({named} compiles it)")
     if args.mixed_precision not in ("auto", "no", "fp16", "bf16"):
         raise SystemExit(f"error: --mixed_precision {args.mixed_precision}: one of auto, no, fp16, bf16")
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    if args.mixed_precision == "auto" and launcher not in ("no", "fp16", "bf16"):  # fp8: auto took bf16 without a word
+        raise SystemExit(f"error: accelerate launch --mixed_precision {launcher}: run.py trains in no (float32), bf16 "
+                         "or fp16")
     if chosen_precision(args.mixed_precision, gpu) == "fp16" and not gpu:
         asked = ("--mixed_precision fp16" if args.mixed_precision == "fp16" else
                  "accelerate launch --mixed_precision fp16")
