@@ -348,6 +348,9 @@ def test_run_trainer_takes_the_example_scripts_flags_that_ask_for_what_it_does()
     *_, training_args = run_trainer.parse_arguments(["--preset", "cpu-small", "--output_dir", "unused", "--do_train",
                                                      "--do_eval", "--do_predict"])
     assert training_args.do_train and training_args.do_eval and training_args.do_predict
+    *_, training_args = run_trainer.parse_arguments(["--preset", "cpu-small", "--output_dir", "unused",
+                                                     "--hub_strategy", "end"])  # what the run does
+    assert training_args.hub_strategy == "end"
 
 
 def test_run_trainer_refuses_an_unknown_preset_in_one_line():
@@ -377,6 +380,10 @@ def test_run_trainer_refuses_an_unknown_preset_in_one_line():
      "error: --streaming is training/run.py's (here the Trainer's datasets hold the training pairs in memory)"),
     (["--max_length=100"], "error: --max_length is training/run.py's (it skips longer pairs; here pairs are"),
     (["--shuffle_buffer", "10"], "error: --shuffle_buffer is training/run.py's (it orders a --streaming run)"),
+    (["--hub_token", "hf_x"],  # the Trainer's Hub flags, which the run's one push at its end would not honour
+     "error: --hub_token: the token is huggingface_hub's own: set HF_TOKEN, or hf auth login"),
+    (["--hub_strategy", "checkpoint"], "error: --hub_strategy: the run pushes its finished model's files once, at"),
+    (["--hub_revision=dev"], "error: --hub_revision: the run pushes to the repository's main branch"),
     (["--generation_config", "outputs/run"],  # the Trainer's: it took the run's decoding's place, then crashed
      "error: --generation_config: the run decodes (and saves in its generation_config.json) as --generation_num"),
     (["--do_eval", "--do_predict"],  # transformers' example scripts' flags: an evaluation alone is not this script's

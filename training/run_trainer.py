@@ -96,6 +96,13 @@ RUN_PY_ONLY = {
     "--shuffle_buffer": "it orders a --streaming run",
     "--max_length": "it skips longer pairs; here pairs are truncated to --max_source_length",
 }
+# The Trainer's Hub flags that this run, which pushes the finished model's files once at its end, would not honour.
+HUB_FLAGS = {
+    "--hub_strategy": "the run pushes its finished model's files once, at its end (end)",
+    "--hub_always_push": "the run pushes its finished model's files once, at its end",
+    "--hub_revision": "the run pushes to the repository's main branch",
+    "--hub_token": "the token is huggingface_hub's own: set HF_TOKEN, or hf auth login",
+}
 # Recipe-file keys and their Trainer names.
 PRESET_KEYS = {"warmup_steps": "warmup_steps", "eval_steps": "eval_steps", "seed": "seed", "max_steps": "max_steps",
                "max_grad_norm": "max_grad_norm", "num_beams": "generation_num_beams",
@@ -152,6 +159,9 @@ def parse_arguments(argv: list[str] | None = None):
     given = {arg.split("=")[0] for arg in argv}
     for flag in sorted(RUN_PY_ONLY.keys() & given):
         raise SystemExit(f"error: {flag} is training/run.py's ({RUN_PY_ONLY[flag]})")
+    for flag in sorted(HUB_FLAGS.keys() & given):
+        if not (flag == "--hub_strategy" and training_args.hub_strategy == "end"):
+            raise SystemExit(f"error: {flag}: {HUB_FLAGS[flag]}")
     if training_args.generation_config is not None:  # the Trainer would put it in place of the run's decoding
         raise SystemExit("error: --generation_config: the run decodes (and saves in its generation_config.json) as "
                          "--generation_num_beams, --length_penalty_alpha and --extra_length say")
