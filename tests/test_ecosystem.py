@@ -60,7 +60,9 @@ def model_translation(model, tokenizer, source, **kwargs) -> str:
 
 
 def test_the_pipeline_passes_generation_arguments(translation_folder):
-    """A pipeline call's arguments reach `generate()` as given, and the translation is `generate()`'s with them."""
+    """A pipeline call's arguments reach `generate()` as given, as keywords or in a dict (`generate_kwargs`, as
+    transformers' pipelines take them: it reached the paper's search as an argument of its own), and the translation
+    is `generate()`'s with them."""
     model, tokenizer = load_local(translation_folder)
     translator = TranslationPipeline(model=model, tokenizer=tokenizer)
     calls, generate = [], model.generate
@@ -75,6 +77,8 @@ def test_the_pipeline_passes_generation_arguments(translation_folder):
         translated = translator(SOURCES[1], **arguments)[0]["translation_text"]
         assert {name: calls[0].get(name) for name in arguments} == arguments
         assert translated == model_translation(model, tokenizer, SOURCES[1], **arguments)
+        assert translator(SOURCES[1], generate_kwargs=arguments)[0]["translation_text"] == translated
+        assert {name: calls[-1].get(name) for name in arguments} == arguments and "generate_kwargs" not in calls[-1]
     three = translator(SOURCES[1], num_beams=3, num_return_sequences=3)
     assert len(three) == 3
     # a list of sources: a list of each one's three, and no flattening

@@ -73,6 +73,8 @@ class TranslationPipeline(Pipeline):
                                ("clean_up_tokenization_spaces", clean_up_tokenization_spaces))
             if value is not None
         }
+        # as transformers' pipelines take them: keywords, or a dict (its `generate_kwargs`), the keywords winning
+        generate_kwargs = {**(generate_kwargs.pop("generate_kwargs", None) or {}), **generate_kwargs}
         return preprocess_params, generate_kwargs, postprocess_params
 
     def __call__(self, inputs, **kwargs):
