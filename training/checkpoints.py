@@ -297,8 +297,10 @@ def save_optimizer(model, optimizer, file: Path, write: bool) -> None:
         state = {f"{name}/{key}": value for name, values in full["state"].items() for key, value in values.items()}
         tensors = {key: value.contiguous() for key, value in state.items() if torch.is_tensor(value)}
         numbers = {key: value for key, value in state.items() if key not in tensors}
+        # A second key only where there are numbers: safetensors orders the header's keys anew in each process, and
+        # Adam's file (run.py's) stays the same bytes for the same run.
         save_file(tensors, file, metadata={"param_groups": json.dumps(full["param_groups"]),
-                                           "numbers": json.dumps(numbers)})
+                                           **({"numbers": json.dumps(numbers)} if numbers else {})})
 
 
 def load_optimizer(model, optimizer, file: Path) -> None:
