@@ -264,7 +264,8 @@ def make_compute_metrics(tokenizer, trees: bool):
         if not compute_result:
             return {}
         metrics = score(hypotheses, references, trees)
-        hypotheses.clear(), references.clear()
+        hypotheses.clear()
+        references.clear()
         kept = ("bleu", "chrf", "bracket_f1", "bracket_f1_all", "skipped")  # the numbers, not the signatures
         return {key: metrics[key] for key in kept if key in metrics}
 
