@@ -196,11 +196,16 @@ def test_a_budget_ends_at_max_steps_if_they_come_first_and_saves_as_save_minutes
     assert (step, ended) == (300, "--max_steps 300") and saved[:3] == [31, 62, 93]  # > 60 s after the last
 
 
-def test_a_resumed_run_counts_its_save_minutes_from_where_it_stopped():
-    """Resumed at 600 s (its last checkpoint), --save_minutes 1 saves once 60 s have passed since, not at once."""
+@pytest.mark.parametrize("state", [{"elapsed_seconds": 600.0}, {"elapsed_seconds": 630.0, "last_save_seconds": 600.0}])
+def test_a_resumed_run_counts_its_save_minutes_from_its_last_scheduled_checkpoint(state):
+    """Resumed at 600 s (its last checkpoint), --save_minutes 1 saves once 60 s have passed since, not at once.
+    Resumed at 630 s from a checkpoint written on SIGTERM (training/checkpoints.py), it counts from the last one the
+    schedule wrote, at 600 s, as the run would have without the SIGTERM."""
     args, _ = schedule_args(save_minutes=1)
-    schedule, saved, previous = Steps(args, {"elapsed_seconds": 600.0}, 3, 0.1, True), [], 600.0
+    schedule, saved, previous = Steps(args, state, 3, 0.1, True), [], state["elapsed_seconds"]
     for step, now in zip(range(5, 10), (630.0, 659.0, 661.0, 700.0, 720.0)):
+        if now <= previous:  # before the SIGTERM
+            continue
         if schedule.save(step, previous, now):
             saved.append(step)
             schedule.saved(now)

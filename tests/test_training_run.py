@@ -39,7 +39,7 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from training import treebank
 from training.batching import encode, token_batches
-from training.checkpoints import checkpoints
+from training.checkpoints import checkpoints, preempted
 from training.default_data import generate
 from training.evaluation import evaluate_model
 from training.hub import set_run_decoding
@@ -69,21 +69,21 @@ def small_data(tmp_path_factory):
             "--test_file", str(files["test"])]
 
 
-def launch(output_dir, *flags, processes=1, env_extra=None, killed=False, fsdp=False):
+def launch(output_dir, *flags, processes=1, env_extra=None, status=0, fsdp=False):
     """training/run.py in processes of its own, forked from one that has imported it (forked.py): one process, or the
     `processes` ranks of `accelerate launch --multi_gpu` (with `fsdp`: `--use_fsdp --fsdp_version 2`), CPU processes
-    over gloo on a machine without GPUs (training/distributed.py). The launcher itself runs in test_readme.py."""
+    over gloo on a machine without GPUs (training/distributed.py). The launcher itself runs in test_readme.py.
+    `env_extra`: variables for every process, or a list of each rank's; `status`: the exit status expected (a
+    negative one: killed by that signal)."""
     ranks = [{}] if processes == 1 else accelerate_ranks(
         processes, "--mixed_precision", "no", "--dynamo_backend", "no",
         *(("--use_fsdp", "--fsdp_version", "2") if fsdp else ("--multi_gpu",)), port=free_port())
     # A guard against a hang, not a speed limit: the embedded-data run takes about 135 s on one core of a 2-core
     # AMD EPYC (family 23) beside the other worker's tests, and a slower machine must not fail it by the clock.
-    result = run_forked(["--output_dir", output_dir, *flags], [{**rank, **(env_extra or {})} for rank in ranks],
-                        timeout=900)
-    if killed:  # the run killed itself with SIGKILL at its VASWANI_FAULT point (training/faults.py)
-        assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
-    else:
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    extras = env_extra if isinstance(env_extra, list) else [env_extra or {}] * len(ranks)
+    result = run_forked(["--output_dir", output_dir, *flags], [{**rank, **extra} for rank, extra in zip(
+        ranks, extras, strict=True)], timeout=900)
+    assert result.returncode == status, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
 
@@ -236,6 +236,24 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_pat
     assert metrics_two["test"]["bleu"] == metrics_one["test"]["bleu"]
     assert metrics_one["distributed"]["parallelism"] == "none"
     assert metrics_two["distributed"]["parallelism"] == "DDP" and metrics_two["distributed"]["backend"] == "gloo"
+
+
+@pytest.mark.xdist_group("one_process_run")
+def test_a_sigterm_to_one_process_stops_both_after_the_same_step_and_resumed_they_train_as_one_process(
+        tmp_path, small_data, one_process_run):
+    """Under --enable_jit_checkpoint the processes agree after each step whether any has had a SIGTERM: one sent to
+    rank 1 alone, inside step 3, stops both after it, with one checkpoint and one line. Resumed, the two processes
+    end as the one process that was never stopped."""
+    run, flags = tmp_path / "two", [*ONE_PROCESS, *small_data, "--enable_jit_checkpoint"]
+    stopped = launch(run, *flags, processes=2, env_extra=[{}, {"VASWANI_FAULT": "step-3:SIGTERM"}],
+                     status=128 + signal.SIGTERM)
+    assert stopped.stderr.count("stopped at step 3 (SIGTERM), its checkpoint written") == 1
+    assert [(path.name, preempted(path)) for path in checkpoints(run)] == [
+        ("checkpoint-2", False), ("checkpoint-3", True)]
+    launch(run, *flags, "--resume_from_checkpoint", "latest", processes=2)
+    assert [h["loss"] for h in history(run)] == pytest.approx([h["loss"] for h in history(one_process_run)],
+                                                              rel=1e-5)
+    assert_same_weights(one_process_run, run, atol=1e-5, skip=("k_proj.bias",))  # (the test above says why)
 
 
 @pytest.mark.parametrize("launched, compiled", [("AOT_EAGER", 2), ("NO", 0)])
@@ -541,12 +559,12 @@ def test_killed_in_a_step_in_a_save_and_in_averaging_and_resumed_each_time_ends_
     flags = [*WHOLE, *small_data]
     run, resume = tmp_path / "killed", ["--resume_from_checkpoint", "latest"]
 
-    launch(run, *flags, env_extra={"VASWANI_FAULT": "step-3"}, killed=True)
+    launch(run, *flags, env_extra={"VASWANI_FAULT": "step-3"}, status=-signal.SIGKILL)
     assert [p.name for p in checkpoints(run)] == ["checkpoint-2"]
-    launch(run, *flags, *resume, env_extra={"VASWANI_FAULT": "save-6"}, killed=True)
+    launch(run, *flags, *resume, env_extra={"VASWANI_FAULT": "save-6"}, status=-signal.SIGKILL)
     assert [p.name for p in checkpoints(run)] == ["checkpoint-2", "checkpoint-4"]
     assert (run / ".incomplete-checkpoint-6" / "model.safetensors").is_file()
-    launch(run, *flags, *resume, env_extra={"VASWANI_FAULT": "average"}, killed=True)
+    launch(run, *flags, *resume, env_extra={"VASWANI_FAULT": "average"}, status=-signal.SIGKILL)
     assert [p.name for p in checkpoints(run)] == ["checkpoint-6", "checkpoint-8"]
     assert not (run / "model.safetensors").exists()
     (tmp_path / "file").write_text("", encoding="utf-8")
@@ -615,6 +633,68 @@ def test_ctrl_c_stops_the_run_in_one_line_and_the_resumed_run_ends_as_one_run(tm
     assert [path.name for path in checkpoints(run)] == ["checkpoint-2"]
     train_here(run, *flags, "--resume_from_checkpoint", "latest")
     assert_same_weights(run, whole_run, atol=1e-6)
+
+
+@pytest.mark.xdist_group("whole_run")
+def test_sigterm_under_jit_checkpointing_saves_after_the_step_and_the_resumed_run_ends_as_one_run(
+        tmp_path, small_data, whole_run, monkeypatch, capsys):
+    """--enable_jit_checkpoint: two SIGTERMs inside step 5 (a launcher passing on the one its process had) give one
+    checkpoint after the step, beside the schedule's 2 and 4 (--average_checkpoints 2 keeps the schedule's), one line
+    on receiving it, one on stopping, and SIGTERM's status. Resumed, the next checkpoint replaces it and the run ends
+    as the one never stopped."""
+    import training.run
+
+    def terminated_twice_at_step_5(point: str) -> None:
+        if point == "step-5":
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    run, flags = tmp_path / "preempted", [*WHOLE, *small_data, "--enable_jit_checkpoint"]
+    handler = signal.getsignal(signal.SIGTERM)
+    with monkeypatch.context() as patch:
+        patch.setattr(training.run, "fault_point", terminated_twice_at_step_5)
+        with pytest.raises(SystemExit) as stop:
+            train_here(run, *flags)
+    assert stop.value.code == 128 + signal.SIGTERM and signal.getsignal(signal.SIGTERM) == handler
+    said = capsys.readouterr().err
+    assert said.count("SIGTERM: a checkpoint after this step, then the run stops") == 1
+    assert said.endswith("\nstopped at step 5 (SIGTERM), its checkpoint written: the same command with "
+                         "--resume_from_checkpoint latest goes on\n")
+    assert [(path.name, preempted(path)) for path in checkpoints(run)] == [
+        ("checkpoint-2", False), ("checkpoint-4", False), ("checkpoint-5", True)]
+    train_here(run, *flags, "--resume_from_checkpoint", "latest")
+    assert [path.name for path in checkpoints(run)] == ["checkpoint-6", "checkpoint-8"]
+    assert [h["loss"] for h in history(run)] == pytest.approx([h["loss"] for h in history(whole_run)], rel=1e-6)
+    assert_same_weights(run, whole_run, atol=1e-6)
+
+
+def test_sigterms_in_a_step_the_schedule_saves_and_in_the_last_step_leave_checkpoints_averaged_as_the_schedules(
+        tmp_path, small_data, monkeypatch):
+    """A SIGTERM in step 2, which the schedule (--save_steps 2) saves: that checkpoint alone, the schedule's. Resumed,
+    a SIGTERM in step 3 of 3, which it does not save: a SIGTERM checkpoint. Resumed again, the run has no step to
+    make; it writes step 3's checkpoint as its last, as the uninterrupted run does, and averages it with checkpoint
+    2."""
+    run, flags = tmp_path / "last", [*TINY, *small_data, "--max_steps", "3", "--save_steps", "2",
+                                      "--average_checkpoints", "2", "--enable_jit_checkpoint"]
+    for step, resumed in ((2, []), (3, ["--resume_from_checkpoint", "latest"])):
+        with monkeypatch.context() as patch:
+            patch.setenv("VASWANI_FAULT", f"step-{step}:SIGTERM")
+            with pytest.raises(SystemExit):
+                train_here(run, *flags, *resumed)
+        assert [(path.name, preempted(path)) for path in checkpoints(run)] == [
+            ("checkpoint-2", False), *[("checkpoint-3", True)] * (step == 3)]
+    train_here(run, *flags, "--resume_from_checkpoint", "latest")
+    assert [(path.name, preempted(path)) for path in checkpoints(run)] == [
+        ("checkpoint-2", False), ("checkpoint-3", False)]
+    assert json.loads((run / "metrics.json").read_text(encoding="utf-8"))["averaged_checkpoints"] == [
+        "checkpoint-2", "checkpoint-3"]
+
+
+def test_without_jit_checkpointing_sigterm_ends_the_run_at_once(tmp_path, small_data):
+    """SIGTERM's meaning by default: the run ends where it is (inside step 3), with the checkpoints it had."""
+    run = tmp_path / "terminated"
+    launch(run, *WHOLE, *small_data, env_extra={"VASWANI_FAULT": "step-3:SIGTERM"}, status=-signal.SIGTERM)
+    assert [path.name for path in checkpoints(run)] == ["checkpoint-2"]
 
 
 @pytest.mark.xdist_group("whole_run")
@@ -880,7 +960,8 @@ def test_save_minutes_count_from_the_last_checkpoint_and_train_minutes_cover_eve
                                                                                       monkeypatch):
     """--save_minutes 4 on the clock run.py reads, moved on 100 s at every step's end: checkpoints after steps 3 and 6
     (300 s after the last each), the last one after step 8, 200 s later; metrics.json's train_minutes are the 800 s
-    of the 8 steps, not the 600 s at the last checkpoint the loop wrote."""
+    of the 8 steps, not the 600 s at the last checkpoint the loop wrote. Resumed from checkpoint 6, the run counts
+    from it too."""
     import training.run
 
     moved = {"seconds": 0.0}
@@ -891,12 +972,16 @@ def test_save_minutes_count_from_the_last_checkpoint_and_train_minutes_cover_eve
 
     monkeypatch.setattr(training.run, "fault_point", step_ended)
     monkeypatch.setattr(training.run, "time", SimpleNamespace(time=lambda: time.time() + moved["seconds"]))
-    train_here(tmp_path / "run", *TINY, *small_data, "--max_steps", "8", "--save_minutes", "4",
-               "--average_checkpoints", "2")
+    flags = [*TINY, *small_data, "--max_steps", "8", "--save_minutes", "4", "--average_checkpoints", "2"]
+    train_here(tmp_path / "run", *flags)
     state = json.loads((tmp_path / "run" / "checkpoint-8" / "trainer_state.json").read_text(encoding="utf-8"))
     assert state["schedule"]["checkpoints"] == [3, 6] and [p.name for p in checkpoints(tmp_path / "run")] == [
         "checkpoint-6", "checkpoint-8"]
     assert 800 <= 60 * json.loads((tmp_path / "run" / "metrics.json").read_bytes())["train_minutes"] < 900
+    resumed = left_after(tmp_path / "run", "checkpoint-6", tmp_path / "resumed")  # counts from 600 s: no save at 7
+    train_here(resumed, *flags, "--resume_from_checkpoint", "latest")
+    state = json.loads((resumed / "checkpoint-8" / "trainer_state.json").read_text(encoding="utf-8"))
+    assert state["schedule"]["checkpoints"] == [3, 6]
 
 
 def test_a_budget_counts_training_not_validation(tmp_path, small_data, monkeypatch):

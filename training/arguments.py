@@ -182,6 +182,9 @@ class RecipeArguments:
         "help": "Fine-tune this vaswani_hf model (a folder or Hub id: a run's, or a converted one) instead of "
                 "training a new one: its weights, architecture and tokenizer; the recipe is the flags'."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "A checkpoint folder, or latest."})
+    enable_jit_checkpoint: bool = field(default=False, metadata={
+        "help": "On SIGTERM (a preempted machine, a job's time limit), a checkpoint after the step under way, then "
+                "stop with SIGTERM's status; resumed as any, never averaged (transformers' flag of that name)."})
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "Delete the run --output_dir holds and start afresh (without it, a folder that holds anything is "
                 "refused; with it, one that holds what no run writes)."})

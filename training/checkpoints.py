@@ -9,6 +9,11 @@ NumPy's), under fp16 the loss scale (`scaler.json`), and `trainer_state.json` (t
 learning-rate schedule). It is written under a temporary name and renamed into place when complete, so a kill during a
 save leaves the previous checkpoints untouched and never produces a half-written `checkpoint-<step>`.
 
+With --enable_jit_checkpoint, a SIGTERM (a preempted machine, a job's time limit) ends training with a checkpoint
+after the step under way (`SigtermCheckpoint`). That checkpoint holds a `preempted.txt`: resuming reads it as any
+other, the count of checkpoints kept leaves it out, and the run's next checkpoint, its last included, replaces it: the
+final average is of the schedule's checkpoints alone (§6.1's were written at intervals).
+
 No kernel is chosen by timing during a run: the same command gives the same weights, however busy the machine. (On a
 CPU, the run trains and decodes with the plan `vaswani_hf.fast_cpu` measured once for the machine and kept;
 trainer_state.json keeps it too: a resumed run computes as the first did.)
@@ -52,6 +57,7 @@ STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 SCALER_FILE = "scaler.json"
+PREEMPTED_FILE = "preempted.txt"
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
@@ -62,6 +68,11 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     found = [(int(m.group(1)), p) for p in output_dir.iterdir()
              if (m := CHECKPOINT.match(p.name)) and (p / STATE_FILE).is_file()]
     return [path for _, path in sorted(found)]
+
+
+def preempted(path: Path) -> bool:
+    """Whether the checkpoint at `path` was written on SIGTERM (`SigtermCheckpoint`) rather than by the schedule."""
+    return (path / PREEMPTED_FILE).is_file()
 
 
 def damage(path: Path, only: tuple[str, ...] | None = None) -> str | None:
@@ -191,6 +202,38 @@ def stopped_in_one_line(*errors: type[Exception]):
         raise SystemExit(f"error: {error}") from None
 
 
+class SigtermCheckpoint:
+    """--enable_jit_checkpoint (transformers' name): while training, a SIGTERM asks for a checkpoint after the step
+    under way, then the run ends with SIGTERM's status, for a scheduler to start it again; a SIGTERM repeated (a
+    launcher passing on the one its processes had) changes nothing. Without the flag, and outside training, SIGTERM
+    ends the run at once, as always."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.asked, self.previous = enabled, False, None
+
+    def __enter__(self):
+        if self.enabled:
+            self.previous = signal.signal(signal.SIGTERM, self._asked)
+        return self
+
+    def __exit__(self, *error) -> None:
+        if self.enabled:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if self.previous is None else self.previous)
+
+    def _asked(self, signum, frame) -> None:
+        if not self.asked and os.environ.get("RANK", "0") == "0":  # below the progress bar
+            print("\nSIGTERM: a checkpoint after this step, then the run stops", file=sys.stderr)
+        self.asked = True
+
+    def requested(self, accelerator) -> bool:
+        """Whether any process has had a SIGTERM: every process gets the same answer (one collective per step, with
+        the flag and several processes), so all stop after the same step."""
+        if not self.enabled or accelerator.num_processes == 1:
+            return self.asked
+        asked = torch.tensor([float(self.asked)], device=accelerator.device)
+        return accelerator.reduce(asked, reduction="sum").item() > 0
+
+
 def peer_ended(error: Exception) -> bool:
     """Whether a collective failed because a process it waited for has ended: gloo's words for the closed connection
     (NCCL's processes are stopped by torchrun's signal instead)."""
@@ -199,9 +242,10 @@ def peer_ended(error: Exception) -> bool:
 
 
 def save_checkpoint(accelerator, model, optimizer, output_dir: str | Path, step: int, state: dict, keep: int,
-                    tokenizer=None) -> Path:
-    """Every process calls this. Writes checkpoint-<step> atomically and durably, and keeps the newest `keep`. A
-    write the disk refuses is a WriteRefused, the part written removed (the room it took given back)."""
+                    tokenizer=None, on_sigterm: bool = False) -> Path:
+    """Every process calls this. Writes checkpoint-<step> atomically and durably (`on_sigterm`: marked preempted),
+    keeps the newest `keep` of the schedule's and no older preempted one. A write the disk refuses is a
+    WriteRefused, the part written removed (the room it took given back)."""
     output_dir = Path(output_dir)
     final = output_dir / f"checkpoint-{step}"
     temporary = output_dir / f".incomplete-checkpoint-{step}"
@@ -213,6 +257,10 @@ def save_checkpoint(accelerator, model, optimizer, output_dir: str | Path, step:
             temporary.mkdir(parents=True)
         accelerator.wait_for_everyone()
         save_training_state(accelerator, model, optimizer, temporary, tokenizer)
+        if on_sigterm and accelerator.is_main_process:
+            (temporary / PREEMPTED_FILE).write_text(
+                "written on SIGTERM: resumed as any checkpoint, left out of the final average, replaced by the run's "
+                "next checkpoint\n", encoding="utf-8")
         fault_point(f"save-{step}")
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
@@ -230,7 +278,9 @@ def save_checkpoint(accelerator, model, optimizer, output_dir: str | Path, step:
             os.replace(temporary, final)
             _fsync(output_dir)
     if accelerator.is_main_process:
-        for old in checkpoints(output_dir)[:-keep] if keep > 0 else []:
+        scheduled = [path for path in checkpoints(output_dir) if not preempted(path)]
+        stale = [path for path in checkpoints(output_dir) if preempted(path) and path != final]
+        for old in [*scheduled[:max(len(scheduled) - keep, 0)], *stale]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final

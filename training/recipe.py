@@ -7,7 +7,7 @@ from training.arguments import DataArguments, RecipeArguments
 from training.schedules import PAPER_SAVE_MINUTES, checkpoint_minutes
 
 NOT_RECIPE = ("push_to_hub", "hub_model_id", "hub_private_repo", "resume_from_checkpoint", "output_dir",
-              "overwrite_output_dir", "fast_cpu", "fast_gpu", "replay_schedule", "compile",
+              "overwrite_output_dir", "fast_cpu", "fast_gpu", "replay_schedule", "compile", "enable_jit_checkpoint",
               "model_name_or_path")  # a start is named as the card's base model, never by its path
 # The paper's recipe values (§5, §6.1) that a run may change; sizes are choices, not deviations. Its parser (§6.3)
 # decodes otherwise: the card names both.

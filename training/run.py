@@ -35,6 +35,7 @@ import json
 import math
 import re
 import shutil
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -58,9 +59,11 @@ from training.batching import EpochBatches, collate, encode
 from training.budget import TimeBudget, read_schedule, set_dropout
 from training.checkpoints import (
     STATE_FILE,
+    SigtermCheckpoint,
     checkpoints,
     leave_timeline,
     load_checkpoint,
+    preempted,
     resolve_checkpoint,
     save_checkpoint,
     stopped_in_one_line,
@@ -180,7 +183,8 @@ def main():
 
     # The final model: the average of the last K checkpoints (§6.1), the current weights among them.
     run.state["elapsed_seconds"] = run.seconds(shared=False)
-    if not checkpoints(output_dir) or checkpoints(output_dir)[-1].name != f"checkpoint-{step}":
+    kept = checkpoints(output_dir)
+    if not kept or kept[-1].name != f"checkpoint-{step}" or preempted(kept[-1]):  # the last weights: averaged too
         run.save(step, run.state["elapsed_seconds"])
     if accelerator.is_main_process:
         if written := schedule.written(step):
@@ -239,14 +243,15 @@ class Run:
         now = torch.tensor([time.time() - self.start_time], dtype=torch.float64, device=self.accelerator.device)
         return broadcast(now).item()
 
-    def save(self, step: int, elapsed: float) -> None:
-        """A checkpoint after `step` steps and `elapsed` seconds (every process calls this)."""
+    def save(self, step: int, elapsed: float, on_sigterm: bool = False) -> None:
+        """A checkpoint after `step` steps and `elapsed` seconds (every process calls this); `on_sigterm`: not the
+        schedule's (training/checkpoints.py)."""
         self.state["elapsed_seconds"] = elapsed
         self.state["scheduler"] = {k: v for k, v in self.scheduler.state_dict().items() if k != "lr_lambdas"}
         if self.streaming:  # every process's place in its part of the stream
             self.state["stream"] = gather_object([self.batches.position()])
         save_checkpoint(self.accelerator, self.model, self.optimizer, self.output_dir, step, self.state,
-                        keep=self.args.average_checkpoints, tokenizer=self.tokenizer)
+                        keep=self.args.average_checkpoints, tokenizer=self.tokenizer, on_sigterm=on_sigterm)
 
 
 def train(run: Run, schedule: Steps, step: int, validate) -> int:
@@ -258,7 +263,8 @@ def train(run: Run, schedule: Steps, step: int, validate) -> int:
     unread = []  # history entries whose loss (and gradient norm) are still on the device
     compiled = 0  # graphs torch.compile has made for the step
     model.train()
-    with schedule.progress(step, last_check, not accelerator.is_local_main_process) as progress:  # closed on errors
+    with (schedule.progress(step, last_check, not accelerator.is_local_main_process) as progress,  # closed on errors
+          SigtermCheckpoint(args.enable_jit_checkpoint) as sigterm):
         while True:
             elapsed = run.seconds()
             progress.update(schedule.position(step, elapsed) - progress.n)
@@ -301,11 +307,22 @@ def train(run: Run, schedule: Steps, step: int, validate) -> int:
                 read_values(unread)
                 validate(step, entry)
                 run.start_time += run.seconds() - last_check  # the run's clock counts training, not validation
-            if schedule.save(step, previous, last_check):
+            if saved := schedule.save(step, previous, last_check):
                 read_values(unread)
+                schedule.saved(last_check)  # in the state the checkpoint keeps
                 run.save(step, last_check)
-                schedule.saved(last_check)
+            if sigterm.requested(accelerator):
+                read_values(unread)
+                if not saved:
+                    run.save(step, last_check, on_sigterm=True)
+                break
     read_values(unread)
+    if not ended:  # SIGTERM: saved, stopped
+        if accelerator.is_main_process:
+            print(f"stopped at step {step} (SIGTERM), its checkpoint written: the same command with "
+                  "--resume_from_checkpoint latest goes on", file=sys.stderr)
+        accelerator.wait_for_everyone()  # said before a launcher, seeing a process end, stops the others
+        raise SystemExit(128 + signal.SIGTERM)  # not done: a scheduler starts it again
     accelerator.print(f"{ended} reached at step {step}")
     return step
 

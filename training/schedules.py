@@ -31,7 +31,7 @@ class Steps:
         self.args, self.state, self.steps_per_epoch, self.p_drop, self.validates = (
             args, state, steps_per_epoch, p_drop, validates)
         self.record = state.setdefault("schedule", {"expected_steps": [], "checkpoints": [], "evaluations": []})
-        self.last_save = state["elapsed_seconds"]
+        self.last_save = state.get("last_save_seconds", state["elapsed_seconds"])  # resumed: the last scheduled
         self.save_minutes = checkpoint_minutes(args)
 
     @property
@@ -73,8 +73,9 @@ class Steps:
         return yes
 
     def saved(self, elapsed: float) -> None:
-        """A checkpoint was written at `elapsed` seconds (--save_minutes counts from it)."""
-        self.last_save = elapsed
+        """A checkpoint is written at `elapsed` seconds (--save_minutes counts from it, resumed too: a checkpoint
+        written on SIGTERM, not the schedule's, leaves the count as it was)."""
+        self.last_save = self.state["last_save_seconds"] = elapsed
 
     def progress(self, step: int, elapsed: float, disable: bool) -> tqdm:
         """A progress bar in steps, at `step`."""
