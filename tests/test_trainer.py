@@ -813,27 +813,30 @@ def test_a_checkpoint_of_the_model_alone_is_refused_for_resuming_in_one_line(tmp
     assert not (output / "model.safetensors").exists()
 
 
-def test_a_run_stopped_by_sigterm_under_jit_checkpointing_says_so_and_resumes(tmp_path, monkeypatch, capsys):
-    """`--enable_jit_checkpoint` (the Trainer's, for preemptible machines): on SIGTERM the Trainer saves a checkpoint
-    and ends training. The run then tested and wrote its model and card as if done, and exited 0, so an orchestrator
-    would not restart it; now it says where it stopped and exits as a SIGTERM does, and resumed it ends as a whole."""
-    from transformers.trainer_jit_checkpoint import CheckpointManager
+def test_a_sigterm_under_jit_checkpointing_saves_its_steps_checkpoint_and_the_resumed_run_ends_as_the_whole(
+        tmp_path, monkeypatch, capsys):
+    """`--enable_jit_checkpoint` (the Trainer's flag, for preemptible machines): a SIGTERM inside step 3 (dropout on)
+    ends the run after that step with its checkpoint, one line and SIGTERM's status, neither tested nor written as if
+    done. Resumed, it ends with the weights of the run never stopped. (transformers' own callback saved before the
+    step's update, with the random generators past its dropout, as checkpoint 2: step 3 was made again otherwise.)"""
+    flags = [*entry_flags(tmp_path), "--max_steps", "6", "--save_steps", "100", "--eval_strategy", "no",
+             "--enable_jit_checkpoint", "true"]
+    run_trainer.main([*flags, "--output_dir", str(tmp_path / "whole")])
 
-    def terminated_after_step_2(self, args, state, control, **kwargs):
+    def terminated_in_step_3(self, args, state, control, **kwargs):
         if state.global_step == 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(CheckpointManager, "_sigterm_handler", lambda self, *args: self._enable_checkpoint())  # no 3 s
-    monkeypatch.setattr(trainer_checkpoints.TrainingClock, "on_step_end", terminated_after_step_2, raising=False)
     output = tmp_path / "out"
-    flags = [*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "6", "--save_steps", "100",
-             "--eval_strategy", "no", "--enable_jit_checkpoint", "true"]
+    monkeypatch.setattr(trainer_checkpoints.TrainingClock, "on_step_begin", terminated_in_step_3, raising=False)
     with pytest.raises(SystemExit) as stop:
-        run_trainer.main(flags)
+        run_trainer.main([*flags, "--output_dir", str(output)])
     assert stop.value.code == 128 + signal.SIGTERM
     assert capsys.readouterr().err.endswith("stopped at step 3 (SIGTERM), its checkpoint written: the same command "
                                             "with --resume_from_checkpoint latest goes on\n")
+    assert sorted(path.name for path in output.glob("checkpoint-*")) == ["checkpoint-3"]
     assert not (output / "model.safetensors").exists() and not (output / "README.md").exists()
     monkeypatch.undo()
-    run_trainer.main([*flags, "--resume_from_checkpoint", "latest"])
-    assert json.loads((output / "metrics.json").read_text(encoding="utf-8"))["train_steps"] == 6
+    run_trainer.main([*flags, "--output_dir", str(output), "--resume_from_checkpoint", "latest"])
+    whole, resumed = (load_file(folder / "model.safetensors") for folder in (tmp_path / "whole", output))
+    assert all(torch.equal(resumed[name], whole[name]) for name in whole)

@@ -65,7 +65,7 @@ from training.arguments import (
     refuse_unless_alpha,
     refuse_unless_positive,
 )
-from training.checkpoints import leave_timeline, stopped_in_one_line, writing
+from training.checkpoints import SigtermCheckpoint, leave_timeline, stopped_in_one_line, writing
 from training.data import as_pairs, load_run_data
 from training.distributed import share_cores
 from training.evaluation import check_trees, reported, score, translate
@@ -74,7 +74,13 @@ from training.hub import set_run_decoding, start_decoding, write_output_folder
 from training.recipe import changed_values, search_flags, training_data
 from training.step import slow_bfloat16, training_config
 from training.tokenizer import corpus_texts, train_joint_bpe
-from training.trainer_checkpoints import DataCheckpointTrainer, TrainingClock, check_resumed_model, resume_point
+from training.trainer_checkpoints import (
+    DataCheckpointTrainer,
+    SigtermStop,
+    TrainingClock,
+    check_resumed_model,
+    resume_point,
+)
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.tools.export import check_output_place
 from vaswani_hf.tools.hub import check_can_push, push_or_exit
@@ -337,6 +343,7 @@ def main(argv: list[str] | None = None):
                              recipe.extra_length)  # None: a converted model's, as published
     if "validation" not in datasets:
         training_args.eval_strategy = "no"
+    jit_checkpoint, training_args.enable_jit_checkpoint = training_args.enable_jit_checkpoint, False  # SigtermStop
     trainer = DataCheckpointTrainer(
         model=model,
         args=training_args,
@@ -348,12 +355,15 @@ def main(argv: list[str] | None = None):
         compute_metrics=make_compute_metrics(tokenizer, recipe.evalb) if training_args.predict_with_generate else None,
         callbacks=[clock := TrainingClock.resumed(resumed)],
     )
-    result = trainer.train(resume_from_checkpoint=resumed)
-    if training_args.enable_jit_checkpoint and result.global_step < trainer.state.max_steps:  # SIGTERM: saved, stopped
+    with SigtermCheckpoint(jit_checkpoint) as sigterm:
+        trainer.add_callback(stop := SigtermStop(sigterm, trainer.accelerator))
+        result = trainer.train(resume_from_checkpoint=resumed)
+    if stop.stopped:  # saved
         if trainer.is_world_process_zero():
             print(f"stopped at step {result.global_step} (SIGTERM), its checkpoint written: the same command with "
                   "--resume_from_checkpoint latest goes on", file=sys.stderr)
-        raise SystemExit(128 + signal.SIGTERM)  # not done: an orchestrator restarts it
+        trainer.accelerator.wait_for_everyone()  # said before a launcher, seeing a process end, stops the others
+        raise SystemExit(128 + signal.SIGTERM)  # not done: a scheduler starts it again
     minutes = clock.elapsed() / 60
     trainer.model.set_attn_implementation(config._attn_implementation)  # tested and saved with the model's own
     metrics = {"train_steps": result.global_step, "train_minutes": minutes}

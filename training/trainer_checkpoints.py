@@ -113,6 +113,20 @@ def finished_saving(checkpoint: Path) -> bool:
     return True
 
 
+class SigtermStop(TrainerCallback):
+    """--enable_jit_checkpoint under the Trainer: after a step in which any process had a SIGTERM (`sigterm`, a
+    training/checkpoints.py SigtermCheckpoint: every process gets the same answer), the Trainer saves that step's
+    checkpoint and stops. transformers' own callback waits 3 s, has each process decide alone, and saves before the
+    step's update, with the random generators past its dropout: resumed, the run made that step anew, otherwise."""
+
+    def __init__(self, sigterm, accelerator):
+        self.sigterm, self.accelerator, self.stopped = sigterm, accelerator, False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.sigterm.requested(self.accelerator):
+            control.should_save = control.should_training_stop = self.stopped = True
+
+
 class TrainingClock(TrainerCallback, ExportableState):
     """A run's training time over all its sessions, kept in each checkpoint (trainer_state.json): a resumed run's card
     counts the time before its checkpoint too (the Trainer's train_runtime is the last session's)."""
