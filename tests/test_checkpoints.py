@@ -29,10 +29,12 @@ from training.checkpoints import (
     leave_timeline,
     load_checkpoint,
     load_generators,
+    load_optimizer,
     load_training_state,
     resolve_checkpoint,
     save_checkpoint,
     save_generators,
+    save_optimizer,
     verified,
 )
 
@@ -333,6 +335,15 @@ def test_a_checkpoint_keeps_every_random_generator_a_step_may_draw_from(tmp_path
     first = draws()
     load_generators(tmp_path / "generators.safetensors")
     assert draws() == first
+    # One key in the header (safetensors orders a header's keys anew at each save: the same run, the same bytes); the
+    # key each of Python and NumPy of checkpoints before 2026-12-06 still loads.
+    with safe_open(str(tmp_path / "generators.safetensors"), framework="pt") as opened:
+        header, tensors = opened.metadata(), {key: opened.get_tensor(key) for key in opened.keys()}  # noqa: SIM118
+    assert list(header) == ["generators"]
+    save_file(tensors, tmp_path / "two_keys.safetensors",
+              metadata={key: json.dumps(value) for key, value in json.loads(header["generators"]).items()})
+    load_generators(tmp_path / "two_keys.safetensors")
+    assert draws() == first
     # A checkpoint written before 2026-12-02 kept torch's generator alone: it loads, and leaves the others as they are.
     save_file({"cpu": torch.get_rng_state()}, tmp_path / "torch_only.safetensors")
     after = random.getstate(), np.random.get_state()[1].tolist()
@@ -403,6 +414,37 @@ def test_adams_settings_and_moments_come_back_as_saved(tmp_path, accelerator):
     for saved, loaded in zip(optimizer.param_groups[0]["params"], defaults.param_groups[0]["params"]):
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(optimizer.state[saved][key], defaults.state[loaded][key])
+
+
+def test_an_optimizers_numbers_come_back_as_numbers_from_one_header_key(tmp_path, accelerator):
+    """transformers' Adafactor keeps its step as a Python number: saved as a tensor of one value, it comes back an int,
+    and the file's header holds one key, as Adam's does. A file of 2026-12-06, its numbers in a header key of their
+    own, still loads."""
+    from transformers.optimization import Adafactor
+
+    model = tiny_model()
+    optimizer = Adafactor(model.parameters(), lr=1e-3, relative_step=False, scale_parameter=False)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(input_ids=torch.tensor([[5, 6, 2]]), labels=torch.tensor([[7, 2]])).loss.backward()
+    optimizer.step()
+    file = tmp_path / "optimizer.safetensors"
+    save_optimizer(model, optimizer, file, write=True)
+    with safe_open(str(file), framework="pt") as opened:
+        header, tensors = opened.metadata(), {key: opened.get_tensor(key) for key in opened.keys()}  # noqa: SIM118
+    assert list(header) == ["param_groups"]
+    numbers = {key.removesuffix("#number"): value.item() for key, value in tensors.items() if key.endswith("#number")}
+    save_file({key: value for key, value in tensors.items() if not key.endswith("#number")},
+              tmp_path / "numbers_header.safetensors", metadata={**header, "numbers": json.dumps(numbers)})
+    for saved in (file, tmp_path / "numbers_header.safetensors"):
+        fresh = tiny_model()
+        fresh, loaded = accelerator.prepare(fresh, Adafactor(fresh.parameters(), lr=1e-3, relative_step=False,
+                                                             scale_parameter=False))
+        load_optimizer(fresh, loaded, saved)
+        steps = [loaded.state[p]["step"] for p in loaded.param_groups[0]["params"]]
+        assert steps == [1] * len(steps) and all(type(step) is int for step in steps), saved.name
+        for before, after in zip(optimizer.param_groups[0]["params"], loaded.param_groups[0]["params"]):
+            for key, value in optimizer.state[before].items():
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(loaded.state[after][key])), key
 
 
 def test_a_resumed_run_computes_with_its_checkpoints_plan_and_a_new_run_with_the_kept_one(tmp_path, accelerator,

@@ -921,7 +921,7 @@ def test_a_budgeted_run_writes_its_schedule_and_replaying_it_gives_the_same_weig
     train_here(tmp_path / "replayed", *flags, "--replay_schedule", tmp_path / "run" / "schedule.json")
     assert json.loads((tmp_path / "replayed" / "schedule.json").read_text(encoding="utf-8")) == schedule
     for name in ("model.safetensors", f"checkpoint-{steps}/model.safetensors",
-                 f"checkpoint-{steps}/optimizer.safetensors"):
+                 f"checkpoint-{steps}/optimizer.safetensors", f"checkpoint-{steps}/rng_state_0.safetensors"):
         assert (tmp_path / "replayed" / name).read_bytes() == (tmp_path / "run" / name).read_bytes(), name
 
 

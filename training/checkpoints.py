@@ -58,6 +58,7 @@ WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 SCALER_FILE = "scaler.json"
 PREEMPTED_FILE = "preempted.txt"
+NUMBER = "#number"  # an optimizer's state that is a Python number, saved as a tensor of one value
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
@@ -339,28 +340,25 @@ def load_scaler(scaler, folder: Path, say=print) -> None:
 
 def save_optimizer(model, optimizer, file: Path, write: bool) -> None:
     """Every process calls this (under FSDP each holds a shard of the optimizer's state); with `write`, the full state
-    goes to `file`: each parameter's state as "<parameter name>/<state name>" (Adam's moments and step), tensors as
-    tensors, the numbers some optimizers keep (Adafactor's step) and the settings as JSON in the header."""
+    goes to `file`: each parameter's state as "<parameter name>/<state name>" (Adam's moments and step), the numbers
+    some optimizers keep (Adafactor's step) as tensors of one value named "...#number", the settings as JSON in the
+    header."""
     full = get_optimizer_state_dict(model, _inner(optimizer),
                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if write:
-        state = {f"{name}/{key}": value for name, values in full["state"].items() for key, value in values.items()}
-        tensors = {key: value.contiguous() for key, value in state.items() if torch.is_tensor(value)}
-        numbers = {key: value for key, value in state.items() if key not in tensors}
-        # A second key only where there are numbers: safetensors orders the header's keys anew in each process, and
-        # Adam's file (run.py's) stays the same bytes for the same run.
-        save_file(tensors, file, metadata={"param_groups": json.dumps(full["param_groups"]),
-                                           **({"numbers": json.dumps(numbers)} if numbers else {})})
+    if write:  # one key in the header: safetensors orders its keys anew at each save, the same run the same bytes
+        state = {f"{name}/{key}" + ("" if torch.is_tensor(value) else NUMBER): torch.as_tensor(value).contiguous()
+                 for name, values in full["state"].items() for key, value in values.items()}
+        save_file(state, file, metadata={"param_groups": json.dumps(full["param_groups"])})
 
 
 def load_optimizer(model, optimizer, file: Path) -> None:
     with safe_open(str(file), framework="pt") as opened:
         metadata = opened.metadata()
-    saved = load_file(file) | json.loads(metadata.get("numbers", "{}"))  # no "numbers" before 2026-12-06
+    saved = load_file(file) | json.loads(metadata.get("numbers", "{}"))  # the numbers' header key of 2026-12-06
     state = {}
     for key, value in saved.items():
-        name, entry = key.rsplit("/", 1)
-        state.setdefault(name, {})[entry] = value
+        name, entry = key.removesuffix(NUMBER).rsplit("/", 1)
+        state.setdefault(name, {})[entry] = value.item() if key.endswith(NUMBER) else value
     groups = json.loads(metadata["param_groups"])
     if state:
         set_optimizer_state_dict(model, _inner(optimizer), {"state": state, "param_groups": groups},
@@ -381,21 +379,23 @@ def save_generators(file: Path) -> None:
     tensors = {"cpu": torch.get_rng_state(), "python": torch.tensor(words), "numpy": torch.tensor(keys.tolist())}
     if torch.cuda.is_available():
         tensors["cuda"] = torch.cuda.get_rng_state()
-    save_file(tensors, file, metadata={"python": json.dumps([version, gauss]),
-                                       "numpy": json.dumps([position, has_gauss, cached])})
+    save_file(tensors, file, metadata={"generators": json.dumps(  # one key, as the optimizer's: the same bytes
+        {"python": [version, gauss], "numpy": [position, has_gauss, cached]})})
 
 
 def load_generators(file: Path) -> None:
     tensors = load_file(file)
     with safe_open(str(file), framework="pt") as opened:
-        metadata = opened.metadata() or {}
+        header = opened.metadata() or {}
+    settings = json.loads(header["generators"]) if "generators" in header else {
+        key: json.loads(value) for key, value in header.items()}  # a key each before 2026-12-06
     torch.set_rng_state(tensors["cpu"])
     if "cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state(tensors["cuda"])
     if "python" in tensors:  # checkpoints before 2026-12-02 kept torch's alone
-        version, gauss = json.loads(metadata["python"])
+        version, gauss = settings["python"]
         random.setstate((version, tuple(tensors["python"].tolist()), gauss))
-        position, has_gauss, cached = json.loads(metadata["numpy"])
+        position, has_gauss, cached = settings["numpy"]
         np.random.set_state(("MT19937", np.array(tensors["numpy"].tolist(), np.uint32), position, has_gauss, cached))
 
 
