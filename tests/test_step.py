@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from training.step import fewest_batches
+from training.step import Diverged, fewest_batches, read_values
 
 
 @pytest.mark.parametrize("limit", [25000, 24999, 12500, 9000, 4096, 391])
@@ -329,3 +329,18 @@ def test_mixed_precision_keeps_the_logits_dtype_of_a_forward_set_on_the_model_as
         assert model(input_ids=source, decoder_input_ids=source).logits.dtype == torch.float32  # Accelerate's copy
         keep_output_dtype(model)
         assert model(input_ids=source, decoder_input_ids=source).logits.dtype == torch.bfloat16
+
+
+def test_reading_a_gradient_norm_or_loss_that_is_not_finite_is_a_divergence_unless_fp16_lets_the_run_go_on():
+    """read_values reads the values in one go, each entry's in place; with `finite` (every precision but fp16, whose
+    loss scaler skips a step that overflows) the first loss or gradient norm that is not finite stops the run."""
+    def entries():
+        return [{"step": 1, "loss": torch.tensor(6.0), "grad_norm": torch.tensor(3.0)},
+                {"step": 2, "loss": torch.tensor(5.5), "grad_norm": torch.tensor(float("inf"))},
+                {"step": 3, "loss": torch.tensor(float("nan"))}]
+
+    read = entries()
+    read_values(list(read))
+    assert [entry["loss"] for entry in read][:2] == [6.0, 5.5] and read[1]["grad_norm"] == float("inf")
+    with pytest.raises(Diverged, match=r"^the grad norm is inf at step 2: the run has diverged"):
+        read_values(entries(), finite=True)

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -688,6 +689,20 @@ def test_sigterms_in_a_step_the_schedule_saves_and_in_the_last_step_leave_checkp
         ("checkpoint-2", False), ("checkpoint-3", False)]
     assert json.loads((run / "metrics.json").read_text(encoding="utf-8"))["averaged_checkpoints"] == [
         "checkpoint-2", "checkpoint-3"]
+
+
+def test_a_run_whose_loss_is_not_finite_stops_in_one_line_before_its_next_checkpoint(tmp_path, small_data):
+    """At --lr_scale 100000 the loss explodes after step 1 and is NaN a step or two later. The run stops at the next
+    reading of its losses (here the one before checkpoint 4), naming the first step whose loss is not finite: no
+    checkpoint of NaNs, no model. (It went on to its end, then wrote a model of NaNs, a card and a test BLEU of 0.)"""
+    run = tmp_path / "diverged"
+    with pytest.raises(SystemExit) as stop:
+        train_here(run, *TINY, *small_data, "--max_steps", "8", "--save_steps", "4", "--logging_steps", "8",
+                   "--lr_scale", "100000")
+    said = re.fullmatch(r"error: the loss is nan at step (\d): the run has diverged, its weights are lost from that "
+                        r"step on \(a lower --lr_scale may keep it finite\)", stop.value.code)
+    assert said and int(said[1]) <= 4, stop.value.code
+    assert [path.name for path in checkpoints(run)] == [] and not (run / "model.safetensors").exists()
 
 
 def test_without_jit_checkpointing_sigterm_ends_the_run_at_once(tmp_path, small_data):

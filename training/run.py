@@ -85,6 +85,7 @@ from training.recipe import NOT_RECIPE, recipe_deviations, search_flags, trainin
 from training.schedule import inverse_sqrt_lr, paper_optimizer
 from training.schedules import Budgeted, Replayed, Steps
 from training.step import (
+    Diverged,
     TrainingStep,
     compile_backend,
     deterministic_kernels,
@@ -102,7 +103,7 @@ from vaswani_hf.tools.loading import checked, learned_positions, loaded_whole
 from vaswani_hf.tools.text import utf8_output
 
 
-@stopped_in_one_line(DataError)  # a stream's bad line where it is read, a full disk, Ctrl-C
+@stopped_in_one_line(DataError, Diverged)  # a stream's bad line where it is read, a NaN loss, a full disk, Ctrl-C
 def main():
     utf8_output()
     with said_once():  # checks that every process makes alike, before any work
@@ -261,6 +262,7 @@ def train(run: Run, schedule: Steps, step: int, validate) -> int:
     last_check = run.state["elapsed_seconds"]
     window_tokens, window_start = 0, time.time()
     unread = []  # history entries whose loss (and gradient norm) are still on the device
+    read = functools.partial(read_values, finite=accelerator.mixed_precision != "fp16")  # no checkpoint of NaNs
     compiled = 0  # graphs torch.compile has made for the step
     model.train()
     with (schedule.progress(step, last_check, not accelerator.is_local_main_process) as progress,  # closed on errors
@@ -289,7 +291,7 @@ def train(run: Run, schedule: Steps, step: int, validate) -> int:
             run.state["history"].append(entry)
             unread.append(entry)
             if step % args.logging_steps == 0 or step == 1:
-                read_values(unread)  # the one wait for the device in `logging_steps` steps
+                read(unread)  # the one wait for the device in `logging_steps` steps
                 tokens_per_second = window_tokens / (time.time() - window_start)
                 window_tokens, window_start = 0, time.time()
                 expected = {"step": f"{step}/~{schedule.expected:.0f}"} if schedule.budget else {}
@@ -304,19 +306,19 @@ def train(run: Run, schedule: Steps, step: int, validate) -> int:
 
             previous, last_check = last_check, run.seconds()
             if schedule.evaluate(step, previous, last_check):
-                read_values(unread)
+                read(unread)
                 validate(step, entry)
                 run.start_time += run.seconds() - last_check  # the run's clock counts training, not validation
             if saved := schedule.save(step, previous, last_check):
-                read_values(unread)
+                read(unread)
                 schedule.saved(last_check)  # in the state the checkpoint keeps
                 run.save(step, last_check)
             if sigterm.requested(accelerator):
-                read_values(unread)
+                read(unread)
                 if not saved:
                     run.save(step, last_check, on_sigterm=True)
                 break
-    read_values(unread)
+    read(unread)
     if not ended:  # SIGTERM: saved, stopped
         if accelerator.is_main_process:
             print(f"stopped at step {step} (SIGTERM), its checkpoint written: the same command with "

@@ -146,15 +146,26 @@ def tracing_options():
         yield
 
 
-def read_values(entries: list[dict]) -> None:
+class Diverged(ValueError):
+    """A step's loss or gradient norm that is not finite, outside fp16: its update has made the weights NaN, and every
+    step after it is lost."""
+
+
+def read_values(entries: list[dict], finite: bool = False) -> None:
     """The losses and gradient norms that steps left on the device in these history entries, as floats, read with
-    one wait for the device; empties `entries`."""
+    one wait for the device; empties `entries`. `finite`: a value that is not is a Diverged (under fp16 the loss
+    scaler skips a step that overflows, and the run goes on)."""
     pending = [(entry, key) for entry in entries for key in ("loss", "grad_norm") if key in entry]
     if pending:
         values = torch.stack([entry[key] for entry, key in pending]).tolist()
         for (entry, key), value in zip(pending, values):
             entry[key] = value
     entries.clear()
+    for entry, key in pending if finite else []:
+        if not math.isfinite(entry[key]):
+            name = key.replace("_", " ")
+            raise Diverged(f"the {name} is {entry[key]} at step {entry['step']}: the run has diverged, its weights "
+                           "are lost from that step on (a lower --lr_scale may keep it finite)")
 
 
 def compiled_graphs() -> int:
