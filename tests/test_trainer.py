@@ -813,6 +813,20 @@ def test_a_checkpoint_of_the_model_alone_is_refused_for_resuming_in_one_line(tmp
     assert not (output / "model.safetensors").exists()
 
 
+def test_a_trainer_run_whose_weights_are_not_finite_stops_in_one_line_before_its_checkpoint(tmp_path):
+    """At --lr_scale 100000 the weights are NaN within a few steps. The Trainer's logged loss leaves a NaN out, and
+    the run went on to its end: its checkpoint and model of NaNs, a test BLEU of 0, exit 0. Now it stops in one line
+    at the first step it logs, evaluates or saves after (here checkpoint 4's): no checkpoint, no model."""
+    output = tmp_path / "out"
+    flags = [*entry_flags(tmp_path), "--output_dir", str(output), "--max_steps", "8", "--save_steps", "4",
+             "--logging_steps", "100", "--eval_strategy", "no", "--lr_scale", "100000"]
+    with pytest.raises(SystemExit) as stop:
+        run_trainer.main(flags)
+    assert stop.value.code == ("error: the weights are not finite after step 4: the run has diverged (a lower "
+                               "--lr_scale or --learning_rate may keep them finite)")
+    assert not list(output.glob("checkpoint-*")) and not (output / "model.safetensors").exists()
+
+
 def test_a_sigterm_under_jit_checkpointing_saves_its_steps_checkpoint_and_the_resumed_run_ends_as_the_whole(
         tmp_path, monkeypatch, capsys):
     """`--enable_jit_checkpoint` (the Trainer's flag, for preemptible machines): a SIGTERM inside step 3 (dropout on)

@@ -72,10 +72,11 @@ from training.evaluation import check_trees, reported, score, translate
 from training.fsdp_request import deepspeed_requested, fsdp_requested, refuse, said_once
 from training.hub import set_run_decoding, start_decoding, write_output_folder
 from training.recipe import changed_values, search_flags, training_data
-from training.step import slow_bfloat16, training_config
+from training.step import Diverged, slow_bfloat16, training_config
 from training.tokenizer import corpus_texts, train_joint_bpe
 from training.trainer_checkpoints import (
     DataCheckpointTrainer,
+    FiniteWeights,
     SigtermStop,
     TrainingClock,
     check_resumed_model,
@@ -278,7 +279,7 @@ def make_compute_metrics(tokenizer, trees: bool):
     return compute_metrics
 
 
-@stopped_in_one_line()  # a full disk, Ctrl-C
+@stopped_in_one_line(Diverged)  # weights of NaNs, a full disk, Ctrl-C
 def main(argv: list[str] | None = None):
     utf8_output()
     with said_once():  # checks that every process makes alike, before any work
@@ -357,6 +358,7 @@ def main(argv: list[str] | None = None):
     )
     with SigtermCheckpoint(jit_checkpoint) as sigterm:
         trainer.add_callback(stop := SigtermStop(sigterm, trainer.accelerator))
+        trainer.add_callback(FiniteWeights())  # the last: after the others decide what follows the step
         result = trainer.train(resume_from_checkpoint=resumed)
     if stop.stopped:  # saved
         if trainer.is_world_process_zero():

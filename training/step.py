@@ -168,6 +168,13 @@ def read_values(entries: list[dict], finite: bool = False) -> None:
                            "are lost from that step on (a lower --lr_scale may keep it finite)")
 
 
+def check_finite_weights(model, step: int) -> None:
+    """A Diverged unless every weight of `model` is finite (one wait for the device)."""
+    if not torch.stack([weight.isfinite().all() for weight in model.parameters()]).all():
+        raise Diverged(f"the weights are not finite after step {step}: the run has diverged (a lower --lr_scale or "
+                       "--learning_rate may keep them finite)")
+
+
 def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 

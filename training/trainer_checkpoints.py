@@ -28,6 +28,7 @@ from training.checkpoints import (
     save_scaler,
     writing,
 )
+from training.step import check_finite_weights
 from vaswani_hf.tools.hub import check_readable
 from vaswani_hf.tools.loading import checked
 
@@ -125,6 +126,16 @@ class SigtermStop(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.sigterm.requested(self.accelerator):
             control.should_save = control.should_training_stop = self.stopped = True
+
+
+class FiniteWeights(TrainerCallback):
+    """A Diverged (one line), before the Trainer logs, evaluates or saves after a step, or ends, if a weight is not
+    finite: the Trainer's logged loss leaves a NaN out (`logging_nan_inf_filter`), and a diverged run went on to its
+    end, its checkpoints and model of NaNs. (Called after the callbacks that decide what the step is followed by.)"""
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if control.should_log or control.should_evaluate or control.should_save or control.should_training_stop:
+            check_finite_weights(model, state.global_step)
 
 
 class TrainingClock(TrainerCallback, ExportableState):
