@@ -147,8 +147,8 @@ def tracing_options():
 
 
 class Diverged(ValueError):
-    """A step's loss or gradient norm that is not finite, outside fp16: its update has made the weights NaN, and every
-    step after it is lost."""
+    """A run whose weights are lost: a step's loss or gradient norm that is not finite (its update makes the weights
+    NaN; under fp16 the loss scaler skips that step instead), or weights that are not."""
 
 
 def read_values(entries: list[dict], finite: bool = False) -> None:

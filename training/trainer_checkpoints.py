@@ -118,7 +118,8 @@ class SigtermStop(TrainerCallback):
     """--enable_jit_checkpoint under the Trainer: after a step in which any process had a SIGTERM (`sigterm`, a
     training/checkpoints.py SigtermCheckpoint: every process gets the same answer), the Trainer saves that step's
     checkpoint and stops. transformers' own callback waits 3 s, has each process decide alone, and saves before the
-    step's update, with the random generators past its dropout: resumed, the run made that step anew, otherwise."""
+    step's update with the random generators past the step's dropout: a run resumed from it made that step again,
+    with other dropout masks."""
 
     def __init__(self, sigterm, accelerator):
         self.sigterm, self.accelerator, self.stopped = sigterm, accelerator, False
