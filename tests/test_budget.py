@@ -202,7 +202,8 @@ def test_a_resumed_run_counts_its_save_minutes_from_its_last_scheduled_checkpoin
     Resumed at 630 s from a checkpoint written on SIGTERM (training/checkpoints.py), it counts from the last one the
     schedule wrote, at 600 s, as the run would have without the SIGTERM."""
     args, _ = schedule_args(save_minutes=1)
-    schedule, saved, previous = Steps(args, state, 3, 0.1, True), [], state["elapsed_seconds"]
+    # A copy of the parameter: the schedule writes the seconds of its checkpoints into the state.
+    schedule, saved, previous = Steps(args, dict(state), 3, 0.1, True), [], state["elapsed_seconds"]
     for step, now in zip(range(5, 10), (630.0, 659.0, 661.0, 700.0, 720.0)):
         if now <= previous:  # before the SIGTERM
             continue

@@ -279,8 +279,9 @@ def save_checkpoint(accelerator, model, optimizer, output_dir: str | Path, step:
             os.replace(temporary, final)
             _fsync(output_dir)
     if accelerator.is_main_process:
-        scheduled = [path for path in checkpoints(output_dir) if not preempted(path)]
-        stale = [path for path in checkpoints(output_dir) if preempted(path) and path != final]
+        found = {path: preempted(path) for path in checkpoints(output_dir)}
+        scheduled = [path for path, on_sigterm in found.items() if not on_sigterm]
+        stale = [path for path, on_sigterm in found.items() if on_sigterm and path != final]
         for old in [*scheduled[:max(len(scheduled) - keep, 0)], *stale]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
