@@ -296,7 +296,7 @@ def train(run: Run, schedule: Steps, step: int, validate) -> int:
                 window_tokens, window_start = 0, time.time()
                 expected = {"step": f"{step}/~{schedule.expected:.0f}"} if schedule.budget else {}
                 progress.set_postfix(**expected, loss=f"{entry['loss']:.3f}", lr=f"{learning_rate:.2e}",
-                                     tok_s=f"{tokens_per_second:.0f}")
+                                     tok_s=f"{tokens_per_second:.0f}", refresh=False)  # shown at the bar's pace
                 accelerator.log({"train/loss": entry["loss"], "train/learning_rate": learning_rate,
                                  "train/target_tokens_per_second": tokens_per_second}, step=step)
                 if run.train_step.compilations() != compiled:
