@@ -302,9 +302,14 @@ def count_syncs(device: torch.device, call) -> int | None:
     return None if places is None else len(places)
 
 
+WAIT_NOTICE = "called a synchronizing CUDA operation"  # torch's sync debug mode at each wait (c10/cuda)
+
+
 def sync_places(device: torch.device, call, frames: int = 6) -> list[str] | None:
     """Where `call()` makes the host wait for the GPU, one entry a wait: the innermost `frames` Python frames of the
-    wait as torch's sync debug mode reports it ("file:line function", innermost first); None on a CPU."""
+    wait as torch's sync debug mode reports it ("file:line function", innermost first); None on a CPU. The mode's own
+    notice, once a process when it is first turned on ("...does not yet detect all synchronizing operations"), is
+    not a wait."""
     if device.type != "cuda":
         call()
         return None
@@ -312,7 +317,7 @@ def sync_places(device: torch.device, call, frames: int = 6) -> list[str] | None
     places = []
 
     def record(message, *rest):
-        if "synchronizing" in str(message):
+        if str(message).startswith(WAIT_NOTICE):
             stack = [frame for frame in traceback.extract_stack()[:-1] if not frame.filename.endswith("warnings.py")]
             places.append(" < ".join(f"{Path(frame.filename).name}:{frame.lineno} {frame.name}"
                                      for frame in reversed(stack[-frames:])))

@@ -220,8 +220,8 @@ def test_the_embedded_default_run_learns(tmp_path):
 def test_in_a_log_file_the_progress_bar_is_written_every_30_seconds_not_at_every_logged_step(one_process_run):
     """The run logs every step (--logging_steps 1). Written to a file, its bar is shown when it starts, every 30 s (or
     10 s after a line held back: tqdm's monitor) and when it ends, that last line with the last step's loss. A line
-    each logged step filled a cluster job's log, each with the rate of the bar's last own line: after a compiled
-    first step, an H100's 200-step run read "2:48:13" left with 20 s to go."""
+    each logged step would fill a cluster job's log, each with the rate tqdm measured at its last own line: after a
+    compiled first step, hours left for a run of seconds."""
     lines = [line for line in re.split(r"[\r\n]", (one_process_run.parent / "stderr.txt").read_text(encoding="utf-8"))
              if line.startswith("training:")]
     metrics = json.loads((one_process_run / "metrics.json").read_bytes())
