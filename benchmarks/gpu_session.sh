@@ -11,7 +11,8 @@
 #
 # and at once (a warm machine goes back after 30 s idle), a second call with the lease's time left (15 minutes a
 # session; the first call's start and transfers took about 30 s, a later call's 12 s), timeout T, GPU_SESSION_SECONDS
-# about T - 10. The plan for issue 77's last item: `training fp16` first (about 450 s), then:
+# about T - 10. The next lease's plan, whether the C++ wrapper should be run.py's default on a GPU (the two on one
+# machine): `base` first (about 450 s), then:
 #
 #     GPU_SESSION_SECONDS=300 bash benchmarks/gpu_session.sh wrapper
 #
@@ -23,13 +24,13 @@
 #             3 processes, Marian beside (torch's choice of kernels): 7.5 min (2026-11-30: 445 s, the first process
 #             202 s, the others 111-117 s with inductor's cache);
 #   wrapper   as base, 1 process, no Marian, inductor's kernels called from C++ (TORCHINDUCTOR_CPP_WRAPPER=1), not
-#             Python: whether the host's time a step sets base's pace (utilisation.py's issue seconds): about 3.5 min
-#             (not yet timed on a GPU: its C++ is compiled too);
+#             Python: whether the host's time a step sets base's pace (utilisation.py's issue seconds): about 4 min
+#             (2026-12-06, H100: 228 s, its warm-up 172 s: its C++ is compiled too);
 #   big       as base, big, 1 process: about 3.5 min (off the default since session 75: 35.6% in session 70, over
 #             its target, and the step has only lost work since);
 #   training  benchmarks/gpu_check.py --parts training remote: run.py's base preset compiled, eager and resumed,
 #             200 steps each, and the remote-code check, dynamo's reasons for compiling again in the runs' logs: about
-#             5 min (2026-12-04: 204-282 s, the compiled run 107-131 s); on `.data/multi30k` when the call carries it,
+#             4-5 min (2026-12-04: 204-282 s; 2026-12-06, H100: 238 s); on `.data/multi30k` when the call carries it,
 #             else the embedded grammar; at the paper's warm-up since 2026-12-04 (benchmarks/README.md, session 132);
 #   eager     as base, eager (`--compile no`), 1 process: 1 min;
 #   cudnn     as eager, with cuDNN's attention kernels for ours too (`--cudnn_attention`): 1 min;
@@ -37,7 +38,7 @@
 #             transformers' and CTranslate2 (whose wheel no longer fits beside the others: gpu_wheels.sh's header):
 #             2 min;
 #   fp16      the training part's runs in fp16 (`--mixed_precision fp16`: a GPU without bfloat16, V100 or T4, trains
-#             so; its loss scale kept in each checkpoint), no remote part: about 4 min (as training's runs);
+#             so; its loss scale kept in each checkpoint), no remote part: about 4 min (2026-12-06, H100: 227 s);
 #   deterministic  run.py's --deterministic: base's step with it (1 process, no Marian: its cost against base's), then
 #             the training part's runs with it (on its text), whose resumed run must repeat the first's losses
 #             exactly: 10 min.
