@@ -18,8 +18,10 @@ Each size, in each of `--processes` fresh processes (ours / Marian is the median
    `--steps` timed ones: target tokens/s, seconds a step, peak memory, the caching allocator's calls to CUDA a step
    (allocations, frees, retries), the host's seconds a step reading and padding batches (which the GPU does not wait
    for unless they exceed its step), the host's seconds to hand a step to an idle GPU (at the step's seconds, the
-   host sets the pace), host waits in a step, and one step profiled (the GPU's busy share, kernels launched, the 8
-   slowest kernels, the host's calls of most self time);
+   host sets the pace), host waits in a step, one step profiled (the GPU's busy share, kernels launched, the 8
+   slowest kernels, the host's calls of most self time), and STEADY_STEPS steps profiled one after another as run.py
+   makes them: the GPU's idle time a step and its longest gaps, with what launched the kernel after each (their
+   Chrome trace in steady.json.gz);
 2. FLOPs: the timed steps' forward and backward again, eager, under `torch.utils.flop_counter.FlopCounterMode` (the
    matrix products and attention's kernels, whose share is also reported), beside 6 x the weights each (padded) token
    passes through, which leaves attention out (on a CPU the count without attention's kernels and the estimate agree);
@@ -67,6 +69,7 @@ SIZES = {
     "tiny": {"d_model": 32, "d_ff": 64, "num_heads": 4, "num_layers": 2, "dropout": 0.1, "recipe_steps": 100_000},
 }
 VOCAB, TOKENS_PER_STEP, MAX_LENGTH, PAD, BOS, EOS = 37000, 25000, 256, 0, 1, 2
+STEADY_STEPS = 5  # profiled one after another, as run.py makes them: the GPU's idle time in steady state
 TINY = {"vocab": 300, "tokens_per_step": 800, "pairs": 3000, "warmup": 2, "steps": 4}  # --tiny: on a CPU
 TARGETS = {"base": {"mfu": 0.20, "over_marian": 2.0}, "big": {"mfu": 0.30, "over_marian": 2.0}}
 
@@ -143,6 +146,7 @@ def brief(run: dict) -> dict:
             "host_issue_seconds_per_step": run["host_issue_seconds_per_step"],
             "host_ms": {k["call"][:40]: round(k["ms"], 1) for k in run["profile"]["top_host"][:4]},
             "allocator_calls_per_step": run["allocator_calls_per_step"], "host_waits_at": run["host_waits_at"],
+            "steady_idle_ms_per_step": (run["steady"] or {}).get("idle_ms_per_step"),
             "marian_tokens_per_second": run.get("marian", {}).get("target_tokens_per_second")}
 
 
@@ -257,6 +261,10 @@ def measure(size: str, args) -> dict:
     waits = sync_places(device, lambda: one_step(timed.stop))
     profile = kernels_of(device, lambda: one_step(timed.stop + 1), seconds / args.steps, top=8)
     issue = issue_seconds(device, one_step, range(timed.stop + 2, timed.stop + 5))
+    # A step queued first, so the profile starts in steady state; then steps between two reads at --logging_steps 10.
+    first = timed.stop + 10
+    steady = steady_profile(device, lambda: one_step(first), lambda: steps(range(first + 1, first + 1 + STEADY_STEPS)),
+                            Path(args.output_dir) / "steady.json.gz")
 
     flops, attention = counted_flops(accelerator, unwrap(model), [inputs_of[index] for index in timed], device,
                                      args.pad_to_multiple_of)
@@ -267,7 +275,7 @@ def measure(size: str, args) -> dict:
         "size": size, "parameters": unwrap(model).num_parameters(), "max_tokens": max_tokens,
         "batches_per_step": accumulation, "compile": compiled_by(backend), "compiled_graphs": step.compilations(),
         "cudnn_attention": args.cudnn_attention, "deterministic": args.deterministic,
-        "graph_breaks": graph_breaks(), "profile": profile,
+        "graph_breaks": graph_breaks(), "profile": profile, "steady": steady,
         "warmup_steps": args.warmup, "warmup_seconds": warmup_seconds, "steps": args.steps,
         "seconds_per_step": seconds / args.steps, "target_tokens_per_step": tokens / args.steps,
         "target_tokens_per_second": tokens / seconds, "peak_memory_gib": peak, "allocator_calls_per_step": allocator,
@@ -302,6 +310,78 @@ def issue_seconds(device: torch.device, one_step, indices: range) -> float | Non
         seconds.append(time.perf_counter() - started)
     synchronize(device)
     return statistics.median(seconds)
+
+
+def steady_profile(device: torch.device, queued, call, trace: Path, top: int = 6) -> dict | None:
+    """`call()`, STEADY_STEPS steps as run.py makes them (nothing waited for between them), profiled on a GPU after
+    `queued()` has handed it a step: where the GPU idles in steady state. Its kernels' busy time over the window from
+    the first kernel's start to the last one's end, and the `top` longest gaps: the kernels on either side, the
+    host's operator that launched the kernel which ends the gap, and how long after the GPU went idle it was launched
+    (above 0: the GPU waited for the host; below: for something else). The profile's Chrome trace is written to
+    `trace` (gzipped) for reading in full. None on a CPU, where the steps run unprofiled; a failure of the analysis is
+    reported, not raised: the figures measured before it come back from a lent GPU."""
+    import gzip
+    import shutil
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiled
+
+    queued()
+    if device.type != "cuda":  # the same steps, unprofiled
+        call()
+        return None
+    with profiled(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        call()
+    try:
+        plain = trace.with_suffix("")  # steady.json
+        profiler.export_chrome_trace(str(plain))
+        with plain.open("rb") as source, gzip.open(trace, "wb") as packed:
+            shutil.copyfileobj(source, packed)
+        plain.unlink()
+        return steady_gaps(profiler.events(), top)
+    except Exception as error:  # noqa: BLE001 - the figures before it come back; what broke is reported
+        return {"error": f"{type(error).__name__}: {error}"[:500]}
+
+
+def steady_gaps(events, top: int) -> dict:
+    """steady_profile's figures from the profiler's events."""
+    from torch.autograd import DeviceType
+
+    kernels = [event for event in events if event.device_type == DeviceType.CUDA and not event.is_user_annotation]
+    # The CUDA runtime's call that launched a kernel shares its correlation id; its parent is the host's operator.
+    launched = {event.id: event for event in events if event.device_type == DeviceType.CPU
+                and event.name.startswith(("cudaLaunch", "cuLaunch", "cudaMemcpy", "cudaMemset"))}
+    busy, gaps = idle_gaps([(kernel.time_range.start, kernel.time_range.end) for kernel in kernels])
+    window = max(k.time_range.end for k in kernels) - min(k.time_range.start for k in kernels)
+
+    def described(gap):
+        start, end, before, after = gap
+        launch = launched.get(kernels[after].id)
+        return {"ms": (end - start) / 1e3, "after": kernels[before].name[:80], "before": kernels[after].name[:80],
+                "launched_by": None if launch is None else (launch.cpu_parent or launch).name[:80],
+                "launched_ms_after_idle": None if launch is None else (launch.time_range.start - start) / 1e3}
+
+    return {"steps": STEADY_STEPS, "window_ms": window / 1e3, "kernel_ms": busy / 1e3,
+            "idle_ms_per_step": (window - busy) / 1e3 / STEADY_STEPS, "gaps": len(gaps),
+            "longest": [described(gap) for gap in sorted(gaps, key=lambda gap: gap[0] - gap[1])[:top]]}
+
+
+def idle_gaps(kernels: list[tuple[float, float]]) -> tuple[float, list[tuple[float, float, int, int]]]:
+    """The device's busy time under kernels' (start, end) intervals, which may overlap (several streams), and its
+    idle gaps between the first start and the last end: (start, end, the kernel whose end begins the gap, the kernel
+    whose start ends it), kernels by their index in `kernels`."""
+    order = sorted(range(len(kernels)), key=lambda index: kernels[index])
+    start, end = kernels[order[0]]
+    last, busy, gaps = order[0], 0.0, []
+    for index in order[1:]:
+        begins, ends = kernels[index]
+        if begins > end:
+            busy += end - start
+            gaps.append((end, begins, last, index))
+            start, end, last = begins, ends, index
+        elif ends > end:
+            end, last = ends, index
+    return busy + end - start, gaps
 
 
 def compiled_by(backend: str | None) -> str:
@@ -431,6 +511,13 @@ def summary(size: str, runs: list[dict]) -> dict:
     return found
 
 
+def gap_text(gap: dict) -> str:
+    """One of steady_profile's gaps in words."""
+    lag = "?" if gap["launched_ms_after_idle"] is None else f"{gap['launched_ms_after_idle']:+.2f} ms"
+    return (f"{gap['ms']:.2f} ms after {gap['after'][:50]}, before {gap['before'][:50]} (launched by "
+            f"{(gap['launched_by'] or '?')[:50]} {lag} from the idle's start)")
+
+
 def markdown(report: dict) -> str:
     header = ("| size | batches a step | target tokens/s | ours / Marian | TFLOP/s | MFU | peak GiB | s a step | "
               "recipe hours | graphs | host s a step: data, issue; waits |")
@@ -467,6 +554,13 @@ def markdown(report: dict) -> str:
                 f"{key} {count:.1f}" for key, count in s["allocator_calls_per_step"].items()))
         lines.append(f"{size}, the host's calls of most self time in that step: " + "; ".join(
             f"{k['call'][:60]} {k['ms']:.1f} ms ({k['calls']})" for k in s["profile"]["top_host"]))
+        if (s.get("steady") or {}).get("error"):
+            lines.append(f"{size}, steps profiled as run.py makes them: failed: {s['steady']['error']}")
+        elif s.get("steady"):  # on a GPU
+            t = s["steady"]
+            lines.append(f"{size}, {t['steps']} steps profiled as run.py makes them (process 1): kernels "
+                         f"{t['kernel_ms']:.1f} ms of {t['window_ms']:.1f}, the GPU idle {t['idle_ms_per_step']:.1f} "
+                         f"ms a step in {t['gaps']} gaps; the longest: " + "; ".join(map(gap_text, t["longest"])))
         if s.get("host_waits_at"):  # on a GPU, where a step waited
             lines.append(f"{size}, where the host waited for the GPU in a step (process 1): " + "; ".join(
                 s["host_waits_at"]))

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from support import accelerate_as_in_a_new_process, commands_run_here
-from utilisation import EOS, main, marian, summary, token_file, wmt_like_pairs
+from utilisation import EOS, gap_text, idle_gaps, main, marian, steady_gaps, summary, token_file, wmt_like_pairs
 
 from vaswani_hf import VaswaniConfig
 
@@ -67,6 +67,27 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
     assert "| tiny | 2 of <= 400 |" in table and table in result.out
 
 
+def test_on_a_gpu_the_steady_profile_is_printed_as_each_process_ends_and_in_the_report(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """The tiny run, its steady profile answered as on a GPU (the steps it profiles still run): the idle time a step
+    in the process's line, the sentence with the longest gaps in utilisation.md."""
+    import utilisation
+
+    steady = {"steps": 5, "window_ms": 200.0, "kernel_ms": 165.0, "idle_ms_per_step": 7.0, "gaps": 900, "longest": [
+        {"ms": 0.6, "after": "gemm", "before": "softmax", "launched_by": "aten::mm", "launched_ms_after_idle": 0.3}]}
+    ran = []
+    monkeypatch.setattr(utilisation, "steady_profile",
+                        lambda device, queued, call, trace: (queued(), call(), ran.append(trace), steady)[-1])
+    commands_run_here(monkeypatch, utilisation)
+    with accelerate_as_in_a_new_process():
+        assert main(["--tiny", "--warmup", "1", "--steps", "1", "--output_dir", str(tmp_path / "out")]) == 0
+    assert ran == [tmp_path / "out" / "tiny-1" / "steady.json.gz"]
+    assert '"steady_idle_ms_per_step": 7.0' in capsys.readouterr().out
+    table = (tmp_path / "out" / "utilisation.md").read_text(encoding="utf-8")
+    assert ("tiny, 5 steps profiled as run.py makes them (process 1): kernels 165.0 ms of 200.0, the GPU idle 7.0 ms "
+            "a step in 900 gaps; the longest: 0.60 ms after gemm") in table
+
+
 def test_a_size_whose_process_fails_is_reported_and_the_benchmark_fails(tmp_path, capsys, monkeypatch):
     """A GPU's minutes are few: a process that fails (here every process, as a compiler error would) is reported with
     its error, the next size still runs, and the command fails."""
@@ -97,6 +118,55 @@ def test_a_wrong_flag_is_one_line_before_any_work(tmp_path, flags, message):
     with pytest.raises(SystemExit, match=f"^{message}$"):
         main(["--tiny", *flags, "--output_dir", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_gpus_idle_time_is_its_window_less_the_union_of_its_kernels_in_the_gaps_between_them():
+    """Kernels on several streams overlap: the busy time is the union of their intervals, each gap a stretch of the
+    window from the first start to the last end that no kernel covers, begun by the kernel that ended last and ended
+    by the next to start. Against a grid of microseconds, each marked by the kernels that cover it."""
+    import random
+
+    draw = random.Random(5)
+    for _ in range(200):
+        kernels = [(start, start + draw.randint(1, 9)) for start in (draw.randint(0, 60) for _ in range(draw.randint(
+            1, 12)))]
+        covered = [any(start <= t < end for start, end in kernels) for t in range(max(end for _, end in kernels))]
+        busy, gaps = idle_gaps(kernels)
+        first = min(start for start, _ in kernels)
+        assert busy == sum(covered)
+        idle = [t for t in range(first, len(covered)) if not covered[t]]
+        assert sorted(t for start, end, _, _ in gaps for t in range(start, end)) == idle
+        for start, end, before, after in gaps:
+            assert kernels[before][1] == start and kernels[after][0] == end
+    assert idle_gaps([(0, 4), (6, 8), (1, 5)]) == (7, [(5, 6, 2, 1)])  # the gap begins at the later of two ends
+
+
+def test_a_gap_names_the_kernels_beside_it_and_the_operator_that_launched_the_next_one_and_when():
+    """steady_profile's reading of torch.profiler's events (as FunctionEvent holds them: a kernel and the CUDA runtime
+    call that launched it share a correlation id, and the call's parent is the host's operator): the longest gap
+    first; the launch 0.3 ms after the GPU went idle, so the GPU waited for the host there."""
+    from torch.autograd import DeviceType
+
+    def event(name, device, start, end, id=0, parent=None):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end), id=id,
+                               is_user_annotation=False, cpu_parent=parent)
+
+    mm = event("aten::mm", DeviceType.CPU, 0, 2000)
+    events = [mm, event("cudaLaunchKernel", DeviceType.CPU, 1500, 1510, 7, mm),
+              event("cudaLaunchKernel", DeviceType.CPU, 100, 110, 6, None),
+              event("gemm", DeviceType.CUDA, 200, 1200, 6), event("softmax", DeviceType.CUDA, 1800, 1900, 7),
+              event("add", DeviceType.CUDA, 1950, 2000, 8), event("annotation", DeviceType.CUDA, 0, 3000, 9)]
+    events[-1].is_user_annotation = True
+    found = steady_gaps(events, top=2)
+    assert gap_text(found["longest"][0]) == ("0.60 ms after gemm, before softmax (launched by aten::mm +0.30 ms from "
+                                            "the idle's start)")
+    assert found["window_ms"] == pytest.approx(1.8) and found["kernel_ms"] == pytest.approx(1.15)
+    assert found["idle_ms_per_step"] == pytest.approx(0.65 / found["steps"]) and found["gaps"] == 2
+    assert found["longest"] == [
+        {"ms": pytest.approx(0.6), "after": "gemm", "before": "softmax", "launched_by": "aten::mm",
+         "launched_ms_after_idle": pytest.approx(0.3)},
+        {"ms": pytest.approx(0.05), "after": "softmax", "before": "add", "launched_by": None,
+         "launched_ms_after_idle": None}]
 
 
 def test_three_processes_figures_are_their_medians_and_the_recipe_hours_and_targets_follow():
