@@ -20,8 +20,8 @@ Each size, in each of `--processes` fresh processes (ours / Marian is the median
    for unless they exceed its step), the host's seconds to hand a step to an idle GPU (at the step's seconds, the
    host sets the pace), host waits in a step, one step profiled (the GPU's busy share, kernels launched, the 8
    slowest kernels, the host's calls of most self time), and STEADY_STEPS steps profiled one after another as run.py
-   makes them: the GPU's idle time a step and its longest gaps, with what launched the kernel after each (their
-   Chrome trace in steady.json.gz);
+   makes them: the GPU's idle share, the part of it between kernels run back to back, and its longest gaps, with
+   what launched the kernel after each (their Chrome trace in steady.json.gz);
 2. FLOPs: the timed steps' forward and backward again, eager, under `torch.utils.flop_counter.FlopCounterMode` (the
    matrix products and attention's kernels, whose share is also reported), beside 6 x the weights each (padded) token
    passes through, which leaves attention out (on a CPU the count without attention's kernels and the estimate agree);
@@ -70,6 +70,7 @@ SIZES = {
 }
 VOCAB, TOKENS_PER_STEP, MAX_LENGTH, PAD, BOS, EOS = 37000, 25000, 256, 0, 1, 2
 STEADY_STEPS = 5  # profiled one after another, as run.py makes them: the GPU's idle time in steady state
+BACK_TO_BACK_US = 20  # a gap shorter than this is kernels run one after another, not a wait for the host
 TINY = {"vocab": 300, "tokens_per_step": 800, "pairs": 3000, "warmup": 2, "steps": 4}  # --tiny: on a CPU
 TARGETS = {"base": {"mfu": 0.20, "over_marian": 2.0}, "big": {"mfu": 0.30, "over_marian": 2.0}}
 
@@ -146,7 +147,7 @@ def brief(run: dict) -> dict:
             "host_issue_seconds_per_step": run["host_issue_seconds_per_step"],
             "host_ms": {k["call"][:40]: round(k["ms"], 1) for k in run["profile"]["top_host"][:4]},
             "allocator_calls_per_step": run["allocator_calls_per_step"], "host_waits_at": run["host_waits_at"],
-            "steady_idle_ms_per_step": (run["steady"] or {}).get("idle_ms_per_step"),
+            "steady_idle_share": (run["steady"] or {}).get("idle_share"),
             "marian_tokens_per_second": run.get("marian", {}).get("target_tokens_per_second")}
 
 
@@ -315,7 +316,9 @@ def issue_seconds(device: torch.device, one_step, indices: range) -> float | Non
 def steady_profile(device: torch.device, queued, call, trace: Path, top: int = 6) -> dict | None:
     """`call()`, STEADY_STEPS steps as run.py makes them (nothing waited for between them), profiled on a GPU after
     `queued()` has handed it a step: where the GPU idles in steady state. Its kernels' busy time over the window from
-    the first kernel's start to the last one's end, and the `top` longest gaps: the kernels on either side, the
+    the first kernel's start to the last one's end (the queued step's tail in it), the idle time in gaps shorter than
+    BACK_TO_BACK_US (kernels one after another: fewer kernels, or CUDA graphs, would cut it), and the `top` longest
+    gaps: the kernels on either side, the
     host's operator that launched the kernel which ends the gap, and how long after the GPU went idle it was launched
     (above 0: the GPU waited for the host; below: for something else). The profile's Chrome trace is written to
     `trace` (gzipped) for reading in full. None on a CPU, where the steps run unprofiled; a failure of the analysis is
@@ -361,8 +364,9 @@ def steady_gaps(events, top: int) -> dict:
                 "launched_by": None if launch is None else (launch.cpu_parent or launch).name[:80],
                 "launched_ms_after_idle": None if launch is None else (launch.time_range.start - start) / 1e3}
 
-    return {"steps": STEADY_STEPS, "window_ms": window / 1e3, "kernel_ms": busy / 1e3,
-            "idle_ms_per_step": (window - busy) / 1e3 / STEADY_STEPS, "gaps": len(gaps),
+    return {"steps": STEADY_STEPS, "window_ms": window / 1e3, "kernel_ms": busy / 1e3, "idle_share": 1 - busy / window,
+            "gaps": len(gaps), "back_to_back_ms": sum(end - start for start, end, _, _ in gaps
+                                                      if end - start < BACK_TO_BACK_US) / 1e3,
             "longest": [described(gap) for gap in sorted(gaps, key=lambda gap: gap[0] - gap[1])[:top]]}
 
 
@@ -559,8 +563,10 @@ def markdown(report: dict) -> str:
         elif s.get("steady"):  # on a GPU
             t = s["steady"]
             lines.append(f"{size}, {t['steps']} steps profiled as run.py makes them (process 1): kernels "
-                         f"{t['kernel_ms']:.1f} ms of {t['window_ms']:.1f}, the GPU idle {t['idle_ms_per_step']:.1f} "
-                         f"ms a step in {t['gaps']} gaps; the longest: " + "; ".join(map(gap_text, t["longest"])))
+                         f"{t['kernel_ms']:.1f} ms of a {t['window_ms']:.1f}-ms window, the GPU idle "
+                         f"{t['idle_share']:.1%}, {t['back_to_back_ms']:.1f} ms of it in gaps under "
+                         f"{BACK_TO_BACK_US} µs (of {t['gaps']}); the longest: "
+                         + "; ".join(map(gap_text, t["longest"])))
         if s.get("host_waits_at"):  # on a GPU, where a step waited
             lines.append(f"{size}, where the host waited for the GPU in a step (process 1): " + "; ".join(
                 s["host_waits_at"]))

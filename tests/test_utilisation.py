@@ -69,11 +69,12 @@ def test_the_benchmark_runs_at_tiny_sizes_and_counts_the_flops_the_formula_gives
 
 def test_on_a_gpu_the_steady_profile_is_printed_as_each_process_ends_and_in_the_report(tmp_path, monkeypatch,
                                                                                         capsys):
-    """The tiny run, its steady profile answered as on a GPU (the steps it profiles still run): the idle time a step
-    in the process's line, the sentence with the longest gaps in utilisation.md."""
+    """The tiny run, its steady profile answered as on a GPU (the steps it profiles still run): the idle share in the
+    process's line, the sentence with the longest gaps in utilisation.md."""
     import utilisation
 
-    steady = {"steps": 5, "window_ms": 200.0, "kernel_ms": 165.0, "idle_ms_per_step": 7.0, "gaps": 900, "longest": [
+    steady = {"steps": 5, "window_ms": 200.0, "kernel_ms": 165.0, "idle_share": 0.175, "gaps": 900,
+              "back_to_back_ms": 12.3, "longest": [
         {"ms": 0.6, "after": "gemm", "before": "softmax", "launched_by": "aten::mm", "launched_ms_after_idle": 0.3}]}
     ran = []
     monkeypatch.setattr(utilisation, "steady_profile",
@@ -82,10 +83,10 @@ def test_on_a_gpu_the_steady_profile_is_printed_as_each_process_ends_and_in_the_
     with accelerate_as_in_a_new_process():
         assert main(["--tiny", "--warmup", "1", "--steps", "1", "--output_dir", str(tmp_path / "out")]) == 0
     assert ran == [tmp_path / "out" / "tiny-1" / "steady.json.gz"]
-    assert '"steady_idle_ms_per_step": 7.0' in capsys.readouterr().out
+    assert '"steady_idle_share": 0.175' in capsys.readouterr().out
     table = (tmp_path / "out" / "utilisation.md").read_text(encoding="utf-8")
-    assert ("tiny, 5 steps profiled as run.py makes them (process 1): kernels 165.0 ms of 200.0, the GPU idle 7.0 ms "
-            "a step in 900 gaps; the longest: 0.60 ms after gemm") in table
+    assert ("tiny, 5 steps profiled as run.py makes them (process 1): kernels 165.0 ms of a 200.0-ms window, the GPU "
+            "idle 17.5%, 12.3 ms of it in gaps under 20 µs (of 900); the longest: 0.60 ms after gemm") in table
 
 
 def test_a_size_whose_process_fails_is_reported_and_the_benchmark_fails(tmp_path, capsys, monkeypatch):
@@ -161,7 +162,10 @@ def test_a_gap_names_the_kernels_beside_it_and_the_operator_that_launched_the_ne
     assert gap_text(found["longest"][0]) == ("0.60 ms after gemm, before softmax (launched by aten::mm +0.30 ms from "
                                             "the idle's start)")
     assert found["window_ms"] == pytest.approx(1.8) and found["kernel_ms"] == pytest.approx(1.15)
-    assert found["idle_ms_per_step"] == pytest.approx(0.65 / found["steps"]) and found["gaps"] == 2
+    assert found["idle_share"] == pytest.approx(0.65 / 1.8) and found["gaps"] == 2
+    assert found["back_to_back_ms"] == 0  # 600 and 50 µs: neither under 20 µs
+    assert steady_gaps(events[:-2] + [event("add", DeviceType.CUDA, 1910, 2000, 8)], 2)["back_to_back_ms"] == \
+        pytest.approx(0.01)
     assert found["longest"] == [
         {"ms": pytest.approx(0.6), "after": "gemm", "before": "softmax", "launched_by": "aten::mm",
          "launched_ms_after_idle": pytest.approx(0.3)},
