@@ -909,11 +909,16 @@ def test_a_runs_decoding_with_one_beam_is_a_generation_config_transformers_saves
 
 
 def test_resuming_from_an_older_checkpoint_leaves_its_successors_out_of_the_run(tmp_path, small_data):
+    """...and reads the pairs' tokens the finished run wrote, though its model folder was saved over the tokenizer
+    (WMT's 4.5M pairs take a minute or more to tokenize again)."""
     flags = [*TINY, *small_data, "--max_steps", "6", "--save_steps", "2", "--average_checkpoints", "3"]
     run = tmp_path / "run"
     train_here(run, *flags)
     assert [p.name for p in checkpoints(run)] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    tokens = [(path.name, path.stat().st_ino, path.stat().st_mtime_ns) for path in sorted((run / "tokens").iterdir())]
     train_here(run, *flags, "--save_steps", "3", "--resume_from_checkpoint", str(run / "checkpoint-2"))
+    assert [(path.name, path.stat().st_ino, path.stat().st_mtime_ns)
+            for path in sorted((run / "tokens").iterdir())] == tokens
     assert [p.name for p in checkpoints(run)] == ["checkpoint-2", "checkpoint-3", "checkpoint-6"]
     assert json.loads((run / "metrics.json").read_text(encoding="utf-8"))["averaged_checkpoints"] == [
         "checkpoint-2", "checkpoint-3", "checkpoint-6"]

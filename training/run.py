@@ -80,7 +80,7 @@ from training.distributed import (
 )
 from training.evaluation import check_trees, evaluate_model, final_evaluation, reported
 from training.faults import fault_point
-from training.hub import set_run_decoding, start_decoding, write_output_folder
+from training.hub import save_tokenizer, set_run_decoding, start_decoding, write_output_folder
 from training.recipe import NOT_RECIPE, recipe_deviations, search_flags, training_data
 from training.schedule import inverse_sqrt_lr, paper_optimizer
 from training.schedules import Budgeted, Replayed, Steps
@@ -410,7 +410,7 @@ def run_data(accelerator, data_args, vocab_size: int, args, output_dir: Path, re
     if accelerator.is_main_process and not resumed:
         if start_tokenizer is None:
             start_tokenizer = train_joint_bpe(corpus_texts(data["train"], data_args.bpe_sample, args.seed), vocab_size)
-        start_tokenizer.save_pretrained(output_dir)
+        save_tokenizer(start_tokenizer, output_dir)  # as the model folder saves it: the pairs' tokens' stamp holds
     accelerator.wait_for_everyone()
     return data, AutoTokenizer.from_pretrained(output_dir)
 
