@@ -909,8 +909,9 @@ def test_a_runs_decoding_with_one_beam_is_a_generation_config_transformers_saves
 
 
 def test_resuming_from_an_older_checkpoint_leaves_its_successors_out_of_the_run(tmp_path, small_data):
-    """...and reads the pairs' tokens the finished run wrote, though its model folder was saved over the tokenizer
-    (WMT's 4.5M pairs take a minute or more to tokenize again)."""
+    """A finished run resumed in its folder from checkpoint-2: the later checkpoints leave the run, and it reads the
+    pairs' tokens the finished run wrote, though its model folder was saved over the tokenizer (WMT's 4.5M pairs take
+    a minute or more to tokenize again)."""
     flags = [*TINY, *small_data, "--max_steps", "6", "--save_steps", "2", "--average_checkpoints", "3"]
     run = tmp_path / "run"
     train_here(run, *flags)
