@@ -13,7 +13,7 @@
 # session; the first call's start and transfers took about 30 s, a later call's 12 s), timeout T, GPU_SESSION_SECONDS
 # about T - 10. The next lease's plan, whether the C++ wrapper should be run.py's default on a GPU (the two on one
 # machine), and where the GPU idles 7 ms of a base step (utilisation.py's steady profile and steady.json.gz, in each
-# part that runs it): `base` first (about 450 s), then:
+# part that runs it): `speed base` first (about 450 s; speed on the host's cores 0-1 beside it, at no extra time), then:
 #
 #     GPU_SESSION_SECONDS=300 bash benchmarks/gpu_session.sh wrapper
 #
